@@ -1,0 +1,43 @@
+"""GPT-2 small (124M) on the offline Python-stdlib corpus.
+
+Architecture as GPT-2 small: 12 layers, d_model 768, 12 heads, MLP 3072, context
+1024, learned positions, pre-LayerNorm, GELU (tanh form), tied embeddings,
+dropout 0.1 on embeddings and residuals. Attention-probability dropout is 0 so that
+the fused `jax.nn.dot_product_attention` kernel can be used (it has no dropout).
+
+Full run:  python launch.py --config=configs/gpt_small.py
+  Hardware: meant for a GPU/TPU; on 2 CPU cores it starts, prints the parameter
+  count (124,439,808 at vocab 50257; here vocab 32768 -> 110,417,664) and trains,
+  but one step takes minutes.
+
+Quick run:  python launch.py --config=configs/gpt_small.py:local
+  A 4-layer, d_model 256 byte-level model; see README for the measured result.
+"""
+
+import ml_collections
+
+from configs import base
+
+
+def get_config(arg: str = "") -> ml_collections.ConfigDict:
+  """GPT-2 small; `arg="local"` shrinks it to train in minutes on 2 CPU cores."""
+  config = base.get_config()
+  config.model.update(
+      vocab_size=32768, d_model=768, num_layers=12, num_heads=12, mlp_dim=3072,
+      max_len=1024, position="learned", norm="pre", activation="gelu_tanh",
+      tie_embeddings=True, embed_dropout=0.1, residual_dropout=0.1)
+  config.data.update(tokenizer="sentencepiece", seq_len=1024, batch_size=32)
+  config.optimizer.update(schedule="warmup_rsqrt", learning_rate=6e-4, warmup_steps=2000)
+  config.train.update(num_steps=100_000, log_every=10, eval_every=2000, eval_batches=50)
+  config.checkpoint.update(every=1000)
+
+  if arg == "local":
+    config.model.update(vocab_size=384, d_model=256, num_layers=4, num_heads=4,
+                        mlp_dim=1024, max_len=128, embed_dropout=0.0, residual_dropout=0.0)
+    config.data.update(tokenizer="bytes", seq_len=128, batch_size=16)
+    config.optimizer.update(learning_rate=2e-3, warmup_steps=50)
+    config.train.update(num_steps=400, log_every=20, eval_every=100, eval_batches=10)
+    config.checkpoint.update(every=100)
+  elif arg:
+    raise ValueError(f"configs/gpt_small.py: unknown argument {arg!r}; valid: '' or 'local'")
+  return config

@@ -1,0 +1,112 @@
+"""Every config file builds and validates; bad values fail before compiling, naming the key."""
+
+import glob
+import importlib.util
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from transformer import sharding
+from transformer.configuration import ConfigError, ModelConfig, validate
+from transformer.models import make_model
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG_FILES = sorted(p for p in glob.glob(os.path.join(ROOT, "configs", "*.py"))
+                      if not p.endswith("__init__.py"))
+# Arguments each preset documents (configs/<name>.py:<arg>).
+PRESET_ARGS = {"gpt_small": ["", "local"]}
+
+
+def _load(path):
+  spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+@pytest.mark.parametrize("path", CONFIG_FILES, ids=os.path.basename)
+def test_every_config_builds_and_validates(path):
+  name = os.path.basename(path)[:-3]
+  module = _load(path)
+  for arg in PRESET_ARGS.get(name, [None]):
+    config = module.get_config() if arg is None else module.get_config(arg)
+    validate(config)
+    model = make_model(ModelConfig.from_config(config.model))
+    tokens = jnp.zeros((1, config.data.seq_len), jnp.int32)
+    shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), tokens, tokens + 1, tokens)
+    assert jax.tree.leaves(shapes)
+
+
+def test_every_preset_is_listed():
+  names = {os.path.basename(p)[:-3] for p in CONFIG_FILES} - {"base"}
+  assert names == set(PRESET_ARGS)
+
+
+def test_readme_cites_only_existing_configs():
+  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+    readme = f.read()
+  import re  # pylint: disable=g-import-not-at-top
+  cited = set(re.findall(r"configs/(\w+)\.py", readme))
+  assert cited, "README cites no config"
+  for name in cited:
+    assert os.path.exists(os.path.join(ROOT, "configs", f"{name}.py")), name
+
+
+def _base():
+  from configs import base  # pylint: disable=g-import-not-at-top
+  return base.get_config()
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("model.num_heads", 3, r"config\.model\.num_heads=3 is invalid: must divide model\.d_model=256"),
+    ("optimizer.warmup_steps", -1, r"config\.optimizer\.warmup_steps=-1 is invalid: expected an integer >= 0"),
+    ("model.arch", "gpt", r"config\.model\.arch='gpt' is invalid: valid values are 'decoder'"),
+    ("model.position", "rotary", r"valid values are 'learned', 'sinusoidal', 'none'"),
+    ("model.num_kv_heads", 3, r"config\.model\.num_kv_heads=3 .* must divide model\.num_heads=4"),
+    ("model.attention_dropout", 0.1, r"attention_impl='xla'.*has no dropout"),
+    ("model.embed_dropout", 1.5, r"expected a probability in \[0, 1\)"),
+    ("data.tokenizer", "gpt2", r"config\.data\.tokenizer='gpt2'"),
+    ("data.seq_len", 4096, r"config\.data\.seq_len=4096 .* model\.max_len=256"),
+    ("optimizer.schedule", "cosine", r"'warmup_rsqrt', 'noam', 'constant'"),
+    ("mesh.shape", (("data", -1), ("fsdp", -1), ("tensor", 1)), r"at most one -1"),
+])
+def test_invalid_values_name_key_value_and_choices(key, value, message):
+  config = _base()
+  section, field = key.split(".")
+  config[section][field] = value
+  with pytest.raises(ConfigError, match=message):
+    validate(config)
+
+
+def test_unknown_keys_are_rejected():
+  config = _base()
+  with pytest.raises(AttributeError):
+    config.model.dmodel = 512  # Locked: a typo cannot create a new key.
+
+
+def test_mesh_shape_must_fit_the_devices():
+  config = _base()
+  config.mesh.shape = (("data", 3), ("fsdp", 1), ("tensor", -1))
+  with pytest.raises(ConfigError, match=r"multiply to 3, which does not divide 8 devices"):
+    sharding.make_mesh(config.mesh)
+
+
+def test_launch_rejects_a_mistyped_override(tmp_path):
+  result = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "launch.py"), "--config=configs/gpt_small.py:local",
+       "--config.model.dmodel=512", f"--workdir={tmp_path}"],
+      cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+  assert result.returncode != 0
+  assert "dmodel" in result.stderr
+  assert not os.listdir(tmp_path)  # Nothing was started.
+
+
+def test_unknown_dataset_fails_before_compiling(tiny_config, tmp_path):
+  from transformer import train  # pylint: disable=g-import-not-at-top
+  tiny_config.data.name = "no_such_dataset_xyz"
+  with pytest.raises(ConfigError, match=r"config\.data\.name='no_such_dataset_xyz' is not a TFDS dataset"):
+    train.train_and_evaluate(tiny_config, str(tmp_path / "w"))

@@ -1,0 +1,88 @@
+"""End-to-end training, exact resume and the loss guard."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from transformer import train
+
+
+def _read_metrics(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
+    return [json.loads(line) for line in f]
+
+
+def _restore_raw(workdir, step):
+  path = os.path.join(os.path.abspath(workdir), "checkpoints", str(step), "state")
+  return ocp.StandardCheckpointer().restore(path)
+
+
+def test_train_and_evaluate_writes_everything(tiny_config, tmp_path):
+  workdir = str(tmp_path / "run")
+  tiny_config.train.num_steps = 12
+  tiny_config.train.eval_every = 6
+  result = train.train_and_evaluate(tiny_config, workdir)
+
+  rows = _read_metrics(workdir)
+  train_rows = [r for r in rows if "loss" in r]
+  eval_rows = [r for r in rows if "eval_loss" in r]
+  assert [r["step"] for r in train_rows] == list(range(1, 13))
+  assert [r["step"] for r in eval_rows] == [0, 6, 12]  # 0: the untrained baseline.
+  assert train_rows[-1]["loss"] < train_rows[0]["loss"] - 0.5  # It learns.
+  assert eval_rows[-1]["eval_loss"] < eval_rows[0]["eval_loss"]
+  assert np.isclose(eval_rows[-1]["eval_perplexity"], np.exp(eval_rows[-1]["eval_loss"]))
+  assert 0 < eval_rows[-1]["eval_accuracy"] < 1
+  assert result["eval_loss"] == eval_rows[-1]["eval_loss"]
+  for key in ("learning_rate", "grad_norm", "param_norm", "update_norm"):
+    assert np.isfinite(train_rows[-1][key]) and train_rows[-1][key] > 0
+  assert os.listdir(os.path.join(workdir, "tensorboard"))
+  with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
+    assert json.load(f)["model"]["d_model"] == 32
+  steps = sorted(int(s) for s in os.listdir(os.path.join(workdir, "checkpoints")) if s.isdigit())
+  assert steps == [3, 6, 9, 12]
+
+
+def test_resume_is_exact(tiny_config, tmp_path):
+  """N steps straight == N/2 steps, stop, rerun to N: same losses and bitwise same params."""
+  straight = str(tmp_path / "straight")
+  train.train_and_evaluate(tiny_config, straight)
+
+  resumed = str(tmp_path / "resumed")
+  tiny_config.train.num_steps = 3  # First run stops at 3 (and saves there) ...
+  train.train_and_evaluate(tiny_config, resumed)
+  tiny_config.train.num_steps = 6  # ... the same command with the same workdir resumes.
+  train.train_and_evaluate(tiny_config, resumed)
+
+  losses = lambda w: {r["step"]: r["loss"] for r in _read_metrics(w) if "loss" in r}
+  assert losses(straight) == losses(resumed)  # Identical data order and updates.
+  assert sorted(losses(resumed)) == [1, 2, 3, 4, 5, 6]  # No step repeated or skipped.
+  a, b = _restore_raw(straight, 6), _restore_raw(resumed, 6)
+  assert int(a["step"]) == int(b["step"]) == 6
+  leaves_a, tree_a = jax.tree.flatten(a)
+  leaves_b, tree_b = jax.tree.flatten(b)
+  assert tree_a == tree_b
+  for x, y in zip(leaves_a, leaves_b):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  # The data iterator position was saved beside the state, per process.
+  data_dir = os.path.join(resumed, "checkpoints", "6", "data")
+  assert "process_0-of-1.json" in os.listdir(data_dir)
+
+
+def test_non_finite_loss_names_the_step(tiny_config):
+  pending = (7, {"loss_sum": np.float32(np.nan), "weight_sum": np.float32(10.0)})
+  progress = None
+  with pytest.raises(FloatingPointError, match="step 7"):
+    train._report(pending, None, progress, None, tiny_config)  # pylint: disable=protected-access
+
+
+def test_batch_must_split_over_data_parallel_devices(tiny_config):
+  from transformer import sharding  # pylint: disable=g-import-not-at-top
+  from transformer.configuration import ConfigError  # pylint: disable=g-import-not-at-top
+  tiny_config.data.batch_size = 12
+  mesh = sharding.make_mesh(tiny_config.mesh)  # 8 simulated devices on the data axis.
+  with pytest.raises(ConfigError, match=r"config\.data\.batch_size=12.*8 data-parallel"):
+    train.check_batch_size(tiny_config, mesh)

@@ -1,0 +1,1 @@
+"""transformer: one small JAX/Flax library for the Transformer family."""

@@ -1,0 +1,131 @@
+"""Multi-head attention and the one helper that builds every attention mask.
+
+Shape legend used in names (`q_BLHD`): B batch, L query length, S key length,
+H query heads, K key/value heads, D head dim, E embed (d_model).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from transformer.configuration import ModelConfig
+
+
+def make_attention_mask(q_segment_ids: jax.Array, kv_segment_ids: jax.Array, *,
+                        causal: bool, q_positions: jax.Array | None = None,
+                        kv_positions: jax.Array | None = None) -> jax.Array:
+  """Builds a boolean [B, 1, L, S] mask: True where a query may attend to a key.
+
+  Segment ids are integers: 0 is padding, packed documents are 1, 2, ... A query
+  attends only to keys of its own segment, so packed documents never see each
+  other and real tokens never see padding. With `causal`, a query also sees only
+  keys at positions <= its own (positions default to the array index).
+
+  Args:
+    q_segment_ids: [B, L] segment ids of the queries.
+    kv_segment_ids: [B, S] segment ids of the keys.
+    causal: whether to forbid attending to later positions.
+    q_positions: optional [B, L] positions of the queries.
+    kv_positions: optional [B, S] positions of the keys.
+
+  Returns:
+    A [B, 1, L, S] boolean mask (the 1 broadcasts over heads).
+  """
+  mask_BLS = q_segment_ids[:, :, None] == kv_segment_ids[:, None, :]
+  if causal:
+    if q_positions is None:
+      q_positions = jnp.broadcast_to(jnp.arange(q_segment_ids.shape[1]), q_segment_ids.shape)
+    if kv_positions is None:
+      kv_positions = jnp.broadcast_to(jnp.arange(kv_segment_ids.shape[1]), kv_segment_ids.shape)
+    mask_BLS &= q_positions[:, :, None] >= kv_positions[:, None, :]
+  return mask_BLS[:, None, :, :]
+
+
+def einsum_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array,
+                     mask_B1LS: jax.Array, *, dropout_rate: float = 0.0,
+                     dropout_rng: jax.Array | None = None) -> jax.Array:
+  """Reference softmax(QK^T / sqrt(D) + mask) V in plain einsums, softmax in float32."""
+  B, L, H, D = q_BLHD.shape
+  K = k_BSKD.shape[2]
+  # Grouped-query attention: each of the K kv heads serves H // K query heads.
+  q_BLKGD = q_BLHD.reshape(B, L, K, H // K, D)
+  logits_BKGLS = jnp.einsum("blkgd,bskd->bkgls", q_BLKGD, k_BSKD).astype(jnp.float32)
+  logits_BKGLS = logits_BKGLS / jnp.sqrt(jnp.float32(D))
+  mask_B11LS = mask_B1LS[:, :, None, :, :]
+  logits_BKGLS = jnp.where(mask_B11LS, logits_BKGLS, jnp.finfo(jnp.float32).min)
+  probs_BKGLS = jax.nn.softmax(logits_BKGLS, axis=-1)
+  if dropout_rate > 0.0:
+    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs_BKGLS.shape)
+    probs_BKGLS = jnp.where(keep, probs_BKGLS / (1.0 - dropout_rate), 0.0)
+  out_BLKGD = jnp.einsum("bkgls,bskd->blkgd", probs_BKGLS.astype(v_BSKD.dtype), v_BSKD)
+  return out_BLKGD.reshape(B, L, H, D)
+
+
+class EinsumDense(nn.Module):
+  """y = einsum(equation, x, kernel) + bias, with the kernel created at its full rank.
+
+  (flax's DenseGeneral creates a flattened 2-D kernel first, which cannot carry
+  3-D logical axis names such as ("embed", "heads", "head_dim").)
+  """
+
+  equation: str
+  kernel_shape: tuple[int, ...]
+  kernel_axes: tuple[str, ...]
+  bias_axes: tuple[str, ...]  # The trailing kernel axes that make up the output.
+  use_bias: bool
+  dtype: jnp.dtype
+  param_dtype: jnp.dtype
+  stddev: float = 0.02
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    kernel = self.param(
+        "kernel", nn.with_logical_partitioning(nn.initializers.normal(self.stddev),
+                                               self.kernel_axes),
+        self.kernel_shape, self.param_dtype)
+    y = jnp.einsum(self.equation, x.astype(self.dtype), kernel.astype(self.dtype))
+    if self.use_bias:
+      bias_shape = self.kernel_shape[len(self.kernel_shape) - len(self.bias_axes):]
+      bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros,
+                                                             self.bias_axes),
+                        bias_shape, self.param_dtype)
+      y = y + bias.astype(self.dtype).reshape((1,) * (y.ndim - bias.ndim) + bias.shape)
+    return y
+
+
+class MultiHeadAttention(nn.Module):
+  """Self- or cross-attention with H query heads and K <= H key/value heads."""
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BLE: jax.Array, kv_BSE: jax.Array, mask_B1LS: jax.Array) -> jax.Array:
+    cfg = self.config
+    H, K, D, E = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.d_model
+    dense = functools.partial(EinsumDense, use_bias=cfg.use_bias, dtype=cfg.dtype,
+                              param_dtype=cfg.param_dtype)
+    q_BLHD = dense("BLE,EHD->BLHD", (E, H, D), ("embed", "heads", "head_dim"),
+                   ("heads", "head_dim"), name="query")(x_BLE)
+    k_BSKD = dense("BSE,EKD->BSKD", (E, K, D), ("embed", "kv_heads", "head_dim"),
+                   ("kv_heads", "head_dim"), name="key")(kv_BSE)
+    v_BSKD = dense("BSE,EKD->BSKD", (E, K, D), ("embed", "kv_heads", "head_dim"),
+                   ("kv_heads", "head_dim"), name="value")(kv_BSE)
+
+    if cfg.attention_impl == "einsum":
+      use_dropout = cfg.attention_dropout > 0.0 and not cfg.deterministic
+      out_BLHD = einsum_attention(
+          q_BLHD, k_BSKD, v_BSKD, mask_B1LS,
+          dropout_rate=cfg.attention_dropout if use_dropout else 0.0,
+          dropout_rng=self.make_rng("dropout") if use_dropout else None)
+    else:
+      out_BLHD = jax.nn.dot_product_attention(
+          q_BLHD, k_BSKD, v_BSKD, mask=mask_B1LS, implementation=cfg.attention_impl)
+
+    # GPT-2 scales projections into the residual stream by 1/sqrt(2 * layers).
+    return dense("BLHD,HDE->BLE", (H, D, E), ("heads", "head_dim", "embed"), ("embed",),
+                 stddev=0.02 / math.sqrt(2 * cfg.num_layers), name="out")(out_BLHD)

@@ -1,0 +1,205 @@
+"""Config validation and the frozen model config the modules read.
+
+`validate` runs before anything touches data or compiles, so a wrong value fails
+in seconds with a message that names the key, the value and what would be valid.
+`ModelConfig` is the one object the model modules see; eval and decode variants
+are derived from it with `dataclasses.replace` (Flax wmt style).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+ARCHS = ("decoder",)
+POSITIONS = ("learned", "sinusoidal", "none")
+NORMS = ("pre", "post")
+NORM_TYPES = ("layernorm", "rmsnorm")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu")
+GATED_ACTIVATIONS = ("swiglu", "geglu")
+ATTENTION_IMPLS = ("xla", "cudnn", "einsum")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+TOKENIZERS = ("sentencepiece", "bytes")
+SCHEDULES = ("warmup_rsqrt", "noam", "constant")
+MESH_AXES = ("data", "fsdp", "tensor")
+LOGICAL_AXES = ("batch", "length", "embed", "heads", "kv_heads", "head_dim", "mlp",
+                "vocab", "layers")
+
+
+class ConfigError(ValueError):
+  """A configuration value is invalid; the message names the key and valid values."""
+
+
+def _fail(key: str, value: Any, valid: str) -> None:
+  raise ConfigError(f"config.{key}={value!r} is invalid: {valid}.")
+
+
+def _check_choice(config: ml_collections.ConfigDict, key: str, choices: Sequence[str]):
+  value = _lookup(config, key)
+  if value not in choices:
+    _fail(key, value, "valid values are " + ", ".join(repr(c) for c in choices))
+
+
+def _check_int(config: ml_collections.ConfigDict, key: str, minimum: int):
+  value = _lookup(config, key)
+  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    _fail(key, value, f"expected an integer >= {minimum}")
+
+
+def _check_rate(config: ml_collections.ConfigDict, key: str):
+  value = _lookup(config, key)
+  if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+    _fail(key, value, "expected a probability in [0, 1)")
+
+
+def _lookup(config: ml_collections.ConfigDict, key: str) -> Any:
+  node = config
+  for part in key.split("."):
+    node = node[part]
+  return node
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+  """Checks every field and cross-field constraint; raises ConfigError on the first problem.
+
+  Args:
+    config: the full experiment config (see configs/base.py).
+
+  Raises:
+    ConfigError: naming the key, the offending value and what would be valid.
+  """
+  m = "model."
+  _check_choice(config, m + "arch", ARCHS)
+  for key in ("vocab_size", "d_model", "num_layers", "num_heads", "mlp_dim", "max_len"):
+    _check_int(config, m + key, 1)
+  for key in ("num_kv_heads", "head_dim"):
+    _check_int(config, m + key, 0)
+  _check_choice(config, m + "position", POSITIONS)
+  _check_choice(config, m + "norm", NORMS)
+  _check_choice(config, m + "norm_type", NORM_TYPES)
+  _check_choice(config, m + "activation", ACTIVATIONS)
+  _check_choice(config, m + "attention_impl", ATTENTION_IMPLS)
+  _check_choice(config, m + "dtype", DTYPES)
+  _check_choice(config, m + "param_dtype", DTYPES[1:])
+  for key in ("embed_dropout", "residual_dropout", "attention_dropout", "mlp_dropout"):
+    _check_rate(config, m + key)
+  model = config.model
+  if not model.norm_epsilon > 0:
+    _fail(m + "norm_epsilon", model.norm_epsilon, "expected a positive float")
+  if model.head_dim == 0 and model.d_model % model.num_heads:
+    _fail(m + "num_heads", model.num_heads,
+          f"must divide model.d_model={model.d_model} when model.head_dim=0; "
+          f"pick a divisor of {model.d_model} or set model.head_dim explicitly")
+  kv_heads = model.num_kv_heads or model.num_heads
+  if model.num_heads % kv_heads:
+    _fail(m + "num_kv_heads", model.num_kv_heads,
+          f"must divide model.num_heads={model.num_heads} (0 means num_heads)")
+  if model.attention_dropout > 0 and model.attention_impl != "einsum":
+    _fail(m + "attention_dropout", model.attention_dropout,
+          f"jax.nn.dot_product_attention (model.attention_impl={model.attention_impl!r}) "
+          "has no dropout on attention probabilities; set model.attention_dropout=0.0 "
+          "or model.attention_impl='einsum'")
+
+  d = "data."
+  _check_choice(config, d + "tokenizer", TOKENIZERS)
+  for key in ("seq_len", "batch_size", "num_threads", "spm_train_sentences"):
+    _check_int(config, d + key, 1)
+  if not config.data.name:
+    _fail(d + "name", config.data.name, "expected a TFDS dataset name such as 'python_stdlib'")
+  if config.data.seq_len > model.max_len and model.position == "learned":
+    _fail(d + "seq_len", config.data.seq_len,
+          f"must be <= model.max_len={model.max_len} with learned positions")
+
+  o = "optimizer."
+  _check_choice(config, o + "schedule", SCHEDULES)
+  _check_int(config, o + "warmup_steps", 0)
+  if config.optimizer.schedule == "noam" and config.optimizer.warmup_steps == 0:
+    _fail(o + "warmup_steps", 0, "the noam schedule divides by warmup; expected >= 1")
+  for key in ("learning_rate", "noam_scale", "eps"):
+    if not _lookup(config, o + key) > 0:
+      _fail(o + key, _lookup(config, o + key), "expected a positive float")
+  for key in ("b1", "b2", "label_smoothing"):
+    _check_rate(config, o + key)
+  for key in ("weight_decay", "grad_clip_norm"):
+    if not _lookup(config, o + key) >= 0:
+      _fail(o + key, _lookup(config, o + key), "expected a float >= 0")
+
+  t = "train."
+  _check_int(config, t + "num_steps", 1)
+  _check_int(config, t + "log_every", 1)
+  _check_int(config, t + "eval_every", 1)
+  if config.train.eval_batches != -1:
+    _check_int(config, t + "eval_batches", 1)
+  _check_int(config, "checkpoint.every", 1)
+  _check_int(config, "checkpoint.keep", 1)
+  _validate_mesh(config)
+
+
+def _validate_mesh(config: ml_collections.ConfigDict) -> None:
+  shape = config.mesh.shape
+  names = [axis[0] for axis in shape]
+  if sorted(names) != sorted(MESH_AXES):
+    _fail("mesh.shape", shape, f"expected one (name, size) pair for each of {MESH_AXES}")
+  sizes = [axis[1] for axis in shape]
+  if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
+    _fail("mesh.shape", shape, "sizes must be positive, with at most one -1")
+  for logical, mesh_axes in config.mesh.rules:
+    if logical not in LOGICAL_AXES:
+      _fail("mesh.rules", logical, f"logical axes are {LOGICAL_AXES}")
+    targets = mesh_axes if isinstance(mesh_axes, (tuple, list)) else (mesh_axes,)
+    for target in targets:
+      if target is not None and target not in MESH_AXES:
+        _fail("mesh.rules", (logical, mesh_axes), f"mesh axes are {MESH_AXES} or None")
+
+
+def resolve_dtype(name: str) -> jnp.dtype:
+  """Maps a dtype name to a jnp dtype; "auto" is bfloat16 on GPU/TPU, float32 on CPU."""
+  if name == "auto":
+    return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
+  return jnp.dtype(name)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Everything the model modules read, resolved and frozen (hashable for jit)."""
+
+  arch: str
+  vocab_size: int
+  d_model: int
+  num_layers: int
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  mlp_dim: int
+  max_len: int
+  position: str
+  norm: str
+  norm_type: str
+  norm_epsilon: float
+  activation: str
+  use_bias: bool
+  tie_embeddings: bool
+  scale_embeddings: bool
+  embed_dropout: float
+  residual_dropout: float
+  attention_dropout: float
+  mlp_dropout: float
+  dtype: Any
+  param_dtype: Any
+  attention_impl: str
+  deterministic: bool = False  # True for evaluation: no dropout.
+
+  @classmethod
+  def from_config(cls, model: ml_collections.ConfigDict) -> "ModelConfig":
+    """Builds the frozen config from `config.model`, filling the 0 = derived fields."""
+    fields = {f.name for f in dataclasses.fields(cls)} - {"deterministic"}
+    values = {k: model[k] for k in fields}
+    values["num_kv_heads"] = model.num_kv_heads or model.num_heads
+    values["head_dim"] = model.head_dim or model.d_model // model.num_heads
+    values["dtype"] = resolve_dtype(model.dtype)
+    values["param_dtype"] = resolve_dtype(model.param_dtype)
+    return cls(**values)

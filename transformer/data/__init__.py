@@ -1,0 +1,1 @@
+"""Datasets (TFDS builders and catalog loading), tokenizers and the grain pipeline."""

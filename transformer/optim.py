@@ -1,0 +1,62 @@
+"""AdamW with gradient clipping and the warmup + inverse-square-root schedule family.
+
+The paper's schedule, lr = scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5),
+is the warmup_rsqrt schedule with peak = scale * d_model^-0.5 * warmup^-0.5:
+linear warmup to the peak at step == warmup, then peak * sqrt(warmup / step).
+`step` counts from 1 as in the paper: the update with optax count c uses step c + 1.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+
+def warmup_rsqrt_schedule(peak: float, warmup_steps: int) -> optax.Schedule:
+  """peak * min(step / warmup, sqrt(warmup / step)) with step = count + 1.
+
+  With warmup_steps == 0 there is no warmup and the decay is peak / sqrt(step).
+  """
+  warmup = max(warmup_steps, 1)
+
+  def schedule(count: jax.Array) -> jax.Array:
+    step = jnp.asarray(count, jnp.float32) + 1.0
+    ramp = step / warmup if warmup_steps > 0 else jnp.ones_like(step)
+    return peak * jnp.minimum(ramp, jnp.sqrt(warmup / step))
+
+  return schedule
+
+
+def noam_peak(scale: float, d_model: int, warmup_steps: int) -> float:
+  """The peak learning rate of the paper's schedule, reached at step == warmup."""
+  return scale * d_model ** -0.5 * warmup_steps ** -0.5
+
+
+def make_schedule(optimizer: ml_collections.ConfigDict, d_model: int) -> optax.Schedule:
+  """The learning-rate schedule named by `optimizer.schedule`."""
+  if optimizer.schedule == "noam":
+    peak = noam_peak(optimizer.noam_scale, d_model, optimizer.warmup_steps)
+    return warmup_rsqrt_schedule(peak, optimizer.warmup_steps)
+  if optimizer.schedule == "warmup_rsqrt":
+    return warmup_rsqrt_schedule(optimizer.learning_rate, optimizer.warmup_steps)
+  if optimizer.schedule == "constant":
+    return optax.constant_schedule(optimizer.learning_rate)
+  raise ValueError(f"config.optimizer.schedule={optimizer.schedule!r}; "
+                   "valid: 'warmup_rsqrt', 'noam', 'constant'")
+
+
+def decay_mask(params) -> object:
+  """True for weights with >= 2 dims (matrices, embeddings); biases and norms are not decayed."""
+  return jax.tree.map(lambda p: jnp.ndim(p) >= 2, params)
+
+
+def make_optimizer(optimizer: ml_collections.ConfigDict,
+                   schedule: optax.Schedule) -> optax.GradientTransformation:
+  """Global-norm clipping followed by AdamW (decay masked to >= 2-D weights)."""
+  adamw = optax.adamw(schedule, b1=optimizer.b1, b2=optimizer.b2, eps=optimizer.eps,
+                      weight_decay=optimizer.weight_decay, mask=decay_mask)
+  if optimizer.grad_clip_norm > 0:
+    return optax.chain(optax.clip_by_global_norm(optimizer.grad_clip_norm), adamw)
+  return adamw

@@ -1,0 +1,328 @@
+"""The training loop: sharded init, jitted train/eval steps, checkpoints and resume.
+
+Resume order (one place): build the abstract sharded state -> if a checkpoint
+exists, restore the state into those shardings and move the data iterator to the
+saved position -> continue with range(state.step, num_steps). A checkpoint saved
+after step s holds the post-update state with state.step == s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import json
+import math
+import os
+import signal
+from typing import Any, Callable
+
+import flax
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from absl import logging
+from flax import linen as nn
+
+from transformer import checkpointing
+from transformer import metrics as metrics_lib
+from transformer import optim
+from transformer import sharding
+from transformer.configuration import ConfigError, ModelConfig, validate
+from transformer.data import pipeline
+from transformer.models import make_model
+
+
+@flax.struct.dataclass
+class TrainState:
+  """Everything a step reads and writes; a pytree that Orbax saves as is."""
+
+  step: jax.Array
+  params: Any
+  opt_state: Any
+  rng: jax.Array  # Base dropout key; each step folds its step number in.
+
+
+def train_step(state: TrainState, batch: dict[str, jax.Array], *, model: nn.Module,
+               tx: optax.GradientTransformation, schedule: optax.Schedule,
+               label_smoothing: float) -> tuple[TrainState, dict[str, jax.Array]]:
+  """One optimizer update; returns the new state and metric sums for this batch."""
+  rng = jax.random.fold_in(state.rng, state.step)
+
+  def loss_fn(params):
+    logits_BLV = model.apply({"params": params}, batch["inputs"], batch["segment_ids"],
+                             batch["positions"], rngs={"dropout": rng})
+    sums = metrics_lib.loss_sums(logits_BLV, batch["targets"], batch["weights"],
+                                 label_smoothing)
+    return sums["objective_sum"] / jnp.maximum(sums["weight_sum"], 1.0), sums
+
+  (_, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  sums.update(
+      learning_rate=schedule(state.step),
+      grad_norm=optax.global_norm(grads),
+      param_norm=optax.global_norm(params),
+      update_norm=optax.global_norm(updates))
+  new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+  return new_state, sums
+
+
+def eval_step(params: Any, batch: dict[str, jax.Array], *,
+              model: nn.Module) -> dict[str, jax.Array]:
+  """Metric sums of one evaluation batch (no dropout)."""
+  logits_BLV = model.apply({"params": params}, batch["inputs"], batch["segment_ids"],
+                           batch["positions"])
+  sums = metrics_lib.loss_sums(logits_BLV, batch["targets"], batch["weights"])
+  del sums["objective_sum"]
+  return sums
+
+
+def make_init_fn(model: nn.Module, tx: optax.GradientTransformation,
+                 seq_len: int) -> Callable[[jax.Array], TrainState]:
+  """init(rng) -> TrainState whose params carry logical-axis metadata (boxed)."""
+
+  def init(rng: jax.Array) -> TrainState:
+    params_rng, dropout_rng = jax.random.split(rng)
+    tokens = jnp.zeros((1, seq_len), jnp.int32)
+    params = model.init({"params": params_rng}, tokens, jnp.ones_like(tokens), tokens)["params"]
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                      opt_state=tx.init(params), rng=dropout_rng)
+
+  return init
+
+
+@dataclasses.dataclass
+class Trainer:
+  """The compiled pieces of a run, built once from the config and the mesh."""
+
+  config: ml_collections.ConfigDict
+  mesh: jax.sharding.Mesh
+  rules: tuple
+  model_config: ModelConfig
+  state_shardings: Any
+  abstract_state: Any
+  init: Callable
+  train_step: Callable
+  eval_step: Callable
+  batch_sharding: jax.sharding.NamedSharding
+
+  @classmethod
+  def create(cls, config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> "Trainer":
+    """Builds the model, optimizer and the jitted, explicitly sharded functions."""
+    rules = sharding.rules_of(config.mesh)
+    model_config = ModelConfig.from_config(config.model)
+    model = make_model(model_config)
+    eval_model = make_model(dataclasses.replace(model_config, deterministic=True))
+    schedule = optim.make_schedule(config.optimizer, model_config.d_model)
+    tx = optim.make_optimizer(config.optimizer, schedule)
+    init = make_init_fn(model, tx, config.data.seq_len)
+
+    # Sharded from the first byte: shapes -> logical specs -> mesh shardings -> jit(init).
+    boxed = jax.eval_shape(init, jax.random.PRNGKey(0))
+    logical_specs = nn.get_partition_spec(boxed)
+    state_shardings = sharding.logical_to_shardings(logical_specs, mesh, rules)
+    abstract_state = checkpointing.abstract_like(nn.meta.unbox(boxed), state_shardings)
+    batch_sharding = sharding.batch_sharding(mesh, rules)
+    replicated = sharding.replicated(mesh)
+
+    jit_init = jax.jit(lambda rng: nn.meta.unbox(init(rng)), out_shardings=state_shardings)
+    jit_train = jax.jit(
+        functools.partial(train_step, model=model, tx=tx, schedule=schedule,
+                          label_smoothing=config.optimizer.label_smoothing),
+        in_shardings=(state_shardings, batch_sharding),
+        out_shardings=(state_shardings, replicated), donate_argnums=(0,))
+    jit_eval = jax.jit(functools.partial(eval_step, model=eval_model),
+                       in_shardings=(state_shardings.params, batch_sharding),
+                       out_shardings=replicated)
+    return cls(config=config, mesh=mesh, rules=rules, model_config=model_config,
+               state_shardings=state_shardings, abstract_state=abstract_state,
+               init=jit_init, train_step=jit_train, eval_step=jit_eval,
+               batch_sharding=batch_sharding)
+
+  @contextlib.contextmanager
+  def context(self):
+    """Mesh + logical rules in scope, needed while tracing the activation constraints."""
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+      yield
+
+  def global_batch(self, local_batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+    """Assembles the global batch from this process's rows."""
+    return {k: jax.make_array_from_process_local_data(self.batch_sharding, v)
+            for k, v in local_batch.items()}
+
+
+class _StopRequest:
+  """Turns SIGINT/SIGTERM into a flag, so the loop stops after a complete step and saves."""
+
+  def __init__(self):
+    self.requested = False
+    self._previous = {}
+
+  def __enter__(self):
+    for sig in (signal.SIGINT, signal.SIGTERM):
+      try:
+        self._previous[sig] = signal.signal(sig, self._handle)
+      except ValueError:  # Not the main thread (e.g. inside some test runners).
+        pass
+    return self
+
+  def _handle(self, signum, frame):
+    del frame
+    if self.requested:  # A second Ctrl-C: stop at once.
+      raise KeyboardInterrupt
+    logging.warning("Signal %d: stopping after this step and saving a checkpoint "
+                    "(again to abort without saving).", signum)
+    self.requested = True
+
+  def __exit__(self, *exc):
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+
+
+def check_batch_size(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> int:
+  """Returns this process's rows per batch; the global batch must split evenly."""
+  rules = sharding.rules_of(config.mesh)
+  ways = sharding.data_parallel_size(mesh, rules)
+  batch = config.data.batch_size
+  if batch % ways or batch % jax.process_count():
+    raise ConfigError(
+        f"config.data.batch_size={batch} is invalid: it must be divisible by the "
+        f"{ways} data-parallel shards of mesh {dict(mesh.shape)} and by "
+        f"{jax.process_count()} processes; e.g. {ways * jax.process_count()}")
+  return batch // jax.process_count()
+
+
+def evaluate(trainer: Trainer, params: Any, dataset, local_batch_size: int) -> dict[str, float]:
+  """Runs the eval split (or its first `train.eval_batches` batches); returns eval_* metrics."""
+  total = None
+  for local_batch in pipeline.iterate_eval(dataset, local_batch_size,
+                                           trainer.config.train.eval_batches):
+    sums = trainer.eval_step(params, trainer.global_batch(local_batch))
+    total = metrics_lib.add_sums(total, jax.device_get(sums))
+  if total is None:
+    raise ValueError(f"config.data.eval_split={trainer.config.data.eval_split!r} "
+                     "produced no batches to evaluate")
+  return metrics_lib.summarize(total, prefix="eval_")
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+  """Trains `config` in `workdir`, resuming from its latest checkpoint if there is one.
+
+  Args:
+    config: the experiment config (configs/base.py lists every key).
+    workdir: where checkpoints, metrics.jsonl, TensorBoard events and config.json go.
+
+  Returns:
+    The last training metrics merged with the last evaluation metrics.
+  """
+  validate(config)
+  mesh = sharding.make_mesh(config.mesh)
+  local_batch_size = check_batch_size(config, mesh)
+  is_chief = jax.process_index() == 0
+  os.makedirs(workdir, exist_ok=True)
+  if is_chief:
+    with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
+      f.write(config.to_json_best_effort(indent=2))
+  logging.info("Mesh %s over %d devices (%d processes)", dict(mesh.shape),
+               jax.device_count(), jax.process_count())
+
+  sources = pipeline.load_sources(config)
+  data_kwargs = dict(
+      tokenizer=sources.tokenizer, text_key=config.data.text_key,
+      vocab_size=config.model.vocab_size, seq_len=config.data.seq_len,
+      batch_size=local_batch_size, seed=config.seed, process_index=jax.process_index(),
+      process_count=jax.process_count(), num_threads=config.data.num_threads)
+  train_data = pipeline.make_lm_dataset(
+      sources.builder.as_data_source(split=config.data.train_split), train=True, **data_kwargs)
+  eval_data = pipeline.make_lm_dataset(
+      sources.builder.as_data_source(split=config.data.eval_split), train=False, **data_kwargs)
+  train_iter = iter(train_data)
+
+  trainer = Trainer.create(config, mesh)
+  checkpointer = checkpointing.Checkpointer(workdir, config.checkpoint)
+  writer = metrics_lib.MetricWriter(workdir, enabled=is_chief)
+  num_steps = config.train.num_steps
+  last_metrics: dict[str, float] = {}
+
+  with trainer.context():
+    latest = checkpointer.latest_step()
+    if latest is None:
+      state = trainer.init(jax.random.PRNGKey(config.seed))
+      logging.info("Starting from scratch in %s", workdir)
+    else:
+      state = checkpointer.restore(latest, trainer.abstract_state, train_iter)
+      logging.info("Resumed from checkpoint %d in %s", latest, checkpointer.directory)
+    start_step = int(jax.device_get(state.step))
+    metrics_lib.log_parameter_count(state.params)
+    progress = metrics_lib.Progress(start_step, num_steps,
+                                    config.data.batch_size * config.data.seq_len)
+
+    if start_step == 0:  # The baseline every later evaluation is compared with.
+      eval_metrics = evaluate(trainer, state.params, eval_data, local_batch_size)
+      logging.info("eval at step 0: %s", _format(eval_metrics))
+      writer.write(0, eval_metrics)
+
+    pending = None  # (step, device metrics) of the previous step, fetched one step late.
+    train_sums = None
+    step = start_step
+    with _StopRequest() as stop:
+      for step in range(start_step, num_steps):
+        batch = trainer.global_batch(next(train_iter))
+        state, step_metrics = trainer.train_step(state, batch)
+        # Fetch step t-1's metrics while step t runs, so logging never stalls the device.
+        if pending is not None:
+          train_sums, summary = _report(pending, train_sums, progress, writer, config)
+          last_metrics = summary or last_metrics
+        pending = (step + 1, step_metrics)
+        done = step + 1
+        if done % config.train.eval_every == 0 or done == num_steps:
+          train_sums, summary = _report(pending, train_sums, progress, writer, config)
+          last_metrics = summary or last_metrics
+          pending = None
+          eval_metrics = evaluate(trainer, state.params, eval_data, local_batch_size)
+          logging.info("eval at step %d: %s", done, _format(eval_metrics))
+          writer.write(done, eval_metrics)
+          last_metrics = {**last_metrics, **eval_metrics}
+        if done % config.checkpoint.every == 0 or done == num_steps or stop.requested:
+          checkpointer.save(done, state, train_iter)
+        if stop.requested:
+          logging.warning("Stopped at step %d; rerun the same command to resume.", done)
+          break
+    if pending is not None:
+      _, summary = _report(pending, train_sums, progress, writer, config, force=True)
+      last_metrics = {**last_metrics, **(summary or {})}
+  checkpointer.close()
+  writer.close()
+  return last_metrics
+
+
+def _format(metrics: dict[str, float]) -> str:
+  return " | ".join(f"{k} {v:.4g}" for k, v in metrics.items())
+
+
+def _report(pending, train_sums, progress, writer, config, force=False):
+  """Checks a finished step's loss; logs accumulated metrics every `train.log_every` steps."""
+  step, device_metrics = pending
+  host = jax.device_get(device_metrics)
+  loss = float(host["loss_sum"]) / max(float(host["weight_sum"]), 1.0)
+  if not math.isfinite(loss):
+    raise FloatingPointError(f"Non-finite training loss {loss} at step {step}; "
+                             f"metrics: {json.dumps({k: float(v) for k, v in host.items()})}")
+  progress.update(step)
+  # Norms and the learning rate are per-step values: keep the latest, not a sum.
+  per_step = {k: host.pop(k) for k in ("learning_rate", "grad_norm", "param_norm",
+                                       "update_norm")}
+  host.pop("objective_sum")
+  train_sums = metrics_lib.add_sums(train_sums, host)
+  if step % config.train.log_every and not force and step != config.train.num_steps:
+    return train_sums, None
+  summary = metrics_lib.summarize(train_sums)
+  summary.update({k: float(v) for k, v in per_step.items()})
+  if math.isfinite(progress.seconds_per_step):
+    summary["seconds_per_step"] = progress.seconds_per_step
+  logging.info("%s", progress.line(step, summary))
+  writer.write(step, summary)
+  return None, summary
