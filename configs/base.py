@@ -64,16 +64,18 @@ def get_config() -> ml_collections.ConfigDict:
   opt.b1 = 0.9  # Adam beta1.
   opt.b2 = 0.95  # Adam beta2.
   opt.eps = 1e-8  # Adam epsilon.
-  opt.weight_decay = 0.1  # Decoupled weight decay, applied only to weights with >= 2 dims.
+  opt.weight_decay = 0.1  # Decoupled weight decay on kernels and embeddings (not biases/norms).
   opt.grad_clip_norm = 1.0  # Clip the global gradient norm; 0 disables.
   opt.label_smoothing = 0.0  # Label smoothing of the training cross-entropy.
 
   # ---- train.* : loop length, logging and evaluation ----
   train = config.train = ml_collections.ConfigDict()
   train.num_steps = 1000  # Optimizer steps in total (a resumed run continues to this).
+  train.microbatches = 1  # Gradient accumulation: split each batch into this many slices.
   train.log_every = 10  # Steps between progress lines / metrics.jsonl rows.
   train.eval_every = 200  # Steps between evaluations (and after the last step).
   train.eval_batches = 20  # Batches per evaluation; -1 means the whole eval split.
+  train.eval_at_start = True  # Evaluate the untrained model first (the baseline at step 0).
 
   # ---- checkpoint.* : Orbax checkpointing ----
   ckpt = config.checkpoint = ml_collections.ConfigDict()

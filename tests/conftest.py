@@ -11,6 +11,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+from tiny import make_tiny_config  # pylint: disable=g-import-not-at-top,wrong-import-position
+
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
 
@@ -22,12 +24,5 @@ def tfds_data_dir(tmp_path_factory) -> str:
 
 @pytest.fixture
 def tiny_config(tfds_data_dir):
-  """gpt_small:local shrunk to train a few steps in seconds on the real offline corpus."""
-  from configs import gpt_small  # pylint: disable=g-import-not-at-top
-  config = gpt_small.get_config("local")
-  config.model.update(d_model=32, num_layers=2, num_heads=2, mlp_dim=64, max_len=32)
-  config.data.update(data_dir=tfds_data_dir, seq_len=32, batch_size=8, num_threads=1)
-  config.optimizer.update(warmup_steps=2, learning_rate=3e-3)
-  config.train.update(num_steps=6, log_every=1, eval_every=3, eval_batches=2)
-  config.checkpoint.update(every=3, keep=5)
-  return config
+  """A fresh tiny config per test (tests mutate it)."""
+  return make_tiny_config(tfds_data_dir)

@@ -130,6 +130,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
 
   t = "train."
   _check_int(config, t + "num_steps", 1)
+  _check_int(config, t + "microbatches", 1)
   _check_int(config, t + "log_every", 1)
   _check_int(config, t + "eval_every", 1)
   if config.train.eval_batches != -1:

@@ -45,8 +45,12 @@ class Embedder(nn.Module):
     return x_BLE
 
   def attend(self, x_BLE: jax.Array) -> jax.Array:
-    """Logits against the token embedding, in float32."""
-    return self.token_embed.attend(x_BLE.astype(jnp.float32))
+    """Logits against the token embedding, in float32.
+
+    (nn.Embed.attend would cast back to the compute dtype, e.g. bfloat16.)
+    """
+    embedding_VE = self.token_embed.embedding.astype(jnp.float32)
+    return jnp.einsum("BLE,VE->BLV", x_BLE.astype(jnp.float32), embedding_VE)
 
 
 class Decoder(nn.Module):

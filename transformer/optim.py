@@ -47,9 +47,17 @@ def make_schedule(optimizer: ml_collections.ConfigDict, d_model: int) -> optax.S
                    "valid: 'warmup_rsqrt', 'noam', 'constant'")
 
 
+# Parameter names that are weights (decayed); biases and norm scales are not, even
+# when they have 2+ dims (the [heads, head_dim] attention biases).
+DECAYED_NAMES = ("kernel", "embedding", "position_embed")
+
+
 def decay_mask(params) -> object:
-  """True for weights with >= 2 dims (matrices, embeddings); biases and norms are not decayed."""
-  return jax.tree.map(lambda p: jnp.ndim(p) >= 2, params)
+  """True for weight matrices and embeddings; False for biases and norm scales."""
+  def is_weight(path, p):
+    name = str(getattr(path[-1], "key", path[-1]))
+    return name in DECAYED_NAMES and jnp.ndim(p) >= 2
+  return jax.tree_util.tree_map_with_path(is_weight, params)
 
 
 def make_optimizer(optimizer: ml_collections.ConfigDict,

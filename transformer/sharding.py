@@ -9,8 +9,11 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import re
+
 import jax
 import ml_collections
+from absl import logging
 import numpy as np
 from flax import linen as nn
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -73,3 +76,72 @@ def data_parallel_size(mesh: Mesh, rules: Rules) -> int:
 def replicated(mesh: Mesh) -> NamedSharding:
   """Fully replicated sharding on `mesh`."""
   return NamedSharding(mesh, PartitionSpec())
+
+
+def _path_name(path) -> str:
+  return "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
+
+
+def _nbytes(shape, dtype, sharding=None) -> int:
+  shape = sharding.shard_shape(shape) if sharding is not None else shape
+  return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+
+
+def sharding_report(boxed_params: Any, param_shardings: Any, abstract_opt_state: Any,
+                    opt_shardings: Any, mesh: Mesh) -> tuple[list[str], dict[str, float]]:
+  """A compact table of every parameter's logical axes and mesh spec, plus byte counts.
+
+  Repeated layers (`block_0`, `block_1`, ...) collapse into one `block_*` row.
+
+  Returns:
+    (lines of the table, stats): stats has total and per-device bytes of the
+    parameters and the optimizer state, and the fraction of parameter bytes that
+    is not sharded at all (`replicated_fraction`).
+  """
+  is_box = lambda x: isinstance(x, nn.LogicallyPartitioned)
+  boxes = jax.tree_util.tree_flatten_with_path(boxed_params, is_leaf=is_box)[0]
+  shardings = jax.tree.leaves(param_shardings, is_leaf=lambda x: isinstance(x, NamedSharding))
+  rows: dict[tuple, int] = {}
+  total = per_device = replicated = 0
+  for (path, box), shard in zip(boxes, shardings):
+    value = box.value if is_box(box) else box
+    names = tuple(box.names) if is_box(box) else ()
+    nbytes, local = _nbytes(value.shape, value.dtype), _nbytes(value.shape, value.dtype, shard)
+    total, per_device = total + nbytes, per_device + local
+    replicated += nbytes if local == nbytes else 0
+    name = _path_name(path)
+    key = (re.sub(r"block_\d+", "block_*", name), value.shape, names, tuple(shard.spec))
+    rows[key] = rows.get(key, 0) + 1
+  opt_leaves = jax.tree.leaves(abstract_opt_state)
+  opt_sh = jax.tree.leaves(opt_shardings, is_leaf=lambda x: isinstance(x, NamedSharding))
+  opt_total = sum(_nbytes(x.shape, x.dtype) for x in opt_leaves)
+  opt_local = sum(_nbytes(x.shape, x.dtype, s) for x, s in zip(opt_leaves, opt_sh))
+
+  width = max(len(k[0]) for k in rows) + 4
+  lines = [f"{'parameter':<{width}} {'shape':<18} {'logical axes':<34} mesh spec"]
+  for (name, shape, names, spec), count in rows.items():
+    label = f"{name} x{count}" if count > 1 else name
+    lines.append(f"{label:<{width}} {str(tuple(shape)):<18} "
+                 f"{str(names):<34} {spec}")
+  mib = 2 ** 20
+  lines.append(f"parameters: {total / mib:.1f} MiB total, {per_device / mib:.1f} MiB per device; "
+               f"optimizer state: {opt_total / mib:.1f} MiB total, "
+               f"{opt_local / mib:.1f} MiB per device")
+  stats = dict(param_bytes=total, param_bytes_per_device=per_device,
+               opt_bytes=opt_total, opt_bytes_per_device=opt_local,
+               replicated_fraction=replicated / max(total, 1))
+  return lines, stats
+
+
+def log_sharding_report(boxed_params: Any, param_shardings: Any, abstract_opt_state: Any,
+                        opt_shardings: Any, mesh: Mesh) -> dict[str, float]:
+  """Logs the sharding table; warns when fsdp > 1 leaves over 2% of parameter bytes whole."""
+  lines, stats = sharding_report(boxed_params, param_shardings, abstract_opt_state,
+                                 opt_shardings, mesh)
+  logging.info("Parameter sharding on mesh %s:\n%s", dict(mesh.shape), "\n".join(lines))
+  if mesh.shape.get("fsdp", 1) > 1 and stats["replicated_fraction"] > 0.02:
+    logging.warning(
+        "fsdp=%d but %.1f%% of parameter bytes are replicated on every device; check "
+        "config.mesh.rules (e.g. map 'embed' to 'fsdp') and that sharded dims divide "
+        "the mesh.", mesh.shape["fsdp"], 100 * stats["replicated_fraction"])
+  return stats

@@ -47,18 +47,49 @@ class TrainState:
 
 def train_step(state: TrainState, batch: dict[str, jax.Array], *, model: nn.Module,
                tx: optax.GradientTransformation, schedule: optax.Schedule,
-               label_smoothing: float) -> tuple[TrainState, dict[str, jax.Array]]:
-  """One optimizer update; returns the new state and metric sums for this batch."""
+               label_smoothing: float,
+               microbatches: int = 1) -> tuple[TrainState, dict[str, jax.Array]]:
+  """One optimizer update; returns the new state and metric sums for this batch.
+
+  With `microbatches` = k > 1 the batch is processed as k sequential slices whose
+  gradients are summed (gradient accumulation), which equals one step on the whole
+  batch: the loss is normalised by the token count of the whole batch either way.
+  """
   rng = jax.random.fold_in(state.rng, state.step)
 
-  def loss_fn(params):
-    logits_BLV = model.apply({"params": params}, batch["inputs"], batch["segment_ids"],
-                             batch["positions"], rngs={"dropout": rng})
-    sums = metrics_lib.loss_sums(logits_BLV, batch["targets"], batch["weights"],
-                                 label_smoothing)
-    return sums["objective_sum"] / jnp.maximum(sums["weight_sum"], 1.0), sums
+  def sums_and_grads(micro: dict[str, jax.Array], micro_rng: jax.Array):
+    def objective(params):
+      logits_BLV = model.apply({"params": params}, micro["inputs"], micro["segment_ids"],
+                               micro["positions"], rngs={"dropout": micro_rng})
+      sums = metrics_lib.loss_sums(logits_BLV, micro["targets"], micro["weights"],
+                                   label_smoothing)
+      return sums["objective_sum"], sums
 
-  (_, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    (_, sums), grads = jax.value_and_grad(objective, has_aux=True)(state.params)
+    return sums, grads
+
+  if microbatches == 1:
+    sums, grad_sums = sums_and_grads(batch, rng)
+  else:
+    # Row r goes to micro-batch r % k, so every device holds a slice of each micro-batch.
+    def split(x):
+      x = x.reshape((x.shape[0] // microbatches, microbatches) + x.shape[1:])
+      return jnp.moveaxis(x, 1, 0)
+
+    micro_batches = jax.tree.map(split, batch)
+
+    def accumulate(carry, xs):
+      index, micro = xs
+      out = sums_and_grads(micro, jax.random.fold_in(rng, index))
+      return jax.tree.map(jnp.add, carry, out), None
+
+    first = jax.tree.map(lambda x: x[0], micro_batches)
+    zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype),
+                         jax.eval_shape(sums_and_grads, first, rng))
+    (sums, grad_sums), _ = jax.lax.scan(
+        accumulate, zeros, (jnp.arange(microbatches), micro_batches))
+
+  grads = jax.tree.map(lambda g: g / jnp.maximum(sums["weight_sum"], 1.0), grad_sums)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   sums.update(
@@ -127,11 +158,15 @@ class Trainer:
     abstract_state = checkpointing.abstract_like(nn.meta.unbox(boxed), state_shardings)
     batch_sharding = sharding.batch_sharding(mesh, rules)
     replicated = sharding.replicated(mesh)
+    if jax.process_index() == 0:
+      sharding.log_sharding_report(boxed.params, state_shardings.params,
+                                   abstract_state.opt_state, state_shardings.opt_state, mesh)
 
     jit_init = jax.jit(lambda rng: nn.meta.unbox(init(rng)), out_shardings=state_shardings)
     jit_train = jax.jit(
         functools.partial(train_step, model=model, tx=tx, schedule=schedule,
-                          label_smoothing=config.optimizer.label_smoothing),
+                          label_smoothing=config.optimizer.label_smoothing,
+                          microbatches=config.train.microbatches),
         in_shardings=(state_shardings, batch_sharding),
         out_shardings=(state_shardings, replicated), donate_argnums=(0,))
     jit_eval = jax.jit(functools.partial(eval_step, model=eval_model),
@@ -186,12 +221,15 @@ def check_batch_size(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh)
   """Returns this process's rows per batch; the global batch must split evenly."""
   rules = sharding.rules_of(config.mesh)
   ways = sharding.data_parallel_size(mesh, rules)
-  batch = config.data.batch_size
-  if batch % ways or batch % jax.process_count():
+  batch, micro = config.data.batch_size, config.train.microbatches
+  # Each micro-batch is itself split over the data-parallel devices.
+  unit = int(np.lcm(ways * micro, jax.process_count()))
+  if batch % unit:
     raise ConfigError(
         f"config.data.batch_size={batch} is invalid: it must be divisible by the "
-        f"{ways} data-parallel shards of mesh {dict(mesh.shape)} and by "
-        f"{jax.process_count()} processes; e.g. {ways * jax.process_count()}")
+        f"{ways} data-parallel shards of mesh {dict(mesh.shape)} times "
+        f"config.train.microbatches={micro}, and by {jax.process_count()} processes; "
+        f"e.g. {unit}")
   return batch // jax.process_count()
 
 
@@ -260,7 +298,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     progress = metrics_lib.Progress(start_step, num_steps,
                                     config.data.batch_size * config.data.seq_len)
 
-    if start_step == 0:  # The baseline every later evaluation is compared with.
+    if start_step == 0 and config.train.eval_at_start:  # The baseline later evals beat.
       eval_metrics = evaluate(trainer, state.params, eval_data, local_batch_size)
       logging.info("eval at step 0: %s", _format(eval_metrics))
       writer.write(0, eval_metrics)
@@ -274,7 +312,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         state, step_metrics = trainer.train_step(state, batch)
         # Fetch step t-1's metrics while step t runs, so logging never stalls the device.
         if pending is not None:
-          train_sums, summary = _report(pending, train_sums, progress, writer, config)
+          # The first two steps after a (re)start are always shown: the second has an ETA.
+          train_sums, summary = _report(pending, train_sums, progress, writer, config,
+                                        force=pending[0] - start_step <= 2)
           last_metrics = summary or last_metrics
         pending = (step + 1, step_metrics)
         done = step + 1

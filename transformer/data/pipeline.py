@@ -16,12 +16,14 @@ import os
 from typing import Any, Iterator
 
 import grain
+import jax
 import grain.experimental
 import ml_collections
 import numpy as np
 import tensorflow_datasets as tfds
 from absl import logging
 
+from transformer import distributed
 from transformer.configuration import ConfigError
 from transformer.data import python_stdlib
 from transformer.data import tokenizers
@@ -99,9 +101,19 @@ def load_tokenizer(data: ml_collections.ConfigDict, builder: tfds.core.DatasetBu
 
 
 def load_sources(config: ml_collections.ConfigDict) -> DataSources:
-  """Prepares the dataset and tokenizer and checks the tokenizer fits the model."""
-  builder = load_builder(config.data)
-  tokenizer = load_tokenizer(config.data, builder, config.model.vocab_size)
+  """Prepares the dataset and tokenizer and checks the tokenizer fits the model.
+
+  With several processes, process 0 prepares first and the others wait, so a data
+  dir shared between hosts is written once; hosts with local disks then prepare
+  their own copy.
+  """
+  if jax.process_index() == 0:
+    builder = load_builder(config.data)
+    tokenizer = load_tokenizer(config.data, builder, config.model.vocab_size)
+  distributed.barrier("data_prepared")
+  if jax.process_index() != 0:
+    builder = load_builder(config.data)
+    tokenizer = load_tokenizer(config.data, builder, config.model.vocab_size)
   if tokenizer.vocab_size > config.model.vocab_size:
     raise ConfigError(
         f"config.model.vocab_size={config.model.vocab_size} is smaller than the "

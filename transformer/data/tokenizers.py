@@ -82,7 +82,7 @@ def train_sentencepiece(lines: Iterable[str], vocab_size: int, model_path: str,
       allow_whitespace_only_pieces=True, split_digits=True, byte_fallback=True,
       user_defined_symbols=["\n", "\t"], character_coverage=0.9999,
       hard_vocab_limit=True, max_sentence_length=16384, num_threads=os.cpu_count() or 1,
-      minloglevel=2)
+      minloglevel=0)  # SentencePiece's own progress lines: training can take minutes.
   os.makedirs(os.path.dirname(model_path), exist_ok=True)
   tmp_path = f"{model_path}.tmp.{os.getpid()}"
   with open(tmp_path, "wb") as f:

@@ -1,0 +1,63 @@
+"""One JAX process of the real multi-process CPU run in test_multiprocess.py.
+
+Starts jax.distributed on localhost (gloo collectives) through the same
+`transformer.distributed.initialize` that launch.py calls, trains the tiny config
+and writes what it saw (per-step losses, digests of the rows it read) to --out.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+
+from absl import logging
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from tiny import make_tiny_config  # pylint: disable=g-import-not-at-top,wrong-import-position
+from transformer import distributed  # pylint: disable=g-import-not-at-top,wrong-import-position
+from transformer import metrics  # pylint: disable=g-import-not-at-top,wrong-import-position
+from transformer import train  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  for name in ("process_id", "port", "num_steps", "fail_at_batch"):
+    parser.add_argument(f"--{name}", type=int, default=-1)
+  for name in ("workdir", "data_dir", "out"):
+    parser.add_argument(f"--{name}", required=True)
+  args = parser.parse_args()
+  logging.set_verbosity(logging.INFO)  # As under absl.app: the progress lines show.
+
+  distributed.initialize(coordinator_address=f"127.0.0.1:{args.port}", num_processes=2,
+                         process_id=args.process_id, heartbeat_timeout_seconds=10)
+  seen = {"metrics": [], "rows": []}
+  global_batch, write = train.Trainer.global_batch, metrics.MetricWriter.write
+
+  def recording_global_batch(self, local):
+    if len(seen["rows"]) == args.fail_at_batch:
+      raise RuntimeError(f"injected failure in process {args.process_id}")
+    seen["rows"].append([hashlib.sha1(row.tobytes()).hexdigest() for row in local["inputs"]])
+    return global_batch(self, local)
+
+  def recording_write(self, step, values):
+    seen["metrics"].append({"step": int(step), **values})
+    return write(self, step, values)
+
+  train.Trainer.global_batch = recording_global_batch
+  metrics.MetricWriter.write = recording_write
+
+  config = make_tiny_config(args.data_dir)
+  config.train.num_steps = args.num_steps
+  config.checkpoint.every = 2
+  config.train.eval_every = 2
+  with distributed.fail_together():  # As launch.py does.
+    train.train_and_evaluate(config, args.workdir)
+  with open(args.out, "w", encoding="utf-8") as f:
+    json.dump(seen, f)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,156 @@
+"""Optimizer tests: the paper's learning-rate schedule and AdamW's decay mask."""
+
+from __future__ import annotations
+
+import collections
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import linen as nn
+
+from configs import base
+from transformer import optim
+from transformer.configuration import ModelConfig
+from transformer.models import make_model
+
+jax.config.update("jax_numpy_rank_promotion", "raise")
+
+
+def optimizer_config(**overrides):
+  optimizer = base.get_config().optimizer
+  optimizer.update(**overrides)
+  return optimizer
+
+
+def paper_lr(count: int, d_model: int, warmup: int, scale: float = 1.0) -> float:
+  """Vaswani et al. (2017), eq. 3, with the paper's 1-based step = optax count + 1."""
+  step = count + 1
+  return scale * d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
+
+
+def evaluate(schedule, counts):
+  return np.asarray(jax.vmap(schedule)(jnp.asarray(counts)))
+
+
+COUNTS = np.array(sorted(set(range(0, 50)) | {99, 100, 398, 399, 400, 401, 1000, 12345, 10**6}))
+
+
+@pytest.mark.parametrize("d_model, warmup, scale", [(512, 4000, 1.0), (64, 400, 2.0),
+                                                    (256, 1, 1.0)])
+def test_noam_schedule_is_the_paper_formula(d_model, warmup, scale):
+  schedule = optim.make_schedule(
+      optimizer_config(schedule="noam", warmup_steps=warmup, noam_scale=scale), d_model)
+  counts = np.concatenate([COUNTS, [warmup - 2, warmup - 1, warmup, 4 * warmup]])
+  counts = counts[counts >= 0]
+  expected = [paper_lr(c, d_model, warmup, scale) for c in counts]
+  np.testing.assert_allclose(evaluate(schedule, counts), expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("warmup", [2, 10, 400])
+def test_warmup_rsqrt_is_continuous_and_peaks_at_warmup(warmup):
+  peak = 3e-4
+  schedule = optim.warmup_rsqrt_schedule(peak, warmup)
+  counts = np.arange(0, 3 * warmup)
+  values = evaluate(schedule, counts)
+  # The peak is reached at the paper's step == warmup, i.e. optax count warmup - 1.
+  assert int(np.argmax(values)) == warmup - 1
+  np.testing.assert_allclose(values[warmup - 1], peak, rtol=1e-6)
+  # Continuity at the boundary: neighbours differ by at most one warmup increment.
+  before, at, after = values[max(warmup - 2, 0)], values[warmup - 1], values[warmup]
+  assert abs(at - before) <= peak / warmup * (1 + 1e-5)
+  assert abs(at - after) <= peak / warmup * (1 + 1e-5)
+  # Linear ramp, then monotone decay as peak * sqrt(warmup / step).
+  steps = counts + 1.0
+  np.testing.assert_allclose(values[:warmup], peak * steps[:warmup] / warmup, rtol=1e-6)
+  np.testing.assert_allclose(values[warmup:], peak * np.sqrt(warmup / steps[warmup:]),
+                             rtol=1e-6)
+  assert np.all(np.diff(values[:warmup]) > 0) and np.all(np.diff(values[warmup - 1:]) < 0)
+
+
+@pytest.mark.parametrize("d_model, warmup", [(512, 4000), (32, 7)])
+def test_noam_peak(d_model, warmup):
+  peak = optim.noam_peak(1.5, d_model, warmup)
+  assert peak == pytest.approx(paper_lr(warmup - 1, d_model, warmup, scale=1.5), rel=1e-12)
+  assert peak == pytest.approx(max(paper_lr(c, d_model, warmup, 1.5)
+                                   for c in range(3 * warmup)), rel=1e-12)
+  schedule = optim.make_schedule(
+      optimizer_config(schedule="noam", warmup_steps=warmup, noam_scale=1.5), d_model)
+  np.testing.assert_allclose(schedule(warmup - 1), peak, rtol=1e-6)
+
+
+def test_no_warmup_is_rsqrt_decay_from_the_peak():
+  peak = 1e-3
+  schedule = optim.make_schedule(
+      optimizer_config(schedule="warmup_rsqrt", learning_rate=peak, warmup_steps=0), 256)
+  counts = np.array([0, 1, 2, 3, 8, 99, 9999])
+  np.testing.assert_allclose(evaluate(schedule, counts), peak / np.sqrt(counts + 1.0),
+                             rtol=1e-6)
+
+
+def test_constant_schedule():
+  schedule = optim.make_schedule(optimizer_config(schedule="constant", learning_rate=2e-3), 64)
+  np.testing.assert_allclose(evaluate(schedule, [0, 10, 10**5]), 2e-3, rtol=1e-7)
+
+
+def test_unknown_schedule_names_the_valid_ones():
+  optimizer = optimizer_config()
+  optimizer.schedule = "cosine"
+  with pytest.raises(ValueError, match="noam"):
+    optim.make_schedule(optimizer, 64)
+
+
+# ---------------------------------------------------------------- weight decay
+
+
+def model_params():
+  """The parameter tree of a tiny model (configs/base.py shrunk), filled with NumPy values."""
+  config = base.get_config()
+  config.model.update(vocab_size=64, d_model=32, num_layers=2, num_heads=4, mlp_dim=64,
+                      max_len=16, activation="swiglu", tie_embeddings=False)
+  model = make_model(ModelConfig.from_config(config.model))
+  tokens = jax.ShapeDtypeStruct((1, 8), jnp.int32)
+  shapes = nn.unbox(jax.eval_shape(model.init, jax.random.key(0), tokens, tokens, tokens))
+  rng = np.random.default_rng(0)
+  return jax.tree.map(lambda s: jnp.asarray(rng.normal(size=s.shape) + 2.0, s.dtype),
+                      shapes["params"])
+
+
+def one_adamw_step_with_zero_gradients(params, lr, weight_decay, grad_clip_norm=1.0):
+  config = optimizer_config(schedule="constant", learning_rate=lr, weight_decay=weight_decay,
+                            grad_clip_norm=grad_clip_norm)
+  tx = optim.make_optimizer(config, optim.make_schedule(config, 32))
+
+  @jax.jit
+  def step(params):
+    updates, _ = tx.update(jax.tree.map(jnp.zeros_like, params), tx.init(params), params)
+    return optax.apply_updates(params, updates)
+
+  return step(params)
+
+
+def flat(tree):
+  return {jax.tree_util.keystr(path): leaf
+          for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+@pytest.mark.parametrize("grad_clip_norm", [1.0, 0.0])
+def test_adamw_decays_weights_and_never_biases_or_norm_scales(grad_clip_norm):
+  lr, weight_decay = 0.1, 0.5
+  params = model_params()
+  new_params = flat(one_adamw_step_with_zero_gradients(params, lr, weight_decay,
+                                                       grad_clip_norm))
+  kinds = collections.Counter()
+  for name, old in flat(params).items():
+    new = new_params[name]
+    if name.endswith("['bias']") or name.endswith("['scale']"):
+      # Includes the 2-D [heads, head_dim] attention biases: a rank rule would decay them.
+      np.testing.assert_array_equal(new, old, err_msg=name)
+      kinds[f"kept_{old.ndim}d"] += 1
+    else:
+      # Zero gradients give a zero Adam step, so only the decoupled decay moves the weight.
+      np.testing.assert_allclose(new, old * (1 - lr * weight_decay), rtol=1e-6, err_msg=name)
+      kinds["decayed"] += 1
+  assert kinds["decayed"] > 5 and kinds["kept_1d"] > 5 and kinds["kept_2d"] > 0

@@ -1,0 +1,164 @@
+"""Sharding on 8 simulated CPU devices: every mesh trains like one device; specs are right."""
+
+import jax
+import numpy as np
+import pytest
+from flax import linen as nn
+from jax.sharding import PartitionSpec as P
+
+from transformer import sharding
+from transformer import train
+from transformer.models import make_model
+
+MESHES = [(1, 1, 1), (8, 1, 1), (1, 8, 1), (1, 1, 8), (2, 2, 2)]
+
+
+def _config(tiny_config, mesh=(1, 1, 1), use_bias=True):
+  config = tiny_config
+  # The attention key bias has an exactly-zero true gradient (softmax ignores a
+  # per-query constant); Adam turns its float noise into +-lr steps that differ between
+  # reduction orders. Training-equality tests therefore run without biases.
+  config.model.use_bias = use_bias
+  # Sizes that every mesh axis of 8 divides: heads, kv heads, mlp, vocab and embed.
+  config.model.update(d_model=64, num_heads=8, mlp_dim=128, vocab_size=384)
+  config.data.batch_size = 8
+  config.mesh.shape = (("data", mesh[0]), ("fsdp", mesh[1]), ("tensor", mesh[2]))
+  return config
+
+
+def _batch(config, seed=0):
+  rng = np.random.default_rng(seed)
+  b, l = config.data.batch_size, config.data.seq_len
+  segment_ids = np.repeat(np.arange(1, 3), l // 2)[None].repeat(b, 0).astype(np.int32)
+  for row in range(b):  # Uneven padding: micro-batches hold different token counts.
+    segment_ids[row, l - 1 - 3 * (row % 4):] = 0
+  positions = np.concatenate([np.arange(l // 2)] * 2)[None].repeat(b, 0).astype(np.int32)
+  weights = (segment_ids > 0).astype(np.float32)
+  return {"inputs": rng.integers(4, 260, (b, l), dtype=np.int32),
+          "targets": rng.integers(4, 260, (b, l), dtype=np.int32),
+          "segment_ids": segment_ids, "positions": positions, "weights": weights}
+
+
+def _train(config, devices, steps=3, batch=None):
+  mesh = sharding.make_mesh(config.mesh, devices)
+  trainer = train.Trainer.create(config, mesh)
+  losses = []
+  with trainer.context():
+    state = trainer.init(jax.random.PRNGKey(0))
+    for step in range(steps):
+      local = batch if batch is not None else _batch(config, step)
+      state, metrics = trainer.train_step(state, trainer.global_batch(local))
+      metrics = jax.device_get(metrics)
+      losses.append(float(metrics["loss_sum"] / metrics["weight_sum"]))
+  return losses, jax.device_get(state.params), trainer
+
+
+def _assert_trees_close(got_tree, want_tree):
+  """Leaf-wise relative error of the whole tensor: Adam turns float noise in near-zero
+  gradients into single elements that differ by a fraction of one update, so an
+  elementwise tolerance would be flaky while a real sharding bug changes whole tensors."""
+  got_leaves, want_leaves = jax.tree.leaves(got_tree), jax.tree.leaves(want_tree)
+  assert len(got_leaves) == len(want_leaves)
+  for got, want in zip(got_leaves, want_leaves):
+    error = np.linalg.norm(np.asarray(got) - want) / np.linalg.norm(want)
+    assert error < 1e-3, error  # A real sharding bug gives errors of order 1.
+
+
+@pytest.fixture(scope="module")
+def single_device_run(tfds_data_dir):
+  from tiny import make_tiny_config  # pylint: disable=g-import-not-at-top
+  config = _config(make_tiny_config(tfds_data_dir), use_bias=False)
+  return _train(config, jax.devices()[:1])
+
+
+@pytest.mark.parametrize("mesh", MESHES, ids=lambda m: "x".join(map(str, m)))
+def test_every_mesh_trains_like_one_device(tiny_config, single_device_run, mesh):
+  config = _config(tiny_config, mesh, use_bias=False)
+  losses, params, trainer = _train(config, jax.devices()[: int(np.prod(mesh))])
+  expected_losses, expected_params, _ = single_device_run
+  np.testing.assert_allclose(losses, expected_losses, rtol=2e-5)
+  assert losses[-1] < losses[0]
+  _assert_trees_close(params, expected_params)
+  # The parameters really are laid out on the mesh, not gathered on one device.
+  kernel = trainer.state_shardings.params["block_0"]["mlp"]["wi"]["kernel"]
+  assert kernel.mesh.shape == dict(zip(("data", "fsdp", "tensor"), mesh))
+
+
+def test_parameter_specs_follow_the_rules(tiny_config):
+  config = _config(tiny_config, (2, 2, 2))
+  mesh = sharding.make_mesh(config.mesh)
+  trainer = train.Trainer.create(config, mesh)
+  specs = jax.tree.map(lambda s: s.spec, trainer.state_shardings.params)
+  block = specs["block_0"]
+  expected = {
+      ("embedder", "token_embed", "embedding"): P("tensor", "fsdp"),
+      ("embedder", "position_embed"): P(None, "fsdp"),
+      ("self_attention", "query", "kernel"): P("fsdp", "tensor", None),
+      ("self_attention", "query", "bias"): P("tensor", None),
+      ("self_attention", "key", "kernel"): P("fsdp", "tensor", None),
+      ("self_attention", "value", "kernel"): P("fsdp", "tensor", None),
+      ("self_attention", "out", "kernel"): P("tensor", None, "fsdp"),
+      ("self_attention", "out", "bias"): P("fsdp"),
+      ("mlp", "wi", "kernel"): P("fsdp", "tensor"),
+      ("mlp", "wi", "bias"): P("tensor"),
+      ("mlp", "wo", "kernel"): P("tensor", "fsdp"),
+      ("self_attention_norm", "scale"): P("fsdp"),
+  }
+  for path, spec in expected.items():
+    node = specs if path[0] == "embedder" else block
+    for key in path:
+      node = node[key]
+    assert node == spec, (path, node, spec)
+  assert specs["final_norm"]["scale"] == P("fsdp")
+
+
+def test_every_spec_matches_its_tensor_rank(tiny_config):
+  config = _config(tiny_config, (2, 2, 2))
+  trainer = train.Trainer.create(config, sharding.make_mesh(config.mesh))
+  shapes = jax.tree.leaves(trainer.abstract_state)
+  shardings = jax.tree.leaves(trainer.state_shardings,
+                              is_leaf=lambda x: isinstance(x, jax.sharding.NamedSharding))
+  assert len(shapes) == len(shardings)
+  for shape, shard in zip(shapes, shardings):
+    assert len(shard.spec) <= len(shape.shape)
+    assert shard.is_equivalent_to(shape.sharding, len(shape.shape))
+  # Optimizer moments are sharded like their parameters (FSDP shards them too).
+  mu = trainer.state_shardings.opt_state[1][0].mu
+  assert mu["block_0"]["mlp"]["wi"]["kernel"].spec == P("fsdp", "tensor")
+
+
+def test_sharding_report_counts_bytes_and_warns_when_fsdp_leaves_weights_whole(
+    tiny_config, caplog):
+  config = _config(tiny_config, (1, 8, 1))
+  mesh = sharding.make_mesh(config.mesh)
+  trainer = train.Trainer.create(config, mesh)
+  boxed = jax.eval_shape(train.make_init_fn(
+      make_model(trainer.model_config), _optimizer(config), config.data.seq_len),
+      jax.random.PRNGKey(0))
+  lines, stats = sharding.sharding_report(
+      boxed.params, trainer.state_shardings.params, trainer.abstract_state.opt_state,
+      trainer.state_shardings.opt_state, mesh)
+  assert any(line.startswith("block_*/mlp/wi/kernel x2") for line in lines)
+  assert stats["param_bytes_per_device"] < stats["param_bytes"] / 4
+  assert stats["replicated_fraction"] < 0.02
+
+  config.mesh.rules = tuple((name, None if name == "embed" else axes)
+                            for name, axes in config.mesh.rules)
+  with caplog.at_level("WARNING"):
+    train.Trainer.create(config, sharding.make_mesh(config.mesh))
+  assert "fsdp=8 but" in caplog.text and "replicated" in caplog.text
+
+
+def _optimizer(config):
+  from transformer import optim  # pylint: disable=g-import-not-at-top
+  return optim.make_optimizer(config.optimizer, optim.make_schedule(config.optimizer, 64))
+
+
+def test_accumulation_equals_one_large_batch_step(tiny_config):
+  config = _config(tiny_config, (2, 1, 1), use_bias=False)
+  batch = _batch(config)
+  big_losses, big_params, _ = _train(config, jax.devices()[:2], steps=2, batch=batch)
+  config.train.microbatches = 4  # 4 slices of 2 rows, each split over the 2 data devices.
+  acc_losses, acc_params, _ = _train(config, jax.devices()[:2], steps=2, batch=batch)
+  np.testing.assert_allclose(acc_losses, big_losses, rtol=2e-5)
+  _assert_trees_close(acc_params, big_params)
