@@ -4,6 +4,7 @@ Thin by design: parse flags, start jax.distributed when several processes are in
 play, log the process/device picture, and call `train_and_evaluate`.
 """
 
+import logging as std_logging
 import os
 
 from absl import app
@@ -42,15 +43,15 @@ _QUIET_LIBRARIES = ("/orbax/", "/tensorflow_datasets/", "/grain/", "/etils/")
 
 
 def _drop_library_info(record) -> bool:
-  return record.levelno >= logging.WARNING or not any(
+  # Standard-library levels here: absl.logging.WARNING is absl's own numbering.
+  return record.levelno >= std_logging.WARNING or not any(
       lib in record.pathname for lib in _QUIET_LIBRARIES)
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  # ABSLHandler forwards records to its python_handler, where filters take effect.
-  logging.get_absl_handler().python_handler.addFilter(_drop_library_info)
+  logging.get_absl_handler().addFilter(_drop_library_info)
   # Imported here so that `--help` stays fast and flags parse before JAX starts.
   import jax  # pylint: disable=g-import-not-at-top
   from transformer import distributed  # pylint: disable=g-import-not-at-top

@@ -319,7 +319,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         pending = (step + 1, step_metrics)
         done = step + 1
         if done % config.train.eval_every == 0 or done == num_steps:
-          train_sums, summary = _report(pending, train_sums, progress, writer, config)
+          train_sums, summary = _report(pending, train_sums, progress, writer, config,
+                                        force=done - start_step <= 2)
           last_metrics = summary or last_metrics
           pending = None
           eval_metrics = evaluate(trainer, state.params, eval_data, local_batch_size)

@@ -1,8 +1,10 @@
-"""Tokenizers with fixed special ids: pad=0, eos=1, bos=2, unk=3.
+"""Tokenizers with fixed special ids: pad=0, eos=1, bos=2, unk=3, and a mask id.
 
 `SentencePieceTokenizer` wraps a model trained on the train split and cached
-beside the data; `ByteTokenizer` maps UTF-8 bytes to ids 4..259 and needs no
-training (handy for quick CPU runs).
+beside the data (mask=4, the first piece after the specials); `ByteTokenizer`
+maps UTF-8 bytes to ids 4..259, puts the mask at 260 and needs no training
+(handy for quick CPU runs). No text ever encodes to the mask id: only masked-LM
+input pipelines write it.
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ from absl import logging
 
 PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
 NUM_SPECIAL = 4
+MASK_PIECE = "<mask>"  # SentencePiece control symbol; never matched in text.
 
 
 class Tokenizer(Protocol):
   """What the pipeline needs from a tokenizer."""
 
   vocab_size: int
+  mask_id: int  # Masked-LM corruption token, in [NUM_SPECIAL, vocab_size).
 
   def encode(self, text: str) -> np.ndarray:
     """Returns int32 ids without bos/eos."""
@@ -32,15 +36,16 @@ class Tokenizer(Protocol):
 
 
 class ByteTokenizer:
-  """UTF-8 bytes shifted past the special ids."""
+  """UTF-8 bytes shifted past the special ids, then the mask id."""
 
-  vocab_size = 256 + NUM_SPECIAL
+  mask_id = 256 + NUM_SPECIAL
+  vocab_size = mask_id + 1
 
   def encode(self, text: str) -> np.ndarray:
     return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32) + NUM_SPECIAL
 
   def decode(self, ids: Iterable[int]) -> str:
-    data = bytes(int(i) - NUM_SPECIAL for i in ids if int(i) >= NUM_SPECIAL)
+    data = bytes(int(i) - NUM_SPECIAL for i in ids if NUM_SPECIAL <= int(i) < self.mask_id)
     return data.decode("utf-8", errors="replace")
 
 
@@ -55,6 +60,10 @@ class SentencePieceTokenizer:
     if ids != (PAD_ID, EOS_ID, BOS_ID, UNK_ID):
       raise ValueError(f"{model_path}: special ids (pad, eos, bos, unk) are {ids}, "
                        f"expected {(PAD_ID, EOS_ID, BOS_ID, UNK_ID)}")
+    self.mask_id = self._sp.piece_to_id(MASK_PIECE)  # unk_id when the piece is absent.
+    if self.mask_id == UNK_ID or not self._sp.is_control(self.mask_id):
+      raise ValueError(f"{model_path}: no {MASK_PIECE!r} control symbol; retrain it with "
+                       "train_sentencepiece")
 
   def encode(self, text: str) -> np.ndarray:
     return np.asarray(self._sp.encode(text), dtype=np.int32)
@@ -69,7 +78,10 @@ def train_sentencepiece(lines: Iterable[str], vocab_size: int, model_path: str,
 
   Whitespace is kept as is (identity normalization, no whitespace folding) so that
   code indentation survives; newline and tab are pieces of their own and any other
-  unseen character falls back to bytes, so nothing maps to unk.
+  unseen character falls back to bytes, so nothing maps to unk. The mask is a
+  control symbol, not a user-defined one, so a literal "<mask>" in the text is
+  spelled out in ordinary pieces instead of becoming the mask id; control symbols
+  come first, so it gets id NUM_SPECIAL = 4, then newline = 5 and tab = 6.
   """
   logging.info("Training SentencePiece (vocab %d) on up to %d lines -> %s",
                vocab_size, max_sentences, model_path)
@@ -80,7 +92,8 @@ def train_sentencepiece(lines: Iterable[str], vocab_size: int, model_path: str,
       input_sentence_size=max_sentences, shuffle_input_sentence=True,
       normalization_rule_name="identity", remove_extra_whitespaces=False,
       allow_whitespace_only_pieces=True, split_digits=True, byte_fallback=True,
-      user_defined_symbols=["\n", "\t"], character_coverage=0.9999,
+      control_symbols=[MASK_PIECE], user_defined_symbols=["\n", "\t"],
+      character_coverage=0.9999,
       hard_vocab_limit=True, max_sentence_length=16384, num_threads=os.cpu_count() or 1,
       minloglevel=0)  # SentencePiece's own progress lines: training can take minutes.
   os.makedirs(os.path.dirname(model_path), exist_ok=True)

@@ -1,0 +1,193 @@
+"""Position encodings that act inside attention: RoPE, T5 relative bias and ALiBi.
+
+Each one is a function of integer token positions, never of array indices, so
+packed documents whose positions restart at 0 per segment are handled for free,
+and queries and keys may have different lengths (cross-attention, decoding).
+
+Shape legend used in names (`q_BLHD`): B batch, L query length, S key length,
+H heads, D head dim.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+
+
+def apply_rope(x_BLHD: jax.Array, positions_BL: jax.Array,
+               max_wavelength: float = 10000.0) -> jax.Array:
+  """Rotary position embedding (Su et al. 2021, RoFormer), "rotate half" convention.
+
+  Feature i of the first half of the head dim is paired with feature i + D/2 of
+  the second half (GPT-NeoX / LLaMA / MaxText layout, not the interleaved
+  (2i, 2i+1) pairing of the paper), and the pair is rotated by the angle
+  pos / max_wavelength^(2i/D). Apply it to queries and keys (never values); the
+  dot product of a rotated query and key then depends only on their position
+  difference. The rotation is computed in float32.
+
+  Args:
+    x_BLHD: [B, L, H, D] queries or keys; D must be even.
+    positions_BL: [B, L] integer position of each token (may restart per packed
+      segment).
+    max_wavelength: the base of the geometric progression of wavelengths.
+
+  Returns:
+    The rotated [B, L, H, D] array, in x_BLHD's dtype.
+
+  Raises:
+    ValueError: if the head dim is odd or the shapes disagree.
+  """
+  B, L, _, D = x_BLHD.shape
+  if D % 2:
+    raise ValueError(f"apply_rope needs an even head_dim to pair features; got head_dim={D}.")
+  if positions_BL.shape != (B, L):
+    raise ValueError(f"positions_BL has shape {positions_BL.shape}; expected {(B, L)} to match "
+                     f"x_BLHD of shape {x_BLHD.shape}.")
+  half = D // 2
+  fraction_D2 = 2.0 * jnp.arange(half, dtype=jnp.float32) / D
+  timescale_D2 = jnp.float32(max_wavelength) ** fraction_D2
+  angle_BL1D2 = (positions_BL.astype(jnp.float32)[:, :, None, None]
+                 / timescale_D2[None, None, None, :])
+  sin_BL1D2, cos_BL1D2 = jnp.sin(angle_BL1D2), jnp.cos(angle_BL1D2)
+  x_BLHD32 = x_BLHD.astype(jnp.float32)
+  x1_BLHD2, x2_BLHD2 = x_BLHD32[..., :half], x_BLHD32[..., half:]
+  out1_BLHD2 = x1_BLHD2 * cos_BL1D2 - x2_BLHD2 * sin_BL1D2
+  out2_BLHD2 = x2_BLHD2 * cos_BL1D2 + x1_BLHD2 * sin_BL1D2
+  return jnp.concatenate([out1_BLHD2, out2_BLHD2], axis=-1).astype(x_BLHD.dtype)
+
+
+def t5_relative_position_bucket(relative_position: jax.Array, *, bidirectional: bool,
+                                num_buckets: int = 32, max_distance: int = 128) -> jax.Array:
+  """Maps key_position - query_position to a bucket id, as in T5 (Raffel et al. 2020).
+
+  A port of Mesh TensorFlow's `_relative_position_bucket` (identical to Hugging
+  Face's `T5Attention._relative_position_bucket`). When `bidirectional`, half
+  the buckets hold positive offsets (keys after the query) and half the rest;
+  otherwise positive offsets all share bucket 0. Within a half, the first half
+  of its buckets are exact distances 0, 1, ...; the rest cover distances up to
+  `max_distance` on a log scale, and anything farther shares the last bucket.
+  The log is taken in float32 like the references, so bucket edges match them.
+
+  Args:
+    relative_position: integer array of memory_position - query_position.
+    bidirectional: whether keys after the query get their own buckets.
+    num_buckets: the number of buckets (halved per direction when bidirectional).
+    max_distance: distances at or beyond this share the last bucket.
+
+  Returns:
+    An int32 array of bucket ids in [0, num_buckets), shaped like the input.
+  """
+  relative_position = jnp.asarray(relative_position).astype(jnp.int32)
+  buckets = jnp.zeros_like(relative_position)
+  if bidirectional:
+    num_buckets //= 2
+    buckets += jnp.where(relative_position > 0, num_buckets, 0).astype(jnp.int32)
+    distance = jnp.abs(relative_position)
+  else:
+    distance = -jnp.minimum(relative_position, 0)
+  max_exact = num_buckets // 2
+  is_small = distance < max_exact
+  # log(0) = -inf on the small distances is computed but then discarded by where.
+  log_ratio = (jnp.log(distance.astype(jnp.float32) / max_exact)
+               / math.log(max_distance / max_exact) * (num_buckets - max_exact))
+  # float -> int truncates toward zero, like the references' to_int32 / .to(long).
+  if_large = max_exact + jnp.where(is_small, 0.0, log_ratio).astype(jnp.int32)
+  if_large = jnp.minimum(if_large, num_buckets - 1)
+  return buckets + jnp.where(is_small, distance, if_large)
+
+
+class RelativePositionBias(nn.Module):
+  """T5's learned per-head attention bias, indexed by the bucketed key-query offset.
+
+  Add the result to the attention logits (T5 shares one such module across the
+  layers of a stack).
+  """
+
+  num_heads: int
+  bidirectional: bool
+  num_buckets: int = 32
+  max_distance: int = 128
+  param_dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, q_positions_BL: jax.Array, kv_positions_BS: jax.Array) -> jax.Array:
+    """Returns the [B, H, L, S] float32 bias for queries and keys at these positions.
+
+    Args:
+      q_positions_BL: [B, L] integer query positions.
+      kv_positions_BS: [B, S] integer key positions.
+
+    Returns:
+      The [B, H, L, S] float32 bias.
+    """
+    # A small init keeps the initial bias near zero, like every other weight here.
+    embedding_NH = self.param(
+        "embedding", nn.with_logical_partitioning(nn.initializers.normal(0.02), (None, "heads")),
+        (self.num_buckets, self.num_heads), self.param_dtype)
+    relative_BLS = kv_positions_BS[:, None, :] - q_positions_BL[:, :, None]
+    bucket_BLS = t5_relative_position_bucket(
+        relative_BLS, bidirectional=self.bidirectional, num_buckets=self.num_buckets,
+        max_distance=self.max_distance)
+    bias_BLSH = jnp.take(embedding_NH.astype(jnp.float32), bucket_BLS, axis=0)
+    return jnp.transpose(bias_BLSH, (0, 3, 1, 2))
+
+
+def alibi_slopes(num_heads: int) -> np.ndarray:
+  """The per-head ALiBi slopes of Press et al. 2022, as in their reference `get_slopes`.
+
+  For n a power of 2 the slopes are the geometric sequence starting at and with
+  ratio 2^(-8/n). Otherwise they are the slopes for the closest lower power of
+  two, p, followed by every other slope of the 2p sequence, n - p of them.
+
+  Args:
+    num_heads: the number of attention heads (>= 1).
+
+  Returns:
+    A float64 [num_heads] array, head 0's slope first.
+
+  Raises:
+    ValueError: if num_heads < 1.
+  """
+  if num_heads < 1:
+    raise ValueError(f"alibi_slopes needs num_heads >= 1; got num_heads={num_heads}.")
+
+  def power_of_2_slopes(n: int) -> list[float]:
+    start = 2.0 ** (-(2.0 ** -(math.log2(n) - 3)))
+    return [start * start**i for i in range(n)]
+
+  if math.log2(num_heads).is_integer():
+    return np.asarray(power_of_2_slopes(num_heads), dtype=np.float64)
+  closest = 2 ** math.floor(math.log2(num_heads))
+  extra = alibi_slopes(2 * closest)[0::2][: num_heads - closest]
+  return np.concatenate([np.asarray(power_of_2_slopes(closest)), extra])
+
+
+def alibi_bias(q_positions_BL: jax.Array, kv_positions_BS: jax.Array, num_heads: int, *,
+               causal: bool) -> jax.Array:
+  """The ALiBi attention bias -slope_h * distance(query, key), to add to the logits.
+
+  With `causal` the distance is the paper's signed q_pos - kv_pos: keys in the
+  future get a positive bias, which is harmless only because the causal mask
+  removes them, so always pair causal=True with a causal mask. Without it the
+  distance is |q_pos - kv_pos|, a symmetric penalty (the usual bidirectional
+  adaptation, e.g. MosaicBERT). On every key a causal query may see, the two
+  agree.
+
+  Args:
+    q_positions_BL: [B, L] integer query positions.
+    kv_positions_BS: [B, S] integer key positions.
+    num_heads: the number of heads H; head h uses alibi_slopes(H)[h].
+    causal: whether to use the signed (causal) or absolute (bidirectional) distance.
+
+  Returns:
+    The [B, H, L, S] float32 bias.
+  """
+  distance_BLS = (q_positions_BL[:, :, None] - kv_positions_BS[:, None, :]).astype(jnp.float32)
+  if not causal:
+    distance_BLS = jnp.abs(distance_BLS)
+  slopes_H = jnp.asarray(alibi_slopes(num_heads), dtype=jnp.float32)
+  return -slopes_H[None, :, None, None] * distance_BLS[:, None, :, :]
