@@ -16,16 +16,26 @@ def get_config() -> ml_collections.ConfigDict:
 
   # ---- model.* : the architecture (see README for every value) ----
   model = config.model = ml_collections.ConfigDict()
-  model.arch = "decoder"  # Topology: "decoder" (encoder / encoder_decoder arrive later).
+  model.arch = "decoder"  # Topology: "decoder" (GPT) | "encoder" (BERT) | "encoder_decoder" (paper).
+  model.head = "lm"  # "lm" (decoder, encoder_decoder) | "mlm" (encoder) | "classification".
+  model.pooling = ""  # Classification pooling: "cls" (first token) | "mean" | "last" (decoder).
+  model.num_classes = 2  # Classes of the classification head.
+  model.num_decoder_layers = 0  # Decoder blocks of encoder_decoder; 0 means num_layers.
+  model.share_embeddings = False  # encoder_decoder: one token embedding for source and target.
+  model.scan_layers = False  # nn.scan over the blocks: compile time stays flat with depth.
+  model.remat = "none"  # Rematerialise blocks: "none" | "full" | "dots" | "dots_no_batch".
+  model.rope_max_wavelength = 10000.0  # RoPE base wavelength (position="rope").
+  model.relative_buckets = 32  # T5 relative-position buckets (position="relative").
+  model.relative_max_distance = 128  # T5 largest distinguished distance (position="relative").
   model.vocab_size = 384  # Rows of the token embedding; >= the tokenizer's vocabulary.
   model.d_model = 256  # Width of the residual stream.
-  model.num_layers = 4  # Number of blocks.
+  model.num_layers = 4  # Number of blocks (the encoder's, for encoder_decoder).
   model.num_heads = 4  # Query heads.
   model.num_kv_heads = 0  # Key/value heads (GQA/MQA); 0 means num_heads (MHA).
   model.head_dim = 0  # Per-head width; 0 means d_model // num_heads.
   model.mlp_dim = 1024  # Hidden width of the MLP.
   model.max_len = 256  # Longest sequence the position table covers.
-  model.position = "learned"  # "learned" | "sinusoidal" | "none".
+  model.position = "learned"  # learned | sinusoidal | rope | relative (T5 bias) | alibi | none.
   model.norm = "pre"  # Norm placement: "pre" (GPT-2) | "post" (the paper's Add & Norm).
   model.norm_type = "layernorm"  # "layernorm" | "rmsnorm".
   model.norm_epsilon = 1e-5  # Epsilon inside every norm.
@@ -48,6 +58,9 @@ def get_config() -> ml_collections.ConfigDict:
   data.train_split = "train"  # TFDS split to train on.
   data.eval_split = "validation"  # TFDS split to evaluate on.
   data.text_key = "text"  # Feature holding the raw text.
+  data.label_key = ""  # Feature holding the class label (model.head="classification").
+  data.mask_rate = 0.15  # Masked LM: fraction of tokens chosen (80% mask, 10% random, 10% kept).
+  data.continuation_chars = 600  # Seq2seq on plain text: characters per source/target block.
   data.tokenizer = "sentencepiece"  # "sentencepiece" (trained on train split) | "bytes".
   data.spm_train_sentences = 2_000_000  # Lines sampled to train SentencePiece.
   data.seq_len = 256  # Tokens per packed row fed to the model (<= model.max_len).

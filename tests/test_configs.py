@@ -64,8 +64,9 @@ def _base():
 @pytest.mark.parametrize("key,value,message", [
     ("model.num_heads", 3, r"config\.model\.num_heads=3 is invalid: must divide model\.d_model=256"),
     ("optimizer.warmup_steps", -1, r"config\.optimizer\.warmup_steps=-1 is invalid: expected an integer >= 0"),
-    ("model.arch", "gpt", r"config\.model\.arch='gpt' is invalid: valid values are 'decoder'"),
-    ("model.position", "rotary", r"valid values are 'learned', 'sinusoidal', 'none'"),
+    ("model.arch", "gpt", r"config\.model\.arch='gpt' is invalid: valid values are 'decoder', 'encoder', 'encoder_decoder'"),
+    ("model.head", "mlm", r"config\.model\.head='mlm' is invalid: model\.arch='decoder' supports heads \['classification', 'lm'\]"),
+    ("model.position", "rotary", r"valid values are 'learned', 'sinusoidal', 'rope', 'relative', 'alibi', 'none'"),
     ("model.num_kv_heads", 3, r"config\.model\.num_kv_heads=3 .* must divide model\.num_heads=4"),
     ("model.attention_dropout", 0.1, r"attention_impl='xla'.*has no dropout"),
     ("model.embed_dropout", 1.5, r"expected a probability in \[0, 1\)"),

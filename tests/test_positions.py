@@ -162,7 +162,8 @@ def test_relative_position_bias_shape_and_translation_invariance():
   variables = module.init(jax.random.PRNGKey(0), q_pos_BL, kv_pos_BS)
   bias_BHLS = module.apply(variables, q_pos_BL, kv_pos_BS)
   assert bias_BHLS.shape == (2, 3, 4, 6) and bias_BHLS.dtype == jnp.float32
-  table_NH = nn.unbox(variables["params"]["embedding"])
+  bias_BHLS, q_pos_BL, kv_pos_BS = map(np.asarray, (bias_BHLS, q_pos_BL, kv_pos_BS))
+  table_NH = np.asarray(nn.unbox(variables["params"]["embedding"]))
   for b in range(2):
     for l in range(4):
       for s in range(6):
@@ -227,6 +228,7 @@ def test_alibi_bias_values(causal):
   kv_pos_BS = jnp.array([[0, 1, 2, 3, 4], [3, 4, 0, 1, 2]], jnp.int32)
   bias_BHLS = positions.alibi_bias(q_pos_BL, kv_pos_BS, H, causal=causal)
   assert bias_BHLS.shape == (2, H, 3, 5) and bias_BHLS.dtype == jnp.float32
+  bias_BHLS, q_pos_BL, kv_pos_BS = map(np.asarray, (bias_BHLS, q_pos_BL, kv_pos_BS))
   slopes = positions.alibi_slopes(H)
   for b in range(2):
     for l in range(3):
@@ -236,6 +238,6 @@ def test_alibi_bias_values(causal):
           distance = abs(distance)
         np.testing.assert_allclose(bias_BHLS[b, :, l, s], -slopes * distance, rtol=1e-6)
   # Zero where query and key share a position, e.g. the diagonal of row 0.
-  np.testing.assert_array_equal(jnp.diagonal(bias_BHLS[0, :, :, :3], axis1=1, axis2=2), 0.0)
+  np.testing.assert_array_equal(np.diagonal(bias_BHLS[0, :, :, :3], axis1=1, axis2=2), 0.0)
   # A key two behind the query: -2 * slope for every head, causal or not.
   np.testing.assert_allclose(bias_BHLS[0, :, 2, 0], -2.0 * slopes, rtol=1e-6)

@@ -86,3 +86,22 @@ def test_batch_must_split_over_data_parallel_devices(tiny_config):
   mesh = sharding.make_mesh(tiny_config.mesh)  # 8 simulated devices on the data axis.
   with pytest.raises(ConfigError, match=r"config\.data\.batch_size=12.*8 data-parallel"):
     train.check_batch_size(tiny_config, mesh)
+
+
+@pytest.mark.parametrize("preset", ["bert_base", "transformer_base"])
+def test_other_topologies_train_end_to_end(preset, tiny_config, tmp_path):
+  """The encoder (masked LM) and encoder-decoder (seq2seq) presets run through the loop."""
+  import importlib  # pylint: disable=g-import-not-at-top
+  config = importlib.import_module(f"configs.{preset}").get_config("local")
+  config.model.update(d_model=32, num_layers=1, num_decoder_layers=1, num_heads=2,
+                      mlp_dim=64, max_len=32)
+  config.data.update(data_dir=tiny_config.data.data_dir, seq_len=32, batch_size=8,
+                     num_threads=1, continuation_chars=30)
+  config.train.update(num_steps=6, log_every=1, eval_every=6, eval_batches=2)
+  config.optimizer.update(warmup_steps=2)
+  workdir = str(tmp_path / preset)
+  result = train.train_and_evaluate(config, workdir)
+  rows = [r for r in _read_metrics(workdir) if "loss" in r]
+  assert [r["step"] for r in rows] == list(range(1, 7))
+  assert rows[-1]["loss"] < rows[0]["loss"]
+  assert np.isfinite(result["eval_loss"])

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from transformer import positions
 from transformer.configuration import ModelConfig
 
 
@@ -47,15 +48,20 @@ def make_attention_mask(q_segment_ids: jax.Array, kv_segment_ids: jax.Array, *,
 
 
 def einsum_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array,
-                     mask_B1LS: jax.Array, *, dropout_rate: float = 0.0,
+                     mask_B1LS: jax.Array, *, bias_BHLS: jax.Array | None = None,
+                     dropout_rate: float = 0.0,
                      dropout_rng: jax.Array | None = None) -> jax.Array:
-  """Reference softmax(QK^T / sqrt(D) + mask) V in plain einsums, softmax in float32."""
+  """Reference softmax(QK^T / sqrt(D) + bias + mask) V in plain einsums, softmax in float32."""
   B, L, H, D = q_BLHD.shape
   K = k_BSKD.shape[2]
   # Grouped-query attention: each of the K kv heads serves H // K query heads.
   q_BLKGD = q_BLHD.reshape(B, L, K, H // K, D)
   logits_BKGLS = jnp.einsum("blkgd,bskd->bkgls", q_BLKGD, k_BSKD).astype(jnp.float32)
   logits_BKGLS = logits_BKGLS / jnp.sqrt(jnp.float32(D))
+  if bias_BHLS is not None:
+    bias_BKGLS = jnp.broadcast_to(bias_BHLS, (B, H) + bias_BHLS.shape[2:]).reshape(
+        B, K, H // K, L, -1)
+    logits_BKGLS = logits_BKGLS + bias_BKGLS.astype(jnp.float32)
   mask_B11LS = mask_B1LS[:, :, None, :, :]
   logits_BKGLS = jnp.where(mask_B11LS, logits_BKGLS, jnp.finfo(jnp.float32).min)
   probs_BKGLS = jax.nn.softmax(logits_BKGLS, axis=-1)
@@ -104,7 +110,18 @@ class MultiHeadAttention(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BLE: jax.Array, kv_BSE: jax.Array, mask_B1LS: jax.Array) -> jax.Array:
+  def __call__(self, x_BLE: jax.Array, kv_BSE: jax.Array, mask_B1LS: jax.Array, *,
+               bias_BHLS: jax.Array | None = None,
+               rope_positions: tuple[jax.Array, jax.Array] | None = None) -> jax.Array:
+    """Attends from x to kv.
+
+    Args:
+      x_BLE: queries' inputs.
+      kv_BSE: keys' and values' inputs (x itself for self-attention).
+      mask_B1LS: boolean mask from make_attention_mask.
+      bias_BHLS: optional additive logit bias (T5 relative, ALiBi).
+      rope_positions: (query positions [B, L], key positions [B, S]) to rotate q and k.
+    """
     cfg = self.config
     H, K, D, E = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.d_model
     dense = functools.partial(EinsumDense, use_bias=cfg.use_bias, dtype=cfg.dtype,
@@ -116,15 +133,22 @@ class MultiHeadAttention(nn.Module):
     v_BSKD = dense("BSE,EKD->BSKD", (E, K, D), ("embed", "kv_heads", "head_dim"),
                    ("kv_heads", "head_dim"), name="value")(kv_BSE)
 
+    if rope_positions is not None:
+      q_BLHD = positions.apply_rope(q_BLHD, rope_positions[0], cfg.rope_max_wavelength)
+      k_BSKD = positions.apply_rope(k_BSKD, rope_positions[1], cfg.rope_max_wavelength)
+
     if cfg.attention_impl == "einsum":
       use_dropout = cfg.attention_dropout > 0.0 and not cfg.deterministic
       out_BLHD = einsum_attention(
-          q_BLHD, k_BSKD, v_BSKD, mask_B1LS,
+          q_BLHD, k_BSKD, v_BSKD, mask_B1LS, bias_BHLS=bias_BHLS,
           dropout_rate=cfg.attention_dropout if use_dropout else 0.0,
           dropout_rng=self.make_rng("dropout") if use_dropout else None)
     else:
+      if bias_BHLS is not None:
+        bias_BHLS = bias_BHLS.astype(q_BLHD.dtype)
       out_BLHD = jax.nn.dot_product_attention(
-          q_BLHD, k_BSKD, v_BSKD, mask=mask_B1LS, implementation=cfg.attention_impl)
+          q_BLHD, k_BSKD, v_BSKD, bias=bias_BHLS, mask=mask_B1LS,
+          implementation=cfg.attention_impl)
 
     # GPT-2 scales projections into the residual stream by 1/sqrt(2 * layers).
     return dense("BLHD,HDE->BLE", (H, D, E), ("heads", "head_dim", "embed"), ("embed",),

@@ -15,8 +15,11 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-ARCHS = ("decoder",)
-POSITIONS = ("learned", "sinusoidal", "none")
+ARCHS = ("decoder", "encoder", "encoder_decoder")
+HEADS = ("lm", "mlm", "classification")
+POOLINGS = ("cls", "mean", "last")
+REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+POSITIONS = ("learned", "sinusoidal", "rope", "relative", "alibi", "none")
 NORMS = ("pre", "post")
 NORM_TYPES = ("layernorm", "rmsnorm")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu")
@@ -74,9 +77,12 @@ def validate(config: ml_collections.ConfigDict) -> None:
   """
   m = "model."
   _check_choice(config, m + "arch", ARCHS)
-  for key in ("vocab_size", "d_model", "num_layers", "num_heads", "mlp_dim", "max_len"):
+  _check_choice(config, m + "head", HEADS)
+  _check_choice(config, m + "remat", REMAT_POLICIES)
+  for key in ("vocab_size", "d_model", "num_layers", "num_heads", "mlp_dim", "max_len",
+              "num_classes", "relative_buckets", "relative_max_distance"):
     _check_int(config, m + key, 1)
-  for key in ("num_kv_heads", "head_dim"):
+  for key in ("num_kv_heads", "head_dim", "num_decoder_layers"):
     _check_int(config, m + key, 0)
   _check_choice(config, m + "position", POSITIONS)
   _check_choice(config, m + "norm", NORMS)
@@ -88,6 +94,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   for key in ("embed_dropout", "residual_dropout", "attention_dropout", "mlp_dropout"):
     _check_rate(config, m + key)
   model = config.model
+  _validate_topology(model)
   if not model.norm_epsilon > 0:
     _fail(m + "norm_epsilon", model.norm_epsilon, "expected a positive float")
   if model.head_dim == 0 and model.d_model % model.num_heads:
@@ -108,6 +115,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
   _check_choice(config, d + "tokenizer", TOKENIZERS)
   for key in ("seq_len", "batch_size", "num_threads", "spm_train_sentences"):
     _check_int(config, d + key, 1)
+  _check_int(config, d + "continuation_chars", 1)
+  _check_rate(config, d + "mask_rate")
+  if model.head == "classification" and not config.data.label_key:
+    _fail(d + "label_key", "", "a classification head needs the dataset's label feature")
   if not config.data.name:
     _fail(d + "name", config.data.name, "expected a TFDS dataset name such as 'python_stdlib'")
   if config.data.seq_len > model.max_len and model.position == "learned":
@@ -140,6 +151,42 @@ def validate(config: ml_collections.ConfigDict) -> None:
   _validate_mesh(config)
 
 
+# Which heads each topology can carry, and the training objective each pair implies.
+OBJECTIVES = {
+    ("decoder", "lm"): "causal_lm",
+    ("decoder", "classification"): "classification",
+    ("encoder", "mlm"): "masked_lm",
+    ("encoder", "classification"): "classification",
+    ("encoder_decoder", "lm"): "seq2seq",
+}
+
+
+def objective_of(arch: str, head: str) -> str:
+  """The training objective of a (topology, head) pair; raises ConfigError if none."""
+  if (arch, head) not in OBJECTIVES:
+    valid = sorted(h for a, h in OBJECTIVES if a == arch)
+    _fail("model.head", head, f"model.arch={arch!r} supports heads {valid}")
+  return OBJECTIVES[(arch, head)]
+
+
+def _validate_topology(model: ml_collections.ConfigDict) -> None:
+  objective_of(model.arch, model.head)
+  if model.head == "classification":
+    if model.pooling not in POOLINGS:
+      _fail("model.pooling", model.pooling,
+            f"a classification head needs a pooling rule: one of {POOLINGS}")
+    if model.arch == "decoder" and model.pooling == "cls":
+      _fail("model.pooling", "cls", "a causal decoder's first token sees nothing after "
+            "it; use 'last' or 'mean' on a decoder")
+    if model.arch == "encoder" and model.pooling == "last":
+      _fail("model.pooling", "last", "on a bidirectional encoder use 'cls' or 'mean'")
+  if model.share_embeddings and model.arch != "encoder_decoder":
+    _fail("model.share_embeddings", True, "source/target sharing needs "
+          "model.arch='encoder_decoder'")
+  if model.position == "rope" and (model.head_dim or model.d_model // model.num_heads) % 2:
+    _fail("model.position", "rope", "rotary embeddings need an even head_dim")
+
+
 def _validate_mesh(config: ml_collections.ConfigDict) -> None:
   shape = config.mesh.shape
   names = [axis[0] for axis in shape]
@@ -169,6 +216,16 @@ class ModelConfig:
   """Everything the model modules read, resolved and frozen (hashable for jit)."""
 
   arch: str
+  head: str
+  pooling: str
+  num_classes: int
+  num_decoder_layers: int
+  share_embeddings: bool
+  scan_layers: bool
+  remat: str
+  rope_max_wavelength: float
+  relative_buckets: int
+  relative_max_distance: int
   vocab_size: int
   d_model: int
   num_layers: int
@@ -201,6 +258,7 @@ class ModelConfig:
     values = {k: model[k] for k in fields}
     values["num_kv_heads"] = model.num_kv_heads or model.num_heads
     values["head_dim"] = model.head_dim or model.d_model // model.num_heads
+    values["num_decoder_layers"] = model.num_decoder_layers or model.num_layers
     values["dtype"] = resolve_dtype(model.dtype)
     values["param_dtype"] = resolve_dtype(model.param_dtype)
     return cls(**values)

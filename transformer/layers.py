@@ -81,22 +81,26 @@ class MLP(nn.Module):
 class Block(nn.Module):
   """One Transformer block: self-attention (+ cross-attention) + MLP, pre- or post-norm.
 
-  The same block serves every topology: `causal` picks decoder self-attention,
-  `cross_attention` adds the encoder-decoder sublayer.
+  The same block serves every topology. Causality and document boundaries live in
+  the masks, built once at the top of the model; `cross_attention` adds the
+  encoder-decoder sublayer. The call returns (x, None) so that the block can be the
+  body of `nn.scan` unchanged.
   """
 
   config: ModelConfig
-  causal: bool
   cross_attention: bool = False
 
   @nn.compact
   def __call__(self, x_BLE: jax.Array, self_mask_B1LL: jax.Array,
+               positions_BL: jax.Array, self_bias_BHLL: jax.Array | None = None,
                encoded_BSE: jax.Array | None = None,
-               cross_mask_B1LS: jax.Array | None = None) -> jax.Array:
+               cross_mask_B1LS: jax.Array | None = None) -> tuple[jax.Array, None]:
     cfg = self.config
+    rope = (positions_BL, positions_BL) if cfg.position == "rope" else None
     sublayers = [("self_attention", lambda h: MultiHeadAttention(cfg, name="self_attention")(
-        h, h, self_mask_B1LL))]
+        h, h, self_mask_B1LL, bias_BHLS=self_bias_BHLL, rope_positions=rope))]
     if self.cross_attention:
+      # No position signal across sequences: the source carries its own.
       sublayers.append(("cross_attention", lambda h: MultiHeadAttention(
           cfg, name="cross_attention")(h, encoded_BSE, cross_mask_B1LS)))
     sublayers.append(("mlp", lambda h: MLP(cfg, name="mlp")(h)))
@@ -110,4 +114,65 @@ class Block(nn.Module):
         y = sublayer(x_BLE)
         x_BLE = norm(x_BLE + nn.Dropout(cfg.residual_dropout,
                                         deterministic=cfg.deterministic)(y)).astype(cfg.dtype)
-    return activation_constraint(x_BLE)
+    return activation_constraint(x_BLE), None
+
+
+REMAT_POLICIES = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.checkpoint_dots,
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def run_blocks(config: ModelConfig, num_layers: int, x_BLE: jax.Array, *args,
+               cross_attention: bool = False, name: str = "block") -> jax.Array:
+  """Applies `num_layers` Blocks, unrolled (`block_0`, ...) or scanned (`blocks`).
+
+  Call from inside a compact module: the blocks become its children. `args` are the
+  per-stack inputs every block shares (masks, positions, biases, encoder output).
+  With `config.scan_layers` the parameters gain a leading "layers" axis; see
+  `scanned_to_unrolled` / `unrolled_to_scanned` for converting checkpoints.
+  """
+  block = Block
+  if config.remat != "none":
+    # prevent_cse only matters outside scan, where XLA could merge the recomputation away.
+    block = nn.remat(Block, policy=REMAT_POLICIES[config.remat],
+                     prevent_cse=not config.scan_layers)
+  if config.scan_layers:
+    stack = nn.scan(
+        block, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
+        in_axes=(nn.broadcast,) * len(args), length=num_layers,
+        metadata_params={nn.PARTITION_NAME: "layers"})
+    x_BLE, _ = stack(config, cross_attention, name=f"{name}s")(x_BLE, *args)
+    return x_BLE
+  for i in range(num_layers):
+    x_BLE, _ = block(config, cross_attention, name=f"{name}_{i}")(x_BLE, *args)
+  return x_BLE
+
+
+def scanned_to_unrolled(params: dict, num_layers: int, name: str = "block") -> dict:
+  """Splits every `<name>s` subtree (leading layers axis) into `<name>_0`, `<name>_1`, ..."""
+  out = {}
+  for key, value in params.items():
+    if key == f"{name}s":
+      for i in range(num_layers):
+        out[f"{name}_{i}"] = jax.tree.map(lambda x, i=i: x[i], value)
+    elif isinstance(value, dict):
+      out[key] = scanned_to_unrolled(value, num_layers, name)
+    else:
+      out[key] = value
+  return out
+
+
+def unrolled_to_scanned(params: dict, name: str = "block") -> dict:
+  """Stacks `<name>_0`, `<name>_1`, ... subtrees into one `<name>s` subtree."""
+  prefix = f"{name}_"
+  layers = sorted((int(k[len(prefix):]), v) for k, v in params.items()
+                  if k.startswith(prefix) and k[len(prefix):].isdigit())
+  out = {k: (unrolled_to_scanned(v, name) if isinstance(v, dict) else v)
+         for k, v in params.items() if not (k.startswith(prefix) and k[len(prefix):].isdigit())}
+  if layers:
+    if [i for i, _ in layers] != list(range(len(layers))):
+      raise ValueError(f"layers {[i for i, _ in layers]} are not 0..{len(layers) - 1}")
+    out[f"{name}s"] = jax.tree.map(lambda *xs: jnp.stack(xs), *[v for _, v in layers])
+  return out

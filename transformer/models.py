@@ -1,7 +1,11 @@
-"""Models assembled from the shared Block, and the one registry that picks them.
+"""The three topologies, all built from the shared Block, and the registry that picks them.
 
-Masks are built once here, at the top of each model, from integer segment ids
-(0 = padding, 1, 2, ... = packed documents) and positions, then passed down.
+Masks and position biases are built once here, at the top of each stack, from
+integer segment ids (0 = padding, 1, 2, ... = packed documents) and positions,
+then passed down to every block.
+
+Shape legend: B batch, L target/query length, S source length, E embed, V vocab,
+C classes, H heads.
 """
 
 from __future__ import annotations
@@ -10,13 +14,15 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from transformer import positions as positions_lib
 from transformer.attention import make_attention_mask
 from transformer.configuration import ModelConfig
-from transformer.layers import Block, activation_constraint, make_norm, sinusoidal_table
+from transformer.layers import (ACTIVATION_FNS, activation_constraint, make_norm, run_blocks,
+                                sinusoidal_table)
 
 
 class Embedder(nn.Module):
-  """Token (+ position) embedding, and the tied output projection (`attend`)."""
+  """Token (+ absolute position) embedding, and the tied output projection (`attend`)."""
 
   config: ModelConfig
 
@@ -53,15 +59,93 @@ class Embedder(nn.Module):
     return jnp.einsum("BLE,VE->BLV", x_BLE.astype(jnp.float32), embedding_VE)
 
 
+def self_attention_bias(config: ModelConfig, positions_BL: jax.Array, *, causal: bool,
+                        name: str) -> jax.Array | None:
+  """The additive logit bias of a stack's self-attention (T5 relative or ALiBi), or None.
+
+  Must be called inside a compact module; T5's bias table is shared by the stack.
+  """
+  if config.position == "relative":
+    return positions_lib.RelativePositionBias(
+        num_heads=config.num_heads, num_buckets=config.relative_buckets,
+        max_distance=config.relative_max_distance, bidirectional=not causal,
+        param_dtype=config.param_dtype, name=name)(positions_BL, positions_BL)
+  if config.position == "alibi":
+    return positions_lib.alibi_bias(positions_BL, positions_BL, config.num_heads,
+                                    causal=causal)
+  return None
+
+
+def _stack(config: ModelConfig, num_layers: int, x_BLE: jax.Array, segment_ids_BL: jax.Array,
+           positions_BL: jax.Array, *, causal: bool, bias_name: str,
+           encoded_BSE: jax.Array | None = None,
+           encoded_segment_ids_BS: jax.Array | None = None) -> jax.Array:
+  """Masks + position bias + the blocks of one stack (encoder or decoder side)."""
+  mask_B1LL = make_attention_mask(segment_ids_BL, segment_ids_BL, causal=causal,
+                                  q_positions=positions_BL, kv_positions=positions_BL)
+  bias_BHLL = self_attention_bias(config, positions_BL, causal=causal, name=bias_name)
+  x_BLE = activation_constraint(
+      nn.Dropout(config.embed_dropout, deterministic=config.deterministic)(x_BLE))
+  if encoded_BSE is None:
+    return run_blocks(config, num_layers, x_BLE, mask_B1LL, positions_BL, bias_BHLL)
+  # Cross-attention: target segment k sees exactly source segment k of the same row.
+  cross_mask_B1LS = make_attention_mask(segment_ids_BL, encoded_segment_ids_BS, causal=False)
+  return run_blocks(config, num_layers, x_BLE, mask_B1LL, positions_BL, bias_BHLL,
+                    encoded_BSE, cross_mask_B1LS, cross_attention=True)
+
+
+def _final_norm(config: ModelConfig, x_BLE: jax.Array, name: str) -> jax.Array:
+  if config.norm == "pre":  # Post-norm blocks already end in a norm.
+    return make_norm(config, name)(x_BLE)
+  return x_BLE
+
+
+class ClassificationHead(nn.Module):
+  """Pools the sequence ("cls" first token, "mean" over real tokens, "last" real token)."""
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BLE: jax.Array, segment_ids_BL: jax.Array) -> jax.Array:
+    cfg = self.config
+    real_BL = (segment_ids_BL > 0).astype(jnp.float32)
+    x_BLE = x_BLE.astype(jnp.float32)
+    if cfg.pooling == "cls":
+      pooled_BE = x_BLE[:, 0]
+    elif cfg.pooling == "mean":
+      pooled_BE = (jnp.einsum("BLE,BL->BE", x_BLE, real_BL)
+                   / jnp.maximum(real_BL.sum(axis=1, keepdims=True), 1.0))
+    else:  # "last": the last real token, the only one a causal decoder lets see everything.
+      last_B = jnp.maximum(real_BL.sum(axis=1).astype(jnp.int32) - 1, 0)
+      pooled_BE = jnp.take_along_axis(x_BLE, last_B[:, None, None], axis=1)[:, 0]
+    pooled_BE = nn.Dropout(cfg.residual_dropout, deterministic=cfg.deterministic)(pooled_BE)
+    return nn.Dense(
+        cfg.num_classes, dtype=jnp.float32, param_dtype=cfg.param_dtype, name="classifier",
+        kernel_init=nn.with_logical_partitioning(nn.initializers.normal(0.02),
+                                                 ("embed", None)),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (None,)))(pooled_BE)
+
+
+def _lm_logits(config: ModelConfig, embedder: Embedder, x_BLE: jax.Array) -> jax.Array:
+  """Float32 token logits, tied to the embedding or through an `lm_head`."""
+  if config.tie_embeddings:
+    return embedder.attend(x_BLE)
+  return nn.Dense(
+      config.vocab_size, use_bias=False, dtype=jnp.float32, param_dtype=config.param_dtype,
+      name="lm_head",
+      kernel_init=nn.with_logical_partitioning(
+          nn.initializers.normal(0.02), ("embed", "vocab")))(x_BLE.astype(jnp.float32))
+
+
 class Decoder(nn.Module):
-  """Decoder-only language model (GPT): causal blocks over packed token rows."""
+  """Decoder-only model (GPT): causal blocks; next-token logits or a classification."""
 
   config: ModelConfig
 
   @nn.compact
   def __call__(self, tokens_BL: jax.Array, segment_ids_BL: jax.Array,
                positions_BL: jax.Array) -> jax.Array:
-    """Returns float32 next-token logits [B, L, V].
+    """Returns float32 logits: [B, L, V] for the LM head, [B, C] for classification.
 
     Args:
       tokens_BL: int token ids.
@@ -69,28 +153,109 @@ class Decoder(nn.Module):
       positions_BL: position of each token inside its own document.
     """
     cfg = self.config
-    mask_B1LL = make_attention_mask(segment_ids_BL, segment_ids_BL, causal=True,
-                                    q_positions=positions_BL, kv_positions=positions_BL)
     embedder = Embedder(cfg, name="embedder")
-    x_BLE = embedder(tokens_BL, positions_BL)
-    x_BLE = nn.Dropout(cfg.embed_dropout, deterministic=cfg.deterministic)(x_BLE)
-    x_BLE = activation_constraint(x_BLE)
-    for i in range(cfg.num_layers):
-      x_BLE = Block(cfg, causal=True, name=f"block_{i}")(x_BLE, mask_B1LL)
-    if cfg.norm == "pre":  # Post-norm blocks already end in a norm.
-      x_BLE = make_norm(cfg, "final_norm")(x_BLE)
-    if cfg.tie_embeddings:
-      return embedder.attend(x_BLE)
-    return nn.Dense(
-        cfg.vocab_size, use_bias=False, dtype=jnp.float32, param_dtype=cfg.param_dtype,
-        name="lm_head",
-        kernel_init=nn.with_logical_partitioning(
-            nn.initializers.normal(0.02), ("embed", "vocab")))(x_BLE.astype(jnp.float32))
+    x_BLE = _stack(cfg, cfg.num_layers, embedder(tokens_BL, positions_BL), segment_ids_BL,
+                   positions_BL, causal=True, bias_name="relative_bias")
+    x_BLE = _final_norm(cfg, x_BLE, "final_norm")
+    if cfg.head == "classification":
+      return ClassificationHead(cfg, name="classification_head")(x_BLE, segment_ids_BL)
+    return _lm_logits(cfg, embedder, x_BLE)
+
+
+class Encoder(nn.Module):
+  """Encoder-only model (BERT): bidirectional blocks; masked-LM logits or a classification."""
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, tokens_BL: jax.Array, segment_ids_BL: jax.Array,
+               positions_BL: jax.Array) -> jax.Array:
+    """Returns float32 logits: [B, L, V] for the MLM head, [B, C] for classification."""
+    cfg = self.config
+    embedder = Embedder(cfg, name="embedder")
+    x_BLE = _stack(cfg, cfg.num_layers, embedder(tokens_BL, positions_BL), segment_ids_BL,
+                   positions_BL, causal=False, bias_name="relative_bias")
+    x_BLE = _final_norm(cfg, x_BLE, "final_norm")
+    if cfg.head == "classification":
+      return ClassificationHead(cfg, name="classification_head")(x_BLE, segment_ids_BL)
+    # BERT's MLM head: dense + activation + norm, then the tied projection plus a bias.
+    h_BLE = nn.Dense(
+        cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name="mlm_transform",
+        kernel_init=nn.with_logical_partitioning(nn.initializers.normal(0.02),
+                                                 ("embed", None)),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (None,)))(x_BLE)
+    h_BLE = make_norm(cfg, "mlm_norm")(ACTIVATION_FNS[cfg.activation](h_BLE))
+    logits_BLV = _lm_logits(cfg, embedder, h_BLE)
+    bias_V = self.param("mlm_bias", nn.with_logical_partitioning(nn.initializers.zeros,
+                                                                 ("vocab",)),
+                        (cfg.vocab_size,), cfg.param_dtype)
+    return logits_BLV + bias_V.astype(jnp.float32)[None, None, :]
+
+
+class Stack(nn.Module):
+  """One side of the encoder-decoder: blocks + final norm, under its own name scope."""
+
+  config: ModelConfig
+  num_layers: int
+  causal: bool
+
+  @nn.compact
+  def __call__(self, x_BLE: jax.Array, segment_ids_BL: jax.Array, positions_BL: jax.Array,
+               encoded_BSE: jax.Array | None = None,
+               encoded_segment_ids_BS: jax.Array | None = None) -> jax.Array:
+    x_BLE = _stack(self.config, self.num_layers, x_BLE, segment_ids_BL, positions_BL,
+                   causal=self.causal, bias_name="relative_bias", encoded_BSE=encoded_BSE,
+                   encoded_segment_ids_BS=encoded_segment_ids_BS)
+    return _final_norm(self.config, x_BLE, "final_norm")
+
+
+class EncoderDecoder(nn.Module):
+  """The paper's model: encoder + decoder with cross-attention in every decoder block."""
+
+  config: ModelConfig
+
+  def setup(self):
+    cfg = self.config
+    self.source_embedder = Embedder(cfg)
+    self.target_embedder = self.source_embedder if cfg.share_embeddings else Embedder(cfg)
+    self.encoder = Stack(cfg, cfg.num_layers, causal=False)
+    self.decoder = Stack(cfg, cfg.num_decoder_layers, causal=True)
+    if not cfg.tie_embeddings:
+      self.lm_head = nn.Dense(
+          cfg.vocab_size, use_bias=False, dtype=jnp.float32, param_dtype=cfg.param_dtype,
+          kernel_init=nn.with_logical_partitioning(
+              nn.initializers.normal(0.02), ("embed", "vocab")))
+
+  def encode(self, inputs_BS: jax.Array, inputs_segment_ids_BS: jax.Array,
+             inputs_positions_BS: jax.Array) -> jax.Array:
+    """Encodes the source once; decoding reuses the result."""
+    return self.encoder(self.source_embedder(inputs_BS, inputs_positions_BS),
+                        inputs_segment_ids_BS, inputs_positions_BS)
+
+  def decode(self, decoder_inputs_BL: jax.Array, targets_segment_ids_BL: jax.Array,
+             targets_positions_BL: jax.Array, encoded_BSE: jax.Array,
+             inputs_segment_ids_BS: jax.Array) -> jax.Array:
+    """Float32 next-token logits [B, L, V] of the target given the encoded source."""
+    x_BLE = self.decoder(self.target_embedder(decoder_inputs_BL, targets_positions_BL),
+                         targets_segment_ids_BL, targets_positions_BL, encoded_BSE,
+                         inputs_segment_ids_BS)
+    if self.config.tie_embeddings:
+      return self.target_embedder.attend(x_BLE)
+    return self.lm_head(x_BLE.astype(jnp.float32))
+
+  def __call__(self, inputs_BS: jax.Array, inputs_segment_ids_BS: jax.Array,
+               inputs_positions_BS: jax.Array, decoder_inputs_BL: jax.Array,
+               targets_segment_ids_BL: jax.Array, targets_positions_BL: jax.Array) -> jax.Array:
+    encoded_BSE = self.encode(inputs_BS, inputs_segment_ids_BS, inputs_positions_BS)
+    return self.decode(decoder_inputs_BL, targets_segment_ids_BL, targets_positions_BL,
+                       encoded_BSE, inputs_segment_ids_BS)
 
 
 # The one place an architecture name becomes a class.
 ARCHITECTURES: dict[str, type[nn.Module]] = {
     "decoder": Decoder,
+    "encoder": Encoder,
+    "encoder_decoder": EncoderDecoder,
 }
 
 

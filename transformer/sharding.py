@@ -61,8 +61,8 @@ def logical_to_shardings(logical_specs: Any, mesh: Mesh, rules: Rules) -> Any:
 
 
 def batch_sharding(mesh: Mesh, rules: Rules) -> NamedSharding:
-  """Sharding of a [batch, length] input array."""
-  spec = nn.logical_to_mesh_axes(("batch", "length"), rules)
+  """Sharding of any input array whose leading axis is the batch ([B], [B, L], ...)."""
+  spec = nn.logical_to_mesh_axes(("batch",), rules)
   return NamedSharding(mesh, spec)
 
 

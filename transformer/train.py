@@ -30,7 +30,8 @@ from transformer import checkpointing
 from transformer import metrics as metrics_lib
 from transformer import optim
 from transformer import sharding
-from transformer.configuration import ConfigError, ModelConfig, validate
+from transformer import objectives
+from transformer.configuration import ConfigError, ModelConfig, objective_of, validate
 from transformer.data import pipeline
 from transformer.models import make_model
 
@@ -45,7 +46,7 @@ class TrainState:
   rng: jax.Array  # Base dropout key; each step folds its step number in.
 
 
-def train_step(state: TrainState, batch: dict[str, jax.Array], *, model: nn.Module,
+def train_step(state: TrainState, batch: dict[str, jax.Array], *, forward: Callable,
                tx: optax.GradientTransformation, schedule: optax.Schedule,
                label_smoothing: float,
                microbatches: int = 1) -> tuple[TrainState, dict[str, jax.Array]]:
@@ -59,10 +60,8 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, model: nn.Modu
 
   def sums_and_grads(micro: dict[str, jax.Array], micro_rng: jax.Array):
     def objective(params):
-      logits_BLV = model.apply({"params": params}, micro["inputs"], micro["segment_ids"],
-                               micro["positions"], rngs={"dropout": micro_rng})
-      sums = metrics_lib.loss_sums(logits_BLV, micro["targets"], micro["weights"],
-                                   label_smoothing)
+      logits, targets, weights = forward(params, micro, rngs={"dropout": micro_rng})
+      sums = metrics_lib.loss_sums(logits, targets, weights, label_smoothing)
       return sums["objective_sum"], sums
 
     (_, sums), grads = jax.value_and_grad(objective, has_aux=True)(state.params)
@@ -102,23 +101,22 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, model: nn.Modu
 
 
 def eval_step(params: Any, batch: dict[str, jax.Array], *,
-              model: nn.Module) -> dict[str, jax.Array]:
-  """Metric sums of one evaluation batch (no dropout)."""
-  logits_BLV = model.apply({"params": params}, batch["inputs"], batch["segment_ids"],
-                           batch["positions"])
-  sums = metrics_lib.loss_sums(logits_BLV, batch["targets"], batch["weights"])
+              forward: Callable) -> dict[str, jax.Array]:
+  """Metric sums of one evaluation batch (the forward of a deterministic model)."""
+  sums = metrics_lib.loss_sums(*forward(params, batch))
   del sums["objective_sum"]
   return sums
 
 
-def make_init_fn(model: nn.Module, tx: optax.GradientTransformation,
-                 seq_len: int) -> Callable[[jax.Array], TrainState]:
+def make_init_fn(model: nn.Module, tx: optax.GradientTransformation, seq_len: int,
+                 objective: str = "causal_lm") -> Callable[[jax.Array], TrainState]:
   """init(rng) -> TrainState whose params carry logical-axis metadata (boxed)."""
 
   def init(rng: jax.Array) -> TrainState:
     params_rng, dropout_rng = jax.random.split(rng)
-    tokens = jnp.zeros((1, seq_len), jnp.int32)
-    params = model.init({"params": params_rng}, tokens, jnp.ones_like(tokens), tokens)["params"]
+    batch = objectives.init_batch(objective, 1, seq_len)
+    params = model.init({"params": params_rng},
+                        *objectives.model_inputs(objective, batch))["params"]
     return TrainState(step=jnp.zeros((), jnp.int32), params=params,
                       opt_state=tx.init(params), rng=dropout_rng)
 
@@ -147,9 +145,10 @@ class Trainer:
     model_config = ModelConfig.from_config(config.model)
     model = make_model(model_config)
     eval_model = make_model(dataclasses.replace(model_config, deterministic=True))
+    objective = objective_of(model_config.arch, model_config.head)
     schedule = optim.make_schedule(config.optimizer, model_config.d_model)
     tx = optim.make_optimizer(config.optimizer, schedule)
-    init = make_init_fn(model, tx, config.data.seq_len)
+    init = make_init_fn(model, tx, config.data.seq_len, objective)
 
     # Sharded from the first byte: shapes -> logical specs -> mesh shardings -> jit(init).
     boxed = jax.eval_shape(init, jax.random.PRNGKey(0))
@@ -164,12 +163,14 @@ class Trainer:
 
     jit_init = jax.jit(lambda rng: nn.meta.unbox(init(rng)), out_shardings=state_shardings)
     jit_train = jax.jit(
-        functools.partial(train_step, model=model, tx=tx, schedule=schedule,
+        functools.partial(train_step, forward=objectives.make_forward(model, objective),
+                          tx=tx, schedule=schedule,
                           label_smoothing=config.optimizer.label_smoothing,
                           microbatches=config.train.microbatches),
         in_shardings=(state_shardings, batch_sharding),
         out_shardings=(state_shardings, replicated), donate_argnums=(0,))
-    jit_eval = jax.jit(functools.partial(eval_step, model=eval_model),
+    jit_eval = jax.jit(functools.partial(
+        eval_step, forward=objectives.make_forward(eval_model, objective)),
                        in_shardings=(state_shardings.params, batch_sharding),
                        out_shardings=replicated)
     return cls(config=config, mesh=mesh, rules=rules, model_config=model_config,
@@ -268,15 +269,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                jax.device_count(), jax.process_count())
 
   sources = pipeline.load_sources(config)
-  data_kwargs = dict(
-      tokenizer=sources.tokenizer, text_key=config.data.text_key,
-      vocab_size=config.model.vocab_size, seq_len=config.data.seq_len,
-      batch_size=local_batch_size, seed=config.seed, process_index=jax.process_index(),
-      process_count=jax.process_count(), num_threads=config.data.num_threads)
-  train_data = pipeline.make_lm_dataset(
-      sources.builder.as_data_source(split=config.data.train_split), train=True, **data_kwargs)
-  eval_data = pipeline.make_lm_dataset(
-      sources.builder.as_data_source(split=config.data.eval_split), train=False, **data_kwargs)
+  objective = objective_of(config.model.arch, config.model.head)
+  logging.info("Objective: %s on %s", objective, sources.builder.info.full_name)
+  data_kwargs = dict(batch_size=local_batch_size, process_index=jax.process_index(),
+                     process_count=jax.process_count())
+  train_data, eval_data = (
+      pipeline.make_dataset(config, objective, sources.builder.as_data_source(split=split),
+                            sources.tokenizer, train=train, **data_kwargs)
+      for split, train in ((config.data.train_split, True), (config.data.eval_split, False)))
   train_iter = iter(train_data)
 
   trainer = Trainer.create(config, mesh)
@@ -295,8 +295,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       logging.info("Resumed from checkpoint %d in %s", latest, checkpointer.directory)
     start_step = int(jax.device_get(state.step))
     metrics_lib.log_parameter_count(state.params)
+    # Tokens the model reads per step (both sides for seq2seq).
+    sides = 2 if objective == "seq2seq" else 1
     progress = metrics_lib.Progress(start_step, num_steps,
-                                    config.data.batch_size * config.data.seq_len)
+                                    sides * config.data.batch_size * config.data.seq_len)
 
     if start_step == 0 and config.train.eval_at_start:  # The baseline later evals beat.
       eval_metrics = evaluate(trainer, state.params, eval_data, local_batch_size)
