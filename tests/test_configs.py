@@ -7,18 +7,19 @@ import subprocess
 import sys
 
 import jax
-import jax.numpy as jnp
 import pytest
 
 from transformer import sharding
-from transformer.configuration import ConfigError, ModelConfig, validate
+from transformer import objectives
+from transformer.configuration import ConfigError, ModelConfig, objective_of, validate
 from transformer.models import make_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_FILES = sorted(p for p in glob.glob(os.path.join(ROOT, "configs", "*.py"))
                       if not p.endswith("__init__.py"))
 # Arguments each preset documents (configs/<name>.py:<arg>).
-PRESET_ARGS = {"gpt_small": ["", "local"]}
+PRESET_ARGS = {name: ["", "local"]
+               for name in ("gpt_small", "bert_base", "transformer_base", "transformer_big")}
 
 
 def _load(path):
@@ -35,9 +36,11 @@ def test_every_config_builds_and_validates(path):
   for arg in PRESET_ARGS.get(name, [None]):
     config = module.get_config() if arg is None else module.get_config(arg)
     validate(config)
-    model = make_model(ModelConfig.from_config(config.model))
-    tokens = jnp.zeros((1, config.data.seq_len), jnp.int32)
-    shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), tokens, tokens + 1, tokens)
+    model_config = ModelConfig.from_config(config.model)
+    objective = objective_of(model_config.arch, model_config.head)
+    batch = objectives.init_batch(objective, 1, config.data.seq_len)
+    shapes = jax.eval_shape(make_model(model_config).init, jax.random.PRNGKey(0),
+                            *objectives.model_inputs(objective, batch))
     assert jax.tree.leaves(shapes)
 
 
