@@ -76,33 +76,6 @@ def forward_fn(cfg: ModelConfig):
   return jax.jit(lambda t, s, p: model.apply({"params": params}, t, s, p))
 
 
-def random_params(model: nn.Module, seed: int = 0):
-  """Parameters drawn with NumPy in the shapes `model.init` would make.
-
-  Compiling `model.init` (threefry for every weight) takes seconds on a CPU; these
-  tests exercise the forward computation, not the initializers. Biases are nonzero
-  and scales are not all one, so every parameter takes part.
-  """
-  tokens, segments, positions = single_document_inputs()
-  shapes = nn.unbox(
-      jax.eval_shape(model.init, jax.random.key(0), tokens, segments, positions)["params"])
-  rng = np.random.default_rng(seed)
-
-  def draw(path, shape):
-    noise = rng.normal(size=shape.shape).astype(np.float32)
-    return 1.0 + 0.1 * noise if path[-1].key == "scale" else 0.1 * noise
-
-  return jax.tree_util.tree_map_with_path(draw, shapes)
-
-
-@functools.lru_cache(maxsize=None)
-def forward_fn(cfg: ModelConfig):
-  """A jitted logits function of (tokens, segments, positions) with fixed random params."""
-  model = make_model(cfg)
-  params = random_params(model)
-  return jax.jit(lambda t, s, p: model.apply({"params": params}, t, s, p))
-
-
 # ---------------------------------------------------------------- causality
 
 

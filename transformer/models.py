@@ -100,6 +100,19 @@ def _final_norm(config: ModelConfig, x_BLE: jax.Array, name: str) -> jax.Array:
   return x_BLE
 
 
+def _single_stack(config: ModelConfig, tokens_BL: jax.Array, segment_ids_BL: jax.Array,
+                  positions_BL: jax.Array, *, causal: bool) -> tuple[Embedder, jax.Array]:
+  """Embedding + blocks + final norm of an encoder-only or decoder-only model.
+
+  Called inside the model's compact method, so the parameters sit at its top level
+  (`embedder`, `block_0`, ..., `final_norm`), a checkpoint API kept stable.
+  """
+  embedder = Embedder(config, name="embedder")
+  x_BLE = _stack(config, config.num_layers, embedder(tokens_BL, positions_BL),
+                 segment_ids_BL, positions_BL, causal=causal, bias_name="relative_bias")
+  return embedder, _final_norm(config, x_BLE, "final_norm")
+
+
 class ClassificationHead(nn.Module):
   """Pools the sequence ("cls" first token, "mean" over real tokens, "last" real token)."""
 
@@ -153,10 +166,7 @@ class Decoder(nn.Module):
       positions_BL: position of each token inside its own document.
     """
     cfg = self.config
-    embedder = Embedder(cfg, name="embedder")
-    x_BLE = _stack(cfg, cfg.num_layers, embedder(tokens_BL, positions_BL), segment_ids_BL,
-                   positions_BL, causal=True, bias_name="relative_bias")
-    x_BLE = _final_norm(cfg, x_BLE, "final_norm")
+    embedder, x_BLE = _single_stack(cfg, tokens_BL, segment_ids_BL, positions_BL, causal=True)
     if cfg.head == "classification":
       return ClassificationHead(cfg, name="classification_head")(x_BLE, segment_ids_BL)
     return _lm_logits(cfg, embedder, x_BLE)
@@ -172,10 +182,8 @@ class Encoder(nn.Module):
                positions_BL: jax.Array) -> jax.Array:
     """Returns float32 logits: [B, L, V] for the MLM head, [B, C] for classification."""
     cfg = self.config
-    embedder = Embedder(cfg, name="embedder")
-    x_BLE = _stack(cfg, cfg.num_layers, embedder(tokens_BL, positions_BL), segment_ids_BL,
-                   positions_BL, causal=False, bias_name="relative_bias")
-    x_BLE = _final_norm(cfg, x_BLE, "final_norm")
+    embedder, x_BLE = _single_stack(cfg, tokens_BL, segment_ids_BL, positions_BL,
+                                    causal=False)
     if cfg.head == "classification":
       return ClassificationHead(cfg, name="classification_head")(x_BLE, segment_ids_BL)
     # BERT's MLM head: dense + activation + norm, then the tied projection plus a bias.
