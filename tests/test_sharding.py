@@ -27,6 +27,7 @@ def _config(tiny_config, mesh=(1, 1, 1), use_bias=True):
 
 
 def _batch(config, seed=0):
+  """A packed batch (two documents a row, uneven padding) for the config's objective."""
   rng = np.random.default_rng(seed)
   b, l = config.data.batch_size, config.data.seq_len
   segment_ids = np.repeat(np.arange(1, 3), l // 2)[None].repeat(b, 0).astype(np.int32)
@@ -34,9 +35,19 @@ def _batch(config, seed=0):
     segment_ids[row, l - 1 - 3 * (row % 4):] = 0
   positions = np.concatenate([np.arange(l // 2)] * 2)[None].repeat(b, 0).astype(np.int32)
   weights = (segment_ids > 0).astype(np.float32)
-  return {"inputs": rng.integers(4, 260, (b, l), dtype=np.int32),
-          "targets": rng.integers(4, 260, (b, l), dtype=np.int32),
-          "segment_ids": segment_ids, "positions": positions, "weights": weights}
+  tokens = lambda: rng.integers(4, 260, (b, l), dtype=np.int32)
+  if config.model.arch == "encoder_decoder":
+    return {"inputs": tokens(), "inputs_segment_ids": segment_ids,
+            "inputs_positions": positions, "decoder_inputs": tokens(), "targets": tokens(),
+            "targets_segment_ids": segment_ids, "targets_positions": positions,
+            "weights": weights}
+  return {"inputs": tokens(), "targets": tokens(), "segment_ids": segment_ids,
+          "positions": positions, "weights": weights}
+
+
+def _with_arch(config, arch):
+  config.model.update(arch=arch, head="mlm" if arch == "encoder" else "lm")
+  return config
 
 
 def _train(config, devices, steps=3, batch=None):
@@ -69,6 +80,19 @@ def single_device_run(tfds_data_dir):
   from tiny import make_tiny_config  # pylint: disable=g-import-not-at-top
   config = _config(make_tiny_config(tfds_data_dir), use_bias=False)
   return _train(config, jax.devices()[:1])
+
+
+@pytest.mark.parametrize("arch", ["encoder", "encoder_decoder"])
+def test_other_topologies_shard_like_one_device(tiny_config, tfds_data_dir, arch):
+  """2x2x2 uses all three axes at once; the decoder runs every mesh shape above."""
+  mesh = (2, 2, 2)
+  from tiny import make_tiny_config  # pylint: disable=g-import-not-at-top
+  one = _with_arch(_config(make_tiny_config(tfds_data_dir), use_bias=False), arch)
+  expected_losses, expected_params, _ = _train(one, jax.devices()[:1])
+  config = _with_arch(_config(tiny_config, mesh, use_bias=False), arch)
+  losses, params, _ = _train(config, jax.devices()[: int(np.prod(mesh))])
+  np.testing.assert_allclose(losses, expected_losses, rtol=2e-5)
+  _assert_trees_close(params, expected_params)
 
 
 @pytest.mark.parametrize("mesh", MESHES, ids=lambda m: "x".join(map(str, m)))
