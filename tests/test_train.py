@@ -105,3 +105,42 @@ def test_other_topologies_train_end_to_end(preset, tiny_config, tmp_path):
   assert [r["step"] for r in rows] == list(range(1, 7))
   assert rows[-1]["loss"] < rows[0]["loss"]
   assert np.isfinite(result["eval_loss"])
+
+
+def test_sigint_saves_and_the_same_command_resumes(tfds_data_dir, tmp_path):
+  """Ctrl-C (or a preemption's SIGTERM) finishes the step, saves it, and exits cleanly."""
+  import re  # pylint: disable=g-import-not-at-top
+  import signal  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  workdir = str(tmp_path / "run")
+  command = [sys.executable, os.path.join(root, "launch.py"),
+             "--config=configs/gpt_small.py:local", f"--workdir={workdir}",
+             f"--config.data.data_dir={tfds_data_dir}", "--config.model.d_model=32",
+             "--config.model.num_layers=1", "--config.model.num_heads=2",
+             "--config.model.mlp_dim=64", "--config.train.log_every=1",
+             "--config.train.eval_at_start=False", "--config.train.eval_every=100000",
+             "--config.checkpoint.every=100000"]
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+  log_path = tmp_path / "first.log"
+  with open(log_path, "w", encoding="utf-8") as log:
+    proc = subprocess.Popen(command + ["--config.train.num_steps=100000"], cwd=root, env=env,
+                            stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.time() + 180
+    while "step 2/" not in log_path.read_text() and time.time() < deadline:
+      assert proc.poll() is None, log_path.read_text()[-3000:]
+      time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=180) == 0
+  output = log_path.read_text()
+  stopped = int(re.search(r"Stopped at step (\d+)", output).group(1))
+  assert stopped >= 2
+  assert os.path.isdir(os.path.join(workdir, "checkpoints", str(stopped)))
+
+  result = subprocess.run(command + [f"--config.train.num_steps={stopped + 2}"], cwd=root,
+                          env=env, capture_output=True, text=True, timeout=300, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert f"Resumed from checkpoint {stopped}" in result.stderr
+  assert f"step {stopped + 2}/{stopped + 2}" in result.stderr

@@ -25,6 +25,7 @@ import numpy as np
 import optax
 from absl import logging
 from flax import linen as nn
+from jax.experimental import multihost_utils
 
 from transformer import checkpointing
 from transformer import metrics as metrics_lib
@@ -205,6 +206,20 @@ class _StopRequest:
         pass
     return self
 
+  def should_stop(self, step: int, every: int) -> bool:
+    """Whether to stop after `step`; with several processes, decided together.
+
+    Processes may get the signal at different steps; they compare flags every
+    `every` steps (a small all-gather) so that all of them save and stop at the same
+    step, as a multi-host checkpoint requires.
+    """
+    if jax.process_count() == 1:
+      return self.requested
+    if step % every:
+      return False
+    flags = multihost_utils.process_allgather(np.asarray(self.requested))
+    return bool(np.any(flags))
+
   def _handle(self, signum, frame):
     del frame
     if self.requested:  # A second Ctrl-C: stop at once.
@@ -282,9 +297,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   trainer = Trainer.create(config, mesh)
   checkpointer = checkpointing.Checkpointer(workdir, config.checkpoint)
   writer = metrics_lib.MetricWriter(workdir, enabled=is_chief)
+
+  try:
+    return _train_loop(config, workdir, trainer, checkpointer, writer, train_iter, eval_data,
+                       objective, local_batch_size)
+  finally:  # Also on errors: finish a pending checkpoint write and flush the metrics.
+    checkpointer.close()
+    writer.close()
+
+
+def _train_loop(config, workdir, trainer, checkpointer, writer, train_iter, eval_data,
+                objective, local_batch_size) -> dict[str, float]:
+  """The loop of train_and_evaluate: restore or init, train, evaluate, save."""
   num_steps = config.train.num_steps
   last_metrics: dict[str, float] = {}
-
   with trainer.context():
     latest = checkpointer.latest_step()
     if latest is None:
@@ -329,16 +355,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           logging.info("eval at step %d: %s", done, _format(eval_metrics))
           writer.write(done, eval_metrics)
           last_metrics = {**last_metrics, **eval_metrics}
-        if done % config.checkpoint.every == 0 or done == num_steps or stop.requested:
+        stopping = stop.should_stop(done, config.train.log_every)
+        if done % config.checkpoint.every == 0 or done == num_steps or stopping:
           checkpointer.save(done, state, train_iter)
-        if stop.requested:
+        if stopping:
           logging.warning("Stopped at step %d; rerun the same command to resume.", done)
           break
     if pending is not None:
       _, summary = _report(pending, train_sums, progress, writer, config, force=True)
       last_metrics = {**last_metrics, **(summary or {})}
-  checkpointer.close()
-  writer.close()
   return last_metrics
 
 
