@@ -10,7 +10,9 @@ with pooler and token types but no MLM head, has 109,482,240).
 Full run:  python launch.py --config=configs/bert_base.py
   SentencePiece vocabulary of 30522 trained on the corpus; meant for an accelerator.
 Quick run:  python launch.py --config=configs/bert_base.py:local
-  A 4-layer, d_model 256 byte-level encoder; see README for the measured result.
+  A 4-layer, d_model 256 byte-level encoder (3.4M parameters), 400 steps of 16 x 128.
+  Run on 2 CPU cores shared with other jobs, 2026-11-22: 465 s wall; masked-LM eval
+  loss 6.08 at step 0 -> 3.07 (step 100) -> 2.96 (step 400).
 """
 
 import ml_collections

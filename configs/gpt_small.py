@@ -11,7 +11,9 @@ Full run:  python launch.py --config=configs/gpt_small.py
   but one step takes minutes.
 
 Quick run:  python launch.py --config=configs/gpt_small.py:local
-  A 4-layer, d_model 256 byte-level model; see README for the measured result.
+  A 4-layer, d_model 256 byte-level model (3.3M parameters), 400 steps of 16 x 128 bytes.
+  Run on 2 CPU cores shared with other jobs, 2026-11-22: 418 s wall including the
+  dataset build; eval loss 5.83 nats/byte at step 0 -> 2.74 (step 100) -> 2.38 (step 400).
 """
 
 import ml_collections

@@ -13,6 +13,9 @@ file given the previous lines) from the offline corpus, as a real seq2seq proble
 
 Full run:  python launch.py --config=configs/transformer_base.py
 Quick run:  python launch.py --config=configs/transformer_base.py:local
+  A 2 + 2 layer, d_model 256 byte-level model (3.8M parameters), 400 steps of 16
+  source + 16 target rows of 128 bytes. Run on 2 CPU cores shared with other jobs,
+  2026-11-22: 412 s wall; eval loss 5.49 at step 0 -> 2.78 (step 100) -> 2.59 (step 400).
 """
 
 import ml_collections
