@@ -183,8 +183,12 @@ def _validate_topology(model: ml_collections.ConfigDict) -> None:
   if model.share_embeddings and model.arch != "encoder_decoder":
     _fail("model.share_embeddings", True, "source/target sharing needs "
           "model.arch='encoder_decoder'")
-  if model.position == "rope" and (model.head_dim or model.d_model // model.num_heads) % 2:
-    _fail("model.position", "rope", "rotary embeddings need an even head_dim")
+  head_dim = model.head_dim or model.d_model // model.num_heads
+  if model.position == "rope" and head_dim % 2:
+    _fail("model.position", "rope",
+          f"rotary embeddings need an even head_dim, and head_dim={head_dim} (model.head_dim="
+          f"{model.head_dim}, else model.d_model={model.d_model} // model.num_heads="
+          f"{model.num_heads}); pick another model.head_dim or model.num_heads")
 
 
 def _validate_mesh(config: ml_collections.ConfigDict) -> None:

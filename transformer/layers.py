@@ -150,12 +150,25 @@ def run_blocks(config: ModelConfig, num_layers: int, x_BLE: jax.Array, *args,
   return x_BLE
 
 
-def scanned_to_unrolled(params: dict, num_layers: int, name: str = "block") -> dict:
-  """Splits every `<name>s` subtree (leading layers axis) into `<name>_0`, `<name>_1`, ..."""
+def scanned_to_unrolled(params: dict, num_layers: int | None = None,
+                        name: str = "block") -> dict:
+  """Splits every `<name>s` subtree (leading layers axis) into `<name>_0`, `<name>_1`, ...
+
+  Each stack is split by its own depth (the leading axis), so an encoder-decoder with
+  different encoder and decoder depths converts in one call.
+
+  Raises:
+    ValueError: if `num_layers` is given and a stack has another depth (a checkpoint
+      that does not match the model it is meant for).
+  """
   out = {}
   for key, value in params.items():
     if key == f"{name}s":
-      for i in range(num_layers):
+      depths = {x.shape[0] for x in jax.tree.leaves(value)}
+      if len(depths) != 1 or (num_layers is not None and depths != {num_layers}):
+        raise ValueError(f"stack {key!r} has {sorted(depths)} layers; expected "
+                         f"{num_layers if num_layers is not None else 'one depth'}")
+      for i in range(depths.pop()):
         out[f"{name}_{i}"] = jax.tree.map(lambda x, i=i: x[i], value)
     elif isinstance(value, dict):
       out[key] = scanned_to_unrolled(value, num_layers, name)
