@@ -94,9 +94,9 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, forward: Calla
   params = optax.apply_updates(state.params, updates)
   sums.update(
       learning_rate=schedule(state.step),
-      grad_norm=optax.global_norm(grads),
-      param_norm=optax.global_norm(params),
-      update_norm=optax.global_norm(updates))
+      grad_norm=optax.tree.norm(grads),
+      param_norm=optax.tree.norm(params),
+      update_norm=optax.tree.norm(updates))
   new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
   return new_state, sums
 
