@@ -108,6 +108,7 @@ class MultiHeadAttention(nn.Module):
   """Self- or cross-attention with H query heads and K <= H key/value heads."""
 
   config: ModelConfig
+  cached: bool = False  # Decoding: append k/v to the "cache" collection (self-attention).
 
   @nn.compact
   def __call__(self, x_BLE: jax.Array, kv_BSE: jax.Array, mask_B1LS: jax.Array, *,
@@ -136,6 +137,8 @@ class MultiHeadAttention(nn.Module):
     if rope_positions is not None:
       q_BLHD = positions.apply_rope(q_BLHD, rope_positions[0], cfg.rope_max_wavelength)
       k_BSKD = positions.apply_rope(k_BSKD, rope_positions[1], cfg.rope_max_wavelength)
+    if self.cached:
+      k_BSKD, v_BSKD = self._update_cache(k_BSKD, v_BSKD)
 
     if cfg.attention_impl == "einsum":
       use_dropout = cfg.attention_dropout > 0.0 and not cfg.deterministic
@@ -153,3 +156,24 @@ class MultiHeadAttention(nn.Module):
     # GPT-2 scales projections into the residual stream by 1/sqrt(2 * layers).
     return dense("BLHD,HDE->BLE", (H, D, E), ("heads", "head_dim", "embed"), ("embed",),
                  stddev=0.02 / math.sqrt(2 * cfg.num_layers), name="out")(out_BLHD)
+
+  def _update_cache(self, k_BLKD: jax.Array, v_BLKD: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Writes this call's keys/values at the cache index; returns all max_len slots.
+
+    The first call (model.init in decode mode, with a [B, max_len] input) only sizes
+    the cache. Later calls may prefill several tokens at once or add one per step.
+    """
+    cfg = self.config
+    B, L, K, D = k_BLKD.shape
+    shape = (B, cfg.max_len, K, D)
+    sizing = not self.has_variable("cache", "cached_key")
+    cached_k = self.variable("cache", "cached_key", jnp.zeros, shape, k_BLKD.dtype)
+    cached_v = self.variable("cache", "cached_value", jnp.zeros, shape, v_BLKD.dtype)
+    index = self.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
+    if sizing:
+      return k_BLKD, v_BLKD
+    start = (0, index.value, 0, 0)
+    cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k_BLKD, start)
+    cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v_BLKD, start)
+    index.value = index.value + L
+    return cached_k.value, cached_v.value

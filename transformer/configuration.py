@@ -254,11 +254,14 @@ class ModelConfig:
   param_dtype: Any
   attention_impl: str
   deterministic: bool = False  # True for evaluation: no dropout.
+  # True for autoregressive decoding: causal self-attention appends its keys and values
+  # to a "cache" collection of max_len slots, slot = token position (see decoding.py).
+  decode: bool = False
 
   @classmethod
   def from_config(cls, model: ml_collections.ConfigDict) -> "ModelConfig":
     """Builds the frozen config from `config.model`, filling the 0 = derived fields."""
-    fields = {f.name for f in dataclasses.fields(cls)} - {"deterministic"}
+    fields = {f.name for f in dataclasses.fields(cls)} - {"deterministic", "decode"}
     values = {k: model[k] for k in fields}
     values["num_kv_heads"] = model.num_kv_heads or model.num_heads
     values["head_dim"] = model.head_dim or model.d_model // model.num_heads

@@ -89,6 +89,7 @@ class Block(nn.Module):
 
   config: ModelConfig
   cross_attention: bool = False
+  causal: bool = False  # Decoder side: when decoding, its self-attention keeps a k/v cache.
 
   @nn.compact
   def __call__(self, x_BLE: jax.Array, self_mask_B1LL: jax.Array,
@@ -97,8 +98,9 @@ class Block(nn.Module):
                cross_mask_B1LS: jax.Array | None = None) -> tuple[jax.Array, None]:
     cfg = self.config
     rope = (positions_BL, positions_BL) if cfg.position == "rope" else None
-    sublayers = [("self_attention", lambda h: MultiHeadAttention(cfg, name="self_attention")(
-        h, h, self_mask_B1LL, bias_BHLS=self_bias_BHLL, rope_positions=rope))]
+    sublayers = [("self_attention", lambda h: MultiHeadAttention(
+        cfg, cached=cfg.decode and self.causal, name="self_attention")(
+            h, h, self_mask_B1LL, bias_BHLS=self_bias_BHLL, rope_positions=rope))]
     if self.cross_attention:
       # No position signal across sequences: the source carries its own.
       sublayers.append(("cross_attention", lambda h: MultiHeadAttention(
@@ -125,7 +127,8 @@ REMAT_POLICIES = {
 
 
 def run_blocks(config: ModelConfig, num_layers: int, x_BLE: jax.Array, *args,
-               cross_attention: bool = False, name: str = "block") -> jax.Array:
+               cross_attention: bool = False, causal: bool = False,
+               name: str = "block") -> jax.Array:
   """Applies `num_layers` Blocks, unrolled (`block_0`, ...) or scanned (`blocks`).
 
   Call from inside a compact module: the blocks become its children. `args` are the
@@ -134,19 +137,20 @@ def run_blocks(config: ModelConfig, num_layers: int, x_BLE: jax.Array, *args,
   `scanned_to_unrolled` / `unrolled_to_scanned` for converting checkpoints.
   """
   block = Block
-  if config.remat != "none":
+  if config.remat != "none" and not config.decode:  # Decoding has no backward pass.
     # prevent_cse only matters outside scan, where XLA could merge the recomputation away.
     block = nn.remat(Block, policy=REMAT_POLICIES[config.remat],
                      prevent_cse=not config.scan_layers)
   if config.scan_layers:
     stack = nn.scan(
-        block, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
+        block, variable_axes={"params": 0, "cache": 0},
+        split_rngs={"params": True, "dropout": True},
         in_axes=(nn.broadcast,) * len(args), length=num_layers,
         metadata_params={nn.PARTITION_NAME: "layers"})
-    x_BLE, _ = stack(config, cross_attention, name=f"{name}s")(x_BLE, *args)
+    x_BLE, _ = stack(config, cross_attention, causal, name=f"{name}s")(x_BLE, *args)
     return x_BLE
   for i in range(num_layers):
-    x_BLE, _ = block(config, cross_attention, name=f"{name}_{i}")(x_BLE, *args)
+    x_BLE, _ = block(config, cross_attention, causal, name=f"{name}_{i}")(x_BLE, *args)
   return x_BLE
 
 

@@ -59,7 +59,8 @@ class Embedder(nn.Module):
     return jnp.einsum("BLE,VE->BLV", x_BLE.astype(jnp.float32), embedding_VE)
 
 
-def self_attention_bias(config: ModelConfig, positions_BL: jax.Array, *, causal: bool,
+def self_attention_bias(config: ModelConfig, q_positions_BL: jax.Array,
+                        kv_positions_BS: jax.Array, *, causal: bool,
                         name: str) -> jax.Array | None:
   """The additive logit bias of a stack's self-attention (T5 relative or ALiBi), or None.
 
@@ -69,9 +70,9 @@ def self_attention_bias(config: ModelConfig, positions_BL: jax.Array, *, causal:
     return positions_lib.RelativePositionBias(
         num_heads=config.num_heads, num_buckets=config.relative_buckets,
         max_distance=config.relative_max_distance, bidirectional=not causal,
-        param_dtype=config.param_dtype, name=name)(positions_BL, positions_BL)
+        param_dtype=config.param_dtype, name=name)(q_positions_BL, kv_positions_BS)
   if config.position == "alibi":
-    return positions_lib.alibi_bias(positions_BL, positions_BL, config.num_heads,
+    return positions_lib.alibi_bias(q_positions_BL, kv_positions_BS, config.num_heads,
                                     causal=causal)
   return None
 
@@ -80,18 +81,29 @@ def _stack(config: ModelConfig, num_layers: int, x_BLE: jax.Array, segment_ids_B
            positions_BL: jax.Array, *, causal: bool, bias_name: str,
            encoded_BSE: jax.Array | None = None,
            encoded_segment_ids_BS: jax.Array | None = None) -> jax.Array:
-  """Masks + position bias + the blocks of one stack (encoder or decoder side)."""
-  mask_B1LL = make_attention_mask(segment_ids_BL, segment_ids_BL, causal=causal,
-                                  q_positions=positions_BL, kv_positions=positions_BL)
-  bias_BHLL = self_attention_bias(config, positions_BL, causal=causal, name=bias_name)
+  """Masks + position bias + the blocks of one stack (encoder or decoder side).
+
+  When decoding, the keys are the cache's max_len slots, slot s holding position s:
+  a query at position p sees slots <= p, which are exactly the ones filled so far.
+  """
+  kv_segment_ids_BS, kv_positions_BS = segment_ids_BL, positions_BL
+  if config.decode and causal:
+    batch = segment_ids_BL.shape[0]
+    kv_positions_BS = jnp.broadcast_to(jnp.arange(config.max_len), (batch, config.max_len))
+    kv_segment_ids_BS = jnp.ones_like(kv_positions_BS)
+  mask_B1LL = make_attention_mask(segment_ids_BL, kv_segment_ids_BS, causal=causal,
+                                  q_positions=positions_BL, kv_positions=kv_positions_BS)
+  bias_BHLL = self_attention_bias(config, positions_BL, kv_positions_BS, causal=causal,
+                                  name=bias_name)
   x_BLE = activation_constraint(
       nn.Dropout(config.embed_dropout, deterministic=config.deterministic)(x_BLE))
   if encoded_BSE is None:
-    return run_blocks(config, num_layers, x_BLE, mask_B1LL, positions_BL, bias_BHLL)
+    return run_blocks(config, num_layers, x_BLE, mask_B1LL, positions_BL, bias_BHLL,
+                      causal=causal)
   # Cross-attention: target segment k sees exactly source segment k of the same row.
   cross_mask_B1LS = make_attention_mask(segment_ids_BL, encoded_segment_ids_BS, causal=False)
   return run_blocks(config, num_layers, x_BLE, mask_B1LL, positions_BL, bias_BHLL,
-                    encoded_BSE, cross_mask_B1LS, cross_attention=True)
+                    encoded_BSE, cross_mask_B1LS, cross_attention=True, causal=causal)
 
 
 def _final_norm(config: ModelConfig, x_BLE: jax.Array, name: str) -> jax.Array:
