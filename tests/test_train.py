@@ -144,3 +144,31 @@ def test_sigint_saves_and_the_same_command_resumes(tfds_data_dir, tmp_path):
   assert result.returncode == 0, result.stderr[-3000:]
   assert f"Resumed from checkpoint {stopped}" in result.stderr
   assert f"step {stopped + 2}/{stopped + 2}" in result.stderr
+
+
+def test_two_step_golden_values(tiny_config):
+  """Regression guard: init, model, loss and optimizer together give these numbers.
+
+  An intended change to any of them moves the values; update them in the same commit
+  and say why. (Values from jax 0.10.2 on CPU, one device.)
+  """
+  from transformer import sharding  # pylint: disable=g-import-not-at-top
+  trainer = train.Trainer.create(tiny_config,
+                                 sharding.make_mesh(tiny_config.mesh, jax.devices()[:1]))
+  rng = np.random.default_rng(0)
+  b, l = 8, 32
+  batch = {"inputs": rng.integers(4, 260, (b, l), dtype=np.int32),
+           "targets": rng.integers(4, 260, (b, l), dtype=np.int32),
+           "segment_ids": np.ones((b, l), np.int32),
+           "positions": np.broadcast_to(np.arange(l, dtype=np.int32), (b, l)).copy(),
+           "weights": np.ones((b, l), np.float32)}
+  seen = []
+  with trainer.context():
+    state = trainer.init(jax.random.PRNGKey(0))
+    for _ in range(2):
+      state, metrics = trainer.train_step(state, trainer.global_batch(batch))
+      metrics = jax.device_get(metrics)
+      seen.append((float(metrics["loss_sum"] / metrics["weight_sum"]),
+                   float(metrics["grad_norm"]), float(metrics["param_norm"])))
+  np.testing.assert_allclose(seen, [(5.967378, 0.951698, 13.026247),
+                                    (5.872641, 0.684321, 13.056023)], rtol=1e-4)
