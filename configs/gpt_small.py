@@ -6,9 +6,11 @@ dropout 0.1 on embeddings and residuals. Attention-probability dropout is 0 so t
 the fused `jax.nn.dot_product_attention` kernel can be used (it has no dropout).
 
 Full run:  python launch.py --config=configs/gpt_small.py
-  Hardware: meant for a GPU/TPU; on 2 CPU cores it starts, prints the parameter
-  count (124,439,808 at vocab 50257; here vocab 32768 -> 111,008,256) and trains,
-  but one step takes minutes.
+  Meant for a GPU/TPU. Measured on 2 CPU cores, 2026-11-22: SentencePiece (32768
+  pieces) trains in about 2 minutes; "Model parameters: 111,008,256" (124,439,808 at
+  GPT-2's vocab 50257); first step after 2m53s (compile), then about 82 s/step at
+  16.1 GB peak memory; Ctrl-C saved step 4 and the rerun resumed from it. No quality
+  result yet: a full run needs an accelerator.
 
 Quick run:  python launch.py --config=configs/gpt_small.py:local
   A 4-layer, d_model 256 byte-level model (3.3M parameters), 400 steps of 16 x 128 bytes.
