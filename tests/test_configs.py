@@ -86,6 +86,16 @@ def test_invalid_values_name_key_value_and_choices(key, value, message):
     validate(config)
 
 
+def test_sinusoidal_table_must_cover_the_sequence():
+  config = _base()
+  config.model.position = "sinusoidal"
+  config.data.seq_len = config.model.max_len + 1
+  with pytest.raises(ConfigError, match=r"config\.data\.seq_len=257 .* with sinusoidal"):
+    validate(config)
+  config.model.position = "rope"  # No table: any length trains.
+  validate(config)
+
+
 def test_unknown_keys_are_rejected():
   config = _base()
   with pytest.raises(AttributeError):

@@ -161,7 +161,7 @@ def test_sharding_report_counts_bytes_and_warns_when_fsdp_leaves_weights_whole(
       jax.random.PRNGKey(0))
   lines, stats = sharding.sharding_report(
       boxed.params, trainer.state_shardings.params, trainer.abstract_state.opt_state,
-      trainer.state_shardings.opt_state, mesh)
+      trainer.state_shardings.opt_state)
   assert any(line.startswith("block_*/mlp/wi/kernel x2") for line in lines)
   assert stats["param_bytes_per_device"] < stats["param_bytes"] / 4
   assert stats["replicated_fraction"] < 0.02

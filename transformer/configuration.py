@@ -113,17 +113,18 @@ def validate(config: ml_collections.ConfigDict) -> None:
 
   d = "data."
   _check_choice(config, d + "tokenizer", TOKENIZERS)
-  for key in ("seq_len", "batch_size", "num_threads", "spm_train_sentences"):
+  for key in ("seq_len", "batch_size", "num_threads", "spm_train_sentences",
+              "continuation_chars"):
     _check_int(config, d + key, 1)
-  _check_int(config, d + "continuation_chars", 1)
   _check_rate(config, d + "mask_rate")
   if model.head == "classification" and not config.data.label_key:
     _fail(d + "label_key", "", "a classification head needs the dataset's label feature")
   if not config.data.name:
     _fail(d + "name", config.data.name, "expected a TFDS dataset name such as 'python_stdlib'")
-  if config.data.seq_len > model.max_len and model.position == "learned":
+  # Position tables have max_len rows, and a lookup past the end would clamp silently.
+  if config.data.seq_len > model.max_len and model.position in ("learned", "sinusoidal"):
     _fail(d + "seq_len", config.data.seq_len,
-          f"must be <= model.max_len={model.max_len} with learned positions")
+          f"must be <= model.max_len={model.max_len} with {model.position} positions")
 
   o = "optimizer."
   _check_choice(config, o + "schedule", SCHEDULES)

@@ -7,15 +7,15 @@ config change, never a code change.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
-
 import re
+from typing import Any, Sequence
 
 import jax
 import ml_collections
-from absl import logging
 import numpy as np
+from absl import logging
 from flax import linen as nn
+from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from transformer.configuration import ConfigError
@@ -41,11 +41,18 @@ def mesh_shape(shape: Sequence[tuple[str, int]], num_devices: int) -> dict[str, 
 
 def make_mesh(mesh_config: ml_collections.ConfigDict,
               devices: Sequence[jax.Device] | None = None) -> Mesh:
-  """Builds the (data, fsdp, tensor) mesh from `config.mesh.shape`."""
-  devices = jax.devices() if devices is None else devices
-  sizes = mesh_shape(mesh_config.shape, len(devices))
+  """Builds the (data, fsdp, tensor) mesh from `config.mesh.shape`.
+
+  With all devices, `mesh_utils.create_device_mesh` orders them by the physical
+  topology (TPU/GPU interconnect); an explicit subset (tests) is reshaped as given.
+  """
   names = tuple(name for name, _ in mesh_config.shape)
-  array = np.asarray(devices).reshape([sizes[n] for n in names])
+  if devices is None:
+    sizes = mesh_shape(mesh_config.shape, jax.device_count())
+    array = mesh_utils.create_device_mesh([sizes[n] for n in names])
+  else:
+    sizes = mesh_shape(mesh_config.shape, len(devices))
+    array = np.asarray(devices).reshape([sizes[n] for n in names])
   return Mesh(array, names)
 
 
@@ -88,7 +95,7 @@ def _nbytes(shape, dtype, sharding=None) -> int:
 
 
 def sharding_report(boxed_params: Any, param_shardings: Any, abstract_opt_state: Any,
-                    opt_shardings: Any, mesh: Mesh) -> tuple[list[str], dict[str, float]]:
+                    opt_shardings: Any) -> tuple[list[str], dict[str, float]]:
   """A compact table of every parameter's logical axes and mesh spec, plus byte counts.
 
   Repeated layers (`block_0`, `block_1`, ...) collapse into one `block_*` row.
@@ -137,7 +144,7 @@ def log_sharding_report(boxed_params: Any, param_shardings: Any, abstract_opt_st
                         opt_shardings: Any, mesh: Mesh) -> dict[str, float]:
   """Logs the sharding table; warns when fsdp > 1 leaves over 2% of parameter bytes whole."""
   lines, stats = sharding_report(boxed_params, param_shardings, abstract_opt_state,
-                                 opt_shardings, mesh)
+                                 opt_shardings)
   logging.info("Parameter sharding on mesh %s:\n%s", dict(mesh.shape), "\n".join(lines))
   if mesh.shape.get("fsdp", 1) > 1 and stats["replicated_fraction"] > 0.02:
     logging.warning(

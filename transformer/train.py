@@ -252,8 +252,26 @@ def check_batch_size(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh)
 def evaluate(trainer: Trainer, params: Any, dataset, local_batch_size: int) -> dict[str, float]:
   """Runs the eval split (or its first `train.eval_batches` batches); returns eval_* metrics."""
   total = None
-  for local_batch in pipeline.iterate_eval(dataset, local_batch_size,
-                                           trainer.config.train.eval_batches):
+  batches = pipeline.iterate_eval(dataset, local_batch_size, trainer.config.train.eval_batches)
+  template = None  # An all-padding batch for a process whose eval shard ran out first.
+  while True:
+    local_batch = next(batches, None)
+    if jax.process_count() > 1:
+      # Shards of the eval split differ in length; every process must run the same
+      # number of (collective) eval steps, so they agree on when to stop.
+      more = multihost_utils.process_allgather(np.asarray(local_batch is not None))
+      if not np.any(more):
+        break
+      if local_batch is None:
+        if template is None:
+          raise ValueError(f"process {jax.process_index()} got no eval batch from "
+                           f"config.data.eval_split={trainer.config.data.eval_split!r}; "
+                           "the split is smaller than the number of processes")
+        local_batch = template
+      elif template is None:
+        template = jax.tree.map(np.zeros_like, local_batch)  # Weights 0: counts nothing.
+    elif local_batch is None:
+      break
     sums = trainer.eval_step(params, trainer.global_batch(local_batch))
     total = metrics_lib.add_sums(total, jax.device_get(sums))
   if total is None:
@@ -333,7 +351,6 @@ def _train_loop(config, workdir, trainer, checkpointer, writer, train_iter, eval
 
     pending = None  # (step, device metrics) of the previous step, fetched one step late.
     train_sums = None
-    step = start_step
     with _StopRequest() as stop:
       for step in range(start_step, num_steps):
         batch = trainer.global_batch(next(train_iter))

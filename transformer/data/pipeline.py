@@ -63,12 +63,8 @@ def load_builder(data: ml_collections.ConfigDict) -> tfds.core.DatasetBuilder:
     raise ConfigError(f"config.data.name={data.name!r} is not a TFDS dataset: "
                       f"{str(e).splitlines()[0]} Use 'python_stdlib' (offline) or a name "
                       "from the TFDS catalog.") from e
-  if builder.name == "python_stdlib":
-    recorded = builder.info.metadata.get("python_version") if builder.is_prepared() else None
-    expected = builder.builder_config.python_version
-    if recorded is not None and recorded != expected:
-      raise ConfigError(f"{builder.data_dir} was built from Python {recorded}, but this is "
-                        f"Python {expected}; remove that directory to rebuild it.")
+  # (python_stdlib needs no version check here: its config is named after the
+  # interpreter, so another Python reads and writes another directory.)
   if not builder.is_prepared():
     if builder.name not in OFFLINE_DATASETS and not data.download:
       raise ConfigError(
@@ -119,13 +115,12 @@ def load_sources(config: ml_collections.ConfigDict) -> DataSources:
   dir shared between hosts is written once; hosts with local disks then prepare
   their own copy.
   """
-  if jax.process_index() == 0:
-    builder = load_builder(config.data)
-    tokenizer = load_tokenizer(config.data, builder, config.model.vocab_size)
-  distributed.barrier("data_prepared")
   if jax.process_index() != 0:
-    builder = load_builder(config.data)
-    tokenizer = load_tokenizer(config.data, builder, config.model.vocab_size)
+    distributed.barrier("data_prepared")  # Wait until process 0 has prepared.
+  builder = load_builder(config.data)
+  tokenizer = load_tokenizer(config.data, builder, config.model.vocab_size)
+  if jax.process_index() == 0:
+    distributed.barrier("data_prepared")
   if tokenizer.vocab_size > config.model.vocab_size:
     raise ConfigError(
         f"config.model.vocab_size={config.model.vocab_size} is smaller than the "
