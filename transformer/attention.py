@@ -108,20 +108,29 @@ class MultiHeadAttention(nn.Module):
   """Self- or cross-attention with H query heads and K <= H key/value heads."""
 
   config: ModelConfig
-  cached: bool = False  # Decoding: append k/v to the "cache" collection (self-attention).
+  # Decoding (see decoding.py): "self" writes each call's keys/values into max_len cache
+  # slots, slot = token position (causal self-attention); "cross" computes the keys/values
+  # of the encoder output on the first call and reuses them on every later one.
+  cache: str | None = None
 
   @nn.compact
-  def __call__(self, x_BLE: jax.Array, kv_BSE: jax.Array, mask_B1LS: jax.Array, *,
+  def __call__(self, x_BLE: jax.Array, kv_BSE: jax.Array | None, mask_B1LS: jax.Array, *,
                bias_BHLS: jax.Array | None = None,
-               rope_positions: tuple[jax.Array, jax.Array] | None = None) -> jax.Array:
+               rope_positions: tuple[jax.Array, jax.Array] | None = None,
+               positions_BL: jax.Array | None = None) -> jax.Array:
     """Attends from x to kv.
 
     Args:
       x_BLE: queries' inputs.
-      kv_BSE: keys' and values' inputs (x itself for self-attention).
+      kv_BSE: keys' and values' inputs (x itself for self-attention); None for a
+        "cross" cache that already holds them.
       mask_B1LS: boolean mask from make_attention_mask.
       bias_BHLS: optional additive logit bias (T5 relative, ALiBi).
       rope_positions: (query positions [B, L], key positions [B, S]) to rotate q and k.
+      positions_BL: the queries' positions: the cache slots a "self" cache writes.
+
+    Returns:
+      The [B, L, E] attention output.
     """
     cfg = self.config
     H, K, D, E = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.d_model
@@ -129,16 +138,30 @@ class MultiHeadAttention(nn.Module):
                               param_dtype=cfg.param_dtype)
     q_BLHD = dense("BLE,EHD->BLHD", (E, H, D), ("embed", "heads", "head_dim"),
                    ("heads", "head_dim"), name="query")(x_BLE)
-    k_BSKD = dense("BSE,EKD->BSKD", (E, K, D), ("embed", "kv_heads", "head_dim"),
-                   ("kv_heads", "head_dim"), name="key")(kv_BSE)
-    v_BSKD = dense("BSE,EKD->BSKD", (E, K, D), ("embed", "kv_heads", "head_dim"),
-                   ("kv_heads", "head_dim"), name="value")(kv_BSE)
-
     if rope_positions is not None:
       q_BLHD = positions.apply_rope(q_BLHD, rope_positions[0], cfg.rope_max_wavelength)
-      k_BSKD = positions.apply_rope(k_BSKD, rope_positions[1], cfg.rope_max_wavelength)
-    if self.cached:
-      k_BSKD, v_BSKD = self._update_cache(k_BSKD, v_BSKD)
+
+    if kv_BSE is None:  # Decoding steps after the first: the source's k/v are cached.
+      if self.cache != "cross" or not self.has_variable("cache", "cached_key"):
+        raise ValueError("attention got no keys/values input; only a decoding cross-"
+                         "attention can do without, once a first call with the encoder "
+                         "output has cached them")
+      k_BSKD = self.get_variable("cache", "cached_key")
+      v_BSKD = self.get_variable("cache", "cached_value")
+    else:
+      k_BSKD = dense("BSE,EKD->BSKD", (E, K, D), ("embed", "kv_heads", "head_dim"),
+                     ("kv_heads", "head_dim"), name="key")(kv_BSE)
+      v_BSKD = dense("BSE,EKD->BSKD", (E, K, D), ("embed", "kv_heads", "head_dim"),
+                     ("kv_heads", "head_dim"), name="value")(kv_BSE)
+      if rope_positions is not None:
+        k_BSKD = positions.apply_rope(k_BSKD, rope_positions[1], cfg.rope_max_wavelength)
+      # model.init only sizes the "self" cache: a "cross" cache's shape depends on the
+      # source length, so it is created by the first decoding call instead.
+      if self.cache == "cross" and not self.is_initializing():
+        self.put_variable("cache", "cached_key", k_BSKD)
+        self.put_variable("cache", "cached_value", v_BSKD)
+      elif self.cache == "self":
+        k_BSKD, v_BSKD = self._update_cache(k_BSKD, v_BSKD, positions_BL)
 
     if cfg.attention_impl == "einsum":
       use_dropout = cfg.attention_dropout > 0.0 and not cfg.deterministic
@@ -157,23 +180,25 @@ class MultiHeadAttention(nn.Module):
     return dense("BLHD,HDE->BLE", (H, D, E), ("heads", "head_dim", "embed"), ("embed",),
                  stddev=0.02 / math.sqrt(2 * cfg.num_layers), name="out")(out_BLHD)
 
-  def _update_cache(self, k_BLKD: jax.Array, v_BLKD: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Writes this call's keys/values at the cache index; returns all max_len slots.
+  def _update_cache(self, k_BLKD: jax.Array, v_BLKD: jax.Array,
+                    positions_BL: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Writes this call's keys/values into slots `positions_BL`; returns all max_len slots.
 
-    The first call (model.init in decode mode, with a [B, max_len] input) only sizes
-    the cache. Later calls may prefill several tokens at once or add one per step.
+    Slot = position, per row, so the rows of a batch may sit at different positions
+    (prompts of different lengths). The first call (model.init in decode mode, with a
+    [B, max_len] input) only sizes the cache. Later calls may prefill several tokens at
+    once or add one per step. A slot past a query's position is masked by causality, so
+    whatever a slot held before it is written (zeros, a prompt's padding) is never read.
     """
     cfg = self.config
-    B, L, K, D = k_BLKD.shape
+    B, _, K, D = k_BLKD.shape
     shape = (B, cfg.max_len, K, D)
     sizing = not self.has_variable("cache", "cached_key")
     cached_k = self.variable("cache", "cached_key", jnp.zeros, shape, k_BLKD.dtype)
     cached_v = self.variable("cache", "cached_value", jnp.zeros, shape, v_BLKD.dtype)
-    index = self.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
     if sizing:
       return k_BLKD, v_BLKD
-    start = (0, index.value, 0, 0)
-    cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k_BLKD, start)
-    cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v_BLKD, start)
-    index.value = index.value + L
+    rows_B1 = jnp.arange(B)[:, None]
+    cached_k.value = cached_k.value.at[rows_B1, positions_BL].set(k_BLKD)
+    cached_v.value = cached_v.value.at[rows_B1, positions_BL].set(v_BLKD)
     return cached_k.value, cached_v.value

@@ -99,12 +99,15 @@ class Block(nn.Module):
     cfg = self.config
     rope = (positions_BL, positions_BL) if cfg.position == "rope" else None
     sublayers = [("self_attention", lambda h: MultiHeadAttention(
-        cfg, cached=cfg.decode and self.causal, name="self_attention")(
-            h, h, self_mask_B1LL, bias_BHLS=self_bias_BHLL, rope_positions=rope))]
+        cfg, cache="self" if cfg.decode and self.causal else None, name="self_attention")(
+            h, h, self_mask_B1LL, bias_BHLS=self_bias_BHLL, rope_positions=rope,
+            positions_BL=positions_BL))]
     if self.cross_attention:
-      # No position signal across sequences: the source carries its own.
+      # No position signal across sequences: the source carries its own. When decoding,
+      # encoded_BSE is None after the first step: the keys/values come from the cache.
       sublayers.append(("cross_attention", lambda h: MultiHeadAttention(
-          cfg, name="cross_attention")(h, encoded_BSE, cross_mask_B1LS)))
+          cfg, cache="cross" if cfg.decode else None, name="cross_attention")(
+              h, encoded_BSE, cross_mask_B1LS)))
     sublayers.append(("mlp", lambda h: MLP(cfg, name="mlp")(h)))
 
     for name, sublayer in sublayers:
@@ -142,8 +145,10 @@ def run_blocks(config: ModelConfig, num_layers: int, x_BLE: jax.Array, *args,
     block = nn.remat(Block, policy=REMAT_POLICIES[config.remat],
                      prevent_cse=not config.scan_layers)
   if config.scan_layers:
+    # The cache stacks its layers on axis 1, so that every cache array has the batch on
+    # axis 0, scanned or not: decoding expands and reorders beams along that axis.
     stack = nn.scan(
-        block, variable_axes={"params": 0, "cache": 0},
+        block, variable_axes={"params": 0, "cache": 1},
         split_rngs={"params": True, "dropout": True},
         in_axes=(nn.broadcast,) * len(args), length=num_layers,
         metadata_params={nn.PARTITION_NAME: "layers"})

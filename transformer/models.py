@@ -85,6 +85,8 @@ def _stack(config: ModelConfig, num_layers: int, x_BLE: jax.Array, segment_ids_B
 
   When decoding, the keys are the cache's max_len slots, slot s holding position s:
   a query at position p sees slots <= p, which are exactly the ones filled so far.
+  A stack has cross-attention when given `encoded_segment_ids_BS`; `encoded_BSE` may
+  then be None, on decoding steps after the first (the keys/values are cached).
   """
   kv_segment_ids_BS, kv_positions_BS = segment_ids_BL, positions_BL
   if config.decode and causal:
@@ -97,7 +99,7 @@ def _stack(config: ModelConfig, num_layers: int, x_BLE: jax.Array, segment_ids_B
                                   name=bias_name)
   x_BLE = activation_constraint(
       nn.Dropout(config.embed_dropout, deterministic=config.deterministic)(x_BLE))
-  if encoded_BSE is None:
+  if encoded_segment_ids_BS is None:
     return run_blocks(config, num_layers, x_BLE, mask_B1LL, positions_BL, bias_BHLL,
                       causal=causal)
   # Cross-attention: target segment k sees exactly source segment k of the same row.
@@ -253,9 +255,13 @@ class EncoderDecoder(nn.Module):
                         inputs_segment_ids_BS, inputs_positions_BS)
 
   def decode(self, decoder_inputs_BL: jax.Array, targets_segment_ids_BL: jax.Array,
-             targets_positions_BL: jax.Array, encoded_BSE: jax.Array,
+             targets_positions_BL: jax.Array, encoded_BSE: jax.Array | None,
              inputs_segment_ids_BS: jax.Array) -> jax.Array:
-    """Float32 next-token logits [B, L, V] of the target given the encoded source."""
+    """Float32 next-token logits [B, L, V] of the target given the encoded source.
+
+    In decode mode the first call fills the cross-attention cache from `encoded_BSE`;
+    later calls may pass None and reuse it (decoding.py).
+    """
     x_BLE = self.decoder(self.target_embedder(decoder_inputs_BL, targets_positions_BL),
                          targets_segment_ids_BL, targets_positions_BL, encoded_BSE,
                          inputs_segment_ids_BS)
