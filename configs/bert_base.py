@@ -9,6 +9,22 @@ with pooler and token types but no MLM head, has 109,482,240).
 
 Full run:  python launch.py --config=configs/bert_base.py
   SentencePiece vocabulary of 30522 trained on the corpus; meant for an accelerator.
+SST-2 (GLUE) fine-tuning:  python launch.py --config=configs/bert_base.py:sst2 \
+    --config.init_from=runs/bert_base   # the MLM run's workdir (or train from scratch)
+  `glue/sst2` from the TFDS catalog (prepared once with network), [CLS] pooling, 2
+  classes, 3 epochs at 2e-5. The tokenizer must be the pretraining run's: init_from
+  checks the parameter shapes, and a different vocabulary would not match.
+SST-2 on 2 CPU cores:  python launch.py --config=configs/bert_base.py:sst2_local \
+    --config.data.path=../shared/data/sst2
+  A local GLUE-style folder (train.tsv, dev.tsv with `sentence<TAB>label`) through the
+  local TSV builder; a 4-layer, d_model 256 encoder with an 8000-piece SentencePiece
+  vocabulary trained on the SST-2 training sentences (5,240,322 parameters), 1000 steps
+  of 32 sentences (about half an epoch). `:sst2_local_mlm` pretrains the same encoder
+  with masked LM on the same sentences (same tokenizer), for
+  `--config.init_from=<its workdir>`.
+  Measured 2026-11-22 from scratch on the 2-core CPU machine, shared with other jobs
+  (40m14s wall, 13m23s of user CPU; the tokenizer and dataset build included): dev
+  accuracy 50.9% (step 0) -> 76.9% (500) -> 79.7% (1000), dev loss 0.448.
 Quick run:  python launch.py --config=configs/bert_base.py:local
   A 4-layer, d_model 256 byte-level encoder (3.4M parameters), 400 steps of 16 x 128.
   Run on 2 CPU cores shared with other jobs, 2026-11-22: 465 s wall; masked-LM eval
@@ -20,8 +36,24 @@ import ml_collections
 from configs import base
 
 
+def sst2_local(config: ml_collections.ConfigDict, head: str) -> None:
+  """A small encoder on a local SST-2 folder: classification, or masked LM on its sentences."""
+  config.model.update(head=head, pooling="cls" if head == "classification" else "",
+                      num_classes=2, vocab_size=0, d_model=256, num_layers=4, num_heads=4,
+                      mlp_dim=1024, max_len=64, embed_dropout=0.1, residual_dropout=0.1,
+                      attention_dropout=0.0, attention_impl="xla")
+  config.data.update(name="local_tsv", text_key="sentence", label_key="label",
+                     tokenizer="sentencepiece", spm_vocab_size=8000, seq_len=64,
+                     batch_size=32, overlong="truncate")
+  config.optimizer.update(schedule="warmup_rsqrt", learning_rate=5e-4, warmup_steps=300,
+                          b2=0.98, weight_decay=0.01)
+  config.train.update(num_steps=1000, log_every=50, eval_every=500, eval_batches=-1,
+                      eval_at_start=True)
+  config.checkpoint.update(every=500)
+
+
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
-  """BERT-base; `arg="local"` shrinks it to train in minutes on 2 CPU cores."""
+  """BERT-base; `arg` is "", "local", "sst2", "sst2_local" or "sst2_local_mlm"."""
   config = base.get_config()
   config.model.update(
       arch="encoder", head="mlm", vocab_size=30522, d_model=768, num_layers=12,
@@ -44,6 +76,18 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.train.update(num_steps=400, log_every=20, eval_every=100, eval_batches=10,
                         eval_at_start=True)
     config.checkpoint.update(every=100)
+  elif arg == "sst2":
+    config.model.update(head="classification", pooling="cls", num_classes=2)
+    config.data.update(name="glue/sst2", text_key="sentence", label_key="label",
+                       eval_split="validation", seq_len=128, batch_size=32)
+    config.optimizer.update(learning_rate=2e-5, warmup_steps=630)
+    config.train.update(num_steps=6300, eval_every=500, eval_batches=-1, eval_at_start=True)
+    config.checkpoint.update(every=1000)
+  elif arg == "sst2_local":
+    sst2_local(config, head="classification")
+  elif arg == "sst2_local_mlm":
+    sst2_local(config, head="mlm")
   elif arg:
-    raise ValueError(f"configs/bert_base.py: unknown argument {arg!r}; valid: '' or 'local'")
+    raise ValueError(f"configs/bert_base.py: unknown argument {arg!r}; valid: '', 'local', "
+                     "'sst2', 'sst2_local', 'sst2_local_mlm'")
   return config

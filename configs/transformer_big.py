@@ -1,6 +1,6 @@
 """The paper's big Transformer: d_model 1024, 16 heads, MLP 4096, dropout 0.3.
 
-Everything else as configs/transformer_base.py. At vocabulary 37000 it has
+Everything else as configs/transformer_base.py, WMT 2014 English->German included. At vocabulary 37000 it has
 214,245,376 parameters, 0.6% above the published 213M.
 
 Full run:  python launch.py --config=configs/transformer_big.py

@@ -18,8 +18,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_FILES = sorted(p for p in glob.glob(os.path.join(ROOT, "configs", "*.py"))
                       if not p.endswith("__init__.py"))
 # Arguments each preset documents (configs/<name>.py:<arg>).
-PRESET_ARGS = {name: ["", "local"]
-               for name in ("gpt_small", "bert_base", "transformer_base", "transformer_big")}
+PRESET_ARGS = {
+    "gpt_small": ["", "local"],
+    "bert_base": ["", "local", "sst2", "sst2_local", "sst2_local_mlm"],
+    "transformer_base": ["", "local", "multi30k"],
+    "transformer_big": ["", "local"],
+    "shakespeare_char": ["", "cpu"],
+}
+# Presets whose dataset is read from data.path: validation needs a path to be set.
+NEEDS_PATH = ("local_text", "local_parallel", "local_tsv")
 
 
 def _load(path):
@@ -35,7 +42,11 @@ def test_every_config_builds_and_validates(path):
   module = _load(path)
   for arg in PRESET_ARGS.get(name, [None]):
     config = module.get_config() if arg is None else module.get_config(arg)
+    if config.data.name in NEEDS_PATH:
+      config.data.path = "/some/files"
     validate(config)
+    if config.model.vocab_size == 0:  # Taken from the tokenizer at run time.
+      config.model.vocab_size = 128
     model_config = ModelConfig.from_config(config.model)
     objective = objective_of(model_config.arch, model_config.head)
     batch = objectives.init_batch(objective, 1, config.data.seq_len)
@@ -75,7 +86,19 @@ def _base():
     ("model.embed_dropout", 1.5, r"expected a probability in \[0, 1\)"),
     ("data.tokenizer", "gpt2", r"config\.data\.tokenizer='gpt2'"),
     ("data.seq_len", 4096, r"config\.data\.seq_len=4096 .* model\.max_len=256"),
-    ("optimizer.schedule", "cosine", r"'warmup_rsqrt', 'noam', 'constant'"),
+    ("optimizer.schedule", "linear", r"config\.optimizer\.schedule='linear'.*'warmup_rsqrt', 'noam'"),
+    ("data.packing", "bins", r"config\.data\.packing='bins' is invalid: valid values are 'pack', 'pad'"),
+    ("data.overlong", "cut", r"config\.data\.overlong='cut' is invalid: valid values are 'truncate', 'drop'"),
+    ("data.val_fraction", 1.5, r"config\.data\.val_fraction=1\.5 is invalid: expected a fraction in \(0, 1\)"),
+    ("data.name", "local_text", r"config\.data\.path='' is invalid: data\.name='local_text' builds"),
+    ("data.path", "/x", r"config\.data\.path='/x' is invalid: only the local datasets"),
+    ("data.source_language", "en", r"config\.data\.target_language='' is invalid: translation needs both"),
+    ("data.spm_model_type", "wordpiece", r"config\.data\.spm_model_type='wordpiece'"),
+    ("model.vocab_size", -1, r"config\.model\.vocab_size=-1 is invalid: expected an integer >= 0"),
+    ("decode.top_p", 0.0, r"config\.decode\.top_p=0\.0 is invalid: expected a probability in \(0, 1\]"),
+    ("decode.top_k", 5, r"config\.decode\.top_k=5 is invalid: top_k and top_p only apply when sampling"),
+    ("decode.overlong", "cut", r"config\.decode\.overlong='cut' is invalid: valid values are 'truncate', 'error'"),
+    ("train.bleu_examples", 10, r"config\.train\.bleu_examples=10 is invalid: BLEU is computed for translation runs"),
     ("mesh.shape", (("data", -1), ("fsdp", -1), ("tensor", 1)), r"at most one -1"),
 ])
 def test_invalid_values_name_key_value_and_choices(key, value, message):
@@ -83,6 +106,16 @@ def test_invalid_values_name_key_value_and_choices(key, value, message):
   section, field = key.split(".")
   config[section][field] = value
   with pytest.raises(ConfigError, match=message):
+    validate(config)
+
+
+def test_samples_need_a_decoder():
+  config = _base()
+  config.train.sample_prompt = "def "
+  validate(config)  # The base config is a decoder LM.
+  config.model.update(arch="encoder", head="mlm")
+  with pytest.raises(ConfigError, match=r"config\.train\.sample_prompt='def ' is invalid: "
+                     r"samples come from a decoder"):
     validate(config)
 
 

@@ -22,7 +22,9 @@ import pytest
 
 from configs import base
 from transformer.configuration import ConfigError
-from transformer.data import pipeline
+from transformer.data import catalog
+from transformer.data import lm
+from transformer.data import packing
 from transformer.data import python_stdlib
 from transformer.data import tokenizers
 
@@ -49,7 +51,7 @@ def lm_dataset(texts=TEXTS, **overrides):
   kwargs = dict(text_key="text", vocab_size=BYTES.vocab_size, seq_len=SEQ_LEN,
                 batch_size=BATCH, seed=0, train=False, num_threads=2)
   kwargs.update(overrides)
-  return pipeline.make_lm_dataset([{"text": t} for t in texts], BYTES, **kwargs)
+  return lm.make_lm_dataset([{"text": t} for t in texts], BYTES, **kwargs)
 
 
 def take(iterator, n):
@@ -185,19 +187,19 @@ def test_eval_is_one_finite_pass_and_pads_the_last_batch():
   assert all(b["inputs"].shape[0] == BATCH for b in batches[:-1])
   last = batches[-1]
   assert last["inputs"].shape[0] < BATCH  # TEXTS make 27 rows: 6 full batches + 3 rows.
-  padded = pipeline.pad_batch(last, BATCH)
+  padded = packing.pad_batch(last, BATCH)
   n = last["inputs"].shape[0]
   for k in KEYS:
     assert padded[k].shape == (BATCH, SEQ_LEN) and padded[k].dtype == last[k].dtype
     np.testing.assert_array_equal(padded[k][:n], last[k])
     np.testing.assert_array_equal(padded[k][n:], 0)
   assert padded["weights"][n:].sum() == 0
-  assert pipeline.pad_batch(batches[0], BATCH) is batches[0]
+  assert packing.pad_batch(batches[0], BATCH) is batches[0]
 
-  evaluated = list(pipeline.iterate_eval(lm_dataset(train=False), BATCH, -1))
+  evaluated = list(packing.iterate_eval(lm_dataset(train=False), BATCH, -1))
   assert len(evaluated) == len(batches)
   assert all(b["inputs"].shape == (BATCH, SEQ_LEN) for b in evaluated)
-  assert len(list(pipeline.iterate_eval(lm_dataset(train=False), BATCH, 2))) == 2
+  assert len(list(packing.iterate_eval(lm_dataset(train=False), BATCH, 2))) == 2
 
 
 # ---------------------------------------------------------------- python_stdlib builder
@@ -284,12 +286,12 @@ def data_config(**overrides) -> ml_collections.ConfigDict:
 
 def test_unknown_dataset_is_a_config_error(tmp_path):
   with pytest.raises(ConfigError, match="no_such_dataset_xyz"):
-    pipeline.load_builder(data_config(name="no_such_dataset_xyz", data_dir=str(tmp_path)))
+    catalog.load_builder(data_config(name="no_such_dataset_xyz", data_dir=str(tmp_path)))
 
 
 def test_unprepared_catalog_dataset_without_download_is_a_config_error(tmp_path):
   with pytest.raises(ConfigError, match=r"'mnist'.*download") as error:
-    pipeline.load_builder(data_config(name="mnist", data_dir=str(tmp_path), download=False))
+    catalog.load_builder(data_config(name="mnist", data_dir=str(tmp_path), download=False))
   assert "config.data.download=False" in str(error.value)
   assert not list(tmp_path.glob("**/*.array_record*"))  # Nothing was built.
 

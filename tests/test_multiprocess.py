@@ -53,9 +53,9 @@ def _train_losses(seen):
 def prepared_data_dir(tmp_path_factory):
   """Built once in this process so the pair does not spend its time preparing data."""
   from tiny import make_tiny_config  # pylint: disable=g-import-not-at-top
-  from transformer.data import pipeline  # pylint: disable=g-import-not-at-top
+  from transformer.data import sources  # pylint: disable=g-import-not-at-top
   data_dir = str(tmp_path_factory.mktemp("mp_tfds"))
-  pipeline.load_sources(make_tiny_config(data_dir))
+  sources.load_sources(make_tiny_config(data_dir))
   return data_dir
 
 

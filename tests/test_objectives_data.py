@@ -18,7 +18,10 @@ import pytest
 import sentencepiece as spm
 
 from test_data import _code_lines, assert_batches_equal, no_network, spm_tokenizer, take  # pylint: disable=unused-import
+from transformer.data import classification
+from transformer.data import lm as lm_data
 from transformer.data import pipeline
+from transformer.data import seq2seq
 from transformer.data import tokenizers
 
 BYTES = tokenizers.ByteTokenizer()
@@ -39,7 +42,7 @@ def mlm_dataset(texts=TEXTS, tokenizer=BYTES, **overrides):
   kwargs = dict(text_key="text", vocab_size=tokenizer.vocab_size, seq_len=SEQ_LEN,
                 batch_size=BATCH, seed=0, train=False)
   kwargs.update(overrides)
-  return pipeline.make_mlm_dataset(source(texts), tokenizer, **kwargs)
+  return lm_data.make_mlm_dataset(source(texts), tokenizer, **kwargs)
 
 
 def check_dtypes_and_shapes(batch, keys, lengths):
@@ -99,7 +102,7 @@ def test_mlm_batches_are_well_formed():
     assert np.all(batch["segment_ids"][w == 1] > 0)
     assert BYTES.mask_id not in targets
   # The targets are the causal-LM stream, repacked into rows of seq_len (no +1 shift).
-  lm = list(pipeline.make_lm_dataset(source(TEXTS), BYTES, text_key="text",
+  lm = list(lm_data.make_lm_dataset(source(TEXTS), BYTES, text_key="text",
                                      vocab_size=BYTES.vocab_size, seq_len=SEQ_LEN,
                                      batch_size=BATCH, seed=0, train=False))
   lm_stream = np.concatenate([np.concatenate([b["inputs"], b["targets"][:, -1:]], 1).ravel()
@@ -197,7 +200,7 @@ def seq2seq_dataset(texts=PAIR_TEXTS, tokenizer=BYTES, inputs_fn=numbered_pairs,
   kwargs = dict(inputs_fn=inputs_fn, vocab_size=tokenizer.vocab_size, source_len=SOURCE_LEN,
                 target_len=TARGET_LEN, batch_size=BATCH, seed=0, train=False)
   kwargs.update(overrides)
-  return pipeline.make_seq2seq_dataset(source(texts), tokenizer, **kwargs)
+  return seq2seq.make_seq2seq_dataset(source(texts), tokenizer, **kwargs)
 
 
 def unpack_pairs(batches, tokenizer=BYTES):
@@ -289,7 +292,7 @@ def test_seq2seq_out_of_vocabulary_id_raises():
 
 def test_seq2seq_continuation_pairs_with_sentencepiece(spm_tokenizer):
   texts = [inspect.getsource(m) for m in (textwrap, string)]
-  inputs_fn = pipeline.continuation_pairs("text", source_chars=60, target_chars=50)
+  inputs_fn = seq2seq.continuation_pairs("text", source_chars=60, target_chars=50)
   batches = list(seq2seq_dataset(texts, spm_tokenizer, inputs_fn=inputs_fn, batch_size=8))
   pairs = unpack_pairs(batches, spm_tokenizer)
   assert collections.Counter(pairs) == collections.Counter(
@@ -309,7 +312,7 @@ def test_seq2seq_continuation_pairs_with_sentencepiece(spm_tokenizer):
 def test_continuation_pairs_are_consecutive_blocks_of_whole_lines():
   lines = [f"line {i}: " + "x" * (i * 7 % 23) + "\n" for i in range(60)]
   text = "".join(lines)
-  inputs_fn = pipeline.continuation_pairs("text", source_chars=70, target_chars=40)
+  inputs_fn = seq2seq.continuation_pairs("text", source_chars=70, target_chars=40)
   pairs = inputs_fn({"text": text})
   assert len(pairs) > 5
   assert pairs == inputs_fn({"text": text.encode("utf-8")})  # TFDS bytes; deterministic.
@@ -327,7 +330,7 @@ def test_continuation_pairs_are_consecutive_blocks_of_whole_lines():
 
 
 def test_continuation_pairs_skip_whitespace_only_blocks():
-  inputs_fn = pipeline.continuation_pairs("text", source_chars=10, target_chars=10)
+  inputs_fn = seq2seq.continuation_pairs("text", source_chars=10, target_chars=10)
   assert inputs_fn({"text": ""}) == []
   assert inputs_fn({"text": "only a source\n"}) == []
   text = "a = 1\n" + "\n" * 10 + "b = 2\n" + "c = 3\n" + "d = 4\n"
@@ -341,7 +344,7 @@ def test_continuation_pairs_skip_whitespace_only_blocks():
 
 def test_classification_rows_hold_one_example_and_its_label():
   examples = [{"text": t, "label": i % 3} for i, t in enumerate(TEXTS)]
-  ds = pipeline.make_classification_dataset(
+  ds = classification.make_classification_dataset(
       examples, BYTES, text_key="text", label_key="label", num_classes=3,
       vocab_size=BYTES.vocab_size, seq_len=SEQ_LEN, batch_size=BATCH, seed=0, train=False)
   batches = list(ds)
@@ -360,7 +363,7 @@ def test_classification_rows_hold_one_example_and_its_label():
 
 
 def test_classification_label_out_of_range_is_named():
-  ds = pipeline.make_classification_dataset(
+  ds = classification.make_classification_dataset(
       [{"text": "a", "label": 5}], BYTES, text_key="text", label_key="label", num_classes=2,
       vocab_size=BYTES.vocab_size, seq_len=8, batch_size=1, seed=0, train=False)
   with pytest.raises(ValueError, match=r"label 5 is outside \[0, model.num_classes=2\)"):

@@ -1,17 +1,20 @@
 """Tokenizers with fixed special ids: pad=0, eos=1, bos=2, unk=3, and a mask id.
 
 `SentencePieceTokenizer` wraps a model trained on the train split and cached
-beside the data (mask=4, the first piece after the specials); `ByteTokenizer`
-maps UTF-8 bytes to ids 4..259, puts the mask at 260 and needs no training
-(handy for quick CPU runs). No text ever encodes to the mask id: only masked-LM
-input pipelines write it.
+beside the data (mask=4, the first piece after the specials; unigram or BPE; for
+translation trained jointly on source and target text); `ByteTokenizer` maps UTF-8
+bytes to ids 4..259, puts the mask at 260 and needs no training (handy for quick CPU
+runs); `CharTokenizer` gives each character of the training split its own id after
+the mask (4), as character-level language models do. No text ever encodes to the
+mask id: only masked-LM input pipelines write it.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import os
-from typing import Iterable, Protocol
+from typing import Iterable, Iterator, Protocol
 
 import numpy as np
 import sentencepiece as spm
@@ -49,6 +52,54 @@ class ByteTokenizer:
     return data.decode("utf-8", errors="replace")
 
 
+class CharTokenizer:
+  """One id per character of the training text: specials 0..3, mask 4, characters from 5.
+
+  A character the training text never had encodes to unk (3); the vocabulary file
+  is JSON ({"chars": "..."}), stored beside the data.
+  """
+
+  mask_id = NUM_SPECIAL
+
+  def __init__(self, path: str):
+    self.path = path
+    with open(path, encoding="utf-8") as f:
+      self.chars = json.load(f)["chars"]
+    if len(set(self.chars)) != len(self.chars):
+      raise ValueError(f"{path}: the character list repeats a character")
+    self._ids = {c: i + NUM_SPECIAL + 1 for i, c in enumerate(self.chars)}
+    self.vocab_size = NUM_SPECIAL + 1 + len(self.chars)
+
+  def encode(self, text: str) -> np.ndarray:
+    ids = self._ids
+    return np.fromiter((ids.get(c, UNK_ID) for c in text), dtype=np.int32, count=len(text))
+
+  def decode(self, ids: Iterable[int]) -> str:
+    first = NUM_SPECIAL + 1
+    return "".join(self.chars[int(i) - first] for i in ids
+                   if first <= int(i) < self.vocab_size)
+
+
+def build_char_vocabulary(texts: Iterable[str], path: str) -> CharTokenizer:
+  """Collects the characters of `texts` (sorted by code point) and writes them atomically."""
+  chars: set[str] = set()
+  for text in texts:
+    chars.update(text)
+  if not chars:
+    raise ValueError(f"no characters to build a vocabulary from for {path}")
+  _write_atomically(path, json.dumps({"chars": "".join(sorted(chars))}).encode("utf-8"))
+  logging.info("Character vocabulary: %d characters -> %s", len(chars), path)
+  return CharTokenizer(path)
+
+
+def _write_atomically(path: str, content: bytes) -> None:
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  tmp_path = f"{path}.tmp.{os.getpid()}"
+  with open(tmp_path, "wb") as f:
+    f.write(content)
+  os.replace(tmp_path, path)  # Atomic: a killed run never leaves half a file.
+
+
 class SentencePieceTokenizer:
   """A trained SentencePiece model."""
 
@@ -72,9 +123,23 @@ class SentencePieceTokenizer:
     return self._sp.decode([int(i) for i in ids])
 
 
+def _with_progress(lines: Iterable[str], every: int = 200_000) -> Iterator[str]:
+  """Passes `lines` through, logging how many were read (reading can take minutes)."""
+  count = 0
+  for count, line in enumerate(lines, 1):
+    if count % every == 0:
+      logging.info("SentencePiece: read %d lines", count)
+    yield line
+  logging.info("SentencePiece: read %d lines in total; training", count)
+
+
 def train_sentencepiece(lines: Iterable[str], vocab_size: int, model_path: str,
-                        max_sentences: int) -> SentencePieceTokenizer:
+                        max_sentences: int, model_type: str = "unigram") -> SentencePieceTokenizer:
   """Trains a SentencePiece model on `lines` and writes it atomically to `model_path`.
+
+  `model_type` is "unigram" or "bpe". For translation, `lines` holds source and
+  target sentences together, so both languages share one vocabulary (as the
+  paper's shared BPE).
 
   Whitespace is kept as is (identity normalization, no whitespace folding) so that
   code indentation survives; newline and tab are pieces of their own and any other
@@ -83,12 +148,12 @@ def train_sentencepiece(lines: Iterable[str], vocab_size: int, model_path: str,
   spelled out in ordinary pieces instead of becoming the mask id; control symbols
   come first, so it gets id NUM_SPECIAL = 4, then newline = 5 and tab = 6.
   """
-  logging.info("Training SentencePiece (vocab %d) on up to %d lines -> %s",
-               vocab_size, max_sentences, model_path)
+  logging.info("Training SentencePiece %s (vocab %d) on up to %d lines -> %s",
+               model_type, vocab_size, max_sentences, model_path)
   model = io.BytesIO()
   spm.SentencePieceTrainer.train(
-      sentence_iterator=iter(lines), model_writer=model, vocab_size=vocab_size,
-      model_type="unigram", pad_id=PAD_ID, eos_id=EOS_ID, bos_id=BOS_ID, unk_id=UNK_ID,
+      sentence_iterator=_with_progress(lines), model_writer=model, vocab_size=vocab_size,
+      model_type=model_type, pad_id=PAD_ID, eos_id=EOS_ID, bos_id=BOS_ID, unk_id=UNK_ID,
       input_sentence_size=max_sentences, shuffle_input_sentence=True,
       normalization_rule_name="identity", remove_extra_whitespaces=False,
       allow_whitespace_only_pieces=True, split_digits=True, byte_fallback=True,
@@ -96,9 +161,5 @@ def train_sentencepiece(lines: Iterable[str], vocab_size: int, model_path: str,
       character_coverage=0.9999,
       hard_vocab_limit=True, max_sentence_length=16384, num_threads=os.cpu_count() or 1,
       minloglevel=0)  # SentencePiece's own progress lines: training can take minutes.
-  os.makedirs(os.path.dirname(model_path), exist_ok=True)
-  tmp_path = f"{model_path}.tmp.{os.getpid()}"
-  with open(tmp_path, "wb") as f:
-    f.write(model.getvalue())
-  os.replace(tmp_path, model_path)  # Atomic: a killed run never leaves half a model.
+  _write_atomically(model_path, model.getvalue())
   return SentencePieceTokenizer(model_path)

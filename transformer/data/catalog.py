@@ -1,0 +1,98 @@
+"""Where a dataset comes from: `data.name` -> a prepared TFDS builder.
+
+Three kinds of names, one result (a builder whose splits `as_data_source` reads):
+  - `python_stdlib`: this project's offline corpus (data/python_stdlib.py);
+  - `local_text`, `local_parallel`, `local_tsv`: files at `data.path`, built into a
+    versioned TFDS dataset keyed by their content (data/local_*.py);
+  - anything else: a TFDS catalog name such as `wmt14_translate/de-en`, `glue/sst2`,
+    `tiny_shakespeare`, prepared beforehand or downloaded with `data.download=True`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Callable
+
+import ml_collections
+import tensorflow_datasets as tfds
+from absl import logging
+
+from transformer.configuration import ConfigError
+from transformer.data import local_parallel
+from transformer.data import local_text
+from transformer.data import local_tsv
+from transformer.data import python_stdlib  # pylint: disable=unused-import (registers it)
+
+OFFLINE_DATASETS = ("python_stdlib",)  # Built from local files; never download.
+# Datasets built from the files at data.path, by the builder each function returns.
+LOCAL_BUILDERS: dict[str, Callable[[ml_collections.ConfigDict], tfds.core.DatasetBuilder]] = {
+    "local_text": local_text.make_builder,
+    "local_parallel": local_parallel.make_builder,
+    "local_tsv": local_tsv.make_builder,
+}
+
+
+def prepare_instructions(name: str, data_dir: str) -> str:
+  """How to prepare a catalog dataset on a machine with network, for error messages."""
+  return (f"Prepare it once on a machine with network: `python -c \"import tensorflow_datasets "
+          f"as tfds; tfds.builder('{name}', data_dir='{data_dir}').download_and_prepare("
+          f"file_format='array_record')\"` (files a dataset needs by hand go in "
+          f"{data_dir}/downloads/manual), copy {data_dir} here if needed and set "
+          f"config.data.data_dir={data_dir!r}; or set config.data.download=True on a machine "
+          "with network.")
+
+
+# TFDS imports these packages of older builders (glue, wmt*_translate, ...) lazily, and
+# without TensorFlow they are not registered until imported: try them in turn.
+_LEGACY_PACKAGES = ("text", "translate", "structured", "summarization", "question_answering",
+                    "text_simplification")
+
+
+def _catalog_builder(data: ml_collections.ConfigDict) -> tfds.core.DatasetBuilder:
+  error = None
+  for package in (None,) + _LEGACY_PACKAGES:
+    if package:
+      importlib.import_module(f"tensorflow_datasets.{package}")
+    try:
+      return tfds.builder(data.name, data_dir=data.data_dir or None)
+    except tfds.core.registered.DatasetNotFoundError as e:
+      error = error or e
+  raise ConfigError(
+      f"config.data.name={data.name!r} is not a TFDS dataset: {str(error).splitlines()[0]} "
+      f"Use 'python_stdlib' (offline), one of {sorted(LOCAL_BUILDERS)} with "
+      "config.data.path, or a name from the TFDS catalog.") from error
+
+
+def load_builder(data: ml_collections.ConfigDict) -> tfds.core.DatasetBuilder:
+  """Finds `data.name` and makes sure it is prepared (building local datasets once).
+
+  Raises:
+    ConfigError: unknown dataset, missing split, or a catalog dataset that is not
+      prepared while `data.download` is False or the download fails; the message
+      says how to prepare it.
+  """
+  if data.name in LOCAL_BUILDERS:
+    builder = LOCAL_BUILDERS[data.name](data)
+  else:
+    builder = _catalog_builder(data)
+  if not builder.is_prepared():
+    local = builder.name in OFFLINE_DATASETS or data.name in LOCAL_BUILDERS
+    root = str(builder.data_dir_root)
+    if not local and not data.download:
+      raise ConfigError(f"config.data.name={data.name!r} is not prepared in {root} and "
+                        f"config.data.download=False. " + prepare_instructions(data.name, root))
+    logging.info("Preparing TFDS dataset %s in %s (one time)", builder.info.full_name,
+                 builder.data_dir)
+    try:
+      builder.download_and_prepare(file_format="array_record")
+    except Exception as e:  # A catalog download: network, missing manual files, ...
+      if local:
+        raise  # This project's builders already say what is wrong.
+      raise ConfigError(f"config.data.name={data.name!r}: preparing it in {root} failed "
+                        f"({type(e).__name__}: {str(e)[:300]}). "
+                        + prepare_instructions(data.name, root)) from e
+  for key in ("train_split", "eval_split"):
+    if data[key] not in builder.info.splits:
+      raise ConfigError(f"config.data.{key}={data[key]!r} is not a split of {data.name}; "
+                        f"valid: {sorted(builder.info.splits)}")
+  return builder

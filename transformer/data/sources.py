@@ -1,0 +1,275 @@
+"""A run's data sources: the prepared dataset, its tokenizer, and their checks against the config.
+
+`load_sources` is the one entry point: it prepares the dataset (process 0 first),
+checks that the features the objective reads exist (text, the two languages of a
+translation, a label whose class count matches `model.num_classes`), and loads or
+trains the tokenizer, cached beside the data under a name that holds everything
+that changes it (split, features, algorithm, vocabulary size, options).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+
+import jax
+import ml_collections
+import tensorflow_datasets as tfds
+from absl import logging
+
+from transformer import distributed
+from transformer.configuration import ConfigError, objective_of
+from transformer.data import catalog
+from transformer.data import packing
+from transformer.data import tokenizers
+
+MIN_SPM_VOCAB = 300  # 256 byte-fallback pieces + specials + some real pieces.
+VOCAB_MULTIPLE = 128  # model.vocab_size=0 rounds the tokenizer's size up to this.
+TOKENIZER_RECORD = "tokenizer.json"  # In a workdir: which vocabulary the run was trained with.
+
+
+@dataclasses.dataclass
+class DataSources:
+  """The prepared dataset and tokenizer a run trains on."""
+
+  builder: tfds.core.DatasetBuilder
+  tokenizer: tokenizers.Tokenizer
+  text_keys: tuple[str, ...]  # The features holding text (two for translation).
+
+
+def is_translation(data: ml_collections.ConfigDict) -> bool:
+  """Whether the run reads sentence pairs from two language features."""
+  return bool(data.source_language or data.target_language)
+
+
+def text_keys(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+  """The features the objective reads text from: (source, target) or (text_key,)."""
+  if is_translation(config.data):
+    return (config.data.source_language, config.data.target_language)
+  return (config.data.text_key,)
+
+
+def _features_of(builder: tfds.core.DatasetBuilder) -> list[str]:
+  return sorted(builder.info.features.keys())
+
+
+def check_features(config: ml_collections.ConfigDict, builder: tfds.core.DatasetBuilder) -> None:
+  """Checks that the dataset has what the objective reads; raises ConfigError naming it."""
+  data, name = config.data, config.data.name
+  features = builder.info.features
+  objective = objective_of(config.model.arch, config.model.head)
+  if is_translation(data):
+    if objective != "seq2seq":
+      raise ConfigError(f"config.data.source_language={data.source_language!r} reads "
+                        "translation pairs, which need model.arch='encoder_decoder' (objective "
+                        f"seq2seq), not the {objective} objective of model.arch="
+                        f"{config.model.arch!r}")
+    for key in ("source_language", "target_language"):
+      if data[key] not in features:
+        raise ConfigError(f"config.data.{key}={data[key]!r} is not a feature of {name}; "
+                          f"its features are {_features_of(builder)}")
+  elif data.text_key not in features:
+    raise ConfigError(f"config.data.text_key={data.text_key!r} is not a feature of {name}; "
+                      f"valid: {_features_of(builder)}"
+                      + ("; for translation set config.data.source_language and "
+                         "config.data.target_language" if objective == "seq2seq" else ""))
+  if objective == "classification":
+    if data.label_key not in features:
+      raise ConfigError(f"config.data.label_key={data.label_key!r} is not a feature of "
+                        f"{name}; valid: {_features_of(builder)}")
+    label = features[data.label_key]
+    num_classes = getattr(label, "num_classes", None)
+    if num_classes is None:
+      raise ConfigError(f"config.data.label_key={data.label_key!r}: feature {label!r} of "
+                        f"{name} is not a tfds ClassLabel, so its classes are unknown")
+    if num_classes != config.model.num_classes:
+      raise ConfigError(f"config.model.num_classes={config.model.num_classes} does not match "
+                        f"{name}, whose {data.label_key!r} has {num_classes} classes "
+                        f"({getattr(label, 'names', None)}); set "
+                        f"config.model.num_classes={num_classes}")
+
+
+def _cache_name(config: ml_collections.ConfigDict, keys: tuple[str, ...]) -> str:
+  """The tokenizer file name: everything that changes the tokenizer is in it."""
+  data = config.data
+  keyname = "+".join(keys)
+  if data.tokenizer == "char":
+    return f"chars_{data.train_split}_{keyname}.json"
+  options = f"{data.spm_model_type}|{data.spm_train_sentences}|v3"
+  digest = hashlib.sha256(options.encode()).hexdigest()[:8]
+  return (f"spm3_{data.spm_model_type}_{data.train_split}_{keyname}_"
+          f"v{spm_vocab_size(config)}_{digest}.model")
+
+
+def spm_vocab_size(config: ml_collections.ConfigDict) -> int:
+  """SentencePiece pieces: data.spm_vocab_size, or model.vocab_size when that is 0."""
+  return config.data.spm_vocab_size or config.model.vocab_size
+
+
+def load_tokenizer(config: ml_collections.ConfigDict, builder: tfds.core.DatasetBuilder,
+                   keys: tuple[str, ...]) -> tokenizers.Tokenizer:
+  """The byte tokenizer, or a character / SentencePiece vocabulary cached beside the data.
+
+  A missing vocabulary is made once from the train split's `keys` features (both
+  languages of a translation: one shared vocabulary).
+  """
+  data = config.data
+  if data.tokenizer == "bytes":
+    return tokenizers.ByteTokenizer()
+  path = os.path.join(str(builder.data_dir), _cache_name(config, keys))
+  if os.path.exists(path):
+    logging.info("Tokenizer: %s", path)
+    return (tokenizers.CharTokenizer(path) if data.tokenizer == "char"
+            else tokenizers.SentencePieceTokenizer(path))
+  source = builder.as_data_source(split=data.train_split)
+
+  def texts():
+    for i in range(len(source)):
+      example = source[i]
+      for key in keys:
+        yield packing.text_of(example[key])
+
+  if data.tokenizer == "char":
+    return tokenizers.build_char_vocabulary(texts(), path)
+  size = spm_vocab_size(config)
+  if size < MIN_SPM_VOCAB:  # Checked here: models that never train one may be smaller.
+    key = "data.spm_vocab_size" if data.spm_vocab_size else "model.vocab_size"
+    raise ConfigError(f"config.{key}={size} is too small for SentencePiece: it needs >= "
+                      f"{MIN_SPM_VOCAB} pieces (256 byte-fallback pieces and the special ids "
+                      "come first); use a larger vocabulary, or data.tokenizer='char' or "
+                      "'bytes'")
+  lines = (line for text in texts() for line in text.split("\n") if line.strip())
+  return tokenizers.train_sentencepiece(lines, size, path,
+                                        data.spm_train_sentences, data.spm_model_type)
+
+
+def load_sources(config: ml_collections.ConfigDict) -> DataSources:
+  """Prepares the dataset and tokenizer and checks them against the config.
+
+  With several processes, process 0 prepares first and the others wait, so a data
+  dir shared between hosts is written once; hosts with local disks then prepare
+  their own copy.
+  """
+  if jax.process_index() != 0:
+    distributed.barrier("data_prepared")  # Wait until process 0 has prepared.
+  builder = catalog.load_builder(config.data)
+  check_features(config, builder)
+  keys = text_keys(config)
+  tokenizer = load_tokenizer(config, builder, keys)
+  if jax.process_index() == 0:
+    distributed.barrier("data_prepared")
+  if config.model.vocab_size and tokenizer.vocab_size > config.model.vocab_size:
+    raise ConfigError(
+        f"config.model.vocab_size={config.model.vocab_size} is smaller than the "
+        f"{config.data.tokenizer} tokenizer's vocabulary ({tokenizer.vocab_size}); "
+        f"expected >= {tokenizer.vocab_size}, or 0 to take the tokenizer's size rounded up "
+        f"to a multiple of {VOCAB_MULTIPLE}")
+  return DataSources(builder=builder, tokenizer=tokenizer, text_keys=keys)
+
+
+def resolved_vocab_size(config: ml_collections.ConfigDict, tokenizer: tokenizers.Tokenizer) -> int:
+  """model.vocab_size, or for 0 the tokenizer's size rounded up to VOCAB_MULTIPLE."""
+  if config.model.vocab_size:
+    return config.model.vocab_size
+  return -(-tokenizer.vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+
+
+def _vocabulary_file(tokenizer: tokenizers.Tokenizer) -> str | None:
+  return getattr(tokenizer, "model_path", None) or getattr(tokenizer, "path", None)
+
+
+def tokenizer_record(tokenizer: tokenizers.Tokenizer, kind: str) -> dict[str, object]:
+  """What identifies a tokenizer: its kind, size and the sha256 of its vocabulary file."""
+  record: dict[str, object] = {"kind": kind, "vocab_size": tokenizer.vocab_size}
+  path = _vocabulary_file(tokenizer)
+  if path:
+    with open(path, "rb") as f:
+      record["sha256"] = hashlib.sha256(f.read()).hexdigest()
+    record["file"] = os.path.basename(path)
+  return record
+
+
+def save_tokenizer(workdir: str, tokenizer: tokenizers.Tokenizer, kind: str) -> None:
+  """Copies the vocabulary into `workdir` with its record, so the run is self-contained."""
+  record = tokenizer_record(tokenizer, kind)
+  path = _vocabulary_file(tokenizer)
+  if path:
+    shutil.copyfile(path, os.path.join(workdir, os.path.basename(path)))
+  with open(os.path.join(workdir, TOKENIZER_RECORD), "w", encoding="utf-8") as f:
+    json.dump(record, f, indent=2)
+
+
+def check_init_from_tokenizer(init_from: str, tokenizer: tokenizers.Tokenizer,
+                              kind: str) -> None:
+  """Stops when `config.init_from`'s run used another vocabulary than this run's.
+
+  Its embedding rows would then stand for other tokens: the shapes can even match
+  while every id means something else.
+  """
+  path = os.path.abspath(init_from)
+  if os.path.basename(os.path.dirname(path)) == "checkpoints":  # <workdir>/checkpoints/<step>
+    path = os.path.dirname(os.path.dirname(path))
+  record_path = os.path.join(path, TOKENIZER_RECORD)
+  if not os.path.exists(record_path):
+    logging.warning("config.init_from=%r: %s has no %s, so its vocabulary cannot be checked "
+                    "against this run's", init_from, path, TOKENIZER_RECORD)
+    return
+  with open(record_path, encoding="utf-8") as f:
+    theirs = json.load(f)
+  ours = tokenizer_record(tokenizer, kind)
+  if theirs != ours:
+    raise ConfigError(
+        f"config.init_from={init_from!r} was trained with another tokenizer ({theirs}) than "
+        f"this run's ({ours}); its embeddings would map other tokens. Use the same "
+        "data.tokenizer, dataset and vocabulary size as that run (the SentencePiece or "
+        "character vocabulary is trained on data.train_split of data.name).")
+
+
+def load_workdir_tokenizer(workdir: str) -> tokenizers.Tokenizer:
+  """The tokenizer a run trained with, rebuilt from the files `save_tokenizer` left in it.
+
+  Only the workdir is read (its TOKENIZER_RECORD and the vocabulary file it names), so
+  a run can be evaluated or used without its dataset or the data dir's cache.
+
+  Args:
+    workdir: a run's workdir.
+
+  Returns:
+    The byte, character or SentencePiece tokenizer of the run.
+
+  Raises:
+    ConfigError: the record or the vocabulary file is missing, unreadable, or does not
+      match (kind, sha256, vocabulary size).
+  """
+  record_path = os.path.join(workdir, TOKENIZER_RECORD)
+  if not os.path.exists(record_path):
+    raise ConfigError(f"{workdir} has no {TOKENIZER_RECORD}, so its vocabulary is unknown; "
+                      "expected a workdir written by a training run (train_and_evaluate "
+                      "copies the vocabulary and this record into it)")
+  with open(record_path, encoding="utf-8") as f:
+    record = json.load(f)
+  kind = record.get("kind")
+  if kind == "bytes":
+    tokenizer = tokenizers.ByteTokenizer()
+  elif kind in ("char", "sentencepiece"):
+    path = os.path.join(workdir, str(record.get("file", "")))
+    if not record.get("file") or not os.path.isfile(path):
+      raise ConfigError(f"{record_path} names the {kind} vocabulary {record.get('file')!r}, "
+                        f"which is not in {workdir}; copy it back from the run's data dir")
+    with open(path, "rb") as f:
+      digest = hashlib.sha256(f.read()).hexdigest()
+    if digest != record.get("sha256"):
+      raise ConfigError(f"{path} is not the vocabulary the run trained with: its sha256 is "
+                        f"{digest}, {record_path} says {record.get('sha256')}")
+    tokenizer = (tokenizers.CharTokenizer(path) if kind == "char"
+                 else tokenizers.SentencePieceTokenizer(path))
+  else:
+    raise ConfigError(f"{record_path}: tokenizer kind {kind!r} is unknown; valid: 'bytes', "
+                      "'char', 'sentencepiece'")
+  if tokenizer.vocab_size != record.get("vocab_size"):
+    raise ConfigError(f"{record_path} records vocab_size={record.get('vocab_size')} but its "
+                      f"{kind} tokenizer has {tokenizer.vocab_size}")
+  return tokenizer
