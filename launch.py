@@ -1,11 +1,22 @@
-"""Trains a model from a config file: `python launch.py --config=configs/gpt_small.py:local`.
+"""Trains a model, or uses a trained one: `python launch.py --config=configs/gpt_small.py:local`.
+
+  --mode=train (default)  train_and_evaluate(--config, --workdir); rerunning resumes
+  --mode=evaluate         loss / perplexity / accuracy (+ sacreBLEU, chrF) on a split
+  --mode=translate        --input (or stdin), one sentence a line -> --output (or stdout)
+  --mode=generate         continue --prompt (or each stdin line) with a decoder LM
+  --mode=average          the mean of the newest --average_last checkpoints -> --output
+
+Every mode but train reads the model, vocabulary and checkpoints from --workdir;
+--config is then optional and only its data.* and decode.* are used
+(transformer/commands.py says what comes from where).
 
 Thin by design: parse flags, start jax.distributed when several processes are in
-play, log the process/device picture, and call `train_and_evaluate`.
+play, log the process/device picture, and call one library function.
 """
 
 import logging as std_logging
 import os
+import sys
 
 from absl import app
 from absl import flags
@@ -28,7 +39,43 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process, 0..num_pro
 _HEARTBEAT = flags.DEFINE_integer(
     "heartbeat_timeout_seconds", 100, "A peer silent this long ends every process with "
     "an error (no silent hang).")
-flags.mark_flags_as_required(["config"])
+_MODE = flags.DEFINE_enum(
+    "mode", "train", ["train", "evaluate", "translate", "generate", "average"],
+    "What to do with --workdir; every mode but train needs a trained workdir.")
+_CHECKPOINT_STEP = flags.DEFINE_integer(
+    "checkpoint_step", None, "The checkpoint to use (default: the newest).")
+_AVERAGE_LAST = flags.DEFINE_integer(
+    "average_last", 0, "Use the mean of the parameters of the newest N checkpoints (up "
+    "to --checkpoint_step); the paper: 5 for base, 20 for big. 0: no averaging.")
+_SPLIT = flags.DEFINE_string("split", "", "evaluate: the split (default data.eval_split).")
+_MAX_EXAMPLES = flags.DEFINE_integer(
+    "max_examples", 0, "evaluate: score only the split's first N examples (0: all).")
+_INPUT = flags.DEFINE_string("input", "", "translate: one sentence a line (default stdin).")
+_OUTPUT = flags.DEFINE_string(
+    "output", "", "translate: the output file (default stdout); evaluate: the result JSON "
+    "(default in the workdir); average: the new workdir.")
+_OVERWRITE = flags.DEFINE_bool("overwrite", False, "Allow replacing an existing --output.")
+_PROMPT = flags.DEFINE_string(
+    "prompt", None, "generate: the text to continue (default: each line of stdin).")
+_SEED = flags.DEFINE_integer("seed", None, "Sampling seed (default config.seed).")
+# decode.* fields these flags set, over the workdir's (or --config's) values.
+_DECODE_FLAGS = {
+    "beam_size": flags.DEFINE_integer("beam_size", None, "decode.beam_size: 1 is greedy."),
+    "alpha": flags.DEFINE_float("alpha", None, "decode.alpha: beam length penalty."),
+    "max_length_offset": flags.DEFINE_integer(
+        "max_length_offset", None, "decode.max_length_offset: output <= source + this."),
+    "max_new_tokens": flags.DEFINE_integer(
+        "max_new_tokens", None, "decode.max_new_tokens: tokens generate adds."),
+    "temperature": flags.DEFINE_float(
+        "temperature", None, "decode.temperature: > 0 samples (0: greedy / beam)."),
+    "top_k": flags.DEFINE_integer("top_k", None, "decode.top_k: sample among the k likeliest."),
+    "top_p": flags.DEFINE_float("top_p", None, "decode.top_p: nucleus sampling mass."),
+    "batch_size": flags.DEFINE_integer(
+        "decode_batch_size", None, "decode.batch_size: sentences decoded together."),
+    "overlong": flags.DEFINE_enum(
+        "overlong", None, ["truncate", "error"], "decode.overlong: a source or prompt "
+        "longer than the context is truncated (warned) or stops the command."),
+}
 
 
 def default_workdir(config_path: str) -> str:
@@ -51,11 +98,15 @@ def _drop_library_info(record) -> bool:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  mode = _MODE.value
+  if mode == "train" and _CONFIG.value is None:
+    raise app.UsageError("--config is required for --mode=train")
+  if mode != "train" and not _WORKDIR.value:
+    raise app.UsageError(f"--mode={mode} needs --workdir=DIR, a trained run")
   logging.get_absl_handler().addFilter(_drop_library_info)
   # Imported here so that `--help` stays fast and flags parse before JAX starts.
   import jax  # pylint: disable=g-import-not-at-top
   from transformer import distributed  # pylint: disable=g-import-not-at-top
-  from transformer import train  # pylint: disable=g-import-not-at-top
 
   distributed.initialize(
       auto=_DISTRIBUTED.value, coordinator_address=_COORDINATOR.value,
@@ -64,12 +115,45 @@ def main(argv):
 
   workdir = _WORKDIR.value or default_workdir(flags.FLAGS["config"].config_filename)
   logging.info("Workdir: %s", os.path.abspath(workdir))
-  print(f"Workdir: {os.path.abspath(workdir)}", flush=True)
+  if mode == "train":  # Other modes print results on stdout: keep it clean.
+    print(f"Workdir: {os.path.abspath(workdir)}", flush=True)
   logging.info("JAX process %d of %d, %d local / %d global devices (%s)",
                jax.process_index(), jax.process_count(), jax.local_device_count(),
                jax.device_count(), jax.devices()[0].platform)
-  with distributed.fail_together():
+  from transformer.configuration import ConfigError, DataError  # pylint: disable=g-import-not-at-top
+  try:
+    with distributed.fail_together():
+      _run(mode, workdir)
+  except (ConfigError, DataError) as e:
+    # A user's mistake, not a bug: the message names the key or file; no traceback.
+    logging.error("%s: %s", type(e).__name__, e)
+    sys.stderr.write(f"\n{type(e).__name__}: {e}\n")
+    sys.exit(2)
+
+
+def _run(mode: str, workdir: str) -> None:
+  """Calls the library function of `mode`."""
+  from transformer import commands  # pylint: disable=g-import-not-at-top
+  from transformer import train  # pylint: disable=g-import-not-at-top
+  if mode == "train":
     train.train_and_evaluate(_CONFIG.value, workdir)
+    return
+  checkpoint = dict(checkpoint_step=_CHECKPOINT_STEP.value, average_last=_AVERAGE_LAST.value)
+  if mode == "average":
+    commands.average(workdir, _OUTPUT.value, **checkpoint)
+    return
+  common = dict(config=_CONFIG.value, seed=_SEED.value,
+                decode_overrides={key: flag.value for key, flag in _DECODE_FLAGS.items()},
+                **checkpoint)
+  if mode == "evaluate":
+    commands.evaluate(workdir, split=_SPLIT.value, max_examples=_MAX_EXAMPLES.value,
+                      output=_OUTPUT.value, overwrite=_OVERWRITE.value, **common)
+  elif mode == "translate":
+    commands.translate(workdir, input_path=_INPUT.value, output_path=_OUTPUT.value,
+                       overwrite=_OVERWRITE.value, **common)
+  else:
+    prompts = None if _PROMPT.value is None else [_PROMPT.value]
+    commands.generate(workdir, prompts, **common)
 
 
 if __name__ == "__main__":

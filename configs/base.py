@@ -13,6 +13,9 @@ def get_config() -> ml_collections.ConfigDict:
   """Returns the base configuration (a small decoder on the offline corpus)."""
   config = ml_collections.ConfigDict()
   config.seed = 0  # Seeds parameter init, dropout and the data shuffle.
+  # Start from another run's parameters: its workdir or one of its checkpoints/<step> dirs.
+  # Matched by path; new parameters are initialised; optimizer state and step start fresh.
+  config.init_from = ""
 
   # ---- model.* : the architecture (see README for every value) ----
   model = config.model = ml_collections.ConfigDict()
@@ -27,7 +30,7 @@ def get_config() -> ml_collections.ConfigDict:
   model.rope_max_wavelength = 10000.0  # RoPE base wavelength (position="rope").
   model.relative_buckets = 32  # T5 relative-position buckets (position="relative").
   model.relative_max_distance = 128  # T5 largest distinguished distance (position="relative").
-  model.vocab_size = 384  # Rows of the token embedding; >= the tokenizer's vocabulary.
+  model.vocab_size = 384  # Rows of the token embedding; >= the tokenizer's; 0 = tokenizer's, rounded up to 128.
   model.d_model = 256  # Width of the residual stream.
   model.num_layers = 4  # Number of blocks (the encoder's, for encoder_decoder).
   model.num_heads = 4  # Query heads.
@@ -53,33 +56,46 @@ def get_config() -> ml_collections.ConfigDict:
 
   # ---- data.* : dataset, tokenizer and input pipeline ----
   data = config.data = ml_collections.ConfigDict()
-  data.name = "python_stdlib"  # TFDS dataset name; "python_stdlib" is built offline from this interpreter.
+  data.name = "python_stdlib"  # TFDS catalog name, "python_stdlib" (offline), or local_text | local_parallel | local_tsv.
+  data.path = ""  # local_*: the file or folder to build the dataset from.
   data.data_dir = ""  # TFDS data dir; "" means $TFDS_DATA_DIR or ~/tensorflow_datasets.
   data.train_split = "train"  # TFDS split to train on.
   data.eval_split = "validation"  # TFDS split to evaluate on.
-  data.text_key = "text"  # Feature holding the raw text.
-  data.label_key = ""  # Feature holding the class label (model.head="classification").
+  data.text_key = "text"  # Feature holding the raw text (local_tsv: the text column's header or index).
+  data.label_key = ""  # Feature holding the class label (local_tsv: the label column's header or index).
+  data.source_language = ""  # Translation: the source feature, e.g. "en" (with target_language).
+  data.target_language = ""  # Translation: the target feature, e.g. "de".
+  data.val_fraction = 0.1  # local_text on one file (or files without split names): last fraction -> validation.
+  data.decode_errors = "strict"  # local_*: undecodable UTF-8 "strict" (stop, say where) | "replace" (U+FFFD, count logged).
   data.mask_rate = 0.15  # Masked LM: fraction of tokens chosen (80% mask, 10% random, 10% kept).
   data.continuation_chars = 600  # Seq2seq on plain text: characters per source/target block.
-  data.tokenizer = "sentencepiece"  # "sentencepiece" (trained on train split) | "bytes".
+  data.tokenizer = "sentencepiece"  # "sentencepiece" (trained on train split) | "bytes" | "char".
+  data.spm_vocab_size = 0  # SentencePiece pieces; 0 = model.vocab_size.
+  data.spm_model_type = "unigram"  # SentencePiece algorithm: "unigram" | "bpe".
   data.spm_train_sentences = 2_000_000  # Lines sampled to train SentencePiece.
   data.seq_len = 256  # Tokens per packed row fed to the model (<= model.max_len).
+  data.packing = "pack"  # Seq2seq/LM rows: "pack" several examples per row | "pad" one example per row.
+  data.overlong = "truncate"  # An example longer than seq_len: "truncate" | "drop" (counted and logged either way).
+  data.shuffle_rows = 0  # Training: also shuffle packed rows within a window of this many (0 = off).
   data.batch_size = 16  # Global batch size in rows (split over data-parallel devices).
   data.num_threads = 2  # Grain reader threads per process.
   data.download = False  # Allow TFDS to download a catalog dataset that is not prepared yet.
 
   # ---- optimizer.* : AdamW and the warmup + inverse-sqrt schedule ----
   opt = config.optimizer = ml_collections.ConfigDict()
-  opt.schedule = "warmup_rsqrt"  # "warmup_rsqrt" (peak learning_rate) | "noam" (paper) | "constant".
+  opt.schedule = "warmup_rsqrt"  # "warmup_rsqrt" (peak learning_rate) | "noam" (paper) | "cosine" | "constant".
   opt.learning_rate = 1e-3  # Peak learning rate (warmup_rsqrt, constant).
   opt.noam_scale = 1.0  # Paper's schedule: scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5).
   opt.warmup_steps = 100  # Linear warmup steps.
+  opt.decay_steps = 0  # cosine: steps from 0 to the end of the decay (warmup included); 0 = train.num_steps.
+  opt.min_learning_rate = 0.0  # cosine: the floor the decay ends at.
   opt.b1 = 0.9  # Adam beta1.
   opt.b2 = 0.95  # Adam beta2.
   opt.eps = 1e-8  # Adam epsilon.
   opt.weight_decay = 0.1  # Decoupled weight decay on kernels and embeddings (not biases/norms).
   opt.grad_clip_norm = 1.0  # Clip the global gradient norm; 0 disables.
   opt.label_smoothing = 0.0  # Label smoothing of the training cross-entropy.
+  opt.skip_nonfinite = 0  # Skip updates with non-finite gradients, stopping after this many in a row; 0 = stop at the first.
 
   # ---- train.* : loop length, logging and evaluation ----
   train = config.train = ml_collections.ConfigDict()
@@ -89,12 +105,27 @@ def get_config() -> ml_collections.ConfigDict:
   train.eval_every = 200  # Steps between evaluations (and after the last step).
   train.eval_batches = 20  # Batches per evaluation; -1 means the whole eval split.
   train.eval_at_start = True  # Evaluate the untrained model first (the baseline at step 0).
+  train.bleu_examples = 0  # Translation: eval_split sentences scored with sacreBLEU at each evaluation (0 = off).
+  train.sample_prompt = ""  # LM: text continued at each evaluation and logged ("" = off).
+
+  # ---- decode.* : generation for translate / generate / evaluate and in-training BLEU ----
+  dec = config.decode = ml_collections.ConfigDict()
+  dec.beam_size = 4  # Beam width (1 = greedy); the paper: 4.
+  dec.alpha = 0.6  # GNMT length penalty ((5 + |Y|) / 6) ** alpha; the paper: 0.6.
+  dec.max_length_offset = 50  # Longest translation: source length + this (the paper: 50).
+  dec.max_new_tokens = 64  # generate: tokens added to a prompt.
+  dec.temperature = 0.0  # Sampling temperature; 0 = greedy / beam.
+  dec.top_k = 0  # Sample among the k most likely tokens (0 = all).
+  dec.top_p = 1.0  # Nucleus sampling: the smallest set with this much probability.
+  dec.batch_size = 32  # Sentences decoded together.
+  dec.overlong = "truncate"  # A source or prompt longer than the context: "truncate" (warned, line named) | "error".
 
   # ---- checkpoint.* : Orbax checkpointing ----
   ckpt = config.checkpoint = ml_collections.ConfigDict()
   ckpt.every = 200  # Save every this many steps (and after the last step).
   ckpt.keep = 3  # Checkpoints kept on disk.
   ckpt.async_save = True  # Write checkpoints in a background thread.
+  ckpt.on_config_change = "stop"  # Resuming with a changed config (beyond cadence/length keys): "stop" | "allow".
 
   # ---- mesh.* : device mesh and logical-to-mesh sharding rules ----
   mesh = config.mesh = ml_collections.ConfigDict()

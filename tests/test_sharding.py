@@ -175,7 +175,8 @@ def test_sharding_report_counts_bytes_and_warns_when_fsdp_leaves_weights_whole(
 
 def _optimizer(config):
   from transformer import optim  # pylint: disable=g-import-not-at-top
-  return optim.make_optimizer(config.optimizer, optim.make_schedule(config.optimizer, 64))
+  return optim.make_optimizer(
+      config.optimizer, optim.make_schedule(config.optimizer, 64, config.train.num_steps))
 
 
 def test_accumulation_equals_one_large_batch_step(tiny_config):

@@ -4,18 +4,37 @@ Layout: <workdir>/checkpoints/<step>/{state, data}. `state` is the sharded
 TrainState (restored straight into its target shardings); `data` is the grain
 iterator position of every process, so a resumed run sees exactly the batches
 an uninterrupted run would have seen.
+
+A checkpoint whose save never finished, or that is incomplete or corrupt (a missing
+item, unreadable metadata, a file whose size differs from the one recorded in its
+`file_sizes.json` when the save finished, an array file that fails to read), is never loaded:
+`Checkpointer.restore_latest` moves it to `<workdir>/checkpoints_bad/<step>-<reason>`
+(never deletes it) and restores the next older one.
+
+`load_params` serves `config.init_from` (pretrain -> fine-tune): it reads only the
+parameters another run's checkpoint shares with the new model, matched by path.
 """
 
 from __future__ import annotations
 
+import collections
+import dataclasses
+import json
+import math
 import os
 from typing import Any
 
 import grain
 import jax
+import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
+from etils import epath
+from jax.experimental import multihost_utils
+
+from transformer.configuration import ConfigError
 
 
 class Checkpointer:
@@ -23,10 +42,13 @@ class Checkpointer:
 
   def __init__(self, workdir: str, checkpoint: ml_collections.ConfigDict):
     self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
-    options = ocp.CheckpointManagerOptions(
+    self.bad_directory = os.path.join(os.path.abspath(workdir), "checkpoints_bad")
+    self.set_aside: list[str] = []  # Where restore_latest moved unusable checkpoints.
+    self._unrecorded: list[int] = []  # Saved by this run, file sizes not yet recorded.
+    self._options = ocp.CheckpointManagerOptions(
         max_to_keep=checkpoint.keep, create=True,
         enable_async_checkpointing=checkpoint.async_save)
-    self._manager = ocp.CheckpointManager(self.directory, options=options)
+    self._manager = ocp.CheckpointManager(self.directory, options=self._options)
 
   def latest_step(self) -> int | None:
     """The newest complete checkpoint's step, or None."""
@@ -38,9 +60,11 @@ class Checkpointer:
     The iterator position is read synchronously here, so the caller may keep
     drawing batches while the arrays are written in the background.
     """
+    self.wait()  # Orbax waits for the previous save here anyway; then its sizes are noted.
     self._manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state),
         data=grain.checkpoint.CheckpointSave(data_iterator)), force=True)
+    self._unrecorded.append(step)
     logging.info("Saving checkpoint %d to %s", step, self.directory)
 
   def restore(self, step: int, abstract_state: Any,
@@ -54,13 +78,83 @@ class Checkpointer:
         data=grain.checkpoint.CheckpointRestore(data_iterator)))
     return restored["state"]
 
+  def restore_latest(self, abstract_state: Any,
+                     data_iterator: grain.DatasetIterator) -> tuple[int, Any] | None:
+    """Restores the newest usable checkpoint; unusable ones are moved aside, newest first.
+
+    A save that never finished, a checkpoint with a missing item, unreadable
+    metadata or a file whose size differs from the one recorded when its save
+    finished (all found before any array is read), and one whose restore fails go
+    to `<workdir>/checkpoints_bad/<step>-<reason>`, logged with the reason, and the
+    next older checkpoint is tried. Every process calls this; process 0 moves.
+
+    Args:
+      abstract_state: the restore target (shapes, dtypes and shardings).
+      data_iterator: moved to the restored checkpoint's position in place (left
+        where it was when None is returned).
+
+    Returns:
+      (step, state) of the checkpoint restored, or None when no usable one is left.
+
+    Raises:
+      ConfigError: a readable checkpoint holds arrays of other shapes than
+        `abstract_state` (another model or optimizer): a config change, not damage.
+    """
+    self._move_aside(_unusable_checkpoints(self.directory))
+    start = data_iterator.get_state()
+    while (step := self._manager.latest_step()) is not None:
+      try:
+        _check_shapes(os.path.join(self.directory, str(step)), step, abstract_state)
+        state, problem = self.restore(step, abstract_state, data_iterator), None
+      except ConfigError:
+        raise
+      except Exception as e:  # pylint: disable=broad-except
+        # Damage shows as tensorstore, JSON or key errors; out of memory is not damage.
+        if "RESOURCE_EXHAUSTED" in str(e):
+          raise
+        state, problem = None, f"restoring it failed: {type(e).__name__}: {e}"
+      if _all_processes_agree(problem is None):
+        return step, state
+      data_iterator.set_state(start)
+      self._move_aside([(os.path.join(self.directory, str(step)), f"{step}-unreadable",
+                         problem or "restoring it failed on another process")])
+    return None
+
+  def _move_aside(self, unusable: list[tuple[str, str, str]]) -> None:
+    """Moves (path, name, why) checkpoints to checkpoints_bad/<name>; re-reads the steps."""
+    if jax.process_count() > 1:  # All have looked at the directory before anything moves.
+      multihost_utils.sync_global_devices("checkpoints inspected")
+    if unusable and jax.process_index() == 0:
+      os.makedirs(self.bad_directory, exist_ok=True)
+    for path, name, why in unusable:
+      destination = os.path.join(self.bad_directory, name)
+      suffix = 1
+      while os.path.exists(destination):  # Never overwrite an earlier bad copy.
+        destination = os.path.join(self.bad_directory, f"{name}.{suffix}")
+        suffix += 1
+      if jax.process_index() == 0:
+        os.rename(path, destination)
+      logging.warning("Skipping checkpoint %s: %s. Moved it to %s (nothing is deleted).",
+                      os.path.basename(path), why, destination)
+      self.set_aside.append(destination)
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices("checkpoints moved aside")
+    if unusable:  # The manager caches the step list: a new one sees the directory as is.
+      self._manager.close()
+      self._manager = ocp.CheckpointManager(self.directory, options=self._options)
+
   def wait(self) -> None:
-    """Blocks until a background save has finished."""
+    """Blocks until a background save has finished; records its files' sizes."""
     self._manager.wait_until_finished()
+    for step in self._unrecorded:
+      step_dir = os.path.join(self.directory, str(step))
+      if jax.process_index() == 0 and os.path.isdir(step_dir):  # Not yet garbage-collected.
+        _record_file_sizes(step_dir)
+    self._unrecorded = []
 
   def close(self) -> None:
     """Finishes pending saves and releases the manager."""
-    self._manager.wait_until_finished()
+    self.wait()
     self._manager.close()
 
 
@@ -68,3 +162,383 @@ def abstract_like(tree: Any, shardings: Any) -> Any:
   """ShapeDtypeStructs carrying `shardings`, the restore target for Orbax."""
   return jax.tree.map(
       lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+
+
+def has_checkpoint(workdir: str) -> bool:
+  """Whether `<workdir>/checkpoints` holds a finalized checkpoint (usable or not)."""
+  return bool(ocp.utils.checkpoint_steps_paths(os.path.join(workdir, "checkpoints")))
+
+
+# Written beside the items of each checkpoint once its save has finished: every file's
+# size, so that a file truncated later (a full disk, a copy cut short) is found before
+# a restore reads it. A checkpoint without it (the run died first) is restored unchecked.
+FILE_SIZES = "file_sizes.json"
+
+
+def _record_file_sizes(step_dir: str) -> None:
+  sizes = {}
+  for item in ("state", "data"):
+    for folder, _, names in os.walk(os.path.join(step_dir, item)):
+      for name in names:
+        path = os.path.join(folder, name)
+        sizes[os.path.relpath(path, step_dir)] = os.path.getsize(path)
+  temporary = os.path.join(step_dir, FILE_SIZES + ".tmp")
+  with open(temporary, "w", encoding="utf-8") as f:
+    json.dump(sizes, f, indent=0, sort_keys=True)
+  os.replace(temporary, os.path.join(step_dir, FILE_SIZES))
+
+
+def checkpoint_problem(step_dir: str) -> tuple[str, str] | None:
+  """(reason, detail) if a finalized checkpoint is visibly incomplete or corrupt, else None.
+
+  Checks what can be checked without reading arrays: both items are there, every
+  JSON metadata file parses, and every file has the size recorded when the save
+  finished. Other damage to array data shows only when it is read.
+  """
+  for item in ("state", "data"):
+    if not os.path.isdir(os.path.join(step_dir, item)):
+      return f"missing-{item}", f"its '{item}' item is missing"
+  metadata = [os.path.join(step_dir, FILE_SIZES),
+              os.path.join(step_dir, "_CHECKPOINT_METADATA"),
+              os.path.join(step_dir, "state", "_METADATA"),
+              os.path.join(step_dir, "state", "_sharding")]
+  for folder, suffix in ((os.path.join(step_dir, "state", "array_metadatas"), ""),
+                         (os.path.join(step_dir, "data"), ".json")):
+    if os.path.isdir(folder):
+      metadata += [os.path.join(folder, name) for name in sorted(os.listdir(folder))
+                   if name.endswith(suffix)]
+  for path in metadata:
+    if not os.path.isfile(path):
+      continue
+    try:
+      with open(path, encoding="utf-8") as f:
+        json.load(f)
+    except (OSError, ValueError) as e:
+      return "bad-metadata", f"{os.path.relpath(path, step_dir)} is unreadable ({e})"
+  if os.path.exists(os.path.join(step_dir, FILE_SIZES)):
+    with open(os.path.join(step_dir, FILE_SIZES), encoding="utf-8") as f:
+      recorded = json.load(f)
+    for name, size in sorted(recorded.items()):
+      path = os.path.join(step_dir, name)
+      if not os.path.isfile(path):
+        return "missing-file", f"{name} is missing"
+      if os.path.getsize(path) != size:
+        return "truncated", f"{name} has {os.path.getsize(path)} bytes, {size} when saved"
+  return None
+
+
+def _unusable_checkpoints(directory: str) -> list[tuple[str, str, str]]:
+  """(path, name under checkpoints_bad, why) of each unfinished or visibly damaged step."""
+  if not os.path.isdir(directory):
+    return []
+  finalized = {p.name for p in ocp.utils.checkpoint_steps_paths(directory)}
+  unusable = []
+  for name in sorted(os.listdir(directory)):
+    path = os.path.join(directory, name)
+    if not os.path.isdir(path):
+      continue
+    if name in finalized:
+      problem = checkpoint_problem(path)
+      if problem:
+        unusable.append((path, f"{name}-{problem[0]}", problem[1]))
+    elif name.isdigit() or ocp.utils.TMP_DIR_SUFFIX in name:
+      step = name.split(".")[0]
+      unusable.append((path, f"{step}-unfinished",
+                       "its save never finished (the run stopped while writing it)"))
+  return unusable
+
+
+def _check_shapes(step_dir: str, step: int, abstract_state: Any) -> None:
+  """Raises ConfigError if checkpoint `step` holds arrays of other shapes than the target.
+
+  Reading the metadata may fail on a damaged checkpoint; that error propagates as is.
+  """
+  handler = ocp.PyTreeCheckpointHandler()
+  try:
+    metadata = handler.metadata(epath.Path(step_dir) / "state")
+  finally:
+    handler.close()
+  tree = getattr(metadata, "tree", metadata)
+  stored = sorted(tuple(x.shape) for x in jax.tree.leaves(tree))
+  wanted = sorted(tuple(x.shape) for x in jax.tree.leaves(abstract_state))
+  if stored != wanted:
+    raise ConfigError(
+        f"checkpoint {step} in {os.path.dirname(step_dir)} holds {len(stored)} arrays that do "
+        f"not match the {len(wanted)} of this config's model and optimizer state (a changed "
+        "model.* or optimizer.* key?). Resume with the run's config (its config.json), or "
+        "start a new workdir with config.init_from to take over its parameters.")
+
+
+def _all_processes_agree(ok: bool) -> bool:
+  """True if `ok` on every process (so all of them skip the same checkpoint)."""
+  if jax.process_count() == 1:
+    return ok
+  return bool(np.all(multihost_utils.process_allgather(np.asarray(ok))))
+
+
+# ---------------------------------------------------------------- init_from
+
+_INIT_FROM_EXPECTED = ("expected a run's workdir (its newest checkpoint under "
+                       "<workdir>/checkpoints/ is used) or one checkpoint directory "
+                       "<workdir>/checkpoints/<step> holding a 'state' item")
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamMatch:
+  """How a source checkpoint's parameters pair up with a new model's, by path."""
+
+  loaded: tuple[str, ...]  # In both: the new model takes the stored value.
+  new: tuple[str, ...]  # Only in the new model: keeps its initialisation.
+  dropped: tuple[str, ...]  # Only in the checkpoint: ignored.
+  loaded_values: int  # Scalars in the loaded parameters.
+
+  def summary(self) -> str:
+    """Readable lines: per section, the parameters grouped by top-level module."""
+    lines = [f"{len(self.loaded)} parameters loaded ({self.loaded_values:,} values), "
+             f"{len(self.new)} new (initialised), {len(self.dropped)} dropped "
+             "(only in the checkpoint)"]
+    for label, paths in (("loaded", self.loaded), ("new", self.new),
+                         ("dropped", self.dropped)):
+      # Loaded parameters are the expected bulk: counts suffice. New and dropped ones
+      # are the surprises worth reading name by name.
+      lines.append(f"  {label + ':':9}{_by_module(paths, names=label != 'loaded')}")
+    return "\n".join(lines)
+
+
+def _by_module(paths: tuple[str, ...], names: bool) -> str:
+  """Paths grouped by top-level module, "block_0 (16); lm_head (1)"; `names` lists them."""
+  groups = collections.defaultdict(list)
+  for path in paths:
+    module, _, rest = path.partition("/")
+    groups[module].append(rest)  # "" for a top-level parameter such as mlm_bias.
+  if not groups:
+    return "(none)"
+  return "; ".join(
+      f"{module} ({len(rests)})" + (": " + ", ".join(rests) if names and any(rests) else "")
+      for module, rests in sorted(groups.items()))
+
+
+def _keys(path: tuple) -> tuple[str, ...]:
+  """A jax tree path as plain strings: ("block_0", "mlp", "wi", "kernel")."""
+  return tuple(str(getattr(k, "key", k)) for k in path)
+
+
+def _flat(tree: Any) -> dict[tuple[str, ...], Any]:
+  """{(module, ..., name): leaf} for a nested-dict parameter tree."""
+  return {_keys(path): leaf for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def _names(paths) -> tuple[str, ...]:
+  """Sorted "module/.../name" strings, the form the log and errors use."""
+  return tuple(sorted("/".join(p) for p in paths))
+
+
+def _dtype_kind(dtype: Any) -> str:
+  """Float widths convert into each other on restore; kinds (int vs float) do not."""
+  for kind in (jnp.bool_, jnp.integer, jnp.floating, jnp.complexfloating):
+    if jnp.issubdtype(dtype, kind):
+      return kind.__name__
+  return str(dtype)
+
+
+def match_params(target: Any, source: Any, init_from: str = "") -> ParamMatch:
+  """Pairs the new model's parameters with a checkpoint's by path (a pure function).
+
+  Args:
+    target: the new model's parameter tree; leaves have `.shape` and `.dtype`
+      (arrays or jax.ShapeDtypeStructs).
+    source: the checkpoint's parameter tree, leaves likewise (e.g. Orbax metadata).
+    init_from: the `config.init_from` value, for error messages.
+
+  Returns:
+    Which paths are loaded (in both), new (only in target), dropped (only in source).
+
+  Raises:
+    ConfigError: a shared path differs in shape or in dtype kind (int vs float),
+      naming the path and both shapes; or no path is shared at all.
+  """
+  target_flat, source_flat = _flat(target), _flat(source)
+  shared = [p for p in target_flat if p in source_flat]
+  mismatches = []
+  for path in shared:
+    t, s = target_flat[path], source_flat[path]
+    if tuple(t.shape) != tuple(s.shape) or _dtype_kind(t.dtype) != _dtype_kind(s.dtype):
+      mismatches.append(f"{'/'.join(path)} is {tuple(s.shape)} {s.dtype} in the checkpoint "
+                        f"but {tuple(t.shape)} {t.dtype} in this model")
+  if mismatches:
+    raise ConfigError(
+        f"config.init_from={init_from!r} is invalid: parameters with the same path must "
+        f"have the same shape, and {len(mismatches)} differ: " + "; ".join(mismatches) +
+        ". Set the model.* fields these depend on as in the source run.")
+  if not shared:
+    raise ConfigError(
+        f"config.init_from={init_from!r} is invalid: the checkpoint shares no parameter "
+        f"path with this model (checkpoint: {_by_module(_names(source_flat), False)}; "
+        f"model: {_by_module(_names(target_flat), False)}); expected a run of the same "
+        "architecture.")
+  return ParamMatch(
+      loaded=_names(shared),
+      new=_names(p for p in target_flat if p not in source_flat),
+      dropped=_names(p for p in source_flat if p not in target_flat),
+      loaded_values=sum(math.prod(target_flat[p].shape) for p in shared))
+
+
+def merge_params(params: Any, loaded: Any) -> Any:
+  """`params` with every leaf that `loaded` (a subtree, same paths) holds replaced.
+
+  Args:
+    params: the new model's initialised parameter tree.
+    loaded: nested dicts holding some of `params`'s paths (from `load_params`).
+
+  Returns:
+    A tree with `params`'s structure: loaded values where present, else initialised.
+  """
+  flat_loaded = _flat(loaded)
+  unknown = set(flat_loaded) - set(_flat(params))
+  if unknown:
+    raise ValueError(f"loaded parameters not in the model: {_names(unknown)}")
+  return jax.tree_util.tree_map_with_path(
+      lambda path, x: flat_loaded.get(_keys(path), x), params)
+
+
+def _state_directory(init_from: str) -> epath.Path:
+  """The `state` item of the checkpoint `config.init_from` names."""
+  def fail(problem: str):
+    raise ConfigError(f"config.init_from={init_from!r} is invalid: {problem}; "
+                      f"{_INIT_FROM_EXPECTED}.")
+
+  root = epath.Path(os.path.abspath(init_from))
+  if not root.is_dir():
+    fail(f"{root} is not a directory")
+  if (root / "checkpoints").is_dir():
+    # Finalised steps only: a save still in flight (or killed) has a temporary name.
+    steps = ocp.utils.checkpoint_steps_paths(root / "checkpoints")
+    if not steps:
+      fail(f"{root / 'checkpoints'} holds no complete checkpoint")
+    newest = max(steps, key=lambda p: ocp.utils.step_from_checkpoint_name(p.name))
+    if not (newest / "state").is_dir():
+      fail(f"its newest checkpoint {newest} has no 'state' item")
+    return newest / "state"
+  if not (root / "state").is_dir():
+    fail(f"{root} has neither a checkpoints/ folder nor a 'state' item")
+  return root / "state"
+
+
+def load_params(init_from: str, abstract_params: Any) -> tuple[Any, ParamMatch]:
+  """Reads the parameters a checkpoint shares with a new model, into its shardings.
+
+  Only the `params` subtree is read, and of it only the paths the new model has:
+  the checkpoint's metadata gives its parameter tree, so shapes are checked before
+  any array is read, and each array is restored straight into the sharding and
+  dtype of its target (no full copy on one host).
+
+  Args:
+    init_from: `config.init_from`: a run's workdir (its newest checkpoint is used)
+      or one checkpoint directory `<workdir>/checkpoints/<step>`.
+    abstract_params: the new model's parameters as jax.ShapeDtypeStructs carrying
+      shardings (`Trainer.abstract_state.params`).
+
+  Returns:
+    (loaded, match): `loaded` holds the shared paths as nested dicts of arrays, to
+    lay over the initialised parameters with `merge_params`; `match` lists what was
+    loaded, new and dropped.
+
+  Raises:
+    ConfigError: the path holds no checkpoint, or a shared parameter's shape differs.
+  """
+  state_dir = _state_directory(init_from)
+  handler = ocp.PyTreeCheckpointHandler()
+  try:
+    metadata = handler.metadata(state_dir)
+  finally:
+    handler.close()
+  if "params" not in metadata:
+    raise ConfigError(f"config.init_from={init_from!r} is invalid: {state_dir} has no "
+                      f"'params' (it holds {sorted(metadata)}); {_INIT_FROM_EXPECTED}.")
+  match = match_params(abstract_params, metadata["params"], init_from)
+  # The restore target: the shared paths only, as nested dicts under "params"; with
+  # partial_restore Orbax skips everything else the checkpoint holds.
+  loaded = set(match.loaded)
+  subtree = {}
+  for path, target in _flat(abstract_params).items():
+    if "/".join(path) in loaded:
+      node = subtree
+      for key in path[:-1]:
+        node = node.setdefault(key, {})
+      node[path[-1]] = target
+  item = {"params": subtree}
+  with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as checkpointer:
+    restored = checkpointer.restore(state_dir, args=ocp.args.PyTreeRestore(
+        item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item),
+        partial_restore=True))
+  logging.info("config.init_from=%r: parameters from %s\n%s", init_from, state_dir,
+               match.summary())
+  return restored["params"], match
+
+
+# ---------------------------------------------------------------- averaging
+
+
+def _restore_all_params(state_dir: str, abstract_params: Any, model_source: str) -> Any:
+  """Every parameter of one checkpoint's `state` item, into `abstract_params`'s shardings."""
+  handler = ocp.PyTreeCheckpointHandler()
+  try:
+    metadata = handler.metadata(epath.Path(state_dir))
+  finally:
+    handler.close()
+  if "params" not in metadata:
+    raise ConfigError(f"{state_dir} holds no 'params' (it has {sorted(metadata)}); expected "
+                      "the 'state' item of a checkpoint written by training or averaging")
+  stored, wanted = _flat(metadata["params"]), _flat(abstract_params)
+  problems = [f"{'/'.join(p)} is {tuple(stored[p].shape)} in the checkpoint but "
+              f"{tuple(wanted[p].shape)} in the model"
+              for p in wanted if p in stored and tuple(stored[p].shape) != tuple(wanted[p].shape)]
+  missing, extra = _names(set(wanted) - set(stored)), _names(set(stored) - set(wanted))
+  if missing:
+    problems.append(f"missing from the checkpoint: {', '.join(missing)}")
+  if extra:
+    problems.append(f"not in the model: {', '.join(extra)}")
+  if problems:
+    raise ConfigError(f"the checkpoint {state_dir} does not match the model of {model_source}: "
+                      + "; ".join(problems) + ". Were config.json or the checkpoints replaced?")
+  item = {"params": abstract_params}
+  with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as checkpointer:
+    restored = checkpointer.restore(epath.Path(state_dir), args=ocp.args.PyTreeRestore(
+        item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item),
+        partial_restore=True))  # The optimizer state and the step are never read.
+  return restored["params"]
+
+
+def average_params(state_dirs: list[str], abstract_params: Any, model_source: str) -> Any:
+  """The element-wise mean of the parameters of several checkpoints (one: as stored).
+
+  Checkpoint averaging as in the paper (the last 5 checkpoints for the base model,
+  20 for big). Only the `params` of each checkpoint are read, one checkpoint at a
+  time, straight into the target shardings; the sum is kept in float32, so memory
+  holds two copies of the parameters whatever the number of checkpoints.
+
+  Args:
+    state_dirs: the `state` items to average, `<workdir>/checkpoints/<step>/state`.
+    abstract_params: the model's parameters as jax.ShapeDtypeStructs with shardings
+      (`Trainer.abstract_state.params`); the result has their dtypes and shardings.
+    model_source: where the model's shapes come from (e.g. the config.json), for errors.
+
+  Returns:
+    The mean parameter tree.
+
+  Raises:
+    ConfigError: a checkpoint lacks parameters or its paths or shapes differ from the model's.
+  """
+  if not state_dirs:
+    raise ValueError("average_params needs at least one checkpoint")
+  total = None
+  for state_dir in state_dirs:
+    params = _restore_all_params(state_dir, abstract_params, model_source)
+    if len(state_dirs) == 1:
+      return params
+    params = jax.tree.map(lambda x: x.astype(jnp.float32), params)
+    total = params if total is None else jax.tree.map(jnp.add, total, params)
+  logging.info("Averaged the parameters of %d checkpoints: %s", len(state_dirs),
+               ", ".join(str(d) for d in state_dirs))
+  return jax.tree.map(lambda t, a: (t / len(state_dirs)).astype(a.dtype), total,
+                      abstract_params)

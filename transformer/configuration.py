@@ -26,8 +26,13 @@ ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu")
 GATED_ACTIVATIONS = ("swiglu", "geglu")
 ATTENTION_IMPLS = ("xla", "cudnn", "einsum")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-TOKENIZERS = ("sentencepiece", "bytes")
-SCHEDULES = ("warmup_rsqrt", "noam", "constant")
+TOKENIZERS = ("sentencepiece", "bytes", "char")
+SPM_MODEL_TYPES = ("unigram", "bpe")
+PACKINGS = ("pack", "pad")
+OVERLONG_POLICIES = ("truncate", "drop")
+DECODE_ERRORS = ("strict", "replace")
+LOCAL_DATASETS = ("local_text", "local_parallel", "local_tsv")
+SCHEDULES = ("warmup_rsqrt", "noam", "cosine", "constant")
 MESH_AXES = ("data", "fsdp", "tensor")
 LOGICAL_AXES = ("batch", "length", "embed", "heads", "kv_heads", "head_dim", "mlp",
                 "vocab", "layers")
@@ -35,6 +40,10 @@ LOGICAL_AXES = ("batch", "length", "embed", "heads", "kv_heads", "head_dim", "ml
 
 class ConfigError(ValueError):
   """A configuration value is invalid; the message names the key and valid values."""
+
+
+class DataError(ValueError):
+  """Input data is unusable; the message names the file, line and field, and what is valid."""
 
 
 def _fail(key: str, value: Any, valid: str) -> None:
@@ -79,10 +88,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
   _check_choice(config, m + "arch", ARCHS)
   _check_choice(config, m + "head", HEADS)
   _check_choice(config, m + "remat", REMAT_POLICIES)
-  for key in ("vocab_size", "d_model", "num_layers", "num_heads", "mlp_dim", "max_len",
+  for key in ("d_model", "num_layers", "num_heads", "mlp_dim", "max_len",
               "num_classes", "relative_buckets", "relative_max_distance"):
     _check_int(config, m + key, 1)
-  for key in ("num_kv_heads", "head_dim", "num_decoder_layers"):
+  for key in ("vocab_size", "num_kv_heads", "head_dim", "num_decoder_layers"):
     _check_int(config, m + key, 0)
   _check_choice(config, m + "position", POSITIONS)
   _check_choice(config, m + "norm", NORMS)
@@ -111,20 +120,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
           "has no dropout on attention probabilities; set model.attention_dropout=0.0 "
           "or model.attention_impl='einsum'")
 
-  d = "data."
-  _check_choice(config, d + "tokenizer", TOKENIZERS)
-  for key in ("seq_len", "batch_size", "num_threads", "spm_train_sentences",
-              "continuation_chars"):
-    _check_int(config, d + key, 1)
-  _check_rate(config, d + "mask_rate")
-  if model.head == "classification" and not config.data.label_key:
-    _fail(d + "label_key", "", "a classification head needs the dataset's label feature")
-  if not config.data.name:
-    _fail(d + "name", config.data.name, "expected a TFDS dataset name such as 'python_stdlib'")
-  # Position tables have max_len rows, and a lookup past the end would clamp silently.
-  if config.data.seq_len > model.max_len and model.position in ("learned", "sinusoidal"):
-    _fail(d + "seq_len", config.data.seq_len,
-          f"must be <= model.max_len={model.max_len} with {model.position} positions")
+  _validate_data(config)
+  validate_decode(config)
+  _validate_evaluation_hooks(config)
 
   o = "optimizer."
   _check_choice(config, o + "schedule", SCHEDULES)
@@ -139,6 +137,23 @@ def validate(config: ml_collections.ConfigDict) -> None:
   for key in ("weight_decay", "grad_clip_norm"):
     if not _lookup(config, o + key) >= 0:
       _fail(o + key, _lookup(config, o + key), "expected a float >= 0")
+  _check_int(config, o + "decay_steps", 0)
+  _check_int(config, o + "skip_nonfinite", 0)
+  opt = config.optimizer
+  min_lr = opt.min_learning_rate
+  if isinstance(min_lr, bool) or not isinstance(min_lr, (int, float)) or not (
+      0 <= min_lr <= opt.learning_rate):
+    _fail(o + "min_learning_rate", min_lr,
+          f"expected a float in [0, optimizer.learning_rate={opt.learning_rate}]")
+  if opt.schedule == "cosine":
+    _check_int(config, "train.num_steps", 1)  # The decay length when decay_steps is 0.
+    decay_steps = opt.decay_steps or config.train.num_steps
+    if decay_steps <= opt.warmup_steps:
+      where = (f"0 means train.num_steps={config.train.num_steps}"
+               if opt.decay_steps == 0 else "it counts the warmup too")
+      _fail(o + "decay_steps", opt.decay_steps,
+            f"with optimizer.schedule='cosine' the decay must end after the warmup ({where}): "
+            f"expected > optimizer.warmup_steps={opt.warmup_steps}")
 
   t = "train."
   _check_int(config, t + "num_steps", 1)
@@ -149,7 +164,96 @@ def validate(config: ml_collections.ConfigDict) -> None:
     _check_int(config, t + "eval_batches", 1)
   _check_int(config, "checkpoint.every", 1)
   _check_int(config, "checkpoint.keep", 1)
+  # Only the type here: whether the path holds a usable checkpoint is checked when loading.
+  if not isinstance(config.init_from, str):
+    _fail("init_from", config.init_from, "expected '' or the path of a run's workdir or of "
+          "one of its checkpoints/<step> directories")
   _validate_mesh(config)
+
+
+DECODE_OVERLONG = ("truncate", "error")
+
+
+def validate_decode(config: ml_collections.ConfigDict) -> None:
+  """Checks the decode.* fields (also after command-line flags changed them).
+
+  Temperature > 0 samples (top_k / top_p apply, beam_size is not used); at
+  temperature 0, beam_size 1 is greedy and beam_size > 1 is beam search.
+  """
+  k = "decode."
+  for key in ("beam_size", "max_new_tokens", "batch_size"):
+    _check_int(config, k + key, 1)
+  for key in ("max_length_offset", "top_k"):
+    _check_int(config, k + key, 0)
+  _check_choice(config, k + "overlong", DECODE_OVERLONG)
+  dec = config.decode
+  for key in ("alpha", "temperature"):
+    value = dec[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+      _fail(k + key, value, "expected a float >= 0")
+  if isinstance(dec.top_p, bool) or not isinstance(dec.top_p, (int, float)) or not (
+      0.0 < dec.top_p <= 1.0):
+    _fail(k + "top_p", dec.top_p, "expected a probability in (0, 1]")
+  if dec.temperature == 0 and (dec.top_k or dec.top_p < 1.0):
+    _fail(k + ("top_k" if dec.top_k else "top_p"), dec.top_k or dec.top_p,
+          "top_k and top_p only apply when sampling: set decode.temperature > 0 "
+          "(--temperature), or leave them at 0 and 1.0")
+
+
+def _validate_evaluation_hooks(config: ml_collections.ConfigDict) -> None:
+  t = "train."
+  _check_int(config, t + "bleu_examples", 0)
+  if config.train.bleu_examples and not (config.data.source_language and
+                                         config.model.arch == "encoder_decoder"):
+    _fail(t + "bleu_examples", config.train.bleu_examples, "BLEU is computed for "
+          "translation runs: model.arch='encoder_decoder' with data.source_language and "
+          "data.target_language set")
+  if config.train.sample_prompt and config.model.arch != "decoder":
+    _fail(t + "sample_prompt", config.train.sample_prompt, "samples come from a decoder "
+          f"LM (model.arch='decoder'), not model.arch={config.model.arch!r}")
+
+
+def _validate_data(config: ml_collections.ConfigDict) -> None:
+  d, data, model = "data.", config.data, config.model
+  _check_choice(config, d + "tokenizer", TOKENIZERS)
+  _check_choice(config, d + "spm_model_type", SPM_MODEL_TYPES)
+  _check_choice(config, d + "packing", PACKINGS)
+  _check_choice(config, d + "overlong", OVERLONG_POLICIES)
+  _check_choice(config, d + "decode_errors", DECODE_ERRORS)
+  for key in ("seq_len", "batch_size", "num_threads", "spm_train_sentences",
+              "continuation_chars"):
+    _check_int(config, d + key, 1)
+  for key in ("spm_vocab_size", "shuffle_rows"):
+    _check_int(config, d + key, 0)
+  _check_rate(config, d + "mask_rate")
+  if not isinstance(data.val_fraction, (int, float)) or not 0.0 < data.val_fraction < 1.0:
+    _fail(d + "val_fraction", data.val_fraction, "expected a fraction in (0, 1)")
+  if model.head == "classification" and not data.label_key:
+    _fail(d + "label_key", "", "a classification head needs the dataset's label feature "
+          "(e.g. 'label' for glue/sst2 and imdb_reviews)")
+  if not data.name:
+    _fail(d + "name", data.name, "expected a TFDS dataset name such as 'python_stdlib', or "
+          f"one of {LOCAL_DATASETS} with data.path")
+  if data.name in LOCAL_DATASETS and not data.path:
+    _fail(d + "path", data.path, f"data.name={data.name!r} builds a dataset from local "
+          "files: set data.path to the file or folder")
+  if data.path and data.name not in LOCAL_DATASETS:
+    _fail(d + "path", data.path, f"only the local datasets {LOCAL_DATASETS} read "
+          f"data.path, and data.name={data.name!r}; set data.name or clear data.path")
+  if bool(data.source_language) != bool(data.target_language):
+    _fail(d + "source_language" if not data.source_language else d + "target_language", "",
+          "translation needs both data.source_language and data.target_language "
+          f"(got {data.source_language!r} -> {data.target_language!r})")
+  if data.source_language and data.source_language == data.target_language:
+    _fail(d + "target_language", data.target_language, "must differ from "
+          "data.source_language")
+  if model.vocab_size == 0 and data.tokenizer == "sentencepiece" and not data.spm_vocab_size:
+    _fail(d + "spm_vocab_size", 0, "with model.vocab_size=0 (take the tokenizer's size), "
+          "SentencePiece needs its own size: set data.spm_vocab_size, e.g. 8000")
+  # Position tables have max_len rows; a lookup past the end returns NaN, not an error.
+  if data.seq_len > model.max_len and model.position in ("learned", "sinusoidal"):
+    _fail(d + "seq_len", data.seq_len,
+          f"must be <= model.max_len={model.max_len} with {model.position} positions")
 
 
 # Which heads each topology can carry, and the training objective each pair implies.
@@ -262,6 +366,9 @@ class ModelConfig:
   @classmethod
   def from_config(cls, model: ml_collections.ConfigDict) -> "ModelConfig":
     """Builds the frozen config from `config.model`, filling the 0 = derived fields."""
+    if model.vocab_size == 0:
+      raise ValueError("config.model.vocab_size=0 must be resolved from the tokenizer first "
+                       "(transformer.data.sources.resolved_vocab_size)")
     fields = {f.name for f in dataclasses.fields(cls)} - {"deterministic", "decode"}
     values = {k: model[k] for k in fields}
     values["num_kv_heads"] = model.num_kv_heads or model.num_heads

@@ -1,9 +1,13 @@
-"""AdamW with gradient clipping and the warmup + inverse-square-root schedule family.
+"""AdamW with gradient clipping, the warmup + inverse-square-root family and cosine.
 
 The paper's schedule, lr = scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5),
 is the warmup_rsqrt schedule with peak = scale * d_model^-0.5 * warmup^-0.5:
 linear warmup to the peak at step == warmup, then peak * sqrt(warmup / step).
 `step` counts from 1 as in the paper: the update with optax count c uses step c + 1.
+
+The cosine schedule (nanoGPT's recipe) is optax's warmup_cosine_decay_schedule, which
+counts from 0: lr is 0 at count 0, the peak at count == warmup_steps, and the floor
+from count == decay_steps on.
 """
 
 from __future__ import annotations
@@ -34,17 +38,36 @@ def noam_peak(scale: float, d_model: int, warmup_steps: int) -> float:
   return scale * d_model ** -0.5 * warmup_steps ** -0.5
 
 
-def make_schedule(optimizer: ml_collections.ConfigDict, d_model: int) -> optax.Schedule:
-  """The learning-rate schedule named by `optimizer.schedule`."""
+def make_schedule(optimizer: ml_collections.ConfigDict, d_model: int,
+                  num_steps: int) -> optax.Schedule:
+  """The learning-rate schedule named by `optimizer.schedule`.
+
+  Args:
+    optimizer: the `config.optimizer` block.
+    d_model: the model width (the noam schedule scales with d_model^-0.5).
+    num_steps: the run's `train.num_steps`; the cosine decay ends there when
+      `optimizer.decay_steps` is 0.
+
+  Returns:
+    A function from the optax step count (0 for the first update) to the rate.
+  """
   if optimizer.schedule == "noam":
     peak = noam_peak(optimizer.noam_scale, d_model, optimizer.warmup_steps)
     return warmup_rsqrt_schedule(peak, optimizer.warmup_steps)
   if optimizer.schedule == "warmup_rsqrt":
     return warmup_rsqrt_schedule(optimizer.learning_rate, optimizer.warmup_steps)
+  if optimizer.schedule == "cosine":
+    # decay_steps counts the warmup too (optax's convention, nanoGPT's lr_decay_iters),
+    # so the floor is reached at the same step whatever the warmup.
+    return optax.warmup_cosine_decay_schedule(
+        init_value=0.0, peak_value=optimizer.learning_rate,
+        warmup_steps=optimizer.warmup_steps,
+        decay_steps=optimizer.decay_steps or num_steps,
+        end_value=optimizer.min_learning_rate)
   if optimizer.schedule == "constant":
     return optax.constant_schedule(optimizer.learning_rate)
   raise ValueError(f"config.optimizer.schedule={optimizer.schedule!r}; "
-                   "valid: 'warmup_rsqrt', 'noam', 'constant'")
+                   "valid: 'warmup_rsqrt', 'noam', 'cosine', 'constant'")
 
 
 # Parameter names that are weights (decayed); biases and norm scales are not, even

@@ -9,6 +9,7 @@ after step s holds the post-update state with state.step == s.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import functools
 import json
@@ -28,12 +29,15 @@ from flax import linen as nn
 from jax.experimental import multihost_utils
 
 from transformer import checkpointing
+from transformer import evaluation
 from transformer import metrics as metrics_lib
 from transformer import optim
 from transformer import sharding
 from transformer import objectives
 from transformer.configuration import ConfigError, ModelConfig, objective_of, validate
+from transformer.data import packing
 from transformer.data import pipeline
+from transformer.data import sources
 from transformer.models import make_model
 
 
@@ -49,13 +53,17 @@ class TrainState:
 
 def train_step(state: TrainState, batch: dict[str, jax.Array], *, forward: Callable,
                tx: optax.GradientTransformation, schedule: optax.Schedule,
-               label_smoothing: float,
-               microbatches: int = 1) -> tuple[TrainState, dict[str, jax.Array]]:
+               label_smoothing: float, microbatches: int = 1,
+               skip_nonfinite: bool = False) -> tuple[TrainState, dict[str, jax.Array]]:
   """One optimizer update; returns the new state and metric sums for this batch.
 
   With `microbatches` = k > 1 the batch is processed as k sequential slices whose
   gradients are summed (gradient accumulation), which equals one step on the whole
   batch: the loss is normalised by the token count of the whole batch either way.
+
+  With `skip_nonfinite` an update whose loss or gradients are not finite is not
+  applied: params and optimizer state stay as they were, the step still advances,
+  the step's loss sums are zeroed and `skipped_updates` is 1.
   """
   rng = jax.random.fold_in(state.rng, state.step)
 
@@ -92,11 +100,20 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, forward: Calla
   grads = jax.tree.map(lambda g: g / jnp.maximum(sums["weight_sum"], 1.0), grad_sums)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
+  grad_norm, update_norm = optax.tree.norm(grads), optax.tree.norm(updates)
+  if skip_nonfinite:
+    finite = jnp.isfinite(grad_norm) & jnp.isfinite(sums["loss_sum"])
+    if_finite = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+    params = if_finite(params, state.params)
+    opt_state = if_finite(opt_state, state.opt_state)
+    update_norm = jnp.where(finite, update_norm, 0.0)
+    sums = {k: jnp.where(finite, v, jnp.zeros_like(v)) for k, v in sums.items()}
+    sums["skipped_updates"] = 1.0 - finite.astype(jnp.float32)
   sums.update(
       learning_rate=schedule(state.step),
-      grad_norm=optax.tree.norm(grads),
+      grad_norm=grad_norm,
       param_norm=optax.tree.norm(params),
-      update_norm=optax.tree.norm(updates))
+      update_norm=update_norm)
   new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
   return new_state, sums
 
@@ -147,7 +164,8 @@ class Trainer:
     model = make_model(model_config)
     eval_model = make_model(dataclasses.replace(model_config, deterministic=True))
     objective = objective_of(model_config.arch, model_config.head)
-    schedule = optim.make_schedule(config.optimizer, model_config.d_model)
+    schedule = optim.make_schedule(config.optimizer, model_config.d_model,
+                                   config.train.num_steps)
     tx = optim.make_optimizer(config.optimizer, schedule)
     init = make_init_fn(model, tx, config.data.seq_len, objective)
 
@@ -167,7 +185,8 @@ class Trainer:
         functools.partial(train_step, forward=objectives.make_forward(model, objective),
                           tx=tx, schedule=schedule,
                           label_smoothing=config.optimizer.label_smoothing,
-                          microbatches=config.train.microbatches),
+                          microbatches=config.train.microbatches,
+                          skip_nonfinite=config.optimizer.skip_nonfinite > 0),
         in_shardings=(state_shardings, batch_sharding),
         out_shardings=(state_shardings, replicated), donate_argnums=(0,))
     jit_eval = jax.jit(functools.partial(
@@ -233,6 +252,44 @@ class _StopRequest:
       signal.signal(sig, handler)
 
 
+class _KillAt:
+  """Test-only crash injection: TRANSFORMER_TEST_KILL_AT="<point>:<step>", read once per run.
+
+  The process SIGKILLs itself (no cleanup, no flush: as a power cut or an OOM kill) at
+  `point` of step `step`: after_step (the step's iteration is over), during_eval
+  (evaluated, not yet written), during_save (after manager.save returned, the async
+  write still in flight), after_save (the write finished). Tests rerun the command
+  and check that the run recovers exactly. Unset, a call is one comparison.
+  """
+
+  POINTS = ("after_step", "during_eval", "during_save", "after_save")
+  VARIABLE = "TRANSFORMER_TEST_KILL_AT"
+
+  def __init__(self, value: str):
+    self.point, self.step = None, None
+    if not value:
+      return
+    point, _, step = value.partition(":")
+    if point not in self.POINTS or not step.isdigit():
+      raise ValueError(f"{self.VARIABLE}={value!r} is invalid: expected <point>:<step> with "
+                       f"point one of {self.POINTS}, e.g. 'after_step:5'")
+    self.point, self.step = point, int(step)
+
+  @classmethod
+  def from_env(cls) -> "_KillAt":
+    return cls(os.environ.get(cls.VARIABLE, ""))
+
+  def __call__(self, point: str, step: int, first: Callable[[], Any] | None = None) -> None:
+    """Kills the process if (point, step) is the one asked for, after calling `first`."""
+    if point != self.point or step != self.step:
+      return
+    if first is not None:
+      first()
+    logging.warning("%s: killing this process %s %d", self.VARIABLE, point, step)
+    logging.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def check_batch_size(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> int:
   """Returns this process's rows per batch; the global batch must split evenly."""
   rules = sharding.rules_of(config.mesh)
@@ -252,7 +309,7 @@ def check_batch_size(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh)
 def evaluate(trainer: Trainer, params: Any, dataset, local_batch_size: int) -> dict[str, float]:
   """Runs the eval split (or its first `train.eval_batches` batches); returns eval_* metrics."""
   total = None
-  batches = pipeline.iterate_eval(dataset, local_batch_size, trainer.config.train.eval_batches)
+  batches = packing.iterate_eval(dataset, local_batch_size, trainer.config.train.eval_batches)
   template = None  # An all-padding batch for a process whose eval shard ran out first.
   while True:
     local_batch = next(batches, None)
@@ -280,6 +337,102 @@ def evaluate(trainer: Trainer, params: Any, dataset, local_batch_size: int) -> d
   return metrics_lib.summarize(total, prefix="eval_")
 
 
+def _resolve_vocab_size(config: ml_collections.ConfigDict,
+                        tokenizer) -> ml_collections.ConfigDict:
+  """A copy of `config` with model.vocab_size=0 replaced by the tokenizer's (rounded up)."""
+  vocab_size = sources.resolved_vocab_size(config, tokenizer)
+  if vocab_size == config.model.vocab_size:
+    return config
+  logging.info("model.vocab_size=0: using %d (the tokenizer's %d rounded up to a multiple "
+               "of %d)", vocab_size, tokenizer.vocab_size, sources.VOCAB_MULTIPLE)
+  config = copy.deepcopy(config)  # The caller's config stays as given.
+  config.model.vocab_size = vocab_size
+  return config
+
+
+# Keys a resumed run may change: for how long, how often to log, evaluate and save,
+# and decoding. Every other key shapes the model, the data order or the updates.
+RESUME_SAFE_KEYS = ("train.num_steps", "train.log_every", "train.eval_every",
+                    "train.eval_batches", "train.eval_at_start", "train.bleu_examples",
+                    "train.sample_prompt", "checkpoint.every", "checkpoint.keep",
+                    "checkpoint.async_save", "checkpoint.on_config_change", "data.num_threads")
+RESUME_SAFE_PREFIXES = ("decode.",)
+ON_CONFIG_CHANGE = ("stop", "allow")
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+  """{"model.d_model": 256, ...} from nested dicts; lists stay values."""
+  flat = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      flat.update(_flatten(value, f"{prefix}{key}."))
+    else:
+      flat[prefix + key] = value
+  return flat
+
+
+def _check_config_change(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """On resume, compares `config` (vocab_size resolved) with the run's config.json.
+
+  Changes to RESUME_SAFE_KEYS and decode.* apply and are logged. Any other change
+  stops the run with a ConfigError listing each key with its old and new value,
+  unless checkpoint.on_config_change is 'allow'. A key only one side has (one added
+  to configs/base.py since the run started) is logged. A workdir whose config.json
+  has no checkpoint beside it is not a resume: nothing is compared.
+  """
+  policy = config.checkpoint.on_config_change
+  if policy not in ON_CONFIG_CHANGE:
+    raise ConfigError(f"config.checkpoint.on_config_change={policy!r} is invalid: valid "
+                      "values are " + ", ".join(repr(p) for p in ON_CONFIG_CHANGE) + ".")
+  path = os.path.join(workdir, "config.json")
+  if not os.path.exists(path):
+    return
+  if not checkpointing.has_checkpoint(workdir):
+    logging.info("%s is from a run that saved no checkpoint: not a resume, so this config "
+                 "replaces it without a comparison", path)
+    return
+  try:
+    with open(path, encoding="utf-8") as f:
+      saved = _flatten(json.load(f))
+  except (OSError, ValueError) as e:
+    logging.warning("Cannot compare the config with the unreadable %s (%s); resuming "
+                    "without the check", path, e)
+    return
+  current = _flatten(json.loads(config.to_json_best_effort()))
+  # With a cosine schedule and decay_steps=0 the decay ends at num_steps: not cadence.
+  cosine_length = config.optimizer.schedule == "cosine" and not config.optimizer.decay_steps
+  safe, unsafe, one_sided = [], [], []
+  for key in sorted(set(saved) | set(current)):
+    if key not in saved or key not in current:
+      one_sided.append(f"{key} ({'new' if key in current else 'no longer'} in the config)")
+      continue
+    if saved[key] == current[key]:
+      continue
+    change = f"{key}: {saved[key]!r} -> {current[key]!r}"
+    if key == "train.num_steps" and cosine_length:
+      unsafe.append(change + " (the cosine decay length while optimizer.decay_steps=0)")
+    elif key in RESUME_SAFE_KEYS or key.startswith(RESUME_SAFE_PREFIXES):
+      safe.append(change)
+    else:
+      unsafe.append(change)
+  if one_sided:
+    logging.info("Resuming: keys only one of this config and %s has: %s", path,
+                 ", ".join(one_sided))
+  if safe:
+    logging.info("Resuming with changed settings (applied): %s", "; ".join(safe))
+  if unsafe and policy == "allow":
+    logging.warning("Resuming with checkpoint.on_config_change='allow' despite changes "
+                    "to keys that shape the model, data or updates (applied): %s",
+                    "; ".join(unsafe))
+  elif unsafe:
+    raise ConfigError(
+        f"Resuming {workdir} with a config that differs from its config.json in "
+        f"{len(unsafe)} key(s) that a resumed run cannot change:\n  " + "\n  ".join(unsafe) +
+        "\nRerun with the saved values, or use a new --workdir (config.init_from takes "
+        "over the parameters), or pass --config.checkpoint.on_config_change=allow to "
+        "resume with the changes anyway.")
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Trains `config` in `workdir`, resuming from its latest checkpoint if there is one.
 
@@ -295,20 +448,29 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   local_batch_size = check_batch_size(config, mesh)
   is_chief = jax.process_index() == 0
   os.makedirs(workdir, exist_ok=True)
-  if is_chief:
-    with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
-      f.write(config.to_json_best_effort(indent=2))
   logging.info("Mesh %s over %d devices (%d processes)", dict(mesh.shape),
                jax.device_count(), jax.process_count())
 
-  sources = pipeline.load_sources(config)
+  data_sources = sources.load_sources(config)
+  config = _resolve_vocab_size(config, data_sources.tokenizer)
+  _check_config_change(config, workdir)  # Before config.json is rewritten below.
+  if is_chief:  # The resolved config and the vocabulary: later commands rebuild from them.
+    with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
+      f.write(config.to_json_best_effort(indent=2))
+    sources.save_tokenizer(workdir, data_sources.tokenizer, config.data.tokenizer)
+  if config.init_from:
+    sources.check_init_from_tokenizer(config.init_from, data_sources.tokenizer,
+                                      config.data.tokenizer)
   objective = objective_of(config.model.arch, config.model.head)
-  logging.info("Objective: %s on %s", objective, sources.builder.info.full_name)
+  logging.info("Objective: %s on %s (%s tokenizer, vocabulary %d, model.vocab_size %d)",
+               objective, data_sources.builder.info.full_name, config.data.tokenizer,
+               data_sources.tokenizer.vocab_size, config.model.vocab_size)
   data_kwargs = dict(batch_size=local_batch_size, process_index=jax.process_index(),
                      process_count=jax.process_count())
   train_data, eval_data = (
-      pipeline.make_dataset(config, objective, sources.builder.as_data_source(split=split),
-                            sources.tokenizer, train=train, **data_kwargs)
+      pipeline.make_dataset(config, objective,
+                            data_sources.builder.as_data_source(split=split),
+                            data_sources.tokenizer, train=train, split=split, **data_kwargs)
       for split, train in ((config.data.train_split, True), (config.data.eval_split, False)))
   train_iter = iter(train_data)
 
@@ -328,16 +490,40 @@ def _train_loop(config, workdir, trainer, checkpointer, writer, train_iter, eval
                 objective, local_batch_size) -> dict[str, float]:
   """The loop of train_and_evaluate: restore or init, train, evaluate, save."""
   num_steps = config.train.num_steps
+  kill_at = _KillAt.from_env()
   last_metrics: dict[str, float] = {}
   with trainer.context():
-    latest = checkpointer.latest_step()
-    if latest is None:
+    # Unfinished, incomplete or corrupt checkpoints are moved aside, newest first.
+    restored = checkpointer.restore_latest(trainer.abstract_state, train_iter)
+    if restored is None and config.init_from:
+      # Fine-tuning: parameters whose path the source run has take its values (read
+      # into this run's shardings); the step and Adam's moments start fresh. Loading
+      # first lets a shape mismatch fail before init compiles.
+      loaded, _ = checkpointing.load_params(config.init_from, trainer.abstract_state.params)
       state = trainer.init(jax.random.PRNGKey(config.seed))
-      logging.info("Starting from scratch in %s", workdir)
+      state = state.replace(params=checkpointing.merge_params(state.params, loaded))
+      logging.info("Starting at step 0 in %s from the parameters of config.init_from=%r",
+                   workdir, config.init_from)
+    elif restored is None:
+      state = trainer.init(jax.random.PRNGKey(config.seed))
+      if checkpointer.set_aside:
+        logging.warning("Starting from scratch in %s: no usable checkpoint is left (%d "
+                        "moved to %s)", workdir, len(checkpointer.set_aside),
+                        checkpointer.bad_directory)
+      else:
+        logging.info("Starting from scratch in %s", workdir)
     else:
-      state = checkpointer.restore(latest, trainer.abstract_state, train_iter)
+      # A run's own checkpoint wins: rerunning a fine-tuning command resumes it.
+      latest, state = restored
       logging.info("Resumed from checkpoint %d in %s", latest, checkpointer.directory)
+      if config.init_from:
+        logging.info("Ignoring config.init_from=%r: resuming this run's own checkpoint",
+                     config.init_from)
     start_step = int(jax.device_get(state.step))
+    # One row per step: rows a stopped run wrote after this checkpoint are dropped.
+    kept_rows = writer.resume(start_step if restored is not None else -1)
+    guard = _NonFiniteGuard(config.optimizer.skip_nonfinite,
+                            total=int(sum(row.get("skipped_updates", 0) for row in kept_rows)))
     metrics_lib.log_parameter_count(state.params)
     # Tokens the model reads per step (both sides for seq2seq).
     sides = 2 if objective == "seq2seq" else 1
@@ -359,27 +545,41 @@ def _train_loop(config, workdir, trainer, checkpointer, writer, train_iter, eval
         if pending is not None:
           # The first two steps after a (re)start are always shown: the second has an ETA.
           train_sums, summary = _report(pending, train_sums, progress, writer, config,
-                                        force=pending[0] - start_step <= 2)
+                                        force=pending[0] - start_step <= 2, guard=guard)
           last_metrics = summary or last_metrics
         pending = (step + 1, step_metrics)
         done = step + 1
         if done % config.train.eval_every == 0 or done == num_steps:
           train_sums, summary = _report(pending, train_sums, progress, writer, config,
-                                        force=done - start_step <= 2)
+                                        force=done - start_step <= 2, guard=guard)
           last_metrics = summary or last_metrics
           pending = None
           eval_metrics = evaluate(trainer, state.params, eval_data, local_batch_size)
+          # train.bleu_examples / train.sample_prompt: eval_bleu, logged translations, a sample.
+          eval_metrics.update(evaluation.decode_at_evaluation(
+              config, workdir, trainer.model_config, state.params, writer, done))
+          kill_at("during_eval", done)
           logging.info("eval at step %d: %s", done, _format(eval_metrics))
           writer.write(done, eval_metrics)
           last_metrics = {**last_metrics, **eval_metrics}
         stopping = stop.should_stop(done, config.train.log_every)
         if done % config.checkpoint.every == 0 or done == num_steps or stopping:
+          if pending is not None:  # Checked first: a non-finite step is never saved.
+            train_sums, summary = _report(pending, train_sums, progress, writer, config,
+                                          force=done - start_step <= 2, guard=guard)
+            last_metrics = summary or last_metrics
+            pending = None
+          writer.sync()  # Rows up to `done` are not rewritten after a resume from it.
           checkpointer.save(done, state, train_iter)
+          kill_at("during_save", done)
+          kill_at("after_save", done, first=checkpointer.wait)
         if stopping:
           logging.warning("Stopped at step %d; rerun the same command to resume.", done)
           break
+        kill_at("after_step", done)
     if pending is not None:
-      _, summary = _report(pending, train_sums, progress, writer, config, force=True)
+      _, summary = _report(pending, train_sums, progress, writer, config, force=True,
+                           guard=guard)
       last_metrics = {**last_metrics, **(summary or {})}
   return last_metrics
 
@@ -388,14 +588,50 @@ def _format(metrics: dict[str, float]) -> str:
   return " | ".join(f"{k} {v:.4g}" for k, v in metrics.items())
 
 
-def _report(pending, train_sums, progress, writer, config, force=False):
-  """Checks a finished step's loss; logs accumulated metrics every `train.log_every` steps."""
+class _NonFiniteGuard:
+  """Stops at a non-finite step; with optimizer.skip_nonfinite=N, at N skipped in a row.
+
+  Fed every step's fetched metrics in order; the loop checks a step before it
+  evaluates or saves its state, so a non-finite state never reaches a checkpoint.
+  """
+
+  def __init__(self, limit: int, total: int = 0):
+    self.limit = limit  # 0: stop at the first; else skipping is on (see train_step).
+    self.total = total  # Skipped updates in the whole run (restored from metrics.jsonl).
+    self.streak: list[int] = []  # Steps skipped in a row, up to the latest.
+
+  def check(self, step: int, host: dict[str, Any]) -> None:
+    """Raises FloatingPointError naming the step(s) when the run must stop."""
+    if float(host.get("skipped_updates", 0.0)) > 0:
+      self.streak.append(step)
+      self.total += 1
+      logging.warning("Step %d: non-finite loss or gradients, update skipped (%d in a row "
+                      "of at most optimizer.skip_nonfinite=%d; %d in the run)", step,
+                      len(self.streak), self.limit, self.total)
+      if len(self.streak) >= self.limit:
+        raise FloatingPointError(
+            f"Non-finite loss or gradients at {len(self.streak)} steps in a row (steps "
+            f"{', '.join(map(str, self.streak))}), optimizer.skip_nonfinite={self.limit}: "
+            "stopping. Their updates were skipped; the newest checkpoint holds finite "
+            "parameters. Lower the learning rate or check the data at these steps.")
+      return
+    self.streak = []
+    loss = float(host["loss_sum"]) / max(float(host["weight_sum"]), 1.0)
+    grad_norm = float(host.get("grad_norm", 0.0))
+    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+      raise FloatingPointError(
+          f"Non-finite training loss {loss} or gradient norm {grad_norm} at step {step}; "
+          "the state after it was not saved (the newest checkpoint is from before it). "
+          f"Metrics: {json.dumps({k: float(v) for k, v in host.items()})}. Lower the "
+          "learning rate, or set optimizer.skip_nonfinite=N to skip such updates.")
+
+
+def _report(pending, train_sums, progress, writer, config, force=False, guard=None):
+  """Checks a finished step's loss and gradient norm; logs every `train.log_every` steps."""
   step, device_metrics = pending
   host = jax.device_get(device_metrics)
-  loss = float(host["loss_sum"]) / max(float(host["weight_sum"]), 1.0)
-  if not math.isfinite(loss):
-    raise FloatingPointError(f"Non-finite training loss {loss} at step {step}; "
-                             f"metrics: {json.dumps({k: float(v) for k, v in host.items()})}")
+  guard = guard or _NonFiniteGuard(config.optimizer.skip_nonfinite)
+  guard.check(step, host)
   progress.update(step)
   # Norms and the learning rate are per-step values: keep the latest, not a sum.
   per_step = {k: host.pop(k) for k in ("learning_rate", "grad_norm", "param_norm",
@@ -406,8 +642,12 @@ def _report(pending, train_sums, progress, writer, config, force=False):
     return train_sums, None
   summary = metrics_lib.summarize(train_sums)
   summary.update({k: float(v) for k, v in per_step.items()})
+  line = progress.line(step, summary)
+  if guard.limit:
+    summary["skipped_total"] = float(guard.total)
+    line += f" | skipped {summary['skipped_updates']:.0f} ({guard.total} in the run)"
   if math.isfinite(progress.seconds_per_step):
     summary["seconds_per_step"] = progress.seconds_per_step
-  logging.info("%s", progress.line(step, summary))
+  logging.info("%s", line)
   writer.write(step, summary)
   return None, summary

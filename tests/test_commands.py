@@ -1,0 +1,359 @@
+"""launch.py's evaluate / translate / generate / average modes, and BLEU during training.
+
+Two tiny runs are trained once for the module (4 steps, checkpoints at 2 and 4): a
+byte-level English->"GERMAN" translation model (the target is the upper-cased source)
+with in-training BLEU, and a character-level LM with an in-training sample. The tests
+then only read their workdirs, which also checks that no command writes into them
+beyond its result file.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+from unittest import mock
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+import sacrebleu
+
+from configs import base
+from test_datasets import tiny, write_local_files
+from test_decoding import _FAST_ENTRY_POINTS  # pylint: disable=protected-access
+from test_decoding import fast_decoding_compiles  # pylint: disable=unused-import (autouse)
+from transformer import checkpointing
+from transformer import commands
+from transformer import decoding
+from transformer import evaluation
+from transformer import metrics as metrics_lib
+from transformer import train
+from transformer.configuration import ConfigError
+from transformer.data import tokenizers
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _train(config, workdir):
+  """train_and_evaluate, recording what the run wrote as TensorBoard text."""
+  texts = []
+  original = metrics_lib.MetricWriter.write_text
+
+  def record(writer, step, tag, text):
+    texts.append((step, tag, text))
+    original(writer, step, tag, text)
+
+  with mock.patch.object(metrics_lib.MetricWriter, "write_text", autospec=True,
+                         side_effect=record), \
+       mock.patch.multiple(decoding, **_FAST_ENTRY_POINTS):  # As the tests' autouse fixture.
+    result = train.train_and_evaluate(config, workdir)
+  return result, texts
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+  root = tmp_path_factory.mktemp("files")
+  return root, write_local_files(root)
+
+
+@pytest.fixture(scope="module")
+def translation_run(files):
+  root, paths = files
+  config = tiny(base.get_config(), str(root / "tfds"), name="local_parallel",
+                path=paths["local_parallel"], source_language="en", target_language="de",
+                tokenizer="bytes")
+  config.model.arch = "encoder_decoder"
+  config.train.bleu_examples = 4
+  config.decode.update(beam_size=2, max_length_offset=8, batch_size=4)
+  workdir = str(root / "translation")
+  result, texts = _train(config, workdir)
+  return workdir, result, texts
+
+
+@pytest.fixture(scope="module")
+def lm_run(files):
+  root, paths = files
+  config = tiny(base.get_config(), str(root / "tfds"), name="local_text",
+                path=paths["local_text"], tokenizer="char")
+  config.train.update(eval_batches=-1, sample_prompt="the cat")
+  config.decode.max_new_tokens = 8
+  workdir = str(root / "lm")
+  result, texts = _train(config, workdir)
+  return workdir, result, texts
+
+
+def _snapshot(workdir):
+  """Every file of a workdir with its size and modification time."""
+  return {os.path.relpath(os.path.join(d, f), workdir): (os.path.getsize(os.path.join(d, f)),
+                                                         os.path.getmtime(os.path.join(d, f)))
+          for d, _, names in os.walk(workdir) for f in names}
+
+
+# ---------------------------------------------------------------- during training
+
+
+def test_bleu_and_translations_are_reported_at_each_evaluation(translation_run):
+  workdir, result, texts = translation_run
+  with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
+    rows = [json.loads(line) for line in f]
+  bleu_steps = [r["step"] for r in rows if "eval_bleu" in r]
+  assert bleu_steps == [2, 4]  # Not at step 0: only the periodic evaluations decode.
+  assert all(0.0 <= r["eval_bleu"] <= 100.0 for r in rows if "eval_bleu" in r)
+  assert "eval_bleu" in result
+  translations = [(step, text) for step, tag, text in texts if tag == "translations"]
+  assert [step for step, _ in translations] == [2, 4]
+  assert translations[0][1].count("**source:**") == 2  # Two examples per evaluation.
+
+
+def test_sample_prompt_is_continued_at_each_evaluation(lm_run):
+  _, result, texts = lm_run
+  assert [(step, tag) for step, tag, _ in texts] == [(2, "sample"), (4, "sample")]
+  assert texts[0][2].startswith("**prompt:** the cat")
+  assert "eval_bleu" not in result
+
+
+# ---------------------------------------------------------------- a run from its workdir
+
+
+def test_the_run_config_reads_back_and_a_config_brings_only_data_and_decode(lm_run):
+  workdir = lm_run[0]
+  config = commands.load_config(workdir)
+  assert config.mesh.shape == base.get_config().mesh.shape  # Tuples again, not JSON lists.
+  assert config.mesh.rules == base.get_config().mesh.rules
+  assert (config.model.vocab_size, config.model.d_model, config.data.tokenizer) == (128, 32,
+                                                                                    "char")
+  other = base.get_config()
+  other.data.update(batch_size=16, eval_split="train", tokenizer="bytes", seq_len=32)
+  other.decode.beam_size = 3
+  other.model.d_model = 512
+  config = commands.load_config(workdir, other)
+  assert (config.data.batch_size, config.data.eval_split, config.decode.beam_size) == (
+      16, "train", 3)
+  assert (config.data.tokenizer, config.model.d_model) == ("char", 32)  # The run's.
+
+
+# ---------------------------------------------------------------- evaluate
+
+
+def test_evaluate_an_lm_gives_the_training_eval_loss(lm_run):
+  workdir, result, _ = lm_run
+  before = _snapshot(workdir)
+  out = io.StringIO()
+  record = commands.evaluate(workdir, stdout=out)
+  path = os.path.join(workdir, "eval_validation_step4.json")
+  with open(path, encoding="utf-8") as f:
+    assert json.load(f) == record
+  # The same split, the whole of it (train.eval_batches=-1), the same step-4 params.
+  assert record["metrics"]["loss"] == pytest.approx(result["eval_loss"], rel=1e-6)
+  assert record["metrics"]["tokens"] == result["eval_tokens"]
+  assert record["checkpoint_steps"] == [4] and record["split"] == "validation"
+  assert "loss" in out.getvalue() and path in out.getvalue()
+  after = _snapshot(workdir)
+  assert {k: v for k, v in after.items() if k != os.path.basename(path)} == before
+  with pytest.raises(ConfigError, match=r"eval_validation_step4\.json' exists; pass "
+                     r"--overwrite"):
+    commands.evaluate(workdir)
+  assert commands.result_path("w", "test", [2, 4], 10) == "w/eval_test_step4_avg2_first10.json"
+
+
+def test_evaluate_bleu_is_sacrebleus_on_the_same_strings(translation_run, files, tmp_path,
+                                                          monkeypatch):
+  """The command's BLEU is corpus_bleu(outputs, raw references) over the whole split."""
+  workdir, _, _ = translation_run
+  _, paths = files
+
+  def fake_translate(model_config, params, tokenizer, texts, decode, policy, **kwargs):
+    del model_config, params, tokenizer, decode, policy, kwargs
+    # Right (upper-cased) for some sentences only, so that BLEU is neither 0 nor 100.
+    return [t.upper() if len(t) % 3 else t.upper()[::-1] for t in texts]
+
+  monkeypatch.setattr(evaluation, "translate_texts", fake_translate)
+  record = commands.evaluate(workdir, output=str(tmp_path / "eval.json"), stdout=io.StringIO())
+
+  with open(os.path.join(paths["local_parallel"], "val.en"), encoding="utf-8") as f:
+    english = f.read().splitlines()
+  with open(os.path.join(paths["local_parallel"], "val.de"), encoding="utf-8") as f:
+    german = f.read().splitlines()
+  hypotheses = fake_translate(None, None, None, english, None, None)
+  expected = sacrebleu.corpus_bleu(hypotheses, [german])
+  assert 0 < expected.score < 100
+  assert record["metrics"]["bleu"] == expected.score  # Exactly: the same n-gram counts.
+  assert record["metrics"]["chrf"] == sacrebleu.corpus_chrf(hypotheses, [german]).score
+  assert record["examples"] == len(english)
+  assert record["sacrebleu"]["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+  assert record["decoding"]["search"] == "beam" and record["decoding"]["beam_size"] == 2
+
+
+# ---------------------------------------------------------------- translate
+
+
+def test_translate_keeps_line_order_and_empty_lines(translation_run, tmp_path, monkeypatch):
+  """A stand-in decoder that reverses each source: what comes back must be its line's."""
+  workdir, _, _ = translation_run
+  shapes = []
+
+  def reverse_sources(config, params, inputs_BS, segment_ids_BS, **kwargs):
+    del config, params, kwargs
+    shapes.append(inputs_BS.shape)
+    out = np.zeros((inputs_BS.shape[0], inputs_BS.shape[1] + 1), np.int32)
+    for row, (ids, real) in enumerate(zip(np.asarray(inputs_BS), np.asarray(segment_ids_BS))):
+      ids = ids[real == 1][:-1]  # Without the eos.
+      out[row, :len(ids) + 1] = np.append(ids[::-1], tokenizers.EOS_ID)
+    return out
+
+  monkeypatch.setattr(decoding, "generate_seq2seq", reverse_sources)
+  lines = ["a", "", "the cat sees a dog", "x" * 40, "  ", "dog and cat", "b c", "", "runs"]
+  (tmp_path / "in.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+  out = str(tmp_path / "out.txt")
+  overrides = {"batch_size": 2}
+  commands.translate(workdir, input_path=str(tmp_path / "in.txt"), output_path=out,
+                     decode_overrides=overrides)
+  with open(out, encoding="utf-8") as f:
+    got = f.read().split("\n")
+  assert got[-1] == "" and len(got) == len(lines) + 1
+  # The 40-byte line is cut to seq_len 32 with its eos: 31 bytes.
+  assert got[:-1] == [l[:31][::-1] if l.strip() else "" for l in lines]
+  # Sorted by length into batches of 2, padded to width buckets 8 / 32: few programs.
+  assert set(shapes) <= {(2, 8), (2, 16), (2, 32)} and len(shapes) == 3
+
+  with pytest.raises(ConfigError, match=r"out\.txt' exists; pass --overwrite"):
+    commands.translate(workdir, input_path=str(tmp_path / "in.txt"), output_path=out)
+  commands.translate(workdir, input_path=str(tmp_path / "in.txt"), output_path=out,
+                     overwrite=True)
+  with pytest.raises(ConfigError, match="is the input file"):
+    commands.translate(workdir, input_path=str(tmp_path / "in.txt"),
+                       output_path=str(tmp_path / "in.txt"), overwrite=True)
+  assert (tmp_path / "in.txt").read_text(encoding="utf-8").split("\n")[:-1] == lines
+
+
+def test_translate_through_launch(translation_run, tmp_path):
+  """The flags reach the command: a 3-line file with an empty line, the real model."""
+  workdir, _, _ = translation_run
+  (tmp_path / "in.txt").write_text("the cat\n\ndog runs home\n", encoding="utf-8")
+  result = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "launch.py"), "--mode=translate",
+       f"--workdir={workdir}", f"--input={tmp_path}/in.txt", f"--output={tmp_path}/out.txt",
+       "--beam_size=1", "--max_length_offset=4"],
+      cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+      env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})  # One CPU device.
+  assert result.returncode == 0, result.stderr[-3000:]
+  lines = (tmp_path / "out.txt").read_text(encoding="utf-8").split("\n")
+  assert len(lines) == 4 and lines[1] == "" and lines[3] == ""
+  assert "translate: 3/3 sentences" in result.stderr
+  assert result.stdout == ""  # Translations went to the file.
+
+
+# ---------------------------------------------------------------- generate
+
+
+def test_generate_at_temperature_zero_is_decoding_generate(lm_run):
+  workdir, _, _ = lm_run
+  out = io.StringIO()
+  overrides = {"temperature": 0.0, "beam_size": 1, "max_new_tokens": 8}
+  continuation, = commands.generate(workdir, ["the cat"], decode_overrides=overrides,
+                                    stdout=out)
+  assert out.getvalue() == continuation + "\n"
+
+  run = commands.load_run(workdir)
+  prompt = np.concatenate([[tokenizers.BOS_ID], run.tokenizer.encode("the cat")])[None]
+  with run.trainer.context():
+    tokens = decoding.generate(run.trainer.model_config, run.params, prompt, 8)
+  row = np.asarray(tokens)[0]
+  expected = row[:list(row).index(tokenizers.EOS_ID)] if tokenizers.EOS_ID in row else row
+  assert continuation == run.tokenizer.decode(expected)
+
+
+# ---------------------------------------------------------------- average
+
+
+def test_average_is_the_mean_of_the_checkpoints(translation_run, tmp_path):
+  workdir, _, _ = translation_run
+  before = _snapshot(workdir)
+  out = tmp_path / "averaged"
+  path = commands.average(workdir, str(out), average_last=2)
+  assert path == str(out / "checkpoints" / "4")
+  restore = lambda directory: ocp.StandardCheckpointer().restore(
+      os.path.join(directory, "state"))["params"]
+  two, four = (restore(os.path.join(workdir, "checkpoints", s)) for s in ("2", "4"))
+  mean = jax.tree.map(lambda a, b: (np.asarray(a) + np.asarray(b)) / 2, two, four)
+  jax.tree.map(lambda got, want: np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7),
+               restore(path), mean)
+  assert _snapshot(workdir) == before  # The source run is only read.
+  with open(out / "averaged.json", encoding="utf-8") as f:
+    assert json.load(f)["steps"] == [2, 4]
+
+  # The averaged workdir is a run for the other modes and for config.init_from.
+  run = commands.load_run(str(out))
+  assert run.steps == [4]
+  _, match = checkpointing.load_params(str(out), run.trainer.abstract_state.params)
+  assert not match.new and not match.dropped
+  with pytest.raises(ConfigError, match="exists and is not an empty directory"):
+    commands.average(workdir, str(out), average_last=2)
+  with pytest.raises(ConfigError, match="inside the source workdir"):
+    commands.average(workdir, os.path.join(workdir, "avg"), average_last=2)
+
+
+# ---------------------------------------------------------------- mistakes
+
+
+def _copy_without(workdir, tmp_path, *, drop=(), model=None):
+  """A copy of a run, without some of its files or with other model.* fields."""
+  copy = tmp_path / "copy"
+  shutil.copytree(workdir, copy)
+  for name in drop:
+    path = copy / name
+    if path.is_dir():
+      shutil.rmtree(path)
+    else:
+      path.unlink()
+  if model:
+    config = json.loads((copy / "config.json").read_text())
+    config["model"].update(model)
+    (copy / "config.json").write_text(json.dumps(config))
+  return str(copy)
+
+
+MISTAKES = {  # name -> (which run, how to break it, the call, the message)
+    "prompt_too_long": ("lm", {}, lambda w: commands.generate(
+        w, ["x" * 40], decode_overrides={"overlong": "error", "max_new_tokens": 4}),
+                        r"--prompt has 41 tokens, more than the 29 a prompt may have"),
+    "empty_prompt": ("lm", {}, lambda w: commands.generate(w, [""]), r"--prompt is empty"),
+    "no_checkpoints": ("lm", {"drop": ["checkpoints"]}, commands.load_run,
+                       r"checkpoints holds no complete checkpoint: train first"),
+    "no_config": ("lm", {"drop": ["config.json"]}, commands.load_run,
+                  r"has no config\.json: expected the workdir of a training run"),
+    "no_tokenizer": ("lm", {"drop": ["tokenizer.json"]}, commands.load_run,
+                     r"has no tokenizer\.json"),
+    "shape_mismatch": ("lm", {"model": {"mlp_dim": 128}}, commands.load_run,
+                       r"does not match the model of .*config\.json: .*block_0/mlp/wi/kernel is "
+                       r"\(32, 64\) in the checkpoint but \(32, 128\) in the model"),
+    "unknown_step": ("lm", {}, lambda w: commands.load_run(w, checkpoint_step=3),
+                     r"--checkpoint_step=3: .* has no such checkpoint; its steps are 2, 4"),
+    "too_few_to_average": ("lm", {}, lambda w: commands.load_run(w, average_last=3),
+                           r"--average_last=3 needs 3 checkpoints but .* holds 2 \(steps 2, 4\)"
+                           r": a run keeps only its newest checkpoint\.keep=2"),
+    "generate_on_translation": ("translation", {}, lambda w: commands.generate(w, ["a"]),
+                                r"--mode=generate needs a model with arch='decoder'"),
+    "translate_on_lm": ("lm", {}, lambda w: commands.translate(w, stdin=io.StringIO("a\n")),
+                        r"--mode=translate needs a model with arch='encoder_decoder'"),
+    "beam_and_sampling": ("lm", {}, lambda w: commands.load_run(
+        w, decode_overrides={"beam_size": 4, "temperature": 0.7}),
+                          r"beam search does not sample"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MISTAKES))
+def test_mistakes_get_clear_messages(name, lm_run, translation_run, tmp_path):
+  which, breakage, call, message = MISTAKES[name]
+  workdir = {"lm": lm_run, "translation": translation_run}[which][0]
+  before = _snapshot(workdir)
+  if breakage:
+    workdir = _copy_without(workdir, tmp_path, **breakage)
+  with pytest.raises(ConfigError, match=message):
+    call(workdir)
+  assert _snapshot({"lm": lm_run, "translation": translation_run}[which][0]) == before

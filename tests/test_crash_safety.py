@@ -1,0 +1,466 @@
+"""Crash safety: nothing lost, nothing silent.
+
+A run killed anywhere reruns to the same losses and bitwise the same parameters,
+with one metrics row per step; a non-finite step never reaches a checkpoint;
+unfinished or corrupt checkpoints are set aside, never loaded; a resume with a
+changed config applies cadence changes and stops on the others.
+"""
+
+import glob
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from tensorboardX.proto import event_pb2
+
+import crash_worker
+from tiny import make_tiny_config
+from transformer import checkpointing
+from transformer import metrics
+from transformer import sharding
+from transformer import train
+from transformer.configuration import ConfigError, validate
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# ---------------------------------------------------------------- helpers
+
+
+def _rows(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
+    return [json.loads(line) for line in f]
+
+
+def _by_step(workdir, key):
+  """{step: row} of the rows holding `key`; fails if a step has two such rows."""
+  rows = [r for r in _rows(workdir) if key in r]
+  steps = [r["step"] for r in rows]
+  assert len(steps) == len(set(steps)), f"a step written twice: {steps}"
+  # Timing is the one thing a rerun may not reproduce.
+  return {r["step"]: {k: v for k, v in r.items() if k != "seconds_per_step"} for r in rows}
+
+
+def _checkpoint_steps(workdir):
+  directory = os.path.join(workdir, "checkpoints")
+  return sorted(int(s) for s in os.listdir(directory) if s.isdigit())
+
+
+def _restore_raw(workdir, step):
+  path = os.path.join(os.path.abspath(workdir), "checkpoints", str(step), "state")
+  return ocp.StandardCheckpointer().restore(path)
+
+
+def _assert_trees_equal(a, b):
+  leaves_a, tree_a = jax.tree.flatten(a)
+  leaves_b, tree_b = jax.tree.flatten(b)
+  assert tree_a == tree_b
+  for x, y in zip(leaves_a, leaves_b):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def _all_finite(tree):
+  return all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(tree)
+             if np.issubdtype(np.asarray(x).dtype, np.floating))
+
+
+def _events(path):
+  """The Event protos of one TensorBoard events file (TFRecord framing)."""
+  with open(path, "rb") as f:
+    data = f.read()
+  offset = 0
+  while offset < len(data):
+    (length,) = struct.unpack("<Q", data[offset:offset + 8])
+    event = event_pb2.Event()
+    event.ParseFromString(data[offset + 12:offset + 12 + length])
+    offset += 12 + length + 4
+    yield event
+
+
+def _tensorboard_scalars(workdir, tag):
+  """{step: [values]} as TensorBoard shows `tag`: a purge event hides steps >= its step."""
+  paths = glob.glob(os.path.join(workdir, "tensorboard", "events.out.tfevents.*"))
+  seen = {}
+  for path in sorted(paths, key=lambda p: (int(os.path.basename(p).split(".")[3]), p)):
+    for event in _events(path):
+      if event.session_log.status == event_pb2.SessionLog.START:
+        seen = {step: v for step, v in seen.items() if step < event.step}
+      for value in event.summary.value:
+        if value.tag == tag:
+          seen.setdefault(event.step, []).append(value.simple_value)
+  return seen
+
+
+# ---------------------------------------------------------------- 1. one row per step
+
+
+def test_metric_writer_resume_keeps_rows_up_to_the_checkpoint(tmp_path, caplog):
+  workdir = str(tmp_path)
+  writer = metrics.MetricWriter(workdir)
+  writer.write(0, {"eval_loss": 5.0})
+  for step in range(1, 6):
+    writer.write(step, {"loss": float(step)})
+    if step == 3:
+      writer.write(3, {"eval_loss": 4.0})
+  writer.close()
+  with open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8") as f:
+    f.write('{"step": 6, "lo')  # A torn line: the process died mid-write.
+
+  writer = metrics.MetricWriter(workdir)
+  with caplog.at_level("WARNING"):
+    kept = writer.resume(3)
+  assert "dropped 3 rows written after step 3" in caplog.text  # 4, 5 and the torn one.
+  assert [(r["step"], sorted(r)) for r in kept] == [
+      (0, ["eval_loss", "step"]), (1, ["loss", "step"]), (2, ["loss", "step"]),
+      (3, ["loss", "step"]), (3, ["eval_loss", "step"])]
+  assert _rows(workdir) == kept
+  assert not os.path.exists(os.path.join(workdir, "metrics.jsonl.tmp"))
+  for step in (4, 5):
+    writer.write(step, {"loss": 10.0 * step})
+  writer.close()
+  assert [r["step"] for r in _rows(workdir) if "loss" in r] == [1, 2, 3, 4, 5]
+  # TensorBoard: the new events file purges what the dead run wrote after step 3.
+  assert _tensorboard_scalars(workdir, "loss") == {1: [1.0], 2: [2.0], 3: [3.0],
+                                                    4: [40.0], 5: [50.0]}
+
+  writer = metrics.MetricWriter(workdir)
+  assert writer.resume(-1) == []  # A start from scratch: every row goes.
+  writer.close()
+  assert not _rows(workdir)
+
+
+def _run_worker(workdir, data_dir, kill_at=None, sync_save=False):
+  """Runs tests/crash_worker.py on one CPU device; returns (returncode, output)."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+  env.pop(train._KillAt.VARIABLE, None)  # pylint: disable=protected-access
+  if kill_at:
+    env[train._KillAt.VARIABLE] = kill_at  # pylint: disable=protected-access
+  command = [sys.executable, os.path.join(ROOT, "tests", "crash_worker.py"),
+             f"--workdir={workdir}", f"--data_dir={data_dir}"]
+  if sync_save:
+    command.append("--sync_save")
+  result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600, check=False)
+  return result.returncode, result.stdout + result.stderr
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tfds_data_dir, tmp_path_factory):
+  """The worker's run without a crash: the reference every killed run must match."""
+  workdir = str(tmp_path_factory.mktemp("uninterrupted") / "run")
+  code, output = _run_worker(workdir, tfds_data_dir)
+  assert code == 0, output[-3000:]
+  return workdir
+
+
+def _kill_and_rerun(point_and_step, uninterrupted, tfds_data_dir, tmp_path, sync_save=False):
+  """Kills the worker at `point_and_step`, reruns it, checks it matches `uninterrupted`."""
+  workdir = str(tmp_path / "run")
+  code, output = _run_worker(workdir, tfds_data_dir, point_and_step, sync_save)
+  assert code == -9, f"expected a SIGKILL, got {code}:\n{output[-3000:]}"
+  assert f"killing this process {point_and_step.replace(':', ' ')}" in output
+  killed_rows = _rows(workdir)
+
+  code, output = _run_worker(workdir, tfds_data_dir, sync_save=sync_save)  # The same command.
+  assert code == 0, output[-3000:]
+  resumed = _checkpoint_steps(workdir)
+  num_steps = crash_worker.NUM_STEPS
+  assert resumed[-1] == num_steps
+  # One row per step, equal to the uninterrupted run's: same data order, same updates.
+  assert list(_by_step(workdir, "loss")) == list(range(1, num_steps + 1))
+  assert _by_step(workdir, "loss") == _by_step(uninterrupted, "loss")
+  assert _by_step(workdir, "eval_loss") == _by_step(uninterrupted, "eval_loss")
+  assert _tensorboard_scalars(workdir, "loss") == _tensorboard_scalars(uninterrupted, "loss")
+  _assert_trees_equal(_restore_raw(workdir, num_steps), _restore_raw(uninterrupted, num_steps))
+  data = os.path.join("checkpoints", str(num_steps), "data", "process_0-of-1.json")
+  with open(os.path.join(workdir, data), encoding="utf-8") as a, \
+       open(os.path.join(uninterrupted, data), encoding="utf-8") as b:
+    assert json.load(a) == json.load(b)  # The data iterator ends at the same position.
+  return killed_rows, output
+
+
+def test_sigkill_after_a_step_reruns_exactly(uninterrupted, tfds_data_dir, tmp_path):
+  """Killed after step 5 (checkpoint 3 written): the rows of step 4 are written again, once."""
+  killed_rows, output = _kill_and_rerun("after_step:5", uninterrupted, tfds_data_dir,
+                                        tmp_path, sync_save=True)
+  # The dead run had written rows past its last checkpoint (train rows of 4, eval of 4).
+  assert max(r["step"] for r in killed_rows) == 4
+  assert "Resumed from checkpoint 3" in output
+  assert "dropped 2 rows written after step 3" in output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point_and_step", ["during_eval:4", "during_save:6", "after_save:6",
+                                            "after_step:7"])
+def test_sigkill_anywhere_reruns_exactly(point_and_step, uninterrupted, tfds_data_dir,
+                                         tmp_path):
+  """Async saves: where a save was in flight, the rerun sets it aside and resumes before it."""
+  _, output = _kill_and_rerun(point_and_step, uninterrupted, tfds_data_dir, tmp_path)
+  if point_and_step == "after_save:6":
+    assert "Resumed from checkpoint 6" in output
+  elif point_and_step == "during_save:6":
+    assert "Resumed from checkpoint 6" not in output
+
+
+def test_kill_hook_is_inert_unless_asked(monkeypatch):
+  monkeypatch.delenv(train._KillAt.VARIABLE, raising=False)  # pylint: disable=protected-access
+  hook = train._KillAt.from_env()  # pylint: disable=protected-access
+  hook("after_step", 5)  # Unset: nothing happens.
+  hook = train._KillAt("after_save:6")  # pylint: disable=protected-access
+  called = []
+  hook("after_save", 5, first=lambda: called.append(1))  # Another step: nothing either.
+  assert not called
+  with pytest.raises(ValueError, match="TRANSFORMER_TEST_KILL_AT='during_lunch:3'"):
+    train._KillAt("during_lunch:3")  # pylint: disable=protected-access
+
+
+# ---------------------------------------------------------------- 2. non-finite steps
+
+
+@pytest.fixture
+def poison_steps(monkeypatch):
+  """poison_steps({4}) makes the batches of those steps (1-based) carry NaN weights."""
+  steps = set()
+  create = train.Trainer.create
+
+  def poisoned_create(cls, config, mesh):
+    del cls
+    trainer = create(config, mesh)
+    train_step = trainer.train_step
+
+    def step_with_poison(state, batch):
+      if int(state.step) + 1 in steps:
+        batch = dict(batch, weights=batch["weights"] * jnp.nan)
+      return train_step(state, batch)
+
+    trainer.train_step = step_with_poison
+    return trainer
+
+  monkeypatch.setattr(train.Trainer, "create", classmethod(poisoned_create))
+  return steps.update
+
+
+def test_nonfinite_step_stops_before_it_is_saved(tiny_config, tmp_path, poison_steps):
+  poison_steps({4})
+  tiny_config.checkpoint.every = 1  # A save after every step: step 4's must not happen.
+  workdir = str(tmp_path / "run")
+  with pytest.raises(FloatingPointError, match=r"Non-finite training loss nan .* at step 4"):
+    train.train_and_evaluate(tiny_config, workdir)
+  assert _checkpoint_steps(workdir) == [1, 2, 3]
+  assert _all_finite(_restore_raw(workdir, 3))
+  assert [r["step"] for r in _rows(workdir) if "loss" in r] == [1, 2, 3]
+
+
+def test_skip_nonfinite_skips_updates_then_stops_after_a_streak(tiny_config, tmp_path,
+                                                                 poison_steps):
+  tiny_config.optimizer.skip_nonfinite = 2
+  tiny_config.checkpoint.every = 1
+  poison_steps({4})  # One bad batch: skipped, the run goes on.
+  workdir = str(tmp_path / "one")
+  train.train_and_evaluate(tiny_config, workdir)
+  rows = _by_step(workdir, "skipped_updates")
+  assert [rows[s]["skipped_updates"] for s in range(1, 7)] == [0, 0, 0, 1, 0, 0]
+  assert [rows[s]["skipped_total"] for s in range(1, 7)] == [0, 0, 0, 1, 1, 1]
+  assert "loss" not in rows[4] and all("loss" in rows[s] for s in (1, 2, 3, 5, 6))
+  before, skipped = _restore_raw(workdir, 3), _restore_raw(workdir, 4)
+  assert int(skipped["step"]) == 4  # The step advanced ...
+  _assert_trees_equal(skipped["params"], before["params"])  # ... the update did not happen.
+  _assert_trees_equal(skipped["opt_state"], before["opt_state"])
+  assert _all_finite(_restore_raw(workdir, 6))
+
+  poison_steps({5})  # Now 4 and 5: two in a row stops the run.
+  workdir = str(tmp_path / "streak")
+  with pytest.raises(FloatingPointError, match=r"2 steps in a row \(steps 4, 5\)"):
+    train.train_and_evaluate(tiny_config, workdir)
+  assert _checkpoint_steps(workdir) == [1, 2, 3, 4]
+  assert _all_finite(_restore_raw(workdir, 4))
+
+
+@pytest.mark.parametrize("value", [-1, True])
+def test_skip_nonfinite_is_validated(tiny_config, value):
+  tiny_config.optimizer.skip_nonfinite = value
+  with pytest.raises(ConfigError, match=r"config\.optimizer\.skip_nonfinite=.* expected an "
+                     r"integer >= 0"):
+    validate(tiny_config)
+
+
+# ---------------------------------------------------------------- 3. bad checkpoints
+
+
+@pytest.fixture(scope="module")
+def finished_run(tfds_data_dir, tmp_path_factory):
+  """A finished 6-step tiny run (checkpoints 3 and 6), kept pristine: tests copy it."""
+  workdir = str(tmp_path_factory.mktemp("finished") / "run")
+  train.train_and_evaluate(make_tiny_config(tfds_data_dir), workdir)
+  return workdir
+
+
+def _copy(run, tmp_path):
+  workdir = str(tmp_path / "run")
+  shutil.copytree(run, workdir)
+  return workdir
+
+
+def _truncate_largest_file(step_dir):
+  files = [os.path.join(d, f) for d, _, names in os.walk(step_dir) for f in names]
+  largest = max(files, key=os.path.getsize)
+  with open(largest, "r+b") as f:
+    f.truncate(os.path.getsize(largest) // 2)
+
+
+def _overwrite(path):
+  with open(path, "w", encoding="utf-8") as f:
+    f.write("{not json")
+
+
+def _garbage_ocdbt_manifest_unrecorded(step_dir):
+  """Damage only a read finds: no recorded sizes, a binary index overwritten."""
+  os.remove(os.path.join(step_dir, checkpointing.FILE_SIZES))
+  _overwrite(os.path.join(step_dir, "state", "manifest.ocdbt"))
+
+
+CORRUPTIONS = {
+    "truncated": (_truncate_largest_file, "truncated"),  # Its size was recorded.
+    "unrecorded": (_garbage_ocdbt_manifest_unrecorded, "unreadable"),  # Found by restore.
+    "no_state": (lambda d: shutil.rmtree(os.path.join(d, "state")), "missing-state"),
+    "garbage_metadata": (lambda d: _overwrite(os.path.join(d, "state", "_METADATA")),
+                         "bad-metadata"),
+    "unfinished": (lambda d: os.rename(d, d + ".orbax-checkpoint-tmp"), "unfinished"),
+}
+
+
+@pytest.mark.parametrize("corruption", sorted(CORRUPTIONS))
+def test_corrupt_newest_checkpoint_is_set_aside(corruption, finished_run, tiny_config,
+                                                tmp_path, caplog):
+  damage, reason = CORRUPTIONS[corruption]
+  workdir = _copy(finished_run, tmp_path)
+  damage(os.path.join(workdir, "checkpoints", "6"))
+  with caplog.at_level("INFO"):
+    train.train_and_evaluate(tiny_config, workdir)
+  assert "Skipping checkpoint 6" in caplog.text
+  assert "Resumed from checkpoint 3" in caplog.text
+  assert os.listdir(os.path.join(workdir, "checkpoints_bad")) == [f"6-{reason}"]
+  assert _checkpoint_steps(workdir) == [3, 6]  # 6 written again by the rerun.
+  _assert_trees_equal(_restore_raw(workdir, 6), _restore_raw(finished_run, 6))
+  assert _by_step(workdir, "loss") == _by_step(finished_run, "loss")
+
+
+class _UnusedIterator:
+  """Stands in for the data iterator where no checkpoint gets restored."""
+
+  def get_state(self):
+    return {}
+
+  def set_state(self, state):
+    raise AssertionError(f"nothing was restored, yet set_state({state})")
+
+
+def test_no_usable_checkpoint_left_means_none(finished_run, tiny_config, tmp_path):
+  workdir = _copy(finished_run, tmp_path)
+  shutil.rmtree(os.path.join(workdir, "checkpoints", "6", "data"))
+  _overwrite(os.path.join(workdir, "checkpoints", "3", "_CHECKPOINT_METADATA"))
+  trainer = train.Trainer.create(tiny_config, sharding.make_mesh(tiny_config.mesh))
+  checkpointer = checkpointing.Checkpointer(workdir, tiny_config.checkpoint)
+  try:
+    assert checkpointer.restore_latest(trainer.abstract_state, _UnusedIterator()) is None
+  finally:
+    checkpointer.close()
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints_bad"))) == [
+      "3-bad-metadata", "6-missing-data"]
+  assert len(checkpointer.set_aside) == 2
+
+
+def test_checkpoint_of_another_model_is_a_config_error_not_damage(finished_run, tiny_config,
+                                                                  tmp_path):
+  workdir = _copy(finished_run, tmp_path)
+  tiny_config.model.mlp_dim = 128
+  trainer = train.Trainer.create(tiny_config, sharding.make_mesh(tiny_config.mesh))
+  checkpointer = checkpointing.Checkpointer(workdir, tiny_config.checkpoint)
+  try:
+    with pytest.raises(ConfigError, match="checkpoint 6 .* do not match"):
+      checkpointer.restore_latest(trainer.abstract_state, _UnusedIterator())
+  finally:
+    checkpointer.close()
+  assert not os.path.exists(os.path.join(workdir, "checkpoints_bad"))
+
+
+# ---------------------------------------------------------------- 5. changed config
+
+
+def test_resume_applies_cadence_changes_and_lists_them(finished_run, tiny_config, tmp_path,
+                                                       caplog):
+  workdir = _copy(finished_run, tmp_path)
+  tiny_config.train.update(num_steps=8, log_every=2, eval_batches=1)
+  tiny_config.decode.beam_size = 2
+  with caplog.at_level("INFO"):
+    train.train_and_evaluate(tiny_config, workdir)
+  assert ("Resuming with changed settings (applied): decode.beam_size: 4 -> 2; "
+          "train.eval_batches: 2 -> 1; train.log_every: 1 -> 2; train.num_steps: 6 -> 8"
+          in caplog.text)
+  assert "Resumed from checkpoint 6" in caplog.text
+  assert _checkpoint_steps(workdir)[-1] == 8
+  with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
+    assert json.load(f)["train"]["num_steps"] == 8  # The new values are the run's now.
+
+
+def test_resume_with_a_changed_model_or_optimizer_stops(finished_run, tiny_config, tmp_path):
+  workdir = _copy(finished_run, tmp_path)
+  tiny_config.model.mlp_dim = 128
+  tiny_config.optimizer.learning_rate = 1e-3
+  tiny_config.seed = 7
+  tiny_config.train.num_steps = 8  # Safe: not listed.
+  with pytest.raises(ConfigError) as error:
+    train.train_and_evaluate(tiny_config, workdir)
+  message = str(error.value)
+  assert "3 key(s)" in message
+  for change in ("model.mlp_dim: 64 -> 128", "optimizer.learning_rate: 0.003 -> 0.001",
+                 "seed: 0 -> 7", "--config.checkpoint.on_config_change=allow"):
+    assert change in message
+  assert "num_steps" not in message
+  with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
+    assert json.load(f)["model"]["mlp_dim"] == 64  # Left as it was.
+
+
+def test_on_config_change_allow_resumes_anyway(finished_run, tiny_config, tmp_path, caplog):
+  workdir = _copy(finished_run, tmp_path)
+  tiny_config.optimizer.learning_rate = 1e-3
+  tiny_config.train.num_steps = 7
+  tiny_config.checkpoint.on_config_change = "allow"
+  with caplog.at_level("INFO"):
+    train.train_and_evaluate(tiny_config, workdir)
+  assert "on_config_change='allow'" in caplog.text
+  assert "optimizer.learning_rate: 0.003 -> 0.001" in caplog.text
+  assert "Resumed from checkpoint 6" in caplog.text
+  assert _checkpoint_steps(workdir)[-1] == 7
+
+
+def test_resolved_vocab_size_is_not_a_change(finished_run, tiny_config, tmp_path, caplog):
+  """vocab_size=0 resolves (bytes tokenizer: 384) to what config.json holds: no difference."""
+  workdir = _copy(finished_run, tmp_path)
+  tiny_config.model.vocab_size = 0
+  with caplog.at_level("INFO"):
+    train.train_and_evaluate(tiny_config, workdir)  # Finished already: restores, no steps.
+  assert "Resumed from checkpoint 6" in caplog.text
+  assert "changed settings" not in caplog.text
+
+
+def test_config_json_without_a_checkpoint_is_not_a_resume(finished_run, tiny_config, tmp_path,
+                                                          caplog):
+  workdir = str(tmp_path / "stale")
+  os.makedirs(workdir)
+  shutil.copy(os.path.join(finished_run, "config.json"), workdir)
+  tiny_config.model.mlp_dim = 128
+  with caplog.at_level("INFO"):
+    train._check_config_change(tiny_config, workdir)  # pylint: disable=protected-access
+  assert "not a resume" in caplog.text
+  tiny_config.checkpoint.on_config_change = "sometimes"
+  with pytest.raises(ConfigError, match=r"config\.checkpoint\.on_config_change='sometimes' "
+                     r"is invalid: valid values are 'stop', 'allow'"):
+    train._check_config_change(tiny_config, workdir)  # pylint: disable=protected-access
