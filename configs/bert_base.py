@@ -12,8 +12,8 @@ Full run:  python launch.py --config=configs/bert_base.py
 SST-2 (GLUE) fine-tuning:  python launch.py --config=configs/bert_base.py:sst2 \
     --config.init_from=runs/bert_base   # the MLM run's workdir (or train from scratch)
   `glue/sst2` from the TFDS catalog (prepared once with network), [CLS] pooling, 2
-  classes, 3 epochs at 2e-5. The tokenizer must be the pretraining run's: init_from
-  checks the parameter shapes, and a different vocabulary would not match.
+  classes, 3 epochs at 2e-5. With init_from the run takes the pretraining run's
+  vocabulary from its workdir (so its embeddings keep their meaning).
 SST-2 on 2 CPU cores:  python launch.py --config=configs/bert_base.py:sst2_local \
     --config.data.path=../shared/data/sst2
   A local GLUE-style folder (train.tsv, dev.tsv with `sentence<TAB>label`) through the

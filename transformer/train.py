@@ -451,19 +451,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   logging.info("Mesh %s over %d devices (%d processes)", dict(mesh.shape),
                jax.device_count(), jax.process_count())
 
-  data_sources = sources.load_sources(config)
+  tokenizer_workdir = ""
+  if config.init_from:  # Fine-tuning keeps the vocabulary its parameters were trained with.
+    resuming = (checkpointing.has_checkpoint(workdir)
+                and os.path.exists(os.path.join(workdir, sources.TOKENIZER_RECORD)))
+    tokenizer_workdir = workdir if resuming else sources.run_workdir(config.init_from)
+  data_sources = sources.load_sources(config, tokenizer_workdir)
   config = _resolve_vocab_size(config, data_sources.tokenizer)
   _check_config_change(config, workdir)  # Before config.json is rewritten below.
   if is_chief:  # The resolved config and the vocabulary: later commands rebuild from them.
     with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
       f.write(config.to_json_best_effort(indent=2))
-    sources.save_tokenizer(workdir, data_sources.tokenizer, config.data.tokenizer)
-  if config.init_from:
-    sources.check_init_from_tokenizer(config.init_from, data_sources.tokenizer,
-                                      config.data.tokenizer)
+    sources.save_tokenizer(workdir, data_sources.tokenizer)
   objective = objective_of(config.model.arch, config.model.head)
   logging.info("Objective: %s on %s (%s tokenizer, vocabulary %d, model.vocab_size %d)",
-               objective, data_sources.builder.info.full_name, config.data.tokenizer,
+               objective, data_sources.builder.info.full_name,
+               sources.tokenizer_kind(data_sources.tokenizer),
                data_sources.tokenizer.vocab_size, config.model.vocab_size)
   data_kwargs = dict(batch_size=local_batch_size, process_index=jax.process_index(),
                      process_count=jax.process_count())

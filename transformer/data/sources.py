@@ -146,25 +146,43 @@ def load_tokenizer(config: ml_collections.ConfigDict, builder: tfds.core.Dataset
                                         data.spm_train_sentences, data.spm_model_type)
 
 
-def load_sources(config: ml_collections.ConfigDict) -> DataSources:
+def load_sources(config: ml_collections.ConfigDict, tokenizer_workdir: str = "") -> DataSources:
   """Prepares the dataset and tokenizer and checks them against the config.
 
   With several processes, process 0 prepares first and the others wait, so a data
   dir shared between hosts is written once; hosts with local disks then prepare
   their own copy.
+
+  Args:
+    config: the experiment config.
+    tokenizer_workdir: a run's workdir whose vocabulary to use instead of the one
+      `data.tokenizer` names (fine-tuning keeps its pretraining run's vocabulary).
   """
   if jax.process_index() != 0:
     distributed.barrier("data_prepared")  # Wait until process 0 has prepared.
   builder = catalog.load_builder(config.data)
   check_features(config, builder)
   keys = text_keys(config)
-  tokenizer = load_tokenizer(config, builder, keys)
+  if tokenizer_workdir and os.path.exists(os.path.join(tokenizer_workdir, TOKENIZER_RECORD)):
+    tokenizer = load_workdir_tokenizer(tokenizer_workdir)
+    logging.info("Tokenizer: the vocabulary of %s (%s, %d ids)", tokenizer_workdir,
+                 tokenizer_kind(tokenizer), tokenizer.vocab_size)
+    if tokenizer_kind(tokenizer) != config.data.tokenizer:
+      logging.warning("config.data.tokenizer=%r is not used: the run keeps the %s "
+                      "vocabulary of %s", config.data.tokenizer, tokenizer_kind(tokenizer),
+                      tokenizer_workdir)
+  else:
+    if tokenizer_workdir:
+      logging.warning("%s has no %s (a run from before vocabularies were saved): using "
+                      "data.tokenizer=%r, which must be the vocabulary that run had",
+                      tokenizer_workdir, TOKENIZER_RECORD, config.data.tokenizer)
+    tokenizer = load_tokenizer(config, builder, keys)
   if jax.process_index() == 0:
     distributed.barrier("data_prepared")
   if config.model.vocab_size and tokenizer.vocab_size > config.model.vocab_size:
     raise ConfigError(
         f"config.model.vocab_size={config.model.vocab_size} is smaller than the "
-        f"{config.data.tokenizer} tokenizer's vocabulary ({tokenizer.vocab_size}); "
+        f"{tokenizer_kind(tokenizer)} tokenizer's vocabulary ({tokenizer.vocab_size}); "
         f"expected >= {tokenizer.vocab_size}, or 0 to take the tokenizer's size rounded up "
         f"to a multiple of {VOCAB_MULTIPLE}")
   return DataSources(builder=builder, tokenizer=tokenizer, text_keys=keys)
@@ -181,9 +199,19 @@ def _vocabulary_file(tokenizer: tokenizers.Tokenizer) -> str | None:
   return getattr(tokenizer, "model_path", None) or getattr(tokenizer, "path", None)
 
 
-def tokenizer_record(tokenizer: tokenizers.Tokenizer, kind: str) -> dict[str, object]:
+def tokenizer_kind(tokenizer: tokenizers.Tokenizer) -> str:
+  """The data.tokenizer name of a tokenizer object."""
+  if isinstance(tokenizer, tokenizers.CharTokenizer):
+    return "char"
+  if isinstance(tokenizer, tokenizers.SentencePieceTokenizer):
+    return "sentencepiece"
+  return "bytes"
+
+
+def tokenizer_record(tokenizer: tokenizers.Tokenizer) -> dict[str, object]:
   """What identifies a tokenizer: its kind, size and the sha256 of its vocabulary file."""
-  record: dict[str, object] = {"kind": kind, "vocab_size": tokenizer.vocab_size}
+  record: dict[str, object] = {"kind": tokenizer_kind(tokenizer),
+                               "vocab_size": tokenizer.vocab_size}
   path = _vocabulary_file(tokenizer)
   if path:
     with open(path, "rb") as f:
@@ -192,40 +220,23 @@ def tokenizer_record(tokenizer: tokenizers.Tokenizer, kind: str) -> dict[str, ob
   return record
 
 
-def save_tokenizer(workdir: str, tokenizer: tokenizers.Tokenizer, kind: str) -> None:
+def save_tokenizer(workdir: str, tokenizer: tokenizers.Tokenizer) -> None:
   """Copies the vocabulary into `workdir` with its record, so the run is self-contained."""
-  record = tokenizer_record(tokenizer, kind)
+  record = tokenizer_record(tokenizer)
   path = _vocabulary_file(tokenizer)
-  if path:
-    shutil.copyfile(path, os.path.join(workdir, os.path.basename(path)))
+  target = os.path.join(workdir, os.path.basename(path)) if path else ""
+  if path and os.path.abspath(path) != os.path.abspath(target):  # A resume reads the copy.
+    shutil.copyfile(path, target)
   with open(os.path.join(workdir, TOKENIZER_RECORD), "w", encoding="utf-8") as f:
     json.dump(record, f, indent=2)
 
 
-def check_init_from_tokenizer(init_from: str, tokenizer: tokenizers.Tokenizer,
-                              kind: str) -> None:
-  """Stops when `config.init_from`'s run used another vocabulary than this run's.
-
-  Its embedding rows would then stand for other tokens: the shapes can even match
-  while every id means something else.
-  """
+def run_workdir(init_from: str) -> str:
+  """The workdir of `config.init_from` (a workdir, or one of its checkpoints/<step>)."""
   path = os.path.abspath(init_from)
-  if os.path.basename(os.path.dirname(path)) == "checkpoints":  # <workdir>/checkpoints/<step>
-    path = os.path.dirname(os.path.dirname(path))
-  record_path = os.path.join(path, TOKENIZER_RECORD)
-  if not os.path.exists(record_path):
-    logging.warning("config.init_from=%r: %s has no %s, so its vocabulary cannot be checked "
-                    "against this run's", init_from, path, TOKENIZER_RECORD)
-    return
-  with open(record_path, encoding="utf-8") as f:
-    theirs = json.load(f)
-  ours = tokenizer_record(tokenizer, kind)
-  if theirs != ours:
-    raise ConfigError(
-        f"config.init_from={init_from!r} was trained with another tokenizer ({theirs}) than "
-        f"this run's ({ours}); its embeddings would map other tokens. Use the same "
-        "data.tokenizer, dataset and vocabulary size as that run (the SentencePiece or "
-        "character vocabulary is trained on data.train_split of data.name).")
+  if os.path.basename(os.path.dirname(path)) == "checkpoints":
+    return os.path.dirname(os.path.dirname(path))
+  return path
 
 
 def load_workdir_tokenizer(workdir: str) -> tokenizers.Tokenizer:
