@@ -74,8 +74,8 @@ def get_config() -> ml_collections.ConfigDict:
   data.spm_model_type = "unigram"  # SentencePiece algorithm: "unigram" | "bpe".
   data.spm_train_sentences = 2_000_000  # Lines sampled to train SentencePiece.
   data.seq_len = 256  # Tokens per packed row fed to the model (<= model.max_len).
-  data.packing = "pack"  # Seq2seq/LM rows: "pack" several examples per row | "pad" one example per row.
-  data.overlong = "truncate"  # An example longer than seq_len: "truncate" | "drop" (counted and logged either way).
+  data.packing = "pack"  # Seq2seq rows: "pack" several pairs per row | "pad" one pair per row (LM rows are always packed).
+  data.overlong = "truncate"  # Seq2seq/classification example longer than seq_len: "truncate" | "drop" (counted, logged).
   data.shuffle_rows = 0  # Training: also shuffle packed rows within a window of this many (0 = off).
   data.batch_size = 16  # Global batch size in rows (split over data-parallel devices).
   data.num_threads = 2  # Grain reader threads per process.

@@ -17,8 +17,9 @@ import grain
 import numpy as np
 from absl import logging
 
+from transformer.configuration import OVERLONG_POLICIES
+
 Batch = dict[str, np.ndarray]
-OVERLONG_POLICIES = ("truncate", "drop")
 
 
 def text_of(value: str | bytes) -> str:

@@ -18,11 +18,11 @@ import grain
 import grain.experimental
 import numpy as np
 
+from transformer.configuration import PACKINGS
 from transformer.data import packing
 from transformer.data import tokenizers
 
 InputsFn = Callable[[dict[str, Any]], list[tuple[str, str]]]
-PACKINGS = ("pack", "pad")
 
 
 class _TokenizePairs(grain.transforms.Map):
