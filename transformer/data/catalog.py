@@ -17,6 +17,7 @@ import ml_collections
 import tensorflow_datasets as tfds
 from absl import logging
 
+from transformer import console
 from transformer.configuration import ConfigError
 from transformer.data import local_parallel
 from transformer.data import local_text
@@ -84,13 +85,16 @@ def load_builder(data: ml_collections.ConfigDict) -> tfds.core.DatasetBuilder:
     logging.info("Preparing TFDS dataset %s in %s (one time)", builder.info.full_name,
                  builder.data_dir)
     try:
-      builder.download_and_prepare(file_format="array_record")
+      with console.stdout_to_log("tensorflow_datasets"):  # Its size banner: log file only.
+        builder.download_and_prepare(file_format="array_record")
     except Exception as e:  # A catalog download: network, missing manual files, ...
       if local:
         raise  # This project's builders already say what is wrong.
       raise ConfigError(f"config.data.name={data.name!r}: preparing it in {root} failed "
                         f"({type(e).__name__}: {str(e)[:300]}). "
                         + prepare_instructions(data.name, root)) from e
+    logging.info("Prepared %s: %s", builder.info.full_name, ", ".join(
+        f"{name} {split.num_examples:,} examples" for name, split in builder.info.splits.items()))
   for key in ("train_split", "eval_split"):
     if data[key] not in builder.info.splits:
       raise ConfigError(f"config.data.{key}={data[key]!r} is not a split of {data.name}; "

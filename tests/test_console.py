@@ -1,0 +1,86 @@
+"""The console shows people's lines without absl's prefix; log.txt keeps everything in full."""
+
+import logging
+import os
+import re
+import subprocess
+import sys
+
+from transformer import console
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ABSL_PREFIX = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d{6} +\d+ [\w.]+:\d+\] ")
+
+
+def _record(pathname: str, level: int, message: str, **extra) -> logging.LogRecord:
+  record = logging.LogRecord("absl", level, pathname, 1, message, (), None)
+  record.__dict__.update(extra)
+  return record
+
+
+def test_console_filter_keeps_project_lines_and_every_real_warning():
+  project = os.path.join(ROOT, "transformer", "train.py")
+  library = "/venv/lib/python3.11/site-packages/jax/_src/xla_bridge.py"
+  tfds = "/venv/lib/python3.11/site-packages/tensorflow_datasets/core/file_utils.py"
+  shown = lambda *args, **kw: console.show_on_console(_record(*args, **kw))
+  assert shown(project, logging.INFO, "step 1/10")
+  assert shown(os.path.join(ROOT, "launch.py"), logging.INFO, "Workdir: x")
+  assert not shown(library, logging.INFO, "Unable to initialize backend 'tpu'")
+  assert not shown(os.path.join(ROOT, ".venv", "lib", "orbax", "x.py"), logging.INFO, "Saving")
+  assert shown(library, logging.WARNING, "something real")
+  assert not shown(tfds, logging.WARNING, "Variant folder /x has no dataset_info.json")
+  assert shown(tfds, logging.ERROR, "Variant folder /x has no dataset_info.json")
+  assert shown(library, logging.ERROR, "a real error")
+  assert not shown(project, logging.ERROR, "for the log file only", console=False)
+
+
+def test_console_and_file_formats():
+  info = _record("/x/train.py", logging.INFO, "step 1/10")
+  warning = _record("/x/train.py", logging.WARNING, "careful")
+  assert console.ConsoleFormatter().format(info) == "step 1/10"
+  assert console.ConsoleFormatter().format(warning) == "WARNING: careful"
+  full = console.FullFormatter().format(info)
+  assert ABSL_PREFIX.match(full) and full.endswith("train.py:1] step 1/10")
+
+
+def test_log_file_is_appended_across_restarts(tmp_path):
+  logger = logging.getLogger("test_console")
+  for run in ("first", "second"):
+    handler = console.log_to_file(str(tmp_path))
+    try:
+      logger.warning("%s run", run)
+    finally:
+      logging.getLogger().removeHandler(handler)
+      handler.close()
+  lines = (tmp_path / console.LOG_FILE).read_text().splitlines()
+  assert [line.split("] ")[1] for line in lines] == ["first run", "second run"]
+  assert all(ABSL_PREFIX.match(line) for line in lines)
+
+
+def test_launch_console_has_no_prefix_or_library_noise(tmp_path):
+  """A real run: a fresh dataset build, two steps; then what stderr and log.txt hold."""
+  workdir = tmp_path / "run"
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+  result = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "launch.py"), "--config=configs/gpt_small.py:local",
+       f"--workdir={workdir}", f"--config.data.data_dir={tmp_path / 'tfds'}",
+       "--config.model.d_model=32", "--config.model.num_layers=1",
+       "--config.model.num_heads=2", "--config.model.mlp_dim=64",
+       "--config.train.num_steps=2", "--config.train.log_every=1",
+       "--config.train.eval_at_start=False", "--config.train.eval_batches=1",
+       "--config.checkpoint.every=100"],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  console_lines = result.stderr.splitlines()
+  assert not [line for line in console_lines if ABSL_PREFIX.match(line)]
+  assert any(line.startswith("step 2/2 (100%) | loss") for line in console_lines)
+  assert "Preparing TFDS dataset python_stdlib" in result.stderr  # The build happened...
+  for noise in ("Generating", "Shuffling", "\x1b[", "Variant folder",
+                "Unable to initialize backend", "orbax"):
+    assert noise not in result.stderr, noise  # ... without progress bars or chatter.
+  assert result.stdout == ""  # TFDS's "Downloading and preparing" banner went to the log.
+
+  log = (workdir / console.LOG_FILE).read_text()
+  assert re.search(r"^I\d{4} [\d:.]+ +\d+ train\.py:\d+\] step 2/2 \(100%\)", log, re.M)
+  assert "Downloading and preparing dataset" in log
+  assert re.search(r"^I\d{4} .* checkpoint_manager\.py:\d+\] ", log, re.M)  # Library INFO.

@@ -1,0 +1,150 @@
+"""What a run prints for people, and the full log it keeps in the workdir.
+
+The console (stderr, absl's handler) shows this project's INFO lines bare (the
+progress line, evaluations, what the run is doing), and warnings and errors from
+any library with their level in front, minus a few known harmless ones. Library
+INFO chatter ("Unable to initialize backend 'tpu'", Orbax saves, TFDS builds) and
+TFDS progress bars stay off it. `<workdir>/log.txt` gets every record at INFO and
+above in absl's full format (level, date, time, thread, file:line), appended
+across restarts, so nothing filtered from the console is lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+from typing import Iterator
+
+from absl import logging as absl_logging
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_LAUNCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                       "launch.py")
+
+# Library warnings that tell a user of this project nothing (still written to log.txt):
+# (a directory in the logging file's path, message prefix).
+QUIET_WARNINGS = (
+    # Every local dataset has a custom config, and a fresh build has no info file yet.
+    ("/tensorflow_datasets/", "Using custom data configuration"),
+    ("/tensorflow_datasets/", "Variant folder"),
+)
+
+LOG_FILE = "log.txt"
+
+
+def is_project_record(record: logging.LogRecord) -> bool:
+  """Whether the record was logged by this project's code (not by a library)."""
+  return record.pathname.startswith(_PACKAGE_DIR) or record.pathname == _LAUNCH
+
+
+def show_on_console(record: logging.LogRecord) -> bool:
+  """The console filter: project INFO, everyone's warnings and errors, minus the quiet ones.
+
+  A record logged with `extra={"console": False}` goes to the log file only.
+  """
+  if not getattr(record, "console", True):
+    return False
+  if record.levelno < logging.WARNING:
+    return is_project_record(record)
+  if record.levelno >= logging.ERROR or is_project_record(record):
+    return True
+  message = record.getMessage()
+  return not any(directory in record.pathname and message.startswith(prefix)
+                 for directory, prefix in QUIET_WARNINGS)
+
+
+class ConsoleFormatter(logging.Formatter):
+  """INFO as the bare message; anything else with its level first ("WARNING: ...")."""
+
+  def format(self, record: logging.LogRecord) -> str:
+    message = super().format(record)
+    if record.levelno == logging.INFO:
+      return message
+    return f"{logging.getLevelName(record.levelno)}: {message}"
+
+
+class FullFormatter(logging.Formatter):
+  """absl's prefix ('I1122 07:27:17.465503 139835658365824 train.py:411] ') on every record."""
+
+  def format(self, record: logging.LogRecord) -> str:
+    return absl_logging.get_absl_log_prefix(record) + super().format(record)
+
+
+class _EarlyRecords(logging.Handler):
+  """The first 1,000 records logged before the workdir is known, for the log file.
+
+  (JAX's backend start-up, say: `log_to_file` writes them first.)
+  """
+
+  def __init__(self):
+    super().__init__(logging.INFO)
+    self.records: list[logging.LogRecord] = []
+
+  def emit(self, record: logging.LogRecord) -> None:
+    if len(self.records) < 1000:
+      self.records.append(record)
+
+
+_early_records = _EarlyRecords()
+
+
+def setup_console() -> None:
+  """Applies the console format and filter to absl's stderr handler; hides TFDS progress bars.
+
+  Records from now on are also kept for the log file that `log_to_file` opens.
+  """
+  handler = absl_logging.get_absl_handler()
+  handler.setFormatter(ConsoleFormatter())
+  handler.addFilter(show_on_console)
+  logging.getLogger().addHandler(_early_records)
+  # Nested tqdm bars written to a file or a pipe are a wall of "\x1b[A" lines; the
+  # builders log what they prepare instead.
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  tfds.display_progress_bar(False)
+
+
+def log_to_file(workdir: str, process_index: int = 0) -> logging.Handler | None:
+  """Appends every record at INFO and above to `<workdir>/log.txt` in absl's full format.
+
+  Process k > 0 of a multi-process run writes `log_process<k>.txt` beside it. Returns
+  the handler (attached to the root logger), or None if the file cannot be opened
+  (e.g. a remote workdir), which is logged as a warning.
+  """
+  name = LOG_FILE if process_index == 0 else f"log_process{process_index}.txt"
+  path = os.path.join(workdir, name)
+  try:
+    os.makedirs(workdir, exist_ok=True)
+    handler = logging.FileHandler(path, mode="a", encoding="utf-8")
+  except OSError as e:
+    absl_logging.warning("Not keeping a log file at %s: %s", path, e)
+    return None
+  handler.setLevel(logging.INFO)
+  handler.setFormatter(FullFormatter())
+  root = logging.getLogger()
+  root.removeHandler(_early_records)
+  for record in _early_records.records:
+    handler.handle(record)
+  _early_records.records.clear()
+  root.addHandler(handler)
+  return handler
+
+
+@contextlib.contextmanager
+def stdout_to_log(logger_name: str) -> Iterator[None]:
+  """Sends what a library prints on stdout inside the block to the log as INFO lines.
+
+  For libraries that `print` progress (TFDS's "Downloading and preparing dataset
+  ..."): it reaches the log file only (not the console), and stdout stays for
+  results.
+  """
+  buffer = io.StringIO()
+  try:
+    with contextlib.redirect_stdout(buffer):
+      yield
+  finally:
+    logger = logging.getLogger(logger_name)
+    for line in buffer.getvalue().splitlines():
+      if line.strip():
+        logger.info("%s", line, extra={"console": False})
