@@ -46,6 +46,8 @@ def get_config() -> ml_collections.ConfigDict:
   model.use_bias = True  # Biases in dense layers and norms.
   model.tie_embeddings = True  # Output projection shares the token embedding.
   model.scale_embeddings = False  # Multiply token embeddings by sqrt(d_model) (paper).
+  model.embed_norm = False  # A norm on the summed embeddings, before the blocks (BERT).
+  model.init = "gpt2"  # Initialisation family: "gpt2" | "bert" | "xavier" (paper); see initializers.py.
   model.embed_dropout = 0.0  # Dropout on the summed token + position embedding.
   model.residual_dropout = 0.0  # Dropout on each sublayer output before the residual add.
   model.attention_dropout = 0.0  # Dropout on attention probabilities (needs attention_impl="einsum").

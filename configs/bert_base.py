@@ -1,11 +1,13 @@
 """BERT-base: a bidirectional encoder trained with masked LM on the offline corpus.
 
 Architecture as BERT-base (Devlin et al. 2019): 12 layers, d_model 768, 12 heads,
-MLP 3072, 512 learned positions, post-LayerNorm (epsilon 1e-12), exact GELU, tied
-MLM output with its own bias, dropout 0.1 everywhere (attention-probability dropout
-needs the einsum attention). No token-type embeddings and no pooler: at vocab 30522
-the model has 109,511,226 parameters, 0.4% below the published 110M (HF's BertModel,
-with pooler and token types but no MLM head, has 109,482,240).
+MLP 3072, 512 learned positions, a LayerNorm on the embedding sum (`embed_norm`),
+post-LayerNorm blocks (epsilon 1e-12), exact GELU, tied MLM output with its own bias,
+BERT's truncated-normal(0.02) init (`init="bert"`), dropout 0.1 everywhere
+(attention-probability dropout needs the einsum attention). No token-type embeddings
+and no pooler: at vocab 30522 the model has 109,512,762 parameters, 0.4% below the
+published 110M (HF's BertModel, with pooler and token types but no MLM head, has
+109,482,240).
 
 Full run:  python launch.py --config=configs/bert_base.py
   SentencePiece vocabulary of 30522 trained on the corpus; meant for an accelerator.
@@ -22,7 +24,9 @@ SST-2 on 2 CPU cores:  python launch.py --config=configs/bert_base.py:sst2_local
   of 32 sentences (about half an epoch). `:sst2_local_mlm` pretrains the same encoder
   with masked LM on the same sentences (same tokenizer), for
   `--config.init_from=<its workdir>`.
-  Measured 2026-11-22 from scratch on the 2-core CPU machine, shared with other jobs
+  Measured at commit 969a84c, before this preset had `init="bert"` and `embed_norm`
+  (GPT-2 init, no embedding LayerNorm); a rerun is pending. 2026-11-22, from scratch on
+  the 2-core CPU machine, shared with other jobs
   (40m14s wall, 13m23s of user CPU; the tokenizer and dataset build included): dev
   accuracy 50.9% (step 0) -> 76.9% (500) -> 79.7% (1000), dev loss 0.448.
   Pretrained first (same day, same machine):
@@ -65,7 +69,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   config.model.update(
       arch="encoder", head="mlm", vocab_size=30522, d_model=768, num_layers=12,
       num_heads=12, mlp_dim=3072, max_len=512, position="learned", norm="post",
-      norm_epsilon=1e-12, activation="gelu", tie_embeddings=True, embed_dropout=0.1,
+      norm_epsilon=1e-12, activation="gelu", init="bert", embed_norm=True,
+      tie_embeddings=True, embed_dropout=0.1,
       residual_dropout=0.1, attention_dropout=0.1, attention_impl="einsum")
   config.data.update(tokenizer="sentencepiece", seq_len=128, batch_size=32)
   config.optimizer.update(schedule="warmup_rsqrt", learning_rate=1e-4, warmup_steps=10_000,

@@ -20,7 +20,9 @@ Multi30k:  python launch.py --config=configs/transformer_base.py:multi30k \
   val.*, test_2016_flickr.*) through the local parallel-text builder: a 3 + 3 layer,
   d_model 256 model (7,593,984 parameters) with a joint 8000-piece SentencePiece
   unigram vocabulary, 1500 steps of 32 packed rows of 64 tokens (about 5 epochs).
-  Measured 2026-11-22 on the 2-core CPU machine, shared with other jobs: 70m13s wall
+  Measured at commit 969a84c, before `init="xavier"` and the per-stack residual init
+  (GPT-2 init for every stack); a rerun is pending. 2026-11-22 on the 2-core CPU
+  machine, shared with other jobs: 70m13s wall
   (tokenizer, dataset and 4 evaluations included); validation loss 9.11 (step 0) ->
   2.75 (500) -> 2.01 (1000) -> 1.82 (1500). Then
     python launch.py --mode=evaluate --workdir=WORKDIR --split=test_2016_flickr
@@ -48,7 +50,7 @@ def paper_base(config: ml_collections.ConfigDict) -> None:
       arch="encoder_decoder", head="lm", vocab_size=37000, d_model=512, num_layers=6,
       num_decoder_layers=6, num_heads=8, mlp_dim=2048, max_len=256, position="sinusoidal",
       norm="post", norm_epsilon=1e-6, activation="relu", scale_embeddings=True,
-      share_embeddings=True, tie_embeddings=True, embed_dropout=0.1, residual_dropout=0.1)
+      init="xavier", share_embeddings=True, tie_embeddings=True, embed_dropout=0.1, residual_dropout=0.1)
   config.data.update(name="wmt14_translate/de-en", source_language="en",
                      target_language="de", tokenizer="sentencepiece", spm_model_type="bpe",
                      seq_len=256, batch_size=32, packing="pack")

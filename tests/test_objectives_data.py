@@ -358,8 +358,16 @@ def test_classification_rows_hold_one_example_and_its_label():
       assert row[0] == tokenizers.BOS_ID and (row[n:] == 0).all()
       assert (pos[:n] == np.arange(n)).all()
   # Each row decodes back to (a prefix of) one of the texts.
-  decoded = {BYTES.decode(r[1:]) for b in batches for r in b["inputs"]}
-  assert all(any(t.startswith(d) or d == t for t in TEXTS) for d in decoded)
+  # Each row decodes back to its own text (a prefix where truncated): the texts and the
+  # rows pair up one to one, so an empty or foreign row fails.
+  decoded = sorted(BYTES.decode(r[1:]) for b in batches for r in b["inputs"])
+  assert len(decoded) == len(TEXTS)
+  unmatched = list(TEXTS)
+  for d in sorted(decoded, key=len, reverse=True):  # Longest first: "" matches anything.
+    candidates = [t for t in unmatched if t == d] or [
+        t for t in unmatched if t.startswith(d) and len(t.encode()) >= SEQ_LEN - 2]
+    assert candidates, (d, unmatched)
+    unmatched.remove(candidates[0])
 
 
 def test_classification_label_out_of_range_is_named():

@@ -185,11 +185,11 @@ def test_cosine_validation_names_the_key_and_what_is_valid(overrides, message):
 # ---------------------------------------------------------------- weight decay
 
 
-def model_params():
+def model_params(**model):
   """The parameter tree of a tiny model (configs/base.py shrunk), filled with NumPy values."""
   config = base.get_config()
   config.model.update(vocab_size=64, d_model=32, num_layers=2, num_heads=4, mlp_dim=64,
-                      max_len=16, activation="swiglu", tie_embeddings=False)
+                      max_len=16, activation="swiglu", tie_embeddings=False, **model)
   model = make_model(ModelConfig.from_config(config.model))
   tokens = jax.ShapeDtypeStruct((1, 8), jnp.int32)
   shapes = nn.unbox(jax.eval_shape(model.init, jax.random.key(0), tokens, tokens, tokens))
@@ -234,3 +234,15 @@ def test_adamw_decays_weights_and_never_biases_or_norm_scales(grad_clip_norm):
       np.testing.assert_allclose(new, old * (1 - lr * weight_decay), rtol=1e-6, err_msg=name)
       kinds["decayed"] += 1
   assert kinds["decayed"] > 5 and kinds["kept_1d"] > 5 and kinds["kept_2d"] > 0
+
+
+def test_t5_relative_bias_table_is_not_decayed():
+  """Named "embedding", but an additive logit bias: kept, like every bias."""
+  params = model_params(position="relative")
+  new_params = flat(one_adamw_step_with_zero_gradients(params, 0.1, 0.5))
+  tables = [name for name in flat(params) if "relative_bias" in name]
+  assert tables == ["['relative_bias']['embedding']"]
+  np.testing.assert_array_equal(new_params[tables[0]], flat(params)[tables[0]])
+  token_table = "['embedder']['token_embed']['embedding']"
+  np.testing.assert_allclose(new_params[token_table], flat(params)[token_table] * 0.95,
+                             rtol=1e-6)

@@ -38,7 +38,7 @@ def hand_count(model: ml_collections.ConfigDict) -> int:
 
   Covers what the presets use: biased dense layers and LayerNorms, MHA with
   head_dim = d_model / heads, a tied output projection, no final norm after post-norm
-  blocks, and BERT's MLM head.
+  blocks, BERT's embedding LayerNorm (counted with each token embedding) and its MLM head.
   """
   V, E, F = model.vocab_size, model.d_model, model.mlp_dim
   assert model.use_bias and model.norm_type == "layernorm" and model.tie_embeddings
@@ -49,7 +49,7 @@ def hand_count(model: ml_collections.ConfigDict) -> int:
   mlp = (E * F + F) + (F * E + E)  # wi, wo
   encoder_layer = attention + mlp + 2 * layer_norm
   decoder_layer = 2 * attention + mlp + 3 * layer_norm  # self + cross attention
-  token_embedding = V * E
+  token_embedding = V * E + (layer_norm if model.embed_norm else 0)
   positions = model.max_len * E if model.position == "learned" else 0
   final_norms = 0 if model.norm == "post" else layer_norm
 
@@ -65,7 +65,7 @@ def hand_count(model: ml_collections.ConfigDict) -> int:
 
 # preset, exact count, published count, relative tolerance to the published count.
 PRESETS = {
-    "bert_base": (bert_base.get_config, 109_511_226, 110e6, 0.01),
+    "bert_base": (bert_base.get_config, 109_512_762, 110e6, 0.01),
     "transformer_base": (transformer_base.get_config, 63_082_496, 65e6, None),
     "transformer_big": (transformer_big.get_config, 214_245_376, 213e6, 0.01),
 }
@@ -115,6 +115,7 @@ def test_transformer_base_headline_settings():
   assert (m.norm, m.norm_type, m.activation, m.position) == (
       "post", "layernorm", "relu", "sinusoidal")
   assert m.scale_embeddings and m.share_embeddings and m.tie_embeddings and m.use_bias
+  assert m.init == "xavier"  # Xavier-uniform kernels, N(0, d^-0.5) embeddings.
   assert (m.embed_dropout, m.residual_dropout, m.attention_dropout) == (0.1, 0.1, 0.0)
   assert (o.schedule, o.warmup_steps, o.noam_scale) == ("noam", 4000, 1.0)
   assert (o.b1, o.b2, o.eps, o.weight_decay) == (0.9, 0.98, 1e-9, 0.0)
@@ -143,6 +144,7 @@ def test_bert_base_headline_settings():
   assert (m.num_layers, m.d_model, m.num_heads, m.mlp_dim, m.max_len, m.vocab_size) == (
       12, 768, 12, 3072, 512, 30522)
   assert m.norm_epsilon == 1e-12 and m.tie_embeddings
+  assert m.init == "bert" and m.embed_norm  # Truncated normal 0.02; LayerNorm on embeddings.
   # Attention-probability dropout is only implemented by the einsum attention.
   assert m.attention_dropout == 0.1 and m.attention_impl == "einsum"
   assert objective_of(m.arch, m.head) == "masked_lm"

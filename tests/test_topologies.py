@@ -507,15 +507,15 @@ def test_encoder_decoder_with_unequal_depths_converts_per_stack():
 
 
 def test_scanned_to_unrolled_never_drops_or_invents_layers():
-  """Either each stack is split by its own depth or the mismatch is an error."""
+  """Without a depth each stack is split by its own; a depth that a stack lacks is an error."""
   params = {"encoder": {"blocks": {"w": jnp.arange(6.0).reshape(2, 3)}},
             "decoder": {"blocks": {"w": jnp.arange(9.0).reshape(3, 3)}}}
-  try:
-    converted = scanned_to_unrolled(params, 2)
-  except ValueError:
-    return
+  with pytest.raises(ValueError, match=r"stack 'blocks' has \[3\] layers; expected 2"):
+    scanned_to_unrolled(params, 2)
+  converted = scanned_to_unrolled(params)
   assert sorted(converted["encoder"]) == ["block_0", "block_1"]
   assert sorted(converted["decoder"]) == ["block_0", "block_1", "block_2"]
+  np.testing.assert_array_equal(converted["decoder"]["block_2"]["w"], [6.0, 7.0, 8.0])
 
 
 # ---------------------------------------------------------------- remat

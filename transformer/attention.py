@@ -7,12 +7,12 @@ H query heads, K key/value heads, D head dim, E embed (d_model).
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from transformer import initializers
 from transformer import positions
 from transformer.configuration import ModelConfig
 
@@ -86,13 +86,12 @@ class EinsumDense(nn.Module):
   use_bias: bool
   dtype: jnp.dtype
   param_dtype: jnp.dtype
-  stddev: float = 0.02
+  kernel_init: nn.initializers.Initializer = nn.initializers.normal(0.02)
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     kernel = self.param(
-        "kernel", nn.with_logical_partitioning(nn.initializers.normal(self.stddev),
-                                               self.kernel_axes),
+        "kernel", nn.with_logical_partitioning(self.kernel_init, self.kernel_axes),
         self.kernel_shape, self.param_dtype)
     y = jnp.einsum(self.equation, x.astype(self.dtype), kernel.astype(self.dtype))
     if self.use_bias:
@@ -112,6 +111,7 @@ class MultiHeadAttention(nn.Module):
   # slots, slot = token position (causal self-attention); "cross" computes the keys/values
   # of the encoder output on the first call and reuses them on every later one.
   cache: str | None = None
+  residual_adds: int = 0  # Of the block's stack, for the init of `out` (initializers.py).
 
   @nn.compact
   def __call__(self, x_BLE: jax.Array, kv_BSE: jax.Array | None, mask_B1LS: jax.Array, *,
@@ -135,7 +135,9 @@ class MultiHeadAttention(nn.Module):
     cfg = self.config
     H, K, D, E = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.d_model
     dense = functools.partial(EinsumDense, use_bias=cfg.use_bias, dtype=cfg.dtype,
-                              param_dtype=cfg.param_dtype)
+                              param_dtype=cfg.param_dtype,
+                              kernel_init=initializers.dense_kernel(cfg, in_axis=0,
+                                                                    out_axis=(1, 2)))
     q_BLHD = dense("BLE,EHD->BLHD", (E, H, D), ("embed", "heads", "head_dim"),
                    ("heads", "head_dim"), name="query")(x_BLE)
     if rope_positions is not None:
@@ -176,9 +178,10 @@ class MultiHeadAttention(nn.Module):
           q_BLHD, k_BSKD, v_BSKD, bias=bias_BHLS, mask=mask_B1LS,
           implementation=cfg.attention_impl)
 
-    # GPT-2 scales projections into the residual stream by 1/sqrt(2 * layers).
+    out_init = initializers.dense_kernel(cfg, in_axis=(0, 1), out_axis=2,
+                                         residual_adds=self.residual_adds)
     return dense("BLHD,HDE->BLE", (H, D, E), ("heads", "head_dim", "embed"), ("embed",),
-                 stddev=0.02 / math.sqrt(2 * cfg.num_layers), name="out")(out_BLHD)
+                 kernel_init=out_init, name="out")(out_BLHD)
 
   def _update_cache(self, k_BLKD: jax.Array, v_BLKD: jax.Array,
                     positions_BL: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -22,6 +22,7 @@ REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 POSITIONS = ("learned", "sinusoidal", "rope", "relative", "alibi", "none")
 NORMS = ("pre", "post")
 NORM_TYPES = ("layernorm", "rmsnorm")
+INITS = ("gpt2", "bert", "xavier")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu")
 GATED_ACTIVATIONS = ("swiglu", "geglu")
 ATTENTION_IMPLS = ("xla", "cudnn", "einsum")
@@ -97,6 +98,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
   _check_choice(config, m + "norm", NORMS)
   _check_choice(config, m + "norm_type", NORM_TYPES)
   _check_choice(config, m + "activation", ACTIVATIONS)
+  _check_choice(config, m + "init", INITS)
+  if not isinstance(config.model.embed_norm, bool):
+    _fail(m + "embed_norm", config.model.embed_norm, "expected True or False")
   _check_choice(config, m + "attention_impl", ATTENTION_IMPLS)
   _check_choice(config, m + "dtype", DTYPES)
   _check_choice(config, m + "param_dtype", DTYPES[1:])
@@ -351,6 +355,8 @@ class ModelConfig:
   use_bias: bool
   tie_embeddings: bool
   scale_embeddings: bool
+  embed_norm: bool
+  init: str
   embed_dropout: float
   residual_dropout: float
   attention_dropout: float

@@ -5,13 +5,12 @@ Shape legend as in attention.py: B batch, L length, E embed, F mlp hidden.
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
+from transformer import initializers
 from transformer.attention import MultiHeadAttention
 from transformer.configuration import ModelConfig
 
@@ -53,11 +52,12 @@ def sinusoidal_table(max_len: int, d_model: int) -> np.ndarray:
 
 
 def _dense(config: ModelConfig, features: int, axes: tuple[str, str], name: str,
-           stddev: float = 0.02) -> nn.Dense:
+           residual_adds: int = 0) -> nn.Dense:
+  kernel_init = initializers.dense_kernel(config, residual_adds=residual_adds)
   return nn.Dense(
       features, use_bias=config.use_bias, dtype=config.dtype, param_dtype=config.param_dtype,
       name=name,
-      kernel_init=nn.with_logical_partitioning(nn.initializers.normal(stddev), axes),
+      kernel_init=nn.with_logical_partitioning(kernel_init, axes),
       bias_init=nn.with_logical_partitioning(nn.initializers.zeros, axes[1:]))
 
 
@@ -65,6 +65,7 @@ class MLP(nn.Module):
   """Position-wise feed-forward: wo(act(wi x)), or wo(act(wi x) * wi_gate x) when gated."""
 
   config: ModelConfig
+  residual_adds: int = 0  # Of this block's stack, for the init of `wo` (initializers.py).
 
   @nn.compact
   def __call__(self, x_BLE: jax.Array) -> jax.Array:
@@ -73,9 +74,7 @@ class MLP(nn.Module):
     if cfg.activation in ("swiglu", "geglu"):
       h_BLF = h_BLF * _dense(cfg, cfg.mlp_dim, ("embed", "mlp"), "wi_gate")(x_BLE)
     h_BLF = nn.Dropout(cfg.mlp_dropout, deterministic=cfg.deterministic)(h_BLF)
-    # GPT-2 scales the init of projections into the residual stream by 1/sqrt(2 * layers).
-    residual_std = 0.02 / math.sqrt(2 * cfg.num_layers)
-    return _dense(cfg, cfg.d_model, ("mlp", "embed"), "wo", residual_std)(h_BLF)
+    return _dense(cfg, cfg.d_model, ("mlp", "embed"), "wo", self.residual_adds)(h_BLF)
 
 
 class Block(nn.Module):
@@ -90,6 +89,9 @@ class Block(nn.Module):
   config: ModelConfig
   cross_attention: bool = False
   causal: bool = False  # Decoder side: when decoding, its self-attention keeps a k/v cache.
+  # Residual additions in this block's whole stack (GPT-2's init scales the projections
+  # into the residual stream by 1/sqrt of it): 2 per block, 3 with cross-attention.
+  residual_adds: int = 0
 
   @nn.compact
   def __call__(self, x_BLE: jax.Array, self_mask_B1LL: jax.Array,
@@ -99,16 +101,18 @@ class Block(nn.Module):
     cfg = self.config
     rope = (positions_BL, positions_BL) if cfg.position == "rope" else None
     sublayers = [("self_attention", lambda h: MultiHeadAttention(
-        cfg, cache="self" if cfg.decode and self.causal else None, name="self_attention")(
+        cfg, cache="self" if cfg.decode and self.causal else None,
+        residual_adds=self.residual_adds, name="self_attention")(
             h, h, self_mask_B1LL, bias_BHLS=self_bias_BHLL, rope_positions=rope,
             positions_BL=positions_BL))]
     if self.cross_attention:
       # No position signal across sequences: the source carries its own. When decoding,
       # encoded_BSE is None after the first step: the keys/values come from the cache.
       sublayers.append(("cross_attention", lambda h: MultiHeadAttention(
-          cfg, cache="cross" if cfg.decode else None, name="cross_attention")(
+          cfg, cache="cross" if cfg.decode else None, residual_adds=self.residual_adds,
+          name="cross_attention")(
               h, encoded_BSE, cross_mask_B1LS)))
-    sublayers.append(("mlp", lambda h: MLP(cfg, name="mlp")(h)))
+    sublayers.append(("mlp", lambda h: MLP(cfg, self.residual_adds, name="mlp")(h)))
 
     for name, sublayer in sublayers:
       norm = make_norm(cfg, f"{name}_norm")
@@ -140,6 +144,7 @@ def run_blocks(config: ModelConfig, num_layers: int, x_BLE: jax.Array, *args,
   `scanned_to_unrolled` / `unrolled_to_scanned` for converting checkpoints.
   """
   block = Block
+  residual_adds = num_layers * (3 if cross_attention else 2)
   if config.remat != "none" and not config.decode:  # Decoding has no backward pass.
     # prevent_cse only matters outside scan, where XLA could merge the recomputation away.
     block = nn.remat(Block, policy=REMAT_POLICIES[config.remat],
@@ -152,10 +157,12 @@ def run_blocks(config: ModelConfig, num_layers: int, x_BLE: jax.Array, *args,
         split_rngs={"params": True, "dropout": True},
         in_axes=(nn.broadcast,) * len(args), length=num_layers,
         metadata_params={nn.PARTITION_NAME: "layers"})
-    x_BLE, _ = stack(config, cross_attention, causal, name=f"{name}s")(x_BLE, *args)
+    x_BLE, _ = stack(config, cross_attention, causal, residual_adds,
+                     name=f"{name}s")(x_BLE, *args)
     return x_BLE
   for i in range(num_layers):
-    x_BLE, _ = block(config, cross_attention, causal, name=f"{name}_{i}")(x_BLE, *args)
+    x_BLE, _ = block(config, cross_attention, causal, residual_adds,
+                     name=f"{name}_{i}")(x_BLE, *args)
   return x_BLE
 
 

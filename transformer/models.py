@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from transformer import initializers
 from transformer import positions as positions_lib
 from transformer.attention import make_attention_mask
 from transformer.configuration import ModelConfig
@@ -31,12 +32,15 @@ class Embedder(nn.Module):
     self.token_embed = nn.Embed(
         cfg.vocab_size, cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
         embedding_init=nn.with_logical_partitioning(
-            nn.initializers.normal(0.02), ("vocab", "embed")))
+            initializers.token_embedding(cfg), ("vocab", "embed")))
     if cfg.position == "learned":
       self.position_embed = self.param(
           "position_embed",
-          nn.with_logical_partitioning(nn.initializers.normal(0.01), ("length", "embed")),
+          nn.with_logical_partitioning(initializers.position_embedding(cfg),
+                                       ("length", "embed")),
           (cfg.max_len, cfg.d_model), cfg.param_dtype)
+    if cfg.embed_norm:  # BERT normalises the embedding sum before the first block.
+      self.embed_norm = make_norm(cfg, "embed_norm")
 
   def __call__(self, tokens_BL: jax.Array, positions_BL: jax.Array) -> jax.Array:
     cfg = self.config
@@ -48,6 +52,8 @@ class Embedder(nn.Module):
     elif cfg.position == "sinusoidal":
       table = jnp.asarray(sinusoidal_table(cfg.max_len, cfg.d_model))
       x_BLE = x_BLE + jnp.take(table, positions_BL, axis=0).astype(cfg.dtype)
+    if cfg.embed_norm:
+      x_BLE = self.embed_norm(x_BLE).astype(cfg.dtype)
     return x_BLE
 
   def attend(self, x_BLE: jax.Array) -> jax.Array:
@@ -148,7 +154,7 @@ class ClassificationHead(nn.Module):
     pooled_BE = nn.Dropout(cfg.residual_dropout, deterministic=cfg.deterministic)(pooled_BE)
     return nn.Dense(
         cfg.num_classes, dtype=jnp.float32, param_dtype=cfg.param_dtype, name="classifier",
-        kernel_init=nn.with_logical_partitioning(nn.initializers.normal(0.02),
+        kernel_init=nn.with_logical_partitioning(initializers.dense_kernel(cfg),
                                                  ("embed", None)),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (None,)))(pooled_BE)
 
@@ -161,7 +167,7 @@ def _lm_logits(config: ModelConfig, embedder: Embedder, x_BLE: jax.Array) -> jax
       config.vocab_size, use_bias=False, dtype=jnp.float32, param_dtype=config.param_dtype,
       name="lm_head",
       kernel_init=nn.with_logical_partitioning(
-          nn.initializers.normal(0.02), ("embed", "vocab")))(x_BLE.astype(jnp.float32))
+          initializers.dense_kernel(config), ("embed", "vocab")))(x_BLE.astype(jnp.float32))
 
 
 class Decoder(nn.Module):
@@ -203,7 +209,7 @@ class Encoder(nn.Module):
     # BERT's MLM head: dense + activation + norm, then the tied projection plus a bias.
     h_BLE = nn.Dense(
         cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name="mlm_transform",
-        kernel_init=nn.with_logical_partitioning(nn.initializers.normal(0.02),
+        kernel_init=nn.with_logical_partitioning(initializers.dense_kernel(cfg),
                                                  ("embed", None)),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (None,)))(x_BLE)
     h_BLE = make_norm(cfg, "mlm_norm")(ACTIVATION_FNS[cfg.activation](h_BLE))
@@ -246,7 +252,7 @@ class EncoderDecoder(nn.Module):
       self.lm_head = nn.Dense(
           cfg.vocab_size, use_bias=False, dtype=jnp.float32, param_dtype=cfg.param_dtype,
           kernel_init=nn.with_logical_partitioning(
-              nn.initializers.normal(0.02), ("embed", "vocab")))
+              initializers.dense_kernel(cfg), ("embed", "vocab")))
 
   def encode(self, inputs_BS: jax.Array, inputs_segment_ids_BS: jax.Array,
              inputs_positions_BS: jax.Array) -> jax.Array:

@@ -73,13 +73,19 @@ def make_schedule(optimizer: ml_collections.ConfigDict, d_model: int,
 # Parameter names that are weights (decayed); biases and norm scales are not, even
 # when they have 2+ dims (the [heads, head_dim] attention biases).
 DECAYED_NAMES = ("kernel", "embedding", "position_embed")
+# Modules whose "embedding" is an additive attention-logit bias, not a token table: the
+# T5 relative-position bias [buckets, heads]. It is not decayed, like every bias (T5
+# itself trained with no weight decay at all).
+UNDECAYED_MODULES = ("relative_bias",)
 
 
 def decay_mask(params) -> object:
-  """True for weight matrices and embeddings; False for biases and norm scales."""
+  """True for weight matrices and token/position embeddings; False for biases (the T5
+  relative-position bias table included) and norm scales."""
   def is_weight(path, p):
-    name = str(getattr(path[-1], "key", path[-1]))
-    return name in DECAYED_NAMES and jnp.ndim(p) >= 2
+    names = [str(getattr(k, "key", k)) for k in path]
+    return (names[-1] in DECAYED_NAMES and jnp.ndim(p) >= 2
+            and not any(n in UNDECAYED_MODULES for n in names))
   return jax.tree_util.tree_map_with_path(is_weight, params)
 
 

@@ -1,0 +1,63 @@
+"""Parameter initialisation per model family: `model.init` = "gpt2" | "bert" | "xavier".
+
+- "gpt2" (Radford et al. 2019): every weight N(0, 0.02), learned positions N(0, 0.01);
+  the projections that write into the residual stream (attention `out`, MLP `wo`)
+  N(0, 0.02 / sqrt(n)), n = the residual additions of their own stack: 2 per block,
+  3 per block with cross-attention (an encoder-decoder counts its encoder and decoder
+  separately, with their own depths).
+- "bert" (Devlin et al. 2019): every weight and embedding truncated normal (2 sigma)
+  with sigma 0.02, the TF `truncated_normal_initializer(0.02)` of the BERT code.
+- "xavier" (Vaswani et al. 2017, as in tensor2tensor and the Flax WMT example):
+  dense kernels Xavier-uniform over (fan in, fan out), token embeddings
+  N(0, d_model^-0.5) (the model scales them back up by sqrt(d_model)), learned
+  positions N(0, 0.02).
+
+Biases are zero and norm scales one in every family. Only the draw changes: the
+parameter tree (and so every checkpoint) is the same for all three.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from flax import linen as nn
+
+from transformer.configuration import ModelConfig
+
+Initializer = nn.initializers.Initializer
+
+
+def dense_kernel(config: ModelConfig, *, in_axis: int | Sequence[int] = -2,
+                 out_axis: int | Sequence[int] = -1, residual_adds: int = 0) -> Initializer:
+  """The kernel initializer of a dense / einsum projection.
+
+  Args:
+    config: reads `init`.
+    in_axis: the kernel axes that make up the fan-in (Xavier only).
+    out_axis: the kernel axes that make up the fan-out (Xavier only).
+    residual_adds: for a projection into the residual stream, the number of residual
+      additions in its stack (GPT-2's scaling); 0 for any other projection.
+  """
+  if config.init == "xavier":
+    return nn.initializers.variance_scaling(1.0, "fan_avg", "uniform", in_axis=in_axis,
+                                            out_axis=out_axis)
+  if config.init == "bert":
+    return nn.initializers.truncated_normal(0.02)
+  return nn.initializers.normal(0.02 / math.sqrt(residual_adds) if residual_adds else 0.02)
+
+
+def token_embedding(config: ModelConfig) -> Initializer:
+  """The token-embedding initializer (also the tied output projection's)."""
+  if config.init == "xavier":
+    return nn.initializers.normal(config.d_model ** -0.5)
+  if config.init == "bert":
+    return nn.initializers.truncated_normal(0.02)
+  return nn.initializers.normal(0.02)
+
+
+def position_embedding(config: ModelConfig) -> Initializer:
+  """The learned-position-table initializer."""
+  if config.init == "bert":
+    return nn.initializers.truncated_normal(0.02)
+  return nn.initializers.normal(0.01 if config.init == "gpt2" else 0.02)
