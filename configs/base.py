@@ -79,6 +79,7 @@ def get_config() -> ml_collections.ConfigDict:
   data.packing = "pack"  # Seq2seq rows: "pack" several pairs per row | "pad" one pair per row (LM rows are always packed).
   data.overlong = "truncate"  # Seq2seq/classification example longer than seq_len: "truncate" | "drop" (counted, logged).
   data.shuffle_rows = 0  # Training: also shuffle packed rows within a window of this many (0 = off).
+  data.lm_windows = "packed"  # Causal-LM training rows: "packed" | "random" (nanoGPT: random offsets; the split in memory).
   data.batch_size = 16  # Global batch size in rows (split over data-parallel devices).
   data.num_threads = 2  # Grain reader threads per process.
   data.download = False  # Allow TFDS to download a catalog dataset that is not prepared yet.

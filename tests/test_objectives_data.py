@@ -17,7 +17,9 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
+from configs import base
 from test_data import _code_lines, assert_batches_equal, no_network, spm_tokenizer, take  # pylint: disable=unused-import
+from transformer.configuration import ConfigError, validate
 from transformer.data import classification
 from transformer.data import lm as lm_data
 from transformer.data import pipeline
@@ -395,3 +397,85 @@ def test_make_dataset_picks_the_objective_pipeline(arch, head, keys):
                              batch_size=2)
   batch = next(iter(ds))
   assert set(batch) == keys
+
+
+# ---------------------------------------------------------------- random LM windows
+
+
+def random_windows_dataset(texts=TEXTS, seed=0, **overrides):
+  kwargs = dict(text_key="text", vocab_size=BYTES.vocab_size, seq_len=SEQ_LEN,
+                batch_size=BATCH, seed=seed, train=True, windows="random")
+  kwargs.update(overrides)
+  return lm_data.make_lm_dataset(source(texts), BYTES, **kwargs)
+
+
+def test_random_windows_are_slices_of_the_document_stream():
+  stream = np.concatenate([[tokenizers.BOS_ID, *BYTES.encode(t), tokenizers.EOS_ID]
+                           for t in TEXTS])
+  starts = set()
+  for batch in take(iter(random_windows_dataset()), 25):
+    check_dtypes_and_shapes(batch, ("inputs", "targets", "segment_ids", "positions",
+                                    "weights"), collections.defaultdict(lambda: SEQ_LEN))
+    for inputs, targets, segments, positions in zip(
+        batch["inputs"], batch["targets"], batch["segment_ids"], batch["positions"]):
+      row = np.concatenate([inputs, targets[-1:]])
+      np.testing.assert_array_equal(targets[:-1], inputs[1:])
+      matches = [s for s in range(len(stream) - SEQ_LEN) if
+                 np.array_equal(stream[s:s + SEQ_LEN + 1], row)]
+      assert matches, row
+      starts.add(matches[0])
+      # Documents keep their boundaries: positions restart where the segment changes.
+      assert segments[0] == 1 and positions[0] == 0
+      new = np.concatenate([[False], segments[1:] != segments[:-1]])
+      assert (positions[new] == 0).all() and (np.diff(segments) >= 0).all()
+      assert (positions[~new][1:] == positions[:-1][~new[1:]] + 1).all()
+  assert len(starts) > 50  # Offsets are drawn, not a fixed grid.
+
+
+def test_random_windows_weights_skip_document_boundaries():
+  batch = take(iter(random_windows_dataset()), 1)[0]
+  # A target counts only when it continues the input's document (never across an
+  # [eos] -> [bos] boundary inside a window).
+  for inputs, targets, weights in zip(batch["inputs"], batch["targets"], batch["weights"]):
+    crossing = (inputs == tokenizers.EOS_ID) & (targets == tokenizers.BOS_ID)
+    assert not weights[crossing].any()
+
+
+def test_random_windows_are_seeded_and_resume_exactly():
+  first = take(iter(random_windows_dataset(seed=3)), 4)
+  assert_batches_equal(take(iter(random_windows_dataset(seed=3)), 4), first)
+  assert not np.array_equal(take(iter(random_windows_dataset(seed=4)), 1)[0]["inputs"],
+                            first[0]["inputs"])
+  iterator = iter(random_windows_dataset(seed=3))
+  take(iterator, 2)
+  state = json.loads(json.dumps(iterator.get_state()))
+  expected = take(iterator, 3)
+  resumed = iter(random_windows_dataset(seed=3))
+  resumed.set_state(state)
+  assert_batches_equal(take(resumed, 3), expected)
+
+
+def test_random_windows_need_a_row_of_tokens():
+  with pytest.raises(ValueError, match="fewer than one row of 33; lower data.seq_len"):
+    next(iter(random_windows_dataset(texts=["short"])))
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(shuffle_rows=16), r"config.data.shuffle_rows=16 is invalid: random LM windows"),
+    (dict(lm_windows="uniform"), r"config.data.lm_windows='uniform' is invalid: valid "
+     r"values are 'packed', 'random'"),
+])
+def test_random_windows_config_errors(overrides, message):
+  config = base.get_config()
+  config.data.update(dict(dict(lm_windows="random"), **overrides))
+  with pytest.raises(ConfigError, match=message):
+    validate(config)
+
+
+def test_random_windows_only_for_causal_lm():
+  config = base.get_config()
+  config.model.update(arch="encoder", head="mlm")
+  config.data.lm_windows = "random"
+  with pytest.raises(ConfigError, match=r"data.lm_windows='random' is invalid: random "
+                     r"windows are a causal-LM sampling"):
+    validate(config)

@@ -30,6 +30,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 TOKENIZERS = ("sentencepiece", "bytes", "char")
 SPM_MODEL_TYPES = ("unigram", "bpe")
 PACKINGS = ("pack", "pad")
+LM_WINDOWS = ("packed", "random")
 OVERLONG_POLICIES = ("truncate", "drop")
 DECODE_ERRORS = ("strict", "replace")
 LOCAL_DATASETS = ("local_text", "local_parallel", "local_tsv")
@@ -222,6 +223,7 @@ def _validate_data(config: ml_collections.ConfigDict) -> None:
   _check_choice(config, d + "tokenizer", TOKENIZERS)
   _check_choice(config, d + "spm_model_type", SPM_MODEL_TYPES)
   _check_choice(config, d + "packing", PACKINGS)
+  _check_choice(config, d + "lm_windows", LM_WINDOWS)
   _check_choice(config, d + "overlong", OVERLONG_POLICIES)
   _check_choice(config, d + "decode_errors", DECODE_ERRORS)
   for key in ("seq_len", "batch_size", "num_threads", "spm_train_sentences",
@@ -232,6 +234,14 @@ def _validate_data(config: ml_collections.ConfigDict) -> None:
   _check_rate(config, d + "mask_rate")
   if not isinstance(data.val_fraction, (int, float)) or not 0.0 < data.val_fraction < 1.0:
     _fail(d + "val_fraction", data.val_fraction, "expected a fraction in (0, 1)")
+  if data.lm_windows == "random" and data.shuffle_rows:
+    _fail(d + "shuffle_rows", data.shuffle_rows, "random LM windows (data.lm_windows="
+          "'random') are already drawn independently: set data.shuffle_rows=0, or "
+          "data.lm_windows='packed'")
+  if data.lm_windows == "random" and objective_of(model.arch, model.head) != "causal_lm":
+    _fail(d + "lm_windows", "random", "random windows are a causal-LM sampling (model.arch="
+          f"'decoder', model.head='lm'), not for model.arch={model.arch!r}, "
+          f"model.head={model.head!r}; use 'packed'")
   if model.head == "classification" and not data.label_key:
     _fail(d + "label_key", "", "a classification head needs the dataset's label feature "
           "(e.g. 'label' for glue/sst2 and imdb_reviews)")

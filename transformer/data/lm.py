@@ -2,20 +2,27 @@
 
   documents -> tokenize ([bos] text [eos], id-range check)
   causal:  concat-then-split into rows of seq_len + 1 -> inputs / targets shifted by one
+           (or, training with data.lm_windows="random", nanoGPT's sampling: rows at
+           uniformly random offsets into the concatenated documents)
   masked:  concat-then-split into rows of seq_len -> seeded BERT masking per row
   -> (optional window shuffle of rows, training) -> batch
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import grain
 import grain.experimental
 import numpy as np
+from absl import logging
 
 from transformer.data import packing
 from transformer.data import tokenizers
+
+# Enough random windows never to run out: grain needs a finite length.
+_NUM_RANDOM_WINDOWS = 2 ** 62
 
 
 class Tokenize(grain.transforms.Map):
@@ -49,6 +56,68 @@ def _packed_rows(source: Any, tokenizer: tokenizers.Tokenizer, *, text_key: str,
   return it
 
 
+def _token_stream(source: Any, tokenize: Tokenize, *, process_index: int,
+                  process_count: int) -> tuple[np.ndarray, np.ndarray]:
+  """This process's documents, tokenized in order and concatenated: (tokens, document ids)."""
+  indices = range(process_index, len(source), process_count)
+  tokens, doc_ids, started, last_log = [], [], time.monotonic(), time.monotonic()
+  for i, index in enumerate(indices):
+    ids = tokenize.map(source[index])["tokens"]
+    tokens.append(ids)
+    doc_ids.append(np.full(len(ids), i, np.int32))
+    if time.monotonic() - last_log > 30:
+      last_log = time.monotonic()
+      logging.info("random LM windows: tokenized %d/%d documents", i + 1, len(indices))
+  if not tokens:
+    raise ValueError("random LM windows: the training split has no documents")
+  stream, docs = np.concatenate(tokens), np.concatenate(doc_ids)
+  logging.info("random LM windows: %d documents, %d tokens in memory (%.1f s)", len(tokens),
+               len(stream), time.monotonic() - started)
+  return stream, docs
+
+
+class _RandomWindow(grain.transforms.RandomMap):
+  """Index -> a row of `row_len` tokens at a uniformly random offset of the stream.
+
+  The offset comes from grain's per-index seeded generator, so the rows are the same
+  after a restore from a saved iterator state. Documents inside a window keep their
+  boundaries: segment ids 1, 2, ... and positions restarting at each document (a
+  window that starts inside a document numbers its positions from the window start,
+  as nanoGPT does).
+  """
+
+  def __init__(self, stream: np.ndarray, doc_ids: np.ndarray, row_len: int):
+    if len(stream) < row_len:
+      raise ValueError(f"random LM windows: the training split has {len(stream)} tokens, "
+                       f"fewer than one row of {row_len}; lower data.seq_len")
+    self._stream, self._doc_ids, self._row_len = stream, doc_ids, row_len
+
+  def random_map(self, index: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    del index  # The generator is already seeded by it.
+    start = int(rng.integers(0, len(self._stream) - self._row_len + 1))
+    window = slice(start, start + self._row_len)
+    docs = self._doc_ids[window]
+    new_doc = np.concatenate([[True], docs[1:] != docs[:-1]])
+    steps = np.arange(self._row_len)
+    doc_start = np.maximum.accumulate(np.where(new_doc, steps, 0))
+    return {"tokens": self._stream[window],
+            "tokens_segment_ids": np.cumsum(new_doc).astype(np.int32),
+            "tokens_positions": (steps - doc_start).astype(np.int32)}
+
+
+def _random_windows(source: Any, tokenizer: tokenizers.Tokenizer, *, text_key: str,
+                    vocab_size: int, row_len: int, seed: int, process_index: int,
+                    process_count: int, num_threads: int) -> grain.IterDataset:
+  """Training rows drawn like nanoGPT's get_batch: random offsets, with replacement."""
+  stream, doc_ids = _token_stream(source, Tokenize(tokenizer, text_key, vocab_size),
+                                  process_index=process_index, process_count=process_count)
+  window_seed = int(np.random.SeedSequence((seed, process_index)).generate_state(1)[0])
+  ds = grain.MapDataset.range(_NUM_RANDOM_WINDOWS).random_map(
+      _RandomWindow(stream, doc_ids, row_len), seed=window_seed)
+  return ds.to_iter_dataset(grain.ReadOptions(num_threads=num_threads,
+                                              prefetch_buffer_size=64))
+
+
 def _split_inputs_targets(row: dict[str, np.ndarray]) -> packing.Batch:
   """A packed row of seq_len + 1 tokens -> next-token inputs, targets and loss weights."""
   tokens, segments = row["tokens"], row["tokens_segment_ids"]
@@ -64,8 +133,9 @@ def _split_inputs_targets(row: dict[str, np.ndarray]) -> packing.Batch:
 
 def make_lm_dataset(source: Any, tokenizer: tokenizers.Tokenizer, *, text_key: str,
                     vocab_size: int, seq_len: int, batch_size: int, seed: int,
-                    train: bool, shuffle_rows: int = 0, process_index: int = 0,
-                    process_count: int = 1, num_threads: int = 2) -> grain.IterDataset:
+                    train: bool, shuffle_rows: int = 0, windows: str = "packed",
+                    process_index: int = 0, process_count: int = 1,
+                    num_threads: int = 2) -> grain.IterDataset:
   """The causal-LM pipeline over any random-access source of text examples.
 
   Args:
@@ -78,6 +148,9 @@ def make_lm_dataset(source: Any, tokenizer: tokenizers.Tokenizer, *, text_key: s
     seed: shuffle seed.
     train: repeat forever (reshuffled each epoch); otherwise one pass, last batch kept.
     shuffle_rows: training only: shuffle packed rows within windows of this many.
+    windows: training only: "packed" (concatenate-then-split) or "random" (rows at
+      uniformly random offsets into this process's documents concatenated in order,
+      nanoGPT's sampling; the split's tokens are held in memory).
     process_index: this JAX process; it reads only every process_count-th example.
     process_count: number of JAX processes.
     num_threads: grain read/tokenize threads.
@@ -86,10 +159,15 @@ def make_lm_dataset(source: Any, tokenizer: tokenizers.Tokenizer, *, text_key: s
     A grain IterDataset of dicts with [batch_size, seq_len] `inputs`, `targets`,
     `segment_ids`, `positions` (int32) and `weights` (float32).
   """
-  it = _packed_rows(source, tokenizer, text_key=text_key, vocab_size=vocab_size,
-                    row_len=seq_len + 1, seed=seed, train=train, shuffle_rows=shuffle_rows,
-                    process_index=process_index, process_count=process_count,
-                    num_threads=num_threads)
+  if train and windows == "random":
+    it = _random_windows(source, tokenizer, text_key=text_key, vocab_size=vocab_size,
+                         row_len=seq_len + 1, seed=seed, process_index=process_index,
+                         process_count=process_count, num_threads=num_threads)
+  else:
+    it = _packed_rows(source, tokenizer, text_key=text_key, vocab_size=vocab_size,
+                      row_len=seq_len + 1, seed=seed, train=train, shuffle_rows=shuffle_rows,
+                      process_index=process_index, process_count=process_count,
+                      num_threads=num_threads)
   return it.map(_split_inputs_targets).batch(batch_size, drop_remainder=train)
 
 

@@ -50,7 +50,8 @@ def make_dataset(config: ml_collections.ConfigDict, objective: str, source: Any,
                 num_threads=data.num_threads)
   if objective == "causal_lm":
     return lm.make_lm_dataset(source, tokenizer, text_key=data.text_key, seq_len=data.seq_len,
-                              shuffle_rows=data.shuffle_rows, **common)
+                              shuffle_rows=data.shuffle_rows, windows=data.lm_windows,
+                              **common)
   if objective == "masked_lm":
     return lm.make_mlm_dataset(source, tokenizer, text_key=data.text_key,
                                seq_len=data.seq_len, mask_rate=data.mask_rate,
