@@ -44,7 +44,7 @@ from configs import base
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
-  """nanoGPT's baby GPT on characters; `arg` "cpu" is nanoGPT's CPU recipe, "cpu15" our best 15 minutes."""
+  """nanoGPT's baby GPT on characters; `arg`: "cpu" (nanoGPT's CPU recipe) or "cpu15"."""
   config = base.get_config()
   config.model.update(
       arch="decoder", head="lm", vocab_size=0, d_model=384, num_layers=6, num_heads=6,
