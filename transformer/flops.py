@@ -1,0 +1,184 @@
+"""Model FLOPs of a training step and the peak they are measured against (MFU).
+
+Model FLOPs utilisation = model FLOPs per step / seconds per step / peak FLOP/s of the
+devices. Model FLOPs use the standard count (PaLM, appendix B): per token, 6 x the
+weights of every matmul the token goes through (2 for the forward multiply-add, 4 for
+the backward), plus 12 x layers x heads x head_dim x context for the attention scores
+and the weighted sum of values. Conventions, as in PaLM:
+  - the token and position embedding lookups are not matmuls and do not count; the
+    output projection to the vocabulary does (tied or not: it is a matmul either way);
+  - biases, norms, activations, softmax and the optimizer update are elementwise and do
+    not count (under 1% of the total for these models);
+  - causal attention counts the full context (no halving for the mask), padding
+    counts as tokens, and rematerialised work does not count (it is MFU, not HFU).
+
+The peak is the device's published dense bfloat16 rate (`PEAK_BF16_FLOPS`) on GPUs and
+TPUs, and on CPU (or an accelerator missing from the table) the rate of a large matmul
+measured on this host, so that a number near 100% means "as fast as this machine
+multiplies matrices".
+
+Shape legend: B batch, L target length, S source length, E embed, H heads, K kv heads,
+D head dim, F mlp hidden, V vocab, C classes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+
+import jax
+import jax.numpy as jnp
+from absl import logging
+
+from transformer.configuration import GATED_ACTIVATIONS, ModelConfig
+
+# Dense bfloat16 peak FLOP/s of one JAX device, by the words its lower-case device_kind
+# contains ("NVIDIA A100-SXM4-80GB" has "a100"; the longest match wins, so "TPU v5 lite"
+# is "tpu v5 lite", not "tpu v5"). On TPU v2 and v3 a JAX device is one TensorCore
+# (half a chip); from v4 on it is a chip.
+PEAK_BF16_FLOPS = {
+    "tpu v2": 22.5e12,
+    "tpu v3": 61.5e12,
+    "tpu v4": 275e12,
+    "tpu v5 lite": 197e12,  # v5e
+    "tpu v5e": 197e12,
+    "tpu v5": 459e12,  # v5p
+    "tpu v5p": 459e12,
+    "tpu v6 lite": 918e12,  # v6e (Trillium)
+    "tpu v6e": 918e12,
+    "a100": 312e12,
+    "l4": 121e12,
+    "l40s": 362e12,
+    "h100": 989e12,  # SXM
+    "h100 pcie": 756e12,
+    "h100 nvl": 835e12,
+    "h200": 989e12,
+    "gh200": 989e12,
+    "b200": 2250e12,
+}
+
+PEAK_CACHE_FILE = "peak_flops.json"
+
+
+def published_peak_flops(device_kind: str) -> float | None:
+  """The table's dense bf16 FLOP/s for `device_kind`, or None if it is not listed."""
+  kind = device_kind.lower()
+  matches = [key for key in PEAK_BF16_FLOPS
+             if re.search(rf"(^|[\s_-]){re.escape(key)}($|[\s_-])", kind)]
+  return PEAK_BF16_FLOPS[max(matches, key=len)] if matches else None
+
+
+def measure_matmul_flops(size: int = 1024, repeats: int = 10,
+                         dtype: jnp.dtype = jnp.float32,
+                         device: jax.Device | None = None) -> float:
+  """FLOP/s of a [size, size] x [size, size] matmul on one device: the best of `repeats`.
+
+  The best run is the one least disturbed by other work on the machine. On 2 CPU
+  cores 1024 already runs at the rate of larger sizes and takes ~20 ms.
+  """
+  device = device or jax.local_devices()[0]
+  a = jax.device_put(jax.random.normal(jax.random.PRNGKey(0), (size, size), dtype), device)
+  b = jax.device_put(jax.random.normal(jax.random.PRNGKey(1), (size, size), dtype), device)
+  matmul = jax.jit(jnp.matmul)
+  matmul(a, b).block_until_ready()  # Compile.
+  best = float("inf")
+  for _ in range(repeats):
+    start = time.perf_counter()
+    matmul(a, b).block_until_ready()
+    best = min(best, time.perf_counter() - start)
+  return 2 * size ** 3 / best
+
+
+def peak_flops(workdir: str | None = None) -> tuple[float, str]:
+  """Peak FLOP/s of all the run's devices together, and where the number comes from.
+
+  GPUs/TPUs in the table: the published bf16 peak x the device count. Otherwise
+  (CPU, an unlisted accelerator) a matmul rate measured once on this process's first
+  device (float32 on CPU, bfloat16 elsewhere) x the devices it stands for: one host on
+  CPU (its devices share the cores), each device on an accelerator. The measurement is
+  cached in `<workdir>/peak_flops.json`, so that a resumed run keeps its denominator.
+  """
+  device = jax.devices()[0]
+  published = published_peak_flops(device.device_kind)
+  if device.platform != "cpu" and published:
+    return (published * jax.device_count(),
+            f"published bf16 peak of {jax.device_count()} x {device.device_kind}")
+  on_cpu = device.platform == "cpu"
+  dtype = jnp.float32 if on_cpu else jnp.bfloat16
+  units = jax.process_count() if on_cpu else jax.device_count()
+  what = (f"{jnp.dtype(dtype).name} matmul rate measured on {device.device_kind} x "
+          f"{units} {'host' if on_cpu else 'device'}{'s' if units > 1 else ''}")
+  path = os.path.join(workdir, PEAK_CACHE_FILE) if workdir else None
+  rate = _read_cached_rate(path, what)
+  if rate is None:
+    rate = measure_matmul_flops(dtype=dtype) * units
+    if path and jax.process_index() == 0:
+      try:
+        with open(path, "w", encoding="utf-8") as f:
+          json.dump({"flops_per_second": rate, "source": what}, f)
+      except OSError as e:
+        logging.warning("Cannot cache the measured matmul rate in %s: %s", path, e)
+  return rate, what
+
+
+def _read_cached_rate(path: str | None, what: str) -> float | None:
+  if not path or not os.path.exists(path):
+    return None
+  try:
+    with open(path, encoding="utf-8") as f:
+      cached = json.load(f)
+    return float(cached["flops_per_second"]) if cached["source"] == what else None
+  except (OSError, ValueError, KeyError, TypeError):
+    return None
+
+
+def _attention_flops(cfg: ModelConfig, q_tokens: int, kv_tokens: int, *,
+                     kv_projection_tokens: int) -> int:
+  """Forward FLOPs of one attention sublayer over one sequence (pair)."""
+  E, H, K, D = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+  projections = 2 * q_tokens * (E * H * D + H * D * E) + 2 * kv_projection_tokens * 2 * E * K * D
+  scores_and_values = 2 * 2 * q_tokens * kv_tokens * H * D
+  return projections + scores_and_values
+
+
+def _mlp_flops(cfg: ModelConfig, tokens: int) -> int:
+  matrices = 3 if cfg.activation in GATED_ACTIVATIONS else 2
+  return 2 * tokens * matrices * cfg.d_model * cfg.mlp_dim
+
+
+def forward_flops_per_sequence(cfg: ModelConfig, seq_len: int,
+                               source_len: int | None = None) -> int:
+  """Model FLOPs of one forward pass over one row (one source/target pair for seq2seq).
+
+  Args:
+    cfg: the model.
+    seq_len: tokens per row (the target side for encoder_decoder).
+    source_len: the source side of encoder_decoder (default `seq_len`).
+  """
+  E, V, L = cfg.d_model, cfg.vocab_size, seq_len
+  if cfg.head == "classification":
+    head = 2 * E * cfg.num_classes  # On one pooled vector per row.
+  elif cfg.head == "mlm":
+    head = 2 * L * (E * E + E * V)  # The transform, then the vocabulary projection.
+  else:
+    head = 2 * L * E * V
+  if cfg.arch in ("decoder", "encoder"):
+    block = (_attention_flops(cfg, L, L, kv_projection_tokens=L) + _mlp_flops(cfg, L))
+    return cfg.num_layers * block + head
+  if cfg.arch != "encoder_decoder":
+    raise ValueError(f"model.arch={cfg.arch!r}; valid: 'decoder', 'encoder', "
+                     "'encoder_decoder'")
+  S = source_len or seq_len
+  encoder_block = _attention_flops(cfg, S, S, kv_projection_tokens=S) + _mlp_flops(cfg, S)
+  decoder_block = (_attention_flops(cfg, L, L, kv_projection_tokens=L)
+                   + _attention_flops(cfg, L, S, kv_projection_tokens=S)  # Cross: k, v of S.
+                   + _mlp_flops(cfg, L))
+  return cfg.num_layers * encoder_block + cfg.num_decoder_layers * decoder_block + head
+
+
+def train_flops_per_step(cfg: ModelConfig, batch_size: int, seq_len: int,
+                         source_len: int | None = None) -> int:
+  """Model FLOPs of one training step: 3 x the forward (the backward costs two forwards)."""
+  return 3 * batch_size * forward_flops_per_sequence(cfg, seq_len, source_len)
