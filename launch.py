@@ -5,6 +5,9 @@
   --mode=translate        --input (or stdin), one sentence a line -> --output (or stdout)
   --mode=generate         continue --prompt (or each stdin line) with a decoder LM
   --mode=average          the mean of the newest --average_last checkpoints -> --output
+  --mode=import           a local Hugging Face folder (--hf_dir: GPT-2, BERT, Marian, T5) ->
+                          a new --workdir that the other modes and init_from read
+  --mode=export           --workdir's GPT-2-shaped decoder -> a Hugging Face folder --hf_dir
 
 Every mode but train reads the model, vocabulary and checkpoints from --workdir;
 --config is then optional and only its data.* and decode.* are used
@@ -40,7 +43,8 @@ _HEARTBEAT = flags.DEFINE_integer(
     "heartbeat_timeout_seconds", 100, "A peer silent this long ends every process with "
     "an error (no silent hang).")
 _MODE = flags.DEFINE_enum(
-    "mode", "train", ["train", "evaluate", "translate", "generate", "average"],
+    "mode", "train", ["train", "evaluate", "translate", "generate", "average", "import",
+                      "export"],
     "What to do with --workdir; every mode but train needs a trained workdir.")
 _CHECKPOINT_STEP = flags.DEFINE_integer(
     "checkpoint_step", None, "The checkpoint to use (default: the newest).")
@@ -58,6 +62,9 @@ _OVERWRITE = flags.DEFINE_bool("overwrite", False, "Allow replacing an existing 
 _PROMPT = flags.DEFINE_string(
     "prompt", None, "generate: the text to continue (default: each line of stdin).")
 _SEED = flags.DEFINE_integer("seed", None, "Sampling seed (default config.seed).")
+_HF_DIR = flags.DEFINE_string(
+    "hf_dir", "", "import: the Hugging Face model folder to read (config.json + "
+    "model.safetensors); export: the folder to write.")
 # decode.* fields these flags set, over the workdir's (or --config's) values.
 _DECODE_FLAGS = {
     "beam_size": flags.DEFINE_integer("beam_size", None, "decode.beam_size: 1 is greedy."),
@@ -137,6 +144,15 @@ def _run(mode: str, workdir: str) -> None:
   from transformer import train  # pylint: disable=g-import-not-at-top
   if mode == "train":
     train.train_and_evaluate(_CONFIG.value, workdir)
+    return
+  if mode in ("import", "export"):
+    from transformer import hf_import  # pylint: disable=g-import-not-at-top
+    if not _HF_DIR.value:
+      raise app.UsageError(f"--mode={mode} needs --hf_dir=DIR, the Hugging Face folder")
+    if mode == "import":
+      hf_import.import_folder(_HF_DIR.value, workdir, _CONFIG.value)
+    else:
+      hf_import.export_gpt2(workdir, _HF_DIR.value, checkpoint_step=_CHECKPOINT_STEP.value)
     return
   checkpoint = dict(checkpoint_step=_CHECKPOINT_STEP.value, average_last=_AVERAGE_LAST.value)
   if mode == "average":

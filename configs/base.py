@@ -48,6 +48,11 @@ def get_config() -> ml_collections.ConfigDict:
   model.scale_embeddings = False  # Multiply token embeddings by sqrt(d_model) (paper).
   model.embed_norm = False  # A norm on the summed embeddings, before the blocks (BERT).
   model.init = "gpt2"  # Initialisation family: "gpt2" | "bert" | "xavier" (paper); see initializers.py.
+  model.sinusoidal_layout = "interleaved"  # position="sinusoidal": "interleaved" sin/cos (paper) | "halves" (Marian).
+  model.num_token_types = 0  # Token-type (segment A/B) embedding rows (BERT: 2); the model adds row 0. 0 = none.
+  model.pooler = False  # Dense + tanh on the pooled vector before the classifier (BERT's pooler).
+  model.logits_bias = False  # A learned bias on the LM logits (Marian's final_logits_bias).
+  model.never_predict = ()  # Token ids decoding never emits (rows hf_import adds for roles a vocabulary lacks).
   model.embed_dropout = 0.0  # Dropout on the summed token + position embedding.
   model.residual_dropout = 0.0  # Dropout on each sublayer output before the residual add.
   model.attention_dropout = 0.0  # Dropout on attention probabilities (needs attention_impl="einsum").

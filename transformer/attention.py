@@ -60,7 +60,7 @@ def einsum_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array,
   logits_BKGLS = logits_BKGLS / jnp.sqrt(jnp.float32(D))
   if bias_BHLS is not None:
     bias_BKGLS = jnp.broadcast_to(bias_BHLS, (B, H) + bias_BHLS.shape[2:]).reshape(
-        B, K, H // K, L, -1)
+        B, K, H // K, L, bias_BHLS.shape[-1])  # Not -1: L may be 0 (a cache-filling call).
     logits_BKGLS = logits_BKGLS + bias_BKGLS.astype(jnp.float32)
   mask_B11LS = mask_B1LS[:, :, None, :, :]
   logits_BKGLS = jnp.where(mask_B11LS, logits_BKGLS, jnp.finfo(jnp.float32).min)

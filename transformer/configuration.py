@@ -23,6 +23,7 @@ POSITIONS = ("learned", "sinusoidal", "rope", "relative", "alibi", "none")
 NORMS = ("pre", "post")
 NORM_TYPES = ("layernorm", "rmsnorm")
 INITS = ("gpt2", "bert", "xavier")
+SINUSOIDAL_LAYOUTS = ("interleaved", "halves")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu")
 GATED_ACTIVATIONS = ("swiglu", "geglu")
 ATTENTION_IMPLS = ("xla", "cudnn", "einsum")
@@ -100,6 +101,16 @@ def validate(config: ml_collections.ConfigDict) -> None:
   _check_choice(config, m + "norm_type", NORM_TYPES)
   _check_choice(config, m + "activation", ACTIVATIONS)
   _check_choice(config, m + "init", INITS)
+  _check_choice(config, m + "sinusoidal_layout", SINUSOIDAL_LAYOUTS)
+  _check_int(config, m + "num_token_types", 0)
+  for key in ("pooler", "logits_bias"):
+    if not isinstance(config.model[key], bool):
+      _fail(m + key, config.model[key], "expected True or False")
+  never = config.model.never_predict
+  if not isinstance(never, (tuple, list)) or not all(
+      isinstance(i, int) and not isinstance(i, bool) and 0 <= i and
+      (config.model.vocab_size == 0 or i < config.model.vocab_size) for i in never):
+    _fail(m + "never_predict", never, "expected a tuple of token ids in [0, model.vocab_size)")
   if not isinstance(config.model.embed_norm, bool):
     _fail(m + "embed_norm", config.model.embed_norm, "expected True or False")
   _check_choice(config, m + "attention_impl", ATTENTION_IMPLS)
@@ -299,6 +310,12 @@ def _validate_topology(model: ml_collections.ConfigDict) -> None:
             "it; use 'last' or 'mean' on a decoder")
     if model.arch == "encoder" and model.pooling == "last":
       _fail("model.pooling", "last", "on a bidirectional encoder use 'cls' or 'mean'")
+  if model.logits_bias and model.head != "lm":
+    _fail("model.logits_bias", True, f"a bias on LM logits needs model.head='lm' (the mlm "
+          f"head has its own bias), not {model.head!r}")
+  if model.pooler and model.head == "lm":
+    _fail("model.pooler", True, "the pooler feeds a classifier: use it with "
+          "model.head='classification' (or 'mlm', which keeps BERT's pooler for fine-tuning)")
   if model.share_embeddings and model.arch != "encoder_decoder":
     _fail("model.share_embeddings", True, "source/target sharing needs "
           "model.arch='encoder_decoder'")
@@ -367,6 +384,11 @@ class ModelConfig:
   scale_embeddings: bool
   embed_norm: bool
   init: str
+  sinusoidal_layout: str
+  num_token_types: int
+  pooler: bool
+  logits_bias: bool
+  never_predict: tuple[int, ...]
   embed_dropout: float
   residual_dropout: float
   attention_dropout: float
@@ -390,6 +412,7 @@ class ModelConfig:
     values["num_kv_heads"] = model.num_kv_heads or model.num_heads
     values["head_dim"] = model.head_dim or model.d_model // model.num_heads
     values["num_decoder_layers"] = model.num_decoder_layers or model.num_layers
+    values["never_predict"] = tuple(model.never_predict)
     values["dtype"] = resolve_dtype(model.dtype)
     values["param_dtype"] = resolve_dtype(model.param_dtype)
     return cls(**values)

@@ -41,13 +41,20 @@ def make_norm(config: ModelConfig, name: str) -> nn.Module:
       bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)))
 
 
-def sinusoidal_table(max_len: int, d_model: int) -> np.ndarray:
-  """The paper's PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(...)."""
+def sinusoidal_table(max_len: int, d_model: int, layout: str = "interleaved") -> np.ndarray:
+  """The paper's PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(...).
+
+  `layout="halves"` puts the same sines in the first half of the features and the
+  cosines in the second (Marian's table, which Hugging Face's opus-mt models use).
+  """
   positions = np.arange(max_len)[:, None]
   div = np.power(10000.0, np.arange(0, d_model, 2) / d_model)
+  sines, cosines = np.sin(positions / div), np.cos(positions / div)[:, : d_model // 2]
   table = np.zeros((max_len, d_model), dtype=np.float32)
-  table[:, 0::2] = np.sin(positions / div)
-  table[:, 1::2] = np.cos(positions / div)[:, : d_model // 2]
+  if layout == "halves":
+    table[:, :sines.shape[1]], table[:, sines.shape[1]:] = sines, cosines
+  else:
+    table[:, 0::2], table[:, 1::2] = sines, cosines
   return table
 
 

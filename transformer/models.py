@@ -39,6 +39,11 @@ class Embedder(nn.Module):
           nn.with_logical_partitioning(initializers.position_embedding(cfg),
                                        ("length", "embed")),
           (cfg.max_len, cfg.d_model), cfg.param_dtype)
+    if cfg.num_token_types:  # BERT's segment A/B table; single-segment inputs add row 0.
+      self.token_type_embed = self.param(
+          "token_type_embed",
+          nn.with_logical_partitioning(initializers.position_embedding(cfg), (None, "embed")),
+          (cfg.num_token_types, cfg.d_model), cfg.param_dtype)
     if cfg.embed_norm:  # BERT normalises the embedding sum before the first block.
       self.embed_norm = make_norm(cfg, "embed_norm")
 
@@ -47,10 +52,12 @@ class Embedder(nn.Module):
     x_BLE = self.token_embed(tokens_BL)
     if cfg.scale_embeddings:
       x_BLE = x_BLE * jnp.sqrt(jnp.asarray(cfg.d_model, cfg.dtype))
+    if cfg.num_token_types:
+      x_BLE = x_BLE + self.token_type_embed[0].astype(cfg.dtype)[None, None, :]
     if cfg.position == "learned":
       x_BLE = x_BLE + jnp.take(self.position_embed, positions_BL, axis=0).astype(cfg.dtype)
     elif cfg.position == "sinusoidal":
-      table = jnp.asarray(sinusoidal_table(cfg.max_len, cfg.d_model))
+      table = jnp.asarray(sinusoidal_table(cfg.max_len, cfg.d_model, cfg.sinusoidal_layout))
       x_BLE = x_BLE + jnp.take(table, positions_BL, axis=0).astype(cfg.dtype)
     if cfg.embed_norm:
       x_BLE = self.embed_norm(x_BLE).astype(cfg.dtype)
@@ -139,7 +146,9 @@ class ClassificationHead(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BLE: jax.Array, segment_ids_BL: jax.Array) -> jax.Array:
+  def __call__(self, x_BLE: jax.Array, segment_ids_BL: jax.Array,
+               pooler: nn.Module | None = None) -> jax.Array:
+    """Pools, applies `pooler` (the model's, when it has one), dropout and the classifier."""
     cfg = self.config
     real_BL = (segment_ids_BL > 0).astype(jnp.float32)
     x_BLE = x_BLE.astype(jnp.float32)
@@ -151,12 +160,43 @@ class ClassificationHead(nn.Module):
     else:  # "last": the last real token, the only one a causal decoder lets see everything.
       last_B = jnp.maximum(real_BL.sum(axis=1).astype(jnp.int32) - 1, 0)
       pooled_BE = jnp.take_along_axis(x_BLE, last_B[:, None, None], axis=1)[:, 0]
+    if pooler is not None:
+      pooled_BE = jnp.tanh(pooler(pooled_BE))
     pooled_BE = nn.Dropout(cfg.residual_dropout, deterministic=cfg.deterministic)(pooled_BE)
     return nn.Dense(
         cfg.num_classes, dtype=jnp.float32, param_dtype=cfg.param_dtype, name="classifier",
         kernel_init=nn.with_logical_partitioning(initializers.dense_kernel(cfg),
                                                  ("embed", None)),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (None,)))(pooled_BE)
+
+
+def _pooler(config: ModelConfig) -> nn.Dense | None:
+  """BERT's pooler (dense, then tanh in the head) at the model's top level, or None.
+
+  Top level, so that an MLM encoder (which creates it without using it) and a
+  classifier share its path and `init_from` carries it over.
+  """
+  if not config.pooler:
+    return None
+  return nn.Dense(
+      config.d_model, dtype=jnp.float32, param_dtype=config.param_dtype, name="pooler",
+      kernel_init=nn.with_logical_partitioning(initializers.dense_kernel(config),
+                                               ("embed", None)),
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (None,)))
+
+
+def _logits_bias(module: nn.Module, config: ModelConfig) -> jax.Array:
+  """The [V] `logits_bias` parameter of `module` (Marian's final_logits_bias)."""
+  return module.param("logits_bias", nn.with_logical_partitioning(nn.initializers.zeros,
+                                                                  ("vocab",)),
+                      (config.vocab_size,), config.param_dtype)
+
+
+def _never_predicted(config: ModelConfig, logits_BLV: jax.Array) -> jax.Array:
+  """When decoding, -inf on the `never_predict` ids (training and scoring see them all)."""
+  if not (config.decode and config.never_predict):
+    return logits_BLV
+  return logits_BLV.at[:, :, jnp.asarray(config.never_predict)].set(-jnp.inf)
 
 
 def _lm_logits(config: ModelConfig, embedder: Embedder, x_BLE: jax.Array) -> jax.Array:
@@ -188,8 +228,12 @@ class Decoder(nn.Module):
     cfg = self.config
     embedder, x_BLE = _single_stack(cfg, tokens_BL, segment_ids_BL, positions_BL, causal=True)
     if cfg.head == "classification":
-      return ClassificationHead(cfg, name="classification_head")(x_BLE, segment_ids_BL)
-    return _lm_logits(cfg, embedder, x_BLE)
+      return ClassificationHead(cfg, name="classification_head")(x_BLE, segment_ids_BL,
+                                                                 _pooler(cfg))
+    logits_BLV = _lm_logits(cfg, embedder, x_BLE)
+    if cfg.logits_bias:
+      logits_BLV = logits_BLV + _logits_bias(self, cfg).astype(jnp.float32)[None, None, :]
+    return _never_predicted(cfg, logits_BLV)
 
 
 class Encoder(nn.Module):
@@ -204,8 +248,11 @@ class Encoder(nn.Module):
     cfg = self.config
     embedder, x_BLE = _single_stack(cfg, tokens_BL, segment_ids_BL, positions_BL,
                                     causal=False)
+    pooler = _pooler(cfg)
     if cfg.head == "classification":
-      return ClassificationHead(cfg, name="classification_head")(x_BLE, segment_ids_BL)
+      return ClassificationHead(cfg, name="classification_head")(x_BLE, segment_ids_BL, pooler)
+    if pooler is not None:  # Unused by the MLM head; created so that fine-tuning gets it.
+      pooler(x_BLE[:, 0].astype(jnp.float32))
     # BERT's MLM head: dense + activation + norm, then the tied projection plus a bias.
     h_BLE = nn.Dense(
         cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name="mlm_transform",
@@ -253,6 +300,8 @@ class EncoderDecoder(nn.Module):
           cfg.vocab_size, use_bias=False, dtype=jnp.float32, param_dtype=cfg.param_dtype,
           kernel_init=nn.with_logical_partitioning(
               initializers.dense_kernel(cfg), ("embed", "vocab")))
+    if cfg.logits_bias:
+      self.logits_bias = _logits_bias(self, cfg)
 
   def encode(self, inputs_BS: jax.Array, inputs_segment_ids_BS: jax.Array,
              inputs_positions_BS: jax.Array) -> jax.Array:
@@ -272,8 +321,12 @@ class EncoderDecoder(nn.Module):
                          targets_segment_ids_BL, targets_positions_BL, encoded_BSE,
                          inputs_segment_ids_BS)
     if self.config.tie_embeddings:
-      return self.target_embedder.attend(x_BLE)
-    return self.lm_head(x_BLE.astype(jnp.float32))
+      logits_BLV = self.target_embedder.attend(x_BLE)
+    else:
+      logits_BLV = self.lm_head(x_BLE.astype(jnp.float32))
+    if self.config.logits_bias:
+      logits_BLV = logits_BLV + self.logits_bias.astype(jnp.float32)[None, None, :]
+    return _never_predicted(self.config, logits_BLV)
 
   def __call__(self, inputs_BS: jax.Array, inputs_segment_ids_BS: jax.Array,
                inputs_positions_BS: jax.Array, decoder_inputs_BL: jax.Array,

@@ -23,6 +23,7 @@ from absl import logging
 from transformer import distributed
 from transformer.configuration import ConfigError, objective_of
 from transformer.data import catalog
+from transformer.data import hf_tokenizer
 from transformer.data import packing
 from transformer.data import tokenizers
 
@@ -205,6 +206,8 @@ def tokenizer_kind(tokenizer: tokenizers.Tokenizer) -> str:
     return "char"
   if isinstance(tokenizer, tokenizers.SentencePieceTokenizer):
     return "sentencepiece"
+  if isinstance(tokenizer, hf_tokenizer.HFTokenizer):
+    return "huggingface"  # Imported with a model (hf_import.py); never trained here.
   return "bytes"
 
 
@@ -265,7 +268,7 @@ def load_workdir_tokenizer(workdir: str) -> tokenizers.Tokenizer:
   kind = record.get("kind")
   if kind == "bytes":
     tokenizer = tokenizers.ByteTokenizer()
-  elif kind in ("char", "sentencepiece"):
+  elif kind in ("char", "sentencepiece", "huggingface"):
     path = os.path.join(workdir, str(record.get("file", "")))
     if not record.get("file") or not os.path.isfile(path):
       raise ConfigError(f"{record_path} names the {kind} vocabulary {record.get('file')!r}, "
@@ -275,11 +278,11 @@ def load_workdir_tokenizer(workdir: str) -> tokenizers.Tokenizer:
     if digest != record.get("sha256"):
       raise ConfigError(f"{path} is not the vocabulary the run trained with: its sha256 is "
                         f"{digest}, {record_path} says {record.get('sha256')}")
-    tokenizer = (tokenizers.CharTokenizer(path) if kind == "char"
-                 else tokenizers.SentencePieceTokenizer(path))
+    tokenizer = {"char": tokenizers.CharTokenizer, "huggingface": hf_tokenizer.HFTokenizer,
+                 "sentencepiece": tokenizers.SentencePieceTokenizer}[kind](path)
   else:
     raise ConfigError(f"{record_path}: tokenizer kind {kind!r} is unknown; valid: 'bytes', "
-                      "'char', 'sentencepiece'")
+                      "'char', 'sentencepiece', 'huggingface'")
   if tokenizer.vocab_size != record.get("vocab_size"):
     raise ConfigError(f"{record_path} records vocab_size={record.get('vocab_size')} but its "
                       f"{kind} tokenizer has {tokenizer.vocab_size}")

@@ -1,0 +1,331 @@
+"""Hugging Face import/export: logit parity with the tiny fixture models, no torch needed.
+
+The folders under tests/fixtures/hf were written by `make_fixtures.py` beside them
+(transformers 4.57.6, torch 2.13.0): tiny random GPT-2, BERT and Marian models and
+their outputs on fixed inputs, padding included. Every comparison maps the source
+ids to this codebase's renumbered ids (pad 0, eos 1, bos 2, unk 3) and the logits
+back, and allows 1e-5 in float32.
+"""
+
+import dataclasses
+import json
+import os
+import shutil
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+from flax import linen as nn
+
+from configs import base
+from transformer import checkpointing
+from transformer import commands
+from transformer import decoding
+from transformer import hf_import
+from transformer import layers
+from transformer.configuration import ConfigError, ModelConfig, objective_of
+from transformer.data import hf_tokenizer
+from transformer.data import sources
+from transformer.models import make_model
+
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "hf")
+TOLERANCE = 1e-5
+
+
+def _fixture(family: str) -> tuple[str, dict]:
+  folder = os.path.join(FIXTURES, family)
+  return folder, dict(np.load(os.path.join(folder, "expected.npz")))
+
+
+def _converted(family: str):
+  folder, expected = _fixture(family)
+  converted = hf_import.convert_folder(folder)
+  config = hf_import.imported_config(converted)
+  model_config = dataclasses.replace(ModelConfig.from_config(config.model), deterministic=True)
+  vocab = converted.vocabulary
+  hf_to_internal = np.asarray([vocab.internal(h) for h in range(vocab.hf_vocab_size)])
+  return converted, model_config, expected, hf_to_internal
+
+
+def _positions(ids):
+  return np.broadcast_to(np.arange(ids.shape[1]), ids.shape)
+
+
+def _max_error(internal_logits, expected_logits, hf_to_internal, real):
+  """Largest |difference| over the real (unpadded) positions, in the source's id order."""
+  ours = np.asarray(internal_logits)[..., hf_to_internal]
+  return np.abs(ours - expected_logits)[np.asarray(real, bool)].max()
+
+
+# ---------------------------------------------------------------- parity
+
+
+def test_gpt2_logits_match_transformers_including_padding():
+  converted, model_config, expected, to_internal = _converted("gpt2")
+  ids, real = to_internal[expected["input_ids"]], expected["attention_mask"]
+  logits = make_model(model_config).apply({"params": converted.params}, ids, real,
+                                          _positions(ids))
+  assert _max_error(logits, expected["logits"], to_internal, real) <= TOLERANCE
+  assert not real.all()  # The fixture has padded rows.
+
+
+def test_gpt2_greedy_generation_matches_transformers():
+  """Right-padded prompts decoded together, each equal to HF's decoding it alone."""
+  converted, model_config, expected, to_internal = _converted("gpt2")
+  prompts = [to_internal[expected[f"prompt_{i}"]] for i in range(3)]
+  width = max(len(p) for p in prompts)
+  prompts_BP = np.zeros((len(prompts), width), np.int32)  # PAD_ID 0 is an added row.
+  for row, prompt in enumerate(prompts):
+    prompts_BP[row, :len(prompt)] = prompt
+  steps = max(len(expected[f"generated_{i}"]) for i in range(3))
+  out = np.asarray(decoding.generate(model_config, converted.params, prompts_BP, steps))
+  for i in range(3):
+    wanted = to_internal[expected[f"generated_{i}"]]
+    assert out[i, :len(wanted)].tolist() == wanted.tolist()
+
+
+def test_bert_mlm_logits_and_pooler_match_transformers():
+  converted, model_config, expected, to_internal = _converted("bert")
+  ids, real = to_internal[expected["input_ids"]], expected["attention_mask"]
+  assert not expected["token_type_ids"].any()  # Single-segment inputs add row 0.
+  logits = make_model(model_config).apply({"params": converted.params}, ids, real,
+                                          _positions(ids))
+  assert _max_error(logits, expected["logits"], to_internal, real) <= TOLERANCE
+
+  # The pooler, through a classification head whose classifier is the identity.
+  d_model = model_config.d_model
+  classifier = dataclasses.replace(model_config, head="classification", pooling="cls",
+                                   num_classes=d_model)
+  params = {k: v for k, v in converted.params.items() if not k.startswith("mlm_")}
+  params["classification_head"] = {"classifier": {
+      "kernel": np.eye(d_model, dtype=np.float32), "bias": np.zeros(d_model, np.float32)}}
+  pooled = make_model(classifier).apply({"params": params}, ids, real, _positions(ids))
+  assert np.abs(np.asarray(pooled) - expected["pooled"]).max() <= TOLERANCE
+
+
+def _decoder_inputs(expected, to_internal):
+  """Marian and T5 start decoding from their pad token; here that is bos, a copy of it."""
+  ids = to_internal[expected["decoder_input_ids"]]
+  ids[:, 0] = 2
+  return ids
+
+
+@pytest.mark.parametrize("family", ["marian", "t5"])
+def test_encoder_decoder_logits_match_transformers_including_padding(family):
+  converted, model_config, expected, to_internal = _converted(family)
+  inputs, real = to_internal[expected["input_ids"]], expected["attention_mask"]
+  targets = _decoder_inputs(expected, to_internal)
+  target_real = expected["decoder_attention_mask"]
+  logits = make_model(model_config).apply(
+      {"params": converted.params}, inputs, real, _positions(inputs), targets, target_real,
+      _positions(targets))
+  assert _max_error(logits, expected["logits"], to_internal, target_real) <= TOLERANCE
+  assert not real.all() and not target_real.all()
+
+
+@pytest.mark.parametrize("family", ["marian", "t5"])
+def test_cached_decoding_matches_transformers_step_by_step(family):
+  """Decode mode: encode once, then one token per call against the key/value cache."""
+  converted, model_config, expected, to_internal = _converted(family)
+  model = decoding.decode_model(model_config)
+  params = converted.params
+  inputs, real = to_internal[expected["input_ids"]], expected["attention_mask"]
+  sequences = to_internal[expected["generate_sequences"]]
+  sequences[:, 0] = 2
+  step_logits = expected["generate_logits"]  # [steps, B, V], raw (before any processor).
+  encoded = model.apply({"params": params}, inputs, real, _positions(inputs), method="encode")
+  cache = decoding.init_cache(model, inputs.shape[0])
+  empty = np.zeros((inputs.shape[0], 0), np.int32)
+  _, variables = model.apply({"params": params, "cache": cache}, empty, empty, empty, encoded,
+                             real, method="decode", mutable=["cache"])
+  cache = variables["cache"]
+  # Columns decoding never predicts (the added bos row) are -inf in decode mode.
+  predicted = [h for h in range(len(to_internal))
+               if to_internal[h] not in model_config.never_predict]
+  finished = np.zeros(inputs.shape[0], bool)
+  for step in range(step_logits.shape[0]):
+    tokens = sequences[:, step:step + 1]
+    logits, variables = model.apply(
+        {"params": params, "cache": cache}, tokens, np.ones_like(tokens),
+        np.full_like(tokens, step), None, real, method="decode", mutable=["cache"])
+    cache = variables["cache"]
+    ours = np.asarray(logits)[:, 0][:, to_internal]
+    rows = ~finished  # After eos HF keeps feeding pad; those rows are not compared.
+    error = np.abs(ours - step_logits[step])[rows][:, predicted].max()
+    assert error <= TOLERANCE, (step, error)
+    finished |= sequences[:, step + 1] == 1
+
+
+# ---------------------------------------------------------------- tokenizers
+
+
+def _bundle(family: str, tmp_path) -> hf_tokenizer.HFTokenizer:
+  folder, _ = _fixture(family)
+  converted = hf_import.convert_folder(folder)
+  os.makedirs(tmp_path / family)
+  path = os.path.join(tmp_path, family, hf_tokenizer.FILE)
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(hf_import.tokenizer_bundle(converted, folder), f)
+  return hf_tokenizer.HFTokenizer(path)
+
+
+def test_tokenizers_encode_like_transformers(tmp_path):
+  """The folder's own tokenizer, renumbered: the fixtures' ids come back from text."""
+  _, expected = _fixture("gpt2")
+  gpt2 = _bundle("gpt2", tmp_path)
+  assert gpt2.encode("The quick brown fox").tolist() == gpt2.hf_to_internal[
+      expected["prompt_0"]].tolist()
+  assert gpt2.decode(gpt2.encode("The quick brown fox")) == "The quick brown fox"
+  assert gpt2.mask_id == -1 and gpt2.vocab_size == 301 + 3  # pad, bos, unk rows added.
+
+  folder, expected = _fixture("bert")
+  bert = _bundle("bert", tmp_path)
+  row = expected["input_ids"][1][expected["attention_mask"][1].astype(bool)]
+  assert bert.encode("All that glitters is not gold!").tolist() == bert.hf_to_internal[
+      row].tolist()
+  assert bert.decode(bert.hf_to_internal[row]) == "all that glitters is not gold!"
+  # [PAD] [SEP] [CLS] [UNK] are pad, eos, bos, unk here: the pipelines' [bos] text [eos]
+  # is BERT's [CLS] text [SEP].
+  with open(os.path.join(folder, "tokenizer.json"), encoding="utf-8") as f:
+    vocab = json.load(f)["model"]["vocab"]
+  specials = [vocab[t] for t in ("[PAD]", "[SEP]", "[CLS]", "[UNK]", "[MASK]")]
+  assert bert.hf_to_internal[specials].tolist() == [0, 1, 2, 3, bert.mask_id]
+  assert bert.mask_id >= 4
+
+  _, expected = _fixture("marian")
+  marian = _bundle("marian", tmp_path)
+  row = expected["input_ids"][0][expected["attention_mask"][0].astype(bool)]
+  internal = marian.hf_to_internal[row]
+  assert internal[-1] == 1  # Marian's </s> (0) is eos here.
+  assert marian.encode("The quick brown fox jumps.").tolist() == internal[:-1].tolist()
+
+  _, expected = _fixture("t5")
+  t5 = _bundle("t5", tmp_path)
+  row = expected["input_ids"][1][expected["attention_mask"][1].astype(bool)]
+  internal = t5.hf_to_internal[row]
+  assert internal[-1] == 1  # T5's </s> (1) stays eos.
+  assert t5.encode("Time flies.").tolist() == internal[:-1].tolist()
+  assert t5.decode(internal) == "Time flies."
+
+
+# ---------------------------------------------------------------- workdirs
+
+
+def _small_mesh_config() -> ml_collections.ConfigDict:
+  config = base.get_config()
+  config.mesh.shape = (("data", 2), ("fsdp", 2), ("tensor", 2))  # Sharded over 8 devices.
+  return config
+
+
+def _flat(tree) -> dict:
+  return {jax.tree_util.keystr(p, simple=True, separator="/"): np.asarray(x)
+          for p, x in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def test_import_writes_a_workdir_the_commands_load_and_export_round_trips(tmp_path):
+  """import -> load_run (sharded, scanned) -> export -> import: the same model, exactly."""
+  folder, expected = _fixture("gpt2")
+  config = _small_mesh_config()
+  config.model.scan_layers = True
+  workdir = str(tmp_path / "gpt2")
+  hf_import.import_folder(folder, workdir, config)
+  assert sorted(os.listdir(workdir)) == ["checkpoints", "config.json", "hf_tokenizer.json",
+                                         "tokenizer.json"]
+  run = commands.load_run(workdir)
+  assert run.config.model.scan_layers and sources.tokenizer_kind(run.tokenizer) == "huggingface"
+  original = hf_import.convert_folder(folder)
+  loaded = layers.scanned_to_unrolled(jax.tree.map(np.asarray, run.params))
+  assert _flat(loaded).keys() == _flat(original.params).keys()
+  for path, value in _flat(original.params).items():
+    np.testing.assert_array_equal(_flat(loaded)[path], value, err_msg=path)
+  # A sharded parameter: the vocabulary axis over "tensor".
+  embedding = run.params["embedder"]["token_embed"]["embedding"]
+  assert len(embedding.sharding.device_set) == 8
+
+  exported = str(tmp_path / "exported")
+  hf_import.export_gpt2(workdir, exported)
+  assert sorted(os.listdir(exported)) == ["config.json", "model.safetensors", "tokenizer.json"]
+  _, original_tensors = hf_import.read_folder(folder)
+  _, exported_tensors = hf_import.read_folder(exported)
+  assert original_tensors.keys() == exported_tensors.keys()
+  for name, value in original_tensors.items():
+    np.testing.assert_array_equal(exported_tensors[name], value, err_msg=name)
+  again = hf_import.convert_folder(exported)
+  assert again.model == original.model
+  for path, value in _flat(original.params).items():
+    np.testing.assert_array_equal(_flat(again.params)[path], value, err_msg=path)
+
+
+def test_an_imported_bert_fine_tunes_with_its_pooler(tmp_path):
+  """init_from's matching: everything but the MLM head carries into a classifier."""
+  folder, _ = _fixture("bert")
+  converted = hf_import.convert_folder(folder)
+  config = hf_import.imported_config(converted)
+  config.model.update(head="classification", pooling="cls", num_classes=2)
+  model_config = ModelConfig.from_config(config.model)
+  objective = objective_of(model_config.arch, model_config.head)
+  from transformer import objectives  # pylint: disable=g-import-not-at-top
+  batch = objectives.init_batch(objective, 1, 8)
+  target = nn.unbox(jax.eval_shape(make_model(model_config).init, jax.random.PRNGKey(0),
+                                   *objectives.model_inputs(objective, batch))["params"])
+  match = checkpointing.match_params(target, converted.params)
+  assert match.new == ("classification_head/classifier/bias",
+                       "classification_head/classifier/kernel")
+  assert {p.split("/")[0] for p in match.dropped} == {"mlm_bias", "mlm_norm", "mlm_transform"}
+  assert "pooler/kernel" in match.loaded and "embedder/token_type_embed" in match.loaded
+
+
+# ---------------------------------------------------------------- what stops an import
+
+
+def _copy(family: str, tmp_path) -> str:
+  folder = str(tmp_path / family)
+  shutil.copytree(_fixture(family)[0], folder)
+  return folder
+
+
+def test_a_pickle_only_folder_stops_with_the_conversion_command(tmp_path):
+  folder = _copy("gpt2", tmp_path)
+  os.remove(os.path.join(folder, "model.safetensors"))
+  with open(os.path.join(folder, "pytorch_model.bin"), "wb") as f:
+    f.write(b"not a pickle: the importer must never open it")
+  with pytest.raises(ConfigError, match="it has only pytorch_model.bin.*save_pretrained"):
+    hf_import.convert_folder(folder)
+
+
+@pytest.mark.parametrize("family,key,value,message", [
+    ("gpt2", "scale_attn_by_inverse_layer_idx", True, "scale_attn_by_inverse_layer_idx=True"),
+    ("bert", "position_embedding_type", "relative_key", "position_embedding_type"),
+    ("marian", "decoder_ffn_dim", 128, "decoder_ffn_dim=128"),
+    ("gpt2", "model_type", "llama", "model_type='llama'"),
+])
+def test_an_unsupported_config_field_stops_naming_it(tmp_path, family, key, value, message):
+  folder = _copy(family, tmp_path)
+  path = os.path.join(folder, "config.json")
+  with open(path, encoding="utf-8") as f:
+    config = json.load(f)
+  config[key] = value
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(config, f)
+  with pytest.raises(ConfigError, match=message):
+    hf_import.convert_folder(folder)
+
+
+def test_a_tensor_without_a_place_stops_naming_it(tmp_path):
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  folder = _copy("gpt2", tmp_path)
+  _, tensors = hf_import.read_folder(folder)
+  tensors["transformer.h.0.attn.rotary.inv_freq"] = np.ones(4, np.float32)
+  save_file(tensors, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+  with pytest.raises(ConfigError, match="no place for.*h.0.attn.rotary.inv_freq"):
+    hf_import.convert_folder(folder)
+
+
+def test_only_gpt2_shaped_models_export(tmp_path):
+  folder, _ = _fixture("bert")
+  workdir = str(tmp_path / "bert")
+  hf_import.import_folder(folder, workdir)
+  with pytest.raises(ConfigError, match="model.arch='encoder'"):
+    hf_import.export_gpt2(workdir, str(tmp_path / "out"))
+  assert not os.path.exists(tmp_path / "out")
