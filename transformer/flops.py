@@ -30,6 +30,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from absl import logging
 
 from transformer.configuration import GATED_ACTIVATIONS, ModelConfig
@@ -79,15 +80,18 @@ def measure_matmul_flops(size: int = 1024, repeats: int = 10,
   cores 1024 already runs at the rate of larger sizes and takes ~20 ms.
   """
   device = device or jax.local_devices()[0]
-  a = jax.device_put(jax.random.normal(jax.random.PRNGKey(0), (size, size), dtype), device)
-  b = jax.device_put(jax.random.normal(jax.random.PRNGKey(1), (size, size), dtype), device)
-  matmul = jax.jit(jnp.matmul)
-  matmul(a, b).block_until_ready()  # Compile.
-  best = float("inf")
-  for _ in range(repeats):
-    start = time.perf_counter()
-    matmul(a, b).block_until_ready()
-    best = min(best, time.perf_counter() - start)
+  # A mesh of this one device: the caller may be inside a training run's mesh context,
+  # which jit would otherwise require the operands to span.
+  with jax.set_mesh(jax.sharding.Mesh(np.array([device]), ("measure",))):
+    a = jax.device_put(jax.random.normal(jax.random.PRNGKey(0), (size, size), dtype), device)
+    b = jax.device_put(jax.random.normal(jax.random.PRNGKey(1), (size, size), dtype), device)
+    matmul = jax.jit(jnp.matmul)
+    matmul(a, b).block_until_ready()  # Compile.
+    best = float("inf")
+    for _ in range(repeats):
+      start = time.perf_counter()
+      matmul(a, b).block_until_ready()
+      best = min(best, time.perf_counter() - start)
   return 2 * size ** 3 / best
 
 
