@@ -1,0 +1,244 @@
+"""Sweeps: spec parsing and validation, an end-to-end two-run sweep with resume, compare."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from configs import gpt_small
+from test_plots import assert_png
+from tiny import make_tiny_config
+from transformer import compare
+from transformer import plots
+from transformer import sweep
+from transformer.configuration import ConfigError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# ---------------------------------------------------------------- specs, before any run
+
+
+def test_grid_is_the_cartesian_product_first_key_slowest(tiny_config):
+  runs = sweep.build_runs(tiny_config, " model.norm=pre,post ; model.position=learned,rope,"
+                          "alibi;model.use_bias=false")
+  assert [run.label for run in runs[:4]] == [
+      "model.norm=pre,model.position=learned,model.use_bias=false",
+      "model.norm=pre,model.position=rope,model.use_bias=false",
+      "model.norm=pre,model.position=alibi,model.use_bias=false",
+      "model.norm=post,model.position=learned,model.use_bias=false"]
+  assert len(runs) == 6
+  assert runs[4].name == "norm=post+position=rope+use_bias=false"
+  assert (runs[4].config.model.norm, runs[4].config.model.position) == ("post", "rope")
+  assert runs[4].config.model.use_bias is False
+  assert tiny_config.model.norm == "pre"  # The base config is not touched.
+
+
+def test_json_list_of_runs_types_values_and_clashing_names(tiny_config, tmp_path):
+  path = str(tmp_path / "runs.json")
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump([{"model.num_layers": 1, "optimizer.learning_rate": 1},
+               {"model.num_layers": 3, "train.num_steps": 4,
+                "mesh.shape": [["data", 2], ["fsdp", 1], ["tensor", -1]]}], f)
+  first, second = sweep.build_runs(tiny_config, path)
+  assert first.overrides == {"model.num_layers": "1", "optimizer.learning_rate": "1.0"}
+  assert first.config.optimizer.learning_rate == 1.0
+  assert second.config.mesh.shape == (("data", 2), ("fsdp", 1), ("tensor", -1))
+  assert second.overrides["mesh.shape"] == "(('data', 2), ('fsdp', 1), ('tensor', -1))"
+  assert second.name == "num_layers=3+num_steps=4+shape=data_2_fsdp_1_tensor_-1"
+  path = str(tmp_path / "grid.json")
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump({"model.dropout_x": [0.1]}, f)
+  with pytest.raises(ConfigError, match=r"config\.model\.dropout_x is not a config key"):
+    sweep.build_runs(tiny_config, path)
+  with open(path, "w", encoding="utf-8") as f:  # Last parts collide: full keys name them.
+    json.dump({"data.batch_size": [8], "decode.batch_size": [4, 8], "train.num_steps": [4]}, f)
+  assert [run.name for run in sweep.build_runs(tiny_config, path)] == [
+      "data.batch_size=8+decode.batch_size=4+num_steps=4",
+      "data.batch_size=8+decode.batch_size=8+num_steps=4"]
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("model.nrom=pre,post",
+     r"config\.model\.nrom is not a config key; the keys of config\.model are: .*\bnorm\b"),
+    ("modle.norm=pre", r"config\.modle\.norm is not a config key; the keys of config are: "),
+    ("model=pre", r"config\.model is a group of keys \(.*\); sweep one of them"),
+    ("model.num_layers=2,two", r"config\.model\.num_layers='two' is invalid: expected an "
+     r"integer, the type of its value 2"),
+    ("model.use_bias=maybe", r"config\.model\.use_bias='maybe' is invalid: expected true or"),
+    ("optimizer.learning_rate=fast", r"expected a number"),
+    ("mesh.shape=1", r"config\.mesh\.shape='1' is invalid: expected a tuple, written as a "
+     r"JSON list in a JSON sweep file"),
+    ("model.norm=", r"config\.model\.norm has an empty value"),
+    ("model.norm=pre,,post", r"config\.model\.norm has an empty value"),
+    ("model.norm=pre,pre", r"config\.model\.norm lists pre twice"),
+    ("model.norm=pre;model.norm=post", r"config\.model\.norm appears twice"),
+    ("model.norm", r"'model\.norm' is not key=value1,value2"),
+    ("", r"empty; expected e\.g\."),
+    # Parsed fine, rejected by validate(): the run and the key are named.
+    ("model.norm=pre,mid", r"--sweep run 2/2 \(model\.norm=mid\): config\.model\.norm='mid' is "
+     r"invalid: valid values are 'pre', 'post'"),
+    ("model.num_heads=2,3", r"run 2/2 \(model\.num_heads=3\): config\.model\.num_heads=3 is "
+     r"invalid: must divide model\.d_model=32"),
+    ("data.seq_len=8;train.log_every=0", r"config\.train\.log_every=0 is invalid"),
+])
+def test_bad_specs_stop_before_any_run(spec, message, tiny_config, tmp_path):
+  sweep_dir = str(tmp_path / "sweep")
+  with pytest.raises(ConfigError, match=message):
+    sweep.run_sweep(tiny_config, "tests/tiny.py", sweep_dir, spec)
+  assert not os.path.exists(sweep_dir)  # Nothing written, nothing started.
+
+
+def test_bad_json_specs(tiny_config, tmp_path):
+  path = str(tmp_path / "spec.json")
+  for content, message in [("{\"model.norm\": []}", r"config\.model\.norm needs a non-empty "
+                                                     r"list of values"),
+                           ("[]", r"must hold a grid"), ("{not json", r"cannot read the JSON"),
+                           ("[{\"model.norm\": 1}]", r"config\.model\.norm=1 is invalid: "
+                                                     r"expected a string")]:
+    with open(path, "w", encoding="utf-8") as f:
+      f.write(content)
+    with pytest.raises(ConfigError, match=message):
+      sweep.build_runs(tiny_config, path)
+  with pytest.raises(ConfigError, match=r"config\.model\.norm is both swept and set by "
+                     r"--config\.model\.norm; drop one"):
+    sweep.build_runs(tiny_config, "model.norm=pre,post", fixed={"model.norm": "pre"})
+
+
+# ---------------------------------------------------------------- compare on synthetic runs
+
+
+def _fake_run(workdir, norm, eval_losses, num_steps=4, parameters=None, extra=None):
+  os.makedirs(workdir)
+  config = {"model": {"arch": "decoder", "norm": norm}, "train": {"num_steps": num_steps},
+            "data": {"batch_size": 2, "seq_len": 5}, **(extra or {})}
+  with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
+    json.dump(config, f)
+  rows = [{"step": s, "loss": 3.0 - 0.1 * s, "seconds_per_step": 0.25} for s in range(1, 5)]
+  rows += [{"step": s, "eval_loss": v, "eval_accuracy": 0.1 * s} for s, v in eval_losses]
+  with open(os.path.join(workdir, "metrics.jsonl"), "w", encoding="utf-8") as f:
+    f.writelines(json.dumps(r) + "\n" for r in sorted(rows, key=lambda r: r["step"]))
+  if parameters:
+    with open(os.path.join(workdir, "run.json"), "w", encoding="utf-8") as f:
+      json.dump({"parameters": parameters, "wall_seconds": 75.0}, f)
+
+
+def _table_rows(text):
+  """The Markdown table of compare.md as a list of dicts (header -> cell)."""
+  lines = [line for line in text.splitlines() if line.startswith("| ")]
+  header = [c.strip() for c in lines[0].strip("|").split("|")]
+  return header, [dict(zip(header, (c.strip() for c in line.strip("|").split("|"))))
+                  for line in lines[1:]]
+
+
+def test_compare_table_of_given_dirs(tmp_path):
+  a, b = str(tmp_path / "a"), str(tmp_path / "b")
+  _fake_run(a, "pre", [(0, 5.0), (2, 2.0), (4, 2.5)], parameters=1234)
+  # b predates a config key (extra): a key only some runs have is not a difference.
+  _fake_run(b, "post", [(0, 5.0), (2, 2.4)], extra={"decode": {"beam_size": 4}})
+  text = compare.compare([a, b], str(tmp_path / "out"))
+  header, rows = _table_rows(text)
+  assert header == ["run", "model.norm", "parameters", "steps", "eval_loss final",
+                    "eval_loss best (step)", "eval_accuracy final",
+                    "eval_accuracy best (step)", "tokens/s", "wall"]
+  assert rows[0] == {"run": "a", "model.norm": "pre", "parameters": "1,234", "steps": "4/4",
+                     "eval_loss final": "2.5", "eval_loss best (step)": "2 (2)",
+                     "eval_accuracy final": "0.4", "eval_accuracy best (step)": "0.4 (4)",
+                     "tokens/s": "40", "wall": "1m15s"}
+  assert rows[1]["parameters"] == rows[1]["wall"] == "—"  # No run.json: older than it.
+  assert rows[1]["steps"] == "4/4"  # Train rows reach step 4 though the last eval is at 2.
+  with open(str(tmp_path / "out" / "compare.md"), encoding="utf-8") as f:
+    assert f.read() == text
+  for stem in ("compare_eval_loss", "compare_loss", "compare_eval_accuracy"):
+    assert_png(str(tmp_path / "out" / f"{stem}.png"))
+  with pytest.raises(ConfigError, match="holds no runs to compare"):
+    compare.find_runs(str(tmp_path / "out"))
+  # A sweep's folder: its runs in sweep order, those not started yet left out.
+  with open(str(tmp_path / "sweep.json"), "w", encoding="utf-8") as f:
+    json.dump({"runs": [{"name": n, "overrides": {}} for n in ("b", "not_started", "a")]}, f)
+  assert compare.find_runs(str(tmp_path)) == [b, a]
+
+
+# ---------------------------------------------------------------- end to end
+
+
+def _flat(tree, prefix=""):
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      yield from _flat(value, f"{prefix}{key}.")
+    else:
+      yield prefix + key, value
+
+
+def _tiny_flags(data_dir):
+  """--config.x flags that turn configs/gpt_small.py:local into tests/tiny.py's config."""
+  base = dict(_flat(gpt_small.get_config("local").to_dict()))
+  tiny = dict(_flat(make_tiny_config(data_dir).to_dict()))
+  tiny["checkpoint.async_save"] = False  # Checkpoint 3 is complete when step 4 is killed.
+  return [f"--config.{key}={str(value).lower() if isinstance(value, bool) else value}"
+          for key, value in tiny.items() if value != base[key]]
+
+
+def _sweep(sweep_dir, data_dir, kill_at=None):
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+  env.pop("TRANSFORMER_TEST_KILL_AT", None)
+  if kill_at:  # Every run of the sweep inherits it: the first one dies there.
+    env["TRANSFORMER_TEST_KILL_AT"] = kill_at
+  command = [sys.executable, os.path.join(ROOT, "launch.py"), "--mode=sweep",
+             "--config=configs/gpt_small.py:local", f"--workdir={sweep_dir}",
+             "--sweep=model.position=learned,rope"] + _tiny_flags(data_dir)
+  result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=1800, check=False)  # A hang guard only.
+  return result.returncode, result.stdout + result.stderr
+
+
+def test_two_run_sweep_resumes_skips_and_compares(tfds_data_dir, tmp_path):
+  sweep_dir = str(tmp_path / "sweep")
+  learned, rope = (os.path.join(sweep_dir, n) for n in ("position=learned", "position=rope"))
+
+  # 1. The first run is killed after step 4 (checkpoint 3 saved): the sweep stops there.
+  code, output = _sweep(sweep_dir, tfds_data_dir, kill_at="after_step:4")
+  assert code == 1, output[-3000:]
+  assert "run 1/2 model.position=learned: starting in" in output
+  assert "run 1/2 model.position=learned was killed by signal 9" in output
+  assert "at checkpoint 3/6" in output and "rerun the same command to resume" in output
+  assert "run 2/2" not in output and not os.path.exists(rope)
+  assert sweep.finished_step(learned) == 3
+
+  # 2. The same command: the first run resumes from its checkpoint, the second starts.
+  code, output = _sweep(sweep_dir, tfds_data_dir)
+  assert code == 0, output[-3000:]
+  assert "run 1/2 model.position=learned: resuming from step 3/6" in output
+  assert "Resumed from checkpoint 3" in output
+  assert "run 2/2 model.position=rope: starting in" in output
+  assert "run 2/2 model.position=rope: finished in" in output
+  assert [sweep.finished_step(w) for w in (learned, rope)] == [6, 6]
+
+  # 3. Again: both finished, skipped without starting a run.
+  code, output = _sweep(sweep_dir, tfds_data_dir)
+  assert code == 0, output[-3000:]
+  assert output.count("finished (checkpoint 6/6), skipped: eval_loss") == 2
+  assert "starting" not in output and "Resumed" not in output
+
+  # The comparison: one row per run, the swept key the only differing column.
+  with open(os.path.join(sweep_dir, "compare.md"), encoding="utf-8") as f:
+    header, rows = _table_rows(f.read())
+  assert header[:4] == ["run", "model.position", "parameters", "steps"]
+  assert [(r["run"], r["model.position"], r["steps"]) for r in rows] == [
+      ("position=learned", "learned", "6/6"), ("position=rope", "rope", "6/6")]
+  parameters = [int(r["parameters"].replace(",", "")) for r in rows]
+  assert parameters[0] - parameters[1] == 32 * 32  # The learned table: max_len x d_model.
+  eval_loss = plots.read_series(learned)["eval_loss"]
+  assert list(eval_loss.steps) == [0, 3, 6]  # One evaluation per step despite the kill.
+  assert rows[0]["eval_loss final"] == f"{eval_loss.values[-1]:.4g}"
+  assert all(r["wall"] != "—" and r["tokens/s"] != "—" for r in rows)
+  runs = [compare.load_run(w, os.path.basename(w)) for w in (learned, rope)]
+  figures = compare.overlay_figures(runs)
+  assert [line.get_label() for line in figures["compare_eval_loss"].axes[0].get_lines()] == [
+      "position=learned", "position=rope"]
+  for stem in ("compare_eval_loss", "compare_loss", "compare_eval_accuracy"):
+    assert_png(os.path.join(sweep_dir, f"{stem}.png"))
+  for workdir in (learned, rope):  # Each run drew its own curves when it ended.
+    for stem in ("loss", "learning_rate", "grad_norm", "tokens_per_second", "accuracy"):
+      assert_png(os.path.join(workdir, "plots", f"{stem}.png"))

@@ -1,0 +1,213 @@
+"""Compares runs: `python launch.py --mode=compare --workdir=DIR [--compare_dirs=a,b,c]`.
+
+Writes `DIR/compare.md` (also printed) and `DIR/compare_*.png`; the end of a sweep
+runs it on the sweep's runs. The runs are `--compare_dirs` when given, else the runs
+of the sweep in DIR (its sweep.json, in sweep order), else DIR's subfolders that hold
+a metrics.jsonl.
+
+Where each column comes from:
+  - the config keys whose values differ between the runs: each run's config.json;
+  - parameters and wall time: run.json (transformer/run_record.py; "—" for runs
+    older than it);
+  - steps, final and best eval metrics, tokens/s, MFU: metrics.jsonl, read as the plots
+    read it (transformer/plots.py: a restart supersedes the rows after its step).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from typing import Any, Sequence
+
+import numpy as np
+
+from transformer import plots
+from transformer import run_record
+from transformer.configuration import ConfigError
+from transformer.metrics import format_duration
+
+COMPARE_FILE = "compare.md"
+SWEEP_RECORD = "sweep.json"  # Written by transformer/sweep.py: the runs, in order.
+MAX_KEY_COLUMNS = 8  # More differing keys than this are listed under the table.
+LOWER_IS_BETTER = ("loss", "perplexity")
+
+
+@dataclasses.dataclass
+class Run:
+  """What the table and the overlaid curves read of one workdir."""
+
+  name: str
+  workdir: str
+  config: dict[str, Any]  # Flattened config.json: {"model.norm": "pre", ...}; {} if none.
+  series: dict[str, plots.Series]  # {} for a run that logged nothing yet.
+  record: dict[str, Any]  # run.json; {} if none.
+
+
+def sweep_runs(directory: str) -> list[dict[str, Any]]:
+  """The runs a sweep recorded in `directory`'s sweep.json ([] if there is none)."""
+  try:
+    with open(os.path.join(directory, SWEEP_RECORD), encoding="utf-8") as f:
+      return list(json.load(f)["runs"])
+  except (OSError, ValueError, KeyError, TypeError):
+    return []
+
+
+def find_runs(directory: str) -> list[str]:
+  """The workdirs to compare in `directory`: its sweep's runs, else subfolders with metrics."""
+  if not os.path.isdir(directory):
+    raise ConfigError(f"--workdir={directory} is not a directory")
+  # A sweep's runs in its order; those not started yet have no row.
+  recorded = [os.path.join(directory, run["name"]) for run in sweep_runs(directory)]
+  if any(os.path.isdir(path) for path in recorded):
+    return [path for path in recorded if os.path.isdir(path)]
+  found = sorted(os.path.join(directory, name) for name in os.listdir(directory)
+                 if os.path.isfile(os.path.join(directory, name, plots.METRICS_FILE)))
+  if not found:
+    raise ConfigError(f"{directory} holds no runs to compare: no {SWEEP_RECORD} and no "
+                      f"subfolder with a {plots.METRICS_FILE}; name the runs with "
+                      "--compare_dirs=DIR1,DIR2,...")
+  return found
+
+
+def load_run(workdir: str, name: str) -> Run:
+  """Reads what exists of a run; a run that has not logged yet gets an empty row."""
+  if not os.path.isdir(workdir):
+    raise ConfigError(f"{workdir} (a run to compare) is not a directory")
+  config = {}
+  try:
+    with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
+      config = run_record.flatten(json.load(f))
+  except (OSError, ValueError):
+    pass
+  try:
+    series = plots.read_series(workdir)
+  except ConfigError:  # No metrics.jsonl or no rows yet.
+    series = {}
+  return Run(name, workdir, config, series, run_record.read_record(workdir))
+
+
+def _names(workdirs: Sequence[str]) -> list[str]:
+  """Folder names, or the paths as given where two runs share a folder name."""
+  names = [os.path.basename(os.path.normpath(w)) for w in workdirs]
+  return [n if names.count(n) == 1 else w for n, w in zip(names, workdirs)]
+
+
+def differing_keys(runs: Sequence[Run], first: Sequence[str] = ()) -> list[str]:
+  """Config keys whose value is not the same in every run; `first`'s order, then sorted.
+
+  Only keys every run's config.json holds are compared: a key some lack was added to
+  configs/base.py after those runs.
+  """
+  configs = [run.config for run in runs if run.config]
+  keys = set.intersection(*(set(c) for c in configs)) if configs else set()
+  differ = {key for key in keys
+            if len({json.dumps(c[key], sort_keys=True) for c in configs}) > 1}
+  return [k for k in first if k in differ] + sorted(differ - set(first))
+
+
+def _format_value(value: Any) -> str:
+  if value is None:
+    return "—"
+  if isinstance(value, float):
+    return f"{value:.4g}" if math.isfinite(value) else str(value)
+  if isinstance(value, (list, tuple, dict)):
+    return json.dumps(value)
+  return str(value)
+
+
+def _best(name: str, series: plots.Series) -> tuple[float, int]:
+  lower = name.removeprefix("eval_") in LOWER_IS_BETTER
+  index = int(np.argmin(series.values) if lower else np.argmax(series.values))
+  return float(series.values[index]), int(series.steps[index])
+
+
+def table(runs: Sequence[Run], first_keys: Sequence[str] = ()) -> str:
+  """The Markdown comparison: one row per run, then notes on the columns."""
+  keys = differing_keys(runs, first_keys)
+  shown, hidden = keys[:MAX_KEY_COLUMNS], keys[MAX_KEY_COLUMNS:]
+  metrics = ["eval_loss"] + [k for k in plots.eval_metric_names(
+      set().union(*(run.series for run in runs))) if k != "eval_loss"]
+  with_mfu = any("mfu" in run.series for run in runs)
+  header = (["run"] + shown + ["parameters", "steps"] +
+            [f"{m} {kind}" for m in metrics for kind in ("final", "best (step)")] +
+            ["tokens/s"] + ["MFU"] * with_mfu + ["wall"])
+  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+  for run in runs:
+    cells = [run.name] + [_format_value(run.config.get(key)) for key in shown]
+    parameters = run.record.get("parameters")
+    cells.append(f"{parameters:,}" if isinstance(parameters, int) else "—")
+    num_steps = run.config.get("train.num_steps")
+    last = max((int(s.steps[-1]) for s in run.series.values()), default=None)
+    steps = f"{_format_value(last)}/{_format_value(num_steps)}"
+    if last is None or num_steps is None or last < num_steps:
+      steps += " (unfinished)"
+    cells.append(steps)
+    for metric in metrics:
+      series = run.series.get(metric)
+      if series is None:
+        cells += ["—", "—"]
+        continue
+      best, at = _best(metric, series)
+      cells += [_format_value(float(series.values[-1])), f"{_format_value(best)} ({at})"]
+    rate = run.series.get("tokens_per_second")
+    cells.append(f"{np.median(rate.values):,.0f}" if rate is not None else "—")
+    if with_mfu:
+      mfu = run.series.get("mfu")
+      cells.append(f"{100 * np.median(mfu.values):.1f}%" if mfu is not None else "—")
+    wall = run.record.get("wall_seconds")
+    cells.append(format_duration(wall) if isinstance(wall, (int, float)) else "—")
+    lines.append("| " + " | ".join(cells) + " |")
+  notes = [""]
+  if hidden:
+    notes.append(f"Also differing between the runs: {', '.join(hidden)}.")
+  notes.append(
+      "final: the last evaluation; best: the lowest loss (highest accuracy, BLEU, ...) "
+      "over the evaluations, with its step. tokens/s (and MFU): the median over the "
+      "logged rows; tokens are those a step reads (batch x seq_len, both sides for "
+      "seq2seq). wall: the training loop's time summed over sessions (compiling and "
+      "evaluating included, dataset preparation excluded; run.json).")
+  return "\n".join(lines + notes)
+
+
+def overlay_figures(runs: Sequence[Run], log_steps: bool = False) -> dict[str, Any]:
+  """{file stem: Figure}: eval loss, train loss and each eval metric, one line per run."""
+  keys = ["eval_loss", "loss"] + [k for k in plots.eval_metric_names(
+      set().union(*(run.series for run in runs))) if k != "eval_loss"]
+  figures = {}
+  for key in keys:
+    lines = [(run.name, run.series[key]) for run in runs if key in run.series]
+    if lines:
+      title = key.replace("eval_", "eval ") if key != "loss" else "train loss"
+      figures[f"compare_{key}"] = plots.line_figure(title, key, lines, log_steps, zoom=True)
+  return figures
+
+
+def compare(workdirs: Sequence[str], output_dir: str, log_steps: bool = False) -> str:
+  """Writes `output_dir/compare.md` and `output_dir/compare_*.png`; returns the Markdown.
+
+  Args:
+    workdirs: the runs, in table order.
+    output_dir: where compare.md and the PNGs go (created if needed).
+    log_steps: a log-scaled step axis on the curves.
+
+  Raises:
+    ConfigError: no runs, or a run that is not a directory.
+  """
+  if not workdirs:
+    raise ConfigError("no runs to compare: pass --compare_dirs=DIR1,DIR2,...")
+  runs = [load_run(w, n) for w, n in zip(workdirs, _names(workdirs))]
+  swept = [key for run in sweep_runs(output_dir) for key in run.get("overrides", {})]
+  os.makedirs(output_dir, exist_ok=True)
+  images = []
+  for stem, figure in overlay_figures(runs, log_steps).items():
+    plots.save_figure(figure, os.path.join(output_dir, stem + ".png"))
+    images.append(f"![{stem}]({stem}.png)")
+  text = (f"# {len(runs)} runs compared\n\n{table(runs, list(dict.fromkeys(swept)))}\n\n" +
+          "\n".join(images) + "\n")
+  temporary = os.path.join(output_dir, f"{COMPARE_FILE}.{os.getpid()}.tmp")  # Pod sweeps.
+  with open(temporary, "w", encoding="utf-8") as f:
+    f.write(text)
+  os.replace(temporary, os.path.join(output_dir, COMPARE_FILE))
+  return text

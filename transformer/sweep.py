@@ -1,0 +1,405 @@
+"""A grid of config overrides, one training run each: `launch.py --mode=sweep`.
+
+  python launch.py --mode=sweep --config=configs/shakespeare_char.py:cpu \
+    --workdir=runs/ablation --sweep='model.norm=pre,post;model.position=learned,rope'
+
+The spec (`--sweep`) is either
+  - a grid: `key=v1,v2;key2=v3,v4` (config keys without the `config.` prefix; `;`
+    between keys, `,` between values; the cartesian product, the first key varying
+    slowest), or
+  - the path of a JSON file holding the same grid, {"model.norm": ["pre", "post"]},
+    or a list of runs, [{"model.norm": "pre"}, {"model.norm": "post",
+    "model.num_layers": 6}], for runs that are not a grid or values with commas
+    (tuples such as mesh.shape are JSON lists there).
+Values take the type of the key's value in the config (`true`/`false` for booleans).
+Every run's config is built and validated before the first run starts: an unknown
+key, a value of the wrong type, an empty list or a value `validate` rejects stops
+the sweep with the key named.
+
+Each run is `python launch.py --mode=train` in a process of its own (XLA state and
+memory are released between runs; other `--config.x` flags and the jax.distributed
+flags are passed on) with the workdir `<sweep dir>/<short key>=<value>+...`, e.g.
+`norm=post+position=rope` (full keys where the last parts would collide). The runs go
+one after another. Rerunning the same command resumes the sweep: a run whose newest
+complete checkpoint is at train.num_steps is finished and skipped; any other run is
+started again in its workdir, which resumes it from its checkpoint. When every run
+has finished, the comparison (transformer/compare.py) is written into the sweep dir.
+
+A signal (Ctrl-C, SIGTERM) is passed to the running run once per signal: it stops
+after the current step and saves (a second one aborts it), and the sweep ends; the
+same command resumes it. Runs are children in their own session, so a terminal's
+Ctrl-C reaches them only through the sweep (once); a sweep killed outright sends its
+run SIGTERM (Linux), so no run outlives its sweep to train beside a rerun of it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import itertools
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import ml_collections
+
+from transformer import checkpointing
+from transformer import compare
+from transformer import plots
+from transformer.configuration import ConfigError, validate
+from transformer.metrics import format_duration
+
+LAUNCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "launch.py")
+_TRUE, _FALSE = ("true", "t", "yes", "1"), ("false", "f", "no", "0")
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """One run of a sweep: its overrides (key -> command-line value), name and config."""
+
+  overrides: dict[str, str]
+  name: str
+  config: ml_collections.ConfigDict
+
+  @property
+  def label(self) -> str:
+    return ",".join(f"{key}={value}" for key, value in self.overrides.items())
+
+
+def _bad_spec(message: str) -> ConfigError:
+  return ConfigError(f"--sweep: {message}")
+
+
+def _read_spec_file(path: str) -> list[dict[str, Any]]:
+  """A JSON grid {key: [values]} or list of runs [{key: value}] -> the runs' overrides."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      spec = json.load(f)
+  except (OSError, ValueError) as e:
+    raise _bad_spec(f"cannot read the JSON sweep file {path} ({e})") from e
+  if isinstance(spec, dict):
+    for key, values in spec.items():
+      if not isinstance(values, list) or not values:
+        raise _bad_spec(f"{path}: config.{key} needs a non-empty list of values, got "
+                        f"{values!r}")
+    return [dict(zip(spec, combination)) for combination in itertools.product(*spec.values())]
+  if isinstance(spec, list) and spec and all(isinstance(r, dict) and r for r in spec):
+    return spec
+  raise _bad_spec(f"{path} must hold a grid {{\"model.norm\": [\"pre\", \"post\"]}} or a "
+                  "non-empty list of runs [{\"model.norm\": \"pre\"}, ...]")
+
+
+def parse_spec(spec: str) -> list[dict[str, Any]]:
+  """The overrides of each run, {key: value}: raw strings from a grid, JSON values from a file.
+
+  Raises:
+    ConfigError: a malformed spec, naming the part and the syntax.
+  """
+  spec = spec.strip()
+  if spec.endswith(".json"):
+    return _read_spec_file(spec)
+  if not spec:
+    raise _bad_spec("empty; expected e.g. --sweep='model.norm=pre,post;model.position=rope,"
+                    "alibi' or the path of a .json file")
+  grid: dict[str, list[str]] = {}
+  for part in spec.split(";"):
+    key, equals, values = (s.strip() for s in part.partition("="))
+    if not equals or not key:
+      raise _bad_spec(f"{part.strip()!r} is not key=value1,value2 (e.g. model.norm=pre,post)")
+    key = key.removeprefix("config.")
+    if key in grid:
+      raise _bad_spec(f"config.{key} appears twice; list all its values once")
+    items = [v.strip() for v in values.split(",")]
+    if not values or any(not v for v in items):
+      raise _bad_spec(f"config.{key} has an empty value in {part.strip()!r}: expected "
+                      f"{key}=value1,value2 (an empty string needs a JSON sweep file)")
+    duplicates = sorted({v for v in items if items.count(v) > 1})
+    if duplicates:
+      raise _bad_spec(f"config.{key} lists {', '.join(duplicates)} twice")
+    grid[key] = items
+  return [dict(zip(grid, combination)) for combination in itertools.product(*grid.values())]
+
+
+def _field(config: ml_collections.ConfigDict, key: str) -> tuple[ml_collections.ConfigDict, str]:
+  """The ConfigDict that holds `key` and the key's last part; ConfigError if there is none."""
+  node, parts = config, key.split(".")
+  for depth, part in enumerate(parts):
+    if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+      where = ".".join(["config"] + parts[:depth])
+      valid = (", ".join(sorted(node.keys())) if isinstance(node, ml_collections.ConfigDict)
+               else "none: it is not a group")
+      raise _bad_spec(f"config.{key} is not a config key; the keys of {where} are: {valid}")
+    if depth < len(parts) - 1:
+      node = node[part]
+  if isinstance(node[parts[-1]], ml_collections.ConfigDict):
+    raise _bad_spec(f"config.{key} is a group of keys ({', '.join(sorted(node[parts[-1]]))}); "
+                    "sweep one of them")
+  return node, parts[-1]
+
+
+def _typed(key: str, value: Any, current: Any) -> Any:
+  """`value` (a grid's string or a JSON value) as the type of the key's `current` value."""
+  def wrong(expected: str) -> ConfigError:
+    return _bad_spec(f"config.{key}={value!r} is invalid: expected {expected}, the type of "
+                     f"its value {current!r} in the config")
+
+  text = value.strip() if isinstance(value, str) else None
+  if isinstance(current, bool):
+    if isinstance(value, bool):
+      return value
+    if text is not None and text.lower() in _TRUE + _FALSE:
+      return text.lower() in _TRUE
+    raise wrong("true or false")
+  if isinstance(current, int):
+    if isinstance(value, int) and not isinstance(value, bool):
+      return value
+    if text is not None and re.fullmatch(r"[+-]?\d+", text.replace("_", "")):
+      return int(text)
+    raise wrong("an integer")
+  if isinstance(current, float):
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+      return float(value)
+    try:
+      return float(text)
+    except (TypeError, ValueError):
+      raise wrong("a number") from None
+  if isinstance(current, str):
+    if text is None:
+      raise wrong("a string")
+    return value
+  if isinstance(current, tuple):
+    if isinstance(value, (list, tuple)):
+      return _tuples(value)
+    raise wrong("a tuple, written as a JSON list in a JSON sweep file")
+  raise _bad_spec(f"config.{key} holds {current!r} ({type(current).__name__}): sweeping it "
+                  "is not supported; set it with a --config flag")
+
+
+def _tuples(value: Any) -> Any:
+  """JSON lists -> tuples, nested (mesh.shape, mesh.rules)."""
+  return tuple(_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+def _as_flag(value: Any) -> str:
+  """How ml_collections' command-line parser reads `value` back."""
+  if isinstance(value, bool):
+    return "true" if value else "false"
+  if isinstance(value, (int, float, tuple)):
+    return repr(value)
+  return str(value)
+
+
+def _run_names(all_overrides: Sequence[dict[str, str]]) -> list[str]:
+  """`norm=post+position=rope`: the last part of each key, the full key where those collide."""
+  keys = list(dict.fromkeys(key for overrides in all_overrides for key in overrides))
+  short = {key: key.rsplit(".", 1)[-1] for key in keys}
+  clash = {key for key in keys if list(short.values()).count(short[key]) > 1}
+  names = []
+  for overrides in all_overrides:
+    # Characters a shell or --compare_dirs would trip on become one "_" each run.
+    parts = [f"{key if key in clash else short[key]}="
+             + (re.sub(r"[^A-Za-z0-9._-]+", "_", value).strip("_") or "_")
+             for key, value in overrides.items()]
+    names.append("+".join(parts))
+  for name in names:
+    if names.count(name) > 1:
+      raise _bad_spec(f"two runs would share the workdir {name!r}; make their values differ")
+  return names
+
+
+def build_runs(config: ml_collections.ConfigDict, spec: str,
+               fixed: Mapping[str, Any] = ()) -> list[Run]:
+  """Every run's config from `config` and the spec, each validated before any run starts.
+
+  Args:
+    config: the sweep's base config (--config with its --config.x flags applied).
+    spec: the --sweep value (see the module docstring).
+    fixed: the keys set by --config.x flags, which a sweep must not also vary.
+
+  Returns:
+    The runs, in sweep order.
+
+  Raises:
+    ConfigError: naming the key (and the run) of the first problem.
+  """
+  all_overrides = []
+  for raw in parse_spec(spec):
+    overrides = {}
+    for key, value in raw.items():
+      key = key.removeprefix("config.")
+      if key in fixed:
+        raise _bad_spec(f"config.{key} is both swept and set by --config.{key}; drop one")
+      node, last = _field(config, key)
+      overrides[key] = _typed(key, value, node[last])
+    all_overrides.append(overrides)
+  flags = [{k: _as_flag(v) for k, v in o.items()} for o in all_overrides]
+  runs = []
+  for index, (overrides, as_flags, name) in enumerate(
+      zip(all_overrides, flags, _run_names(flags)), 1):
+    run_config = config.copy_and_resolve_references()
+    for key, value in overrides.items():
+      node, last = _field(run_config, key)
+      node[last] = value
+    run = Run(as_flags, name, run_config)
+    try:
+      validate(run_config)
+    except ConfigError as e:
+      raise ConfigError(f"--sweep run {index}/{len(flags)} ({run.label}): {e}") from None
+    runs.append(run)
+  return runs
+
+
+def finished_step(workdir: str) -> int | None:
+  """The step of the newest complete, undamaged checkpoint in `workdir`, or None."""
+  directory = os.path.join(workdir, "checkpoints")
+  if not checkpointing.has_checkpoint(workdir):
+    return None
+  steps = sorted((int(n) for n in os.listdir(directory) if n.isdigit()), reverse=True)
+  for step in steps:  # Finalised ones have bare step names; damaged ones are skipped.
+    if checkpointing.checkpoint_problem(os.path.join(directory, str(step))) is None:
+      return step
+  return None
+
+
+def _command(config_arg: str, workdir: str, run: Run, fixed: Mapping[str, Any],
+             launcher_flags: Sequence[str]) -> list[str]:
+  return ([sys.executable, LAUNCH, "--mode=train", f"--config={config_arg}",
+           f"--workdir={workdir}"] + list(launcher_flags) +
+          [f"--config.{key}={_as_flag(value)}" for key, value in fixed.items()] +
+          [f"--config.{key}={value}" for key, value in run.overrides.items()])
+
+
+def _summary(workdir: str) -> str:
+  """'eval_loss 1.906 (best 1.899 at 1750)' from the run's metrics, or ''."""
+  try:
+    series = plots.read_series(workdir).get("eval_loss")
+  except ConfigError:
+    return ""
+  if series is None:
+    return ""
+  best = int(series.values.argmin())
+  return (f": eval_loss {series.values[-1]:.4g} (best {series.values[best]:.4g} at step "
+          f"{series.steps[best]})")
+
+
+def _stop_with_the_sweep() -> Callable[[], None] | None:
+  """A preexec_fn: the run gets SIGTERM (stop after the step, save) when the sweep dies.
+
+  Otherwise a killed sweep (SIGKILL, a test's timeout) would leave its run training
+  alone in its own session, and a rerun of the sweep would start a second one in the
+  same workdir. Linux only (prctl); elsewhere the run outlives a killed sweep.
+  """
+  if not sys.platform.startswith("linux"):
+    return None
+  libc = ctypes.CDLL(None, use_errno=True)  # Loaded before the fork: the child only calls.
+  set_parent_death_signal = 1  # PR_SET_PDEATHSIG in <linux/prctl.h>.
+  return lambda: libc.prctl(set_parent_death_signal, signal.SIGTERM)
+
+
+class _Forward:
+  """While a run is going, passes each SIGINT/SIGTERM the sweep receives on to it."""
+
+  def __init__(self):
+    self.process: subprocess.Popen | None = None
+    self.signals: list[int] = []
+
+  def __enter__(self):
+    self._previous = {sig: signal.signal(sig, self._handle)
+                      for sig in (signal.SIGINT, signal.SIGTERM)}
+    return self
+
+  def _handle(self, signum, frame):
+    del frame
+    self.signals.append(signum)
+    if self.process is not None and self.process.poll() is None:
+      self.process.send_signal(signum)
+    print(f"sweep: signal {signum} passed to the running run; it stops after its step and "
+          "saves (another signal aborts it without saving)", flush=True)
+
+  def __exit__(self, *exc):
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+
+
+def _write_record(sweep_dir: str, config_arg: str, spec: str, fixed: Mapping[str, Any],
+                  runs: Sequence[Run]) -> None:
+  record = {"config": config_arg, "sweep": spec,
+            "flags": [f"--config.{k}={_as_flag(v)}" for k, v in fixed.items()],
+            "runs": [{"name": run.name, "overrides": run.overrides} for run in runs]}
+  temporary = os.path.join(sweep_dir, compare.SWEEP_RECORD + f".{os.getpid()}.tmp")
+  with open(temporary, "w", encoding="utf-8") as f:
+    json.dump(record, f, indent=1)
+  os.replace(temporary, os.path.join(sweep_dir, compare.SWEEP_RECORD))
+
+
+def run_sweep(config: ml_collections.ConfigDict, config_arg: str, sweep_dir: str, spec: str,
+              fixed: Mapping[str, Any] | None = None, launcher_flags: Sequence[str] = (),
+              log_steps: bool = False) -> int:
+  """Runs (or resumes) every run of the sweep, then compares them.
+
+  Args:
+    config: the base config (--config with its --config.x flags applied).
+    config_arg: the --config value (configs/x.py:arg), passed to each run.
+    sweep_dir: the sweep folder; each run's workdir is a subfolder.
+    spec: the --sweep value (see the module docstring).
+    fixed: {key: value} of the --config.x flags, passed to each run.
+    launcher_flags: other launch.py flags for each run (the jax.distributed ones).
+    log_steps: a log-scaled step axis on the comparison's curves.
+
+  Returns:
+    0 when every run has finished, else the exit status to end with (the failed
+    run's, or 1 for a run stopped by a signal).
+
+  Raises:
+    ConfigError: a bad spec or run config, before any run starts.
+  """
+  fixed = dict(fixed or {})
+  runs = build_runs(config, spec, fixed)
+  os.makedirs(sweep_dir, exist_ok=True)
+  _write_record(sweep_dir, config_arg, spec, fixed, runs)
+  print(f"sweep: {len(runs)} runs in {os.path.abspath(sweep_dir)}", flush=True)
+  stop_with_the_sweep = _stop_with_the_sweep()
+  with _Forward() as forward:
+    for index, run in enumerate(runs, 1):
+      label = f"run {index}/{len(runs)} {run.label}"
+      workdir = os.path.join(sweep_dir, run.name)
+      num_steps = run.config.train.num_steps
+      step = finished_step(workdir)
+      if step is not None and step >= num_steps:
+        print(f"{label}: finished (checkpoint {step}/{num_steps}), skipped"
+              f"{_summary(workdir)}", flush=True)
+        if not os.path.isdir(os.path.join(workdir, plots.PLOTS_DIR)):
+          plots.write_plots_after_training(workdir)
+        continue
+      start = "starting" if step is None else f"resuming from step {step}/{num_steps}"
+      command = _command(config_arg, workdir, run, fixed, launcher_flags)
+      print(f"{label}: {start} in {workdir}\n  {shlex.join(command)}", flush=True)
+      started = time.perf_counter()
+      # A session of its own: a terminal's Ctrl-C reaches the run once, through _Forward.
+      forward.process = subprocess.Popen(command, start_new_session=True,
+                                         preexec_fn=stop_with_the_sweep)
+      code = forward.process.wait()
+      forward.process = None
+      step = finished_step(workdir)
+      elapsed = format_duration(time.perf_counter() - started)
+      if code == 0 and not forward.signals and step is not None and step >= num_steps:
+        print(f"{label}: finished in {elapsed}{_summary(workdir)}", flush=True)
+        continue
+      how = (f"exited with status {code}" if code > 0 else
+             f"was killed by signal {-code}" if code < 0 else "stopped")
+      print(f"{label} {how} after {elapsed} at checkpoint {step}/{num_steps} (its output is "
+            "above); rerun the same command to resume the sweep from it", file=sys.stderr,
+            flush=True)
+      return code if code > 0 else 1
+  text = compare.compare([os.path.join(sweep_dir, run.name) for run in runs], sweep_dir,
+                         log_steps)
+  print(text, flush=True)
+  print(f"sweep: all {len(runs)} runs finished; {os.path.join(sweep_dir, compare.COMPARE_FILE)}"
+        " and compare_*.png written", flush=True)
+  return 0
