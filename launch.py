@@ -8,16 +8,21 @@
   --mode=import           a local Hugging Face folder (--hf_dir: GPT-2, BERT, Marian, T5) ->
                           a new --workdir that the other modes and init_from read
   --mode=export           --workdir's GPT-2-shaped decoder -> a Hugging Face folder --hf_dir
+  --mode=plot             PNG curves of --workdir's metrics.jsonl -> <workdir>/plots/
+  --mode=sweep            one run per point of the --sweep grid, each in a subfolder of
+                          --workdir; rerunning resumes it; then compares them
+  --mode=compare          a Markdown table and overlaid curves of --compare_dirs (or
+                          the runs in --workdir) -> <workdir>/compare.md, compare_*.png
 
-Every mode but train reads the model, vocabulary and checkpoints from --workdir;
+Every mode but train and sweep reads the model, vocabulary and checkpoints from --workdir;
 --config is then optional and only its data.* and decode.* are used
-(transformer/commands.py says what comes from where).
+(transformer/commands.py says what comes from where). plot and compare need no
+--config; they and sweep start no JAX devices (a sweep's runs are processes of their own).
 
 Thin by design: parse flags, start jax.distributed when several processes are in
 play, log the process/device picture, and call one library function.
 """
 
-import logging as std_logging
 import os
 import sys
 
@@ -43,9 +48,11 @@ _HEARTBEAT = flags.DEFINE_integer(
     "heartbeat_timeout_seconds", 100, "A peer silent this long ends every process with "
     "an error (no silent hang).")
 _MODE = flags.DEFINE_enum(
-    "mode", "train", ["train", "evaluate", "translate", "generate", "average", "import",
-                      "export"],
-    "What to do with --workdir; every mode but train needs a trained workdir.")
+    "mode", "train",
+    ["train", "evaluate", "translate", "generate", "average", "plot", "sweep", "compare",
+     "import", "export"],
+    "What to do with --workdir; evaluate, translate, generate, average and plot need a "
+    "trained workdir.")
 _CHECKPOINT_STEP = flags.DEFINE_integer(
     "checkpoint_step", None, "The checkpoint to use (default: the newest).")
 _AVERAGE_LAST = flags.DEFINE_integer(
@@ -61,6 +68,12 @@ _OUTPUT = flags.DEFINE_string(
 _OVERWRITE = flags.DEFINE_bool("overwrite", False, "Allow replacing an existing --output.")
 _PROMPT = flags.DEFINE_string(
     "prompt", None, "generate: the text to continue (default: each line of stdin).")
+_SWEEP = flags.DEFINE_string(
+    "sweep", "", "sweep: config overrides to grid over, 'model.norm=pre,post;"
+    "model.position=rope,alibi', or a JSON file (transformer/sweep.py).")
+_COMPARE_DIRS = flags.DEFINE_list(
+    "compare_dirs", [], "compare: the workdirs to compare (default: the runs in --workdir).")
+_LOG_STEPS = flags.DEFINE_bool("log_steps", False, "plot, compare, sweep: log-scaled step axis.")
 _SEED = flags.DEFINE_integer("seed", None, "Sampling seed (default config.seed).")
 _HF_DIR = flags.DEFINE_string(
     "hf_dir", "", "import: the Hugging Face model folder to read (config.json + "
@@ -92,50 +105,90 @@ def default_workdir(config_path: str) -> str:
   return os.path.join("runs", f"{name}_{arg}" if arg else name)
 
 
-# Libraries whose INFO lines would bury the progress line; their warnings still show.
-_QUIET_LIBRARIES = ("/orbax/", "/tensorflow_datasets/", "/grain/", "/etils/")
-
-
-def _drop_library_info(record) -> bool:
-  # Standard-library levels here: absl.logging.WARNING is absl's own numbering.
-  return record.levelno >= std_logging.WARNING or not any(
-      lib in record.pathname for lib in _QUIET_LIBRARIES)
-
-
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   mode = _MODE.value
-  if mode == "train" and _CONFIG.value is None:
-    raise app.UsageError("--config is required for --mode=train")
+  if mode in ("train", "sweep") and _CONFIG.value is None:
+    raise app.UsageError(f"--config is required for --mode={mode}")
   if mode != "train" and not _WORKDIR.value:
-    raise app.UsageError(f"--mode={mode} needs --workdir=DIR, a trained run")
-  logging.get_absl_handler().addFilter(_drop_library_info)
+    raise app.UsageError(f"--mode={mode} needs --workdir=DIR, "
+                         + _WORKDIR_OF.get(mode, "a trained run"))
+  if mode == "sweep" and not _SWEEP.value:
+    raise app.UsageError("--mode=sweep needs --sweep='model.norm=pre,post;...' or a JSON file")
   # Imported here so that `--help` stays fast and flags parse before JAX starts.
+  from transformer import console  # pylint: disable=g-import-not-at-top
+  console.setup_console()  # Project INFO and all warnings, without absl's prefix.
+  if mode in _FILE_MODES:
+    # Before JAX starts: these read files, and a sweep's runs are launch.py processes of
+    # their own that need the accelerators (and jax.distributed) free.
+    from transformer.configuration import ConfigError, DataError  # pylint: disable=g-import-not-at-top
+    try:
+      sys.exit(_run_on_files(mode, _WORKDIR.value))
+    except (ConfigError, DataError) as e:
+      sys.stderr.write(f"\n{type(e).__name__}: {e}\n")
+      sys.exit(2)
   import jax  # pylint: disable=g-import-not-at-top
   from transformer import distributed  # pylint: disable=g-import-not-at-top
 
-  distributed.initialize(
-      auto=_DISTRIBUTED.value, coordinator_address=_COORDINATOR.value,
-      num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value,
-      heartbeat_timeout_seconds=_HEARTBEAT.value)
+  try:
+    distributed.initialize(
+        auto=_DISTRIBUTED.value, coordinator_address=_COORDINATOR.value,
+        num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value,
+        heartbeat_timeout_seconds=_HEARTBEAT.value)
+  except ValueError as e:  # Incomplete --coordinator_address/--num_processes/--process_id.
+    raise app.UsageError(str(e)) from e
 
   workdir = _WORKDIR.value or default_workdir(flags.FLAGS["config"].config_filename)
+  # Other modes check their workdir; import writes a new one, which must start empty.
+  if mode == "train" or (os.path.isdir(workdir) and mode != "import"):
+    console.log_to_file(workdir, jax.process_index())  # The full-format log.
   logging.info("Workdir: %s", os.path.abspath(workdir))
-  if mode == "train":  # Other modes print results on stdout: keep it clean.
-    print(f"Workdir: {os.path.abspath(workdir)}", flush=True)
   logging.info("JAX process %d of %d, %d local / %d global devices (%s)",
                jax.process_index(), jax.process_count(), jax.local_device_count(),
                jax.device_count(), jax.devices()[0].platform)
   from transformer.configuration import ConfigError, DataError  # pylint: disable=g-import-not-at-top
   try:
     with distributed.fail_together():
-      _run(mode, workdir)
+      try:
+        _run(mode, workdir)
+      except Exception as e:  # pylint: disable=broad-except
+        if not isinstance(e, (ConfigError, DataError)):  # Python prints it on the console.
+          logging.exception("Stopped by an error", extra={"console": False})
+        raise
   except (ConfigError, DataError) as e:
     # A user's mistake, not a bug: the message names the key or file; no traceback.
-    logging.error("%s: %s", type(e).__name__, e)
+    logging.error("%s: %s", type(e).__name__, e, extra={"console": False})
     sys.stderr.write(f"\n{type(e).__name__}: {e}\n")
     sys.exit(2)
+
+
+_FILE_MODES = ("plot", "sweep", "compare")
+_WORKDIR_OF = {"plot": "a training run's workdir", "sweep": "the sweep's folder",
+               "compare": "a sweep's folder, or where compare.md goes with --compare_dirs"}
+# Passed on to each run of a sweep: every run is one jax.distributed job.
+_LAUNCHER_FLAGS = ("distributed", "coordinator_address", "num_processes", "process_id",
+                   "heartbeat_timeout_seconds")
+
+
+def _run_on_files(mode: str, workdir: str) -> int:
+  """plot, compare, sweep: calls the library function of `mode`; returns the exit status."""
+  from transformer import compare  # pylint: disable=g-import-not-at-top
+  from transformer import plots  # pylint: disable=g-import-not-at-top
+  if mode == "plot":
+    print("\n".join(plots.write_plots(workdir, log_steps=_LOG_STEPS.value)))
+    return 0
+  if mode == "compare":
+    runs = _COMPARE_DIRS.value or compare.find_runs(workdir)
+    print(compare.compare(runs, workdir, log_steps=_LOG_STEPS.value))
+    return 0
+  from transformer import sweep  # pylint: disable=g-import-not-at-top
+  config_flag = flags.FLAGS["config"]
+  launcher = [f"--{name}={flags.FLAGS[name].value}" for name in _LAUNCHER_FLAGS
+              if flags.FLAGS[name].present]
+  return sweep.run_sweep(_CONFIG.value, config_flag.config_filename, workdir, _SWEEP.value,
+                         fixed=config_flag.override_values, launcher_flags=launcher,
+                         log_steps=_LOG_STEPS.value)
 
 
 def _run(mode: str, workdir: str) -> None:

@@ -32,6 +32,8 @@ from transformer import checkpointing
 from transformer import evaluation
 from transformer import metrics as metrics_lib
 from transformer import optim
+from transformer import plots
+from transformer import run_record
 from transformer import sharding
 from transformer import objectives
 from transformer.configuration import ConfigError, ModelConfig, objective_of, validate
@@ -482,11 +484,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   writer = metrics_lib.MetricWriter(workdir, enabled=is_chief)
 
   try:
-    return _train_loop(config, workdir, trainer, checkpointer, writer, train_iter, eval_data,
-                       objective, local_batch_size)
+    result = _train_loop(config, workdir, trainer, checkpointer, writer, train_iter, eval_data,
+                         objective, local_batch_size)
   finally:  # Also on errors: finish a pending checkpoint write and flush the metrics.
     checkpointer.close()
     writer.close()
+  if is_chief:  # At the end, or stopped by a signal: <workdir>/plots/*.png.
+    plots.write_plots_after_training(workdir)
+  return result
 
 
 def _train_loop(config, workdir, trainer, checkpointer, writer, train_iter, eval_data,
@@ -494,6 +499,7 @@ def _train_loop(config, workdir, trainer, checkpointer, writer, train_iter, eval
   """The loop of train_and_evaluate: restore or init, train, evaluate, save."""
   num_steps = config.train.num_steps
   kill_at = _KillAt.from_env()
+  record = run_record.RunRecord(workdir, enabled=writer.enabled)  # Parameters, wall time.
   last_metrics: dict[str, float] = {}
   with trainer.context():
     # Unfinished, incomplete or corrupt checkpoints are moved aside, newest first.
@@ -527,7 +533,7 @@ def _train_loop(config, workdir, trainer, checkpointer, writer, train_iter, eval
     kept_rows = writer.resume(start_step if restored is not None else -1)
     guard = _NonFiniteGuard(config.optimizer.skip_nonfinite,
                             total=int(sum(row.get("skipped_updates", 0) for row in kept_rows)))
-    metrics_lib.log_parameter_count(state.params)
+    record.update(start_step, parameters=metrics_lib.log_parameter_count(state.params))
     # Tokens the model reads per step (both sides for seq2seq).
     sides = 2 if objective == "seq2seq" else 1
     progress = metrics_lib.Progress(start_step, num_steps,
@@ -574,6 +580,7 @@ def _train_loop(config, workdir, trainer, checkpointer, writer, train_iter, eval
             pending = None
           writer.sync()  # Rows up to `done` are not rewritten after a resume from it.
           checkpointer.save(done, state, train_iter)
+          record.update(done)
           kill_at("during_save", done)
           kill_at("after_save", done, first=checkpointer.wait)
         if stopping:
