@@ -93,8 +93,11 @@ def load_builder(data: ml_collections.ConfigDict) -> tfds.core.DatasetBuilder:
       raise ConfigError(f"config.data.name={data.name!r}: preparing it in {root} failed "
                         f"({type(e).__name__}: {str(e)[:300]}). "
                         + prepare_instructions(data.name, root)) from e
+    # Split info may lack counts (e.g. under tfds.testing.mock_data): say what is known.
     logging.info("Prepared %s: %s", builder.info.full_name, ", ".join(
-        f"{name} {split.num_examples:,} examples" for name, split in builder.info.splits.items()))
+        f"{name} {split.num_examples:,} examples"
+        if isinstance(getattr(split, "num_examples", None), int) else name
+        for name, split in builder.info.splits.items()))
   for key in ("train_split", "eval_split"):
     if data[key] not in builder.info.splits:
       raise ConfigError(f"config.data.{key}={data[key]!r} is not a split of {data.name}; "
