@@ -31,6 +31,8 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from transformer import usage
+
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file, optionally with an argument: configs/gpt_small.py:local.",
     lock_config=True)
@@ -161,6 +163,12 @@ def main(argv):
     logging.error("%s: %s", type(e).__name__, e, extra={"console": False})
     sys.stderr.write(f"\n{type(e).__name__}: {e}\n")
     sys.exit(2)
+  except OSError as e:  # The machine's: a full disk, no permission (else a bug: re-raised).
+    message = usage.environment_error(e)
+    if message is None:
+      raise
+    sys.stderr.write(f"\n{type(e).__name__}: {message}\n")
+    sys.exit(2)
 
 
 _FILE_MODES = ("plot", "sweep", "compare")
@@ -225,5 +233,10 @@ def _run(mode: str, workdir: str) -> None:
     commands.generate(workdir, prompts, **common)
 
 
+def run(argv: list[str] | None = None) -> None:
+  """`python launch.py ...` (tests pass argv): parse flags, then main; exits with its status."""
+  app.run(main, argv=argv, flags_parser=usage.parse_flags)
+
+
 if __name__ == "__main__":
-  app.run(main)
+  run()

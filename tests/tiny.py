@@ -14,3 +14,8 @@ def make_tiny_config(data_dir: str) -> ml_collections.ConfigDict:
   config.train.update(num_steps=6, log_every=1, eval_every=3, eval_batches=2)
   config.checkpoint.update(every=3, keep=5)
   return config
+
+
+def get_config(data_dir: str = "") -> ml_collections.ConfigDict:
+  """The tiny config for launch.py: `--config=tests/tiny.py:<data_dir>`."""
+  return make_tiny_config(data_dir)

@@ -22,6 +22,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 from typing import Any
 
 import grain
@@ -105,6 +106,7 @@ class Checkpointer:
     while (step := self._manager.latest_step()) is not None:
       try:
         _check_shapes(os.path.join(self.directory, str(step)), step, abstract_state)
+        _check_process_count(os.path.join(self.directory, str(step)), step)
         state, problem = self.restore(step, abstract_state, data_iterator), None
       except ConfigError:
         raise
@@ -267,6 +269,25 @@ def _check_shapes(step_dir: str, step: int, abstract_state: Any) -> None:
         f"not match the {len(wanted)} of this config's model and optimizer state (a changed "
         "model.* or optimizer.* key?). Resume with the run's config (its config.json), or "
         "start a new workdir with config.init_from to take over its parameters.")
+
+
+def _check_process_count(step_dir: str, step: int) -> None:
+  """Raises ConfigError if checkpoint `step` holds the data positions of another process count.
+
+  Each process saves its own data-iterator position (`data/process_<i>-of-<n>.json`);
+  a run with another number of processes has no position to resume from. That is a
+  changed launch, not a damaged checkpoint: nothing is moved aside.
+  """
+  names = os.listdir(os.path.join(step_dir, "data"))
+  counts = {int(m.group(1)) for m in map(re.compile(r"process_\d+-of-(\d+)\.json$").match,
+                                        names) if m}
+  if counts and jax.process_count() not in counts:
+    raise ConfigError(
+        f"checkpoint {step} in {os.path.dirname(step_dir)} was written by "
+        f"{', '.join(map(str, sorted(counts)))} processes and this run has "
+        f"{jax.process_count()}: each process resumes its own position in the data. Resume "
+        "with the same number of processes (the number of devices and the mesh may change), "
+        "or start a new workdir with config.init_from to take over the parameters.")
 
 
 def _all_processes_agree(ok: bool) -> bool:

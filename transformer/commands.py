@@ -81,8 +81,16 @@ def load_config(workdir: str,
     raise ConfigError(f"{os.path.abspath(workdir)} has no {CONFIG_FILE}: expected the workdir "
                       "of a training run (python launch.py --config=... --workdir=DIR writes "
                       "it at start)")
-  with open(path, encoding="utf-8") as f:
-    stored = json.load(f)
+  try:
+    with open(path, encoding="utf-8") as f:
+      stored = json.load(f)
+  except ValueError as e:
+    raise ConfigError(f"{path} is not valid JSON ({e}); training writes it whole at every "
+                      "start, so it was edited or damaged: restore it (e.g. rerun the "
+                      "training command with --config)") from e
+  if not isinstance(stored, dict):
+    raise ConfigError(f"{path} holds a {type(stored).__name__}, expected the JSON object "
+                      "training writes")
   result = base.get_config()
   for section, values in stored.items():
     if section not in result:
@@ -242,6 +250,14 @@ def load_run(workdir: str, *, config: ml_collections.ConfigDict | None = None,
   mesh = _make_mesh(config)
   trainer = train.Trainer.create(config, mesh)
   directory = os.path.join(os.path.abspath(workdir), "checkpoints")
+  for step in steps:  # Damage that shows without reading arrays (see checkpointing.py).
+    problem = checkpointing.checkpoint_problem(os.path.join(directory, str(step)))
+    if problem:
+      others = [s for s in checkpoint_steps(workdir) if s != step]
+      raise ConfigError(f"checkpoint {step} in {directory} is damaged: {problem[1]}. Use "
+                        "another one with --checkpoint_step=N"
+                        + (f" (the others: {', '.join(map(str, others))})" if others else
+                           " (there is no other)"))
   with trainer.context():
     params = checkpointing.average_params(
         [os.path.join(directory, str(step), "state") for step in steps],

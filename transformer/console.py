@@ -15,6 +15,7 @@ import contextlib
 import io
 import logging
 import os
+import sys
 from typing import Iterator
 
 from absl import logging as absl_logging
@@ -90,6 +91,19 @@ class _EarlyRecords(logging.Handler):
 _early_records = _EarlyRecords()
 
 
+class _LogFile(logging.FileHandler):
+  """log.txt. A write that fails (a full disk) ends the file with one console warning,
+  instead of logging's traceback on the console for every record after it."""
+
+  def handleError(self, record: logging.LogRecord) -> None:
+    error = sys.exc_info()[1]
+    if not isinstance(error, OSError):
+      super().handleError(record)
+      return
+    logging.getLogger().removeHandler(self)
+    absl_logging.warning("No longer writing %s: %s", self.baseFilename, error)
+
+
 def setup_console() -> None:
   """Applies the console format and filter to absl's stderr handler; hides TFDS progress bars.
 
@@ -116,7 +130,7 @@ def log_to_file(workdir: str, process_index: int = 0) -> logging.Handler | None:
   path = os.path.join(workdir, name)
   try:
     os.makedirs(workdir, exist_ok=True)
-    handler = logging.FileHandler(path, mode="a", encoding="utf-8")
+    handler = _LogFile(path, mode="a", encoding="utf-8")
   except OSError as e:
     absl_logging.warning("Not keeping a log file at %s: %s", path, e)
     return None

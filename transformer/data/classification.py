@@ -76,14 +76,10 @@ def make_classification_dataset(source: Any, tokenizer: tokenizers.Tokenizer, *,
                          process_index=process_index, process_count=process_count,
                          num_threads=num_threads)
   # A list of zero (dropped) or one row per example.
-  it = grain.experimental.FlatMapIterDataset(it, _OneOrNone())
+  it = grain.experimental.FlatMapIterDataset(it, packing.Unlist(
+      packing.shard_size(source, process_index, process_count), train,
+      f"every example of split {split!r} was dropped as longer than config.data.seq_len="
+      f"{seq_len} tokens (config.data.overlong={overlong!r}): raise config.data.seq_len or "
+      "set config.data.overlong='truncate'."))
   return it.batch(batch_size, drop_remainder=train)
 
-
-class _OneOrNone(grain.experimental.FlatMapTransform):
-  """[] or [row] -> nothing or the row."""
-
-  max_fan_out = 1
-
-  def flat_map(self, rows: list[packing.Batch]) -> list[packing.Batch]:
-    return rows

@@ -17,7 +17,7 @@ import grain
 import numpy as np
 from absl import logging
 
-from transformer.configuration import OVERLONG_POLICIES
+from transformer.configuration import OVERLONG_POLICIES, DataError
 
 Batch = dict[str, np.ndarray]
 
@@ -47,6 +47,37 @@ def documents(source: Any, transform: grain.transforms.Map, *, seed: int, train:
     ds = ds.repeat(None)  # A new permutation every epoch.
   ds = ds.map(transform)
   return ds.to_iter_dataset(grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=64))
+
+
+def shard_size(source: Any, process_index: int, process_count: int) -> int:
+  """How many examples of `source` this process reads (see `documents`)."""
+  return len(range(process_index, len(source), process_count))
+
+
+class Unlist(grain.experimental.FlatMapTransform):
+  """A list of zero or more elements (pairs, rows) per example -> its elements, one each.
+
+  Training repeats its split forever, so if no example yields anything the packer
+  or batcher after this would wait forever. So empty lists are counted in a row:
+  `examples` of them in an evaluation (the whole split), 2 x `examples` in training
+  (at least one whole epoch) stop the run with a DataError saying `what`.
+  """
+
+  max_fan_out = 1 << 20  # Only MapDataset.flat_map reads it; the IterDataset one has no limit.
+
+  def __init__(self, examples: int, train: bool, what: str):
+    self._limit = max(examples, 1) * (2 if train else 1)
+    self._what = what
+    self._empty = 0  # Examples in a row that yielded nothing.
+
+  def flat_map(self, elements: list[Any]) -> list[Any]:
+    if elements:
+      self._empty = 0
+    else:
+      self._empty += 1
+      if self._empty >= self._limit:
+        raise DataError(f"{self._empty} examples in a row yielded nothing: {self._what}")
+    return elements
 
 
 class LengthLimit:

@@ -51,15 +51,6 @@ class _TokenizePairs(grain.transforms.Map):
     return pairs
 
 
-class _Unlist(grain.experimental.FlatMapTransform):
-  """A list of pairs -> the pairs, one element each."""
-
-  max_fan_out = 1 << 20  # Only MapDataset.flat_map reads it; the IterDataset one has no limit.
-
-  def flat_map(self, pairs: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
-    return pairs
-
-
 @dataclasses.dataclass(frozen=True)
 class _PadPair:
   """One pair alone in a row, in the key layout that packing produces."""
@@ -134,7 +125,9 @@ def make_seq2seq_dataset(source: Any, tokenizer: tokenizers.Tokenizer, *,
   it = packing.documents(source, tokenize, seed=seed, train=train,
                          process_index=process_index, process_count=process_count,
                          num_threads=num_threads)
-  it = grain.experimental.FlatMapIterDataset(it, _Unlist())
+  it = grain.experimental.FlatMapIterDataset(it, packing.Unlist(
+      packing.shard_size(source, process_index, process_count), train,
+      _why_no_pair(inputs_fn, source_len, overlong)))
   if packing_mode == "pack":
     # Documents are already shuffled; unshuffled bins keep the packing deterministic.
     it = grain.experimental.FirstFitPackIterDataset(
@@ -144,6 +137,22 @@ def make_seq2seq_dataset(source: Any, tokenizer: tokenizers.Tokenizer, *,
     it = it.map(_PadPair(source_len, target_len))
   it = it.map(_add_decoder_inputs)
   return it.batch(batch_size, drop_remainder=train)
+
+
+def _why_no_pair(inputs_fn: InputsFn, seq_len: int, overlong: str) -> str:
+  """What to change when no example yields a pair, for packing.Unlist's error."""
+  reasons = []
+  if overlong == "drop":
+    reasons.append(f"a pair with a side longer than config.data.seq_len={seq_len} tokens is "
+                   "dropped (config.data.overlong='drop'): raise config.data.seq_len or set "
+                   "config.data.overlong='truncate'")
+  if isinstance(inputs_fn, _ContinuationPairs):
+    reasons.append("on plain text a pair is two consecutive blocks of whole lines of one "
+                   "document, each of up to config.data.continuation_chars="
+                   f"{inputs_fn.source_chars} characters, so a document that fits in one "
+                   "block gives none: lower config.data.continuation_chars")
+  return ("no (source, target) pair came out of them; " +
+          ("; ".join(reasons) if reasons else "check the source and target texts") + ".")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,7 +13,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import shutil
 
 import jax
 import ml_collections
@@ -21,6 +20,7 @@ import tensorflow_datasets as tfds
 from absl import logging
 
 from transformer import distributed
+from transformer import files
 from transformer.configuration import ConfigError, objective_of
 from transformer.data import catalog
 from transformer.data import hf_tokenizer
@@ -229,9 +229,9 @@ def save_tokenizer(workdir: str, tokenizer: tokenizers.Tokenizer) -> None:
   path = _vocabulary_file(tokenizer)
   target = os.path.join(workdir, os.path.basename(path)) if path else ""
   if path and os.path.abspath(path) != os.path.abspath(target):  # A resume reads the copy.
-    shutil.copyfile(path, target)
-  with open(os.path.join(workdir, TOKENIZER_RECORD), "w", encoding="utf-8") as f:
-    json.dump(record, f, indent=2)
+    with open(path, "rb") as f:
+      files.write_atomically(target, f.read())
+  files.write_atomically(os.path.join(workdir, TOKENIZER_RECORD), json.dumps(record, indent=2))
 
 
 def run_workdir(init_from: str) -> str:

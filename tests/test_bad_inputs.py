@@ -1,0 +1,460 @@
+"""Bad inputs through launch.py: each gets an exit status, a message that names what is wrong
+and what is valid, no traceback, and leaves every file in the workdir as it was.
+
+One table row per input. Most rows run in this process through the entry point of
+`python launch.py` (`launch.run(argv)`: absl flag parsing, then `launch.main`); the
+rows marked `subprocess` run `python launch.py` itself. Before a row runs, its
+workdir is snapshotted (every file's sha256, mtime and size); afterwards every file
+must still be there, unchanged (log.txt: only appended to). README.md's
+"Troubleshooting" section lists the same cases.
+"""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import errno
+import hashlib
+import io
+import json
+import logging as std_logging
+import os
+import shutil
+import subprocess
+import sys
+from typing import Callable
+
+import grain
+import jax
+import pytest
+from absl import flags
+
+import launch
+from tiny import make_tiny_config
+from transformer import checkpointing
+from transformer import sharding
+from transformer import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = "--config=tests/tiny.py:{data_dir}"  # tests/tiny.py's get_config(data_dir).
+WORKDIR = "--workdir={workdir}"
+# A row that hangs (the seq2seq source without pairs once did) fails after this long.
+# Generous: on a shared 2-core machine starting JAX alone can take a minute.
+SUBPROCESS_TIMEOUT_S = 900
+
+
+# ---------------------------------------------------------------- the harness
+
+
+@dataclasses.dataclass(frozen=True)
+class Paths:
+  """Where a row's files go; argv strings are formatted with these fields."""
+
+  data_dir: str  # The session's TFDS data dir (the offline corpus, built once).
+  workdir: str  # The row's workdir (a copy of a trained run when the row asks for one).
+  files: str  # A folder for the row's input files.
+  trained: str  # The pristine trained run (never handed to a row to write into).
+  other: str  # A run of a model with a wider MLP, when the row asks for one.
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+  """One bad input and what launch.py must do with it."""
+
+  name: str
+  argv: tuple[str, ...]  # Formatted with Paths' fields.
+  code: int  # The exit status.
+  messages: tuple[str, ...]  # Substrings of stderr (+ stdout), formatted with Paths too.
+  setup: Callable[[Paths], None] | None = None  # Writes the row's inputs.
+  trained_workdir: bool = False  # Start from a copy of a trained run.
+  other_run: bool = False  # Needs Paths.other.
+  subprocess: bool = False  # `python launch.py` instead of the in-process entry point.
+  patch: Callable[[pytest.MonkeyPatch, Paths], None] | None = None  # In-process faults.
+
+
+# The workdir's logs: launch.py appends to them on every start, failed or not.
+APPEND_ONLY = ("log.txt",)
+
+
+def _snapshot(workdir: str) -> dict[str, tuple[str, int, int]]:
+  """{relative path: (sha256, mtime_ns, size)} of every file under `workdir`."""
+  files = {}
+  for folder, _, names in os.walk(workdir):
+    for name in names:
+      path = os.path.join(folder, name)
+      with open(path, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+      stat = os.stat(path)
+      files[os.path.relpath(path, workdir)] = (digest, stat.st_mtime_ns, stat.st_size)
+  return files
+
+
+def _starts_with(path: str, size: int, digest: str) -> bool:
+  """Whether the file's first `size` bytes hash to `digest` (an appended file kept its start)."""
+  with open(path, "rb") as f:
+    return hashlib.sha256(f.read(size)).hexdigest() == digest
+
+
+def _reset_flags() -> None:
+  """Every flag back to its default, and the per-run --config.* override flags gone."""
+  flags.FLAGS.unparse_flags()
+  for name in list(flags.FLAGS):
+    if name.startswith("config."):  # config_flags defines one flag per override it parses.
+      delattr(flags.FLAGS, name)
+
+
+def _launch_in_process(argv: list[str], monkeypatch) -> tuple[int, str]:
+  """Runs launch.py's entry point as `python launch.py *argv` would; (exit status, stderr)."""
+  monkeypatch.chdir(ROOT)
+  # config_flags finds --config.* overrides in sys.argv; absl parses the argv given.
+  monkeypatch.setattr(sys, "argv", ["launch.py"] + argv)
+  _reset_flags()
+  stderr, stdout = io.StringIO(), io.StringIO()
+  monkeypatch.setattr(sys, "stderr", stderr)
+  monkeypatch.setattr(sys, "stdout", stdout)
+  root_handlers = list(std_logging.getLogger().handlers)  # launch adds <workdir>/log.txt.
+  try:
+    launch.run(["launch.py"] + argv)
+    code = 0
+  except SystemExit as e:
+    code = 0 if e.code is None else e.code
+  finally:
+    _reset_flags()
+    monkeypatch.undo()
+    for handler in std_logging.getLogger().handlers:
+      if handler not in root_handlers:
+        std_logging.getLogger().removeHandler(handler)
+        try:
+          handler.close()
+        except OSError:  # Its file is on the row's simulated full disk.
+          pass
+  # An exception other than SystemExit propagates: in `python launch.py` it is a traceback.
+  return code, stderr.getvalue() + stdout.getvalue()
+
+
+def _launch_subprocess(argv: list[str]) -> tuple[int, str]:
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+  result = subprocess.run([sys.executable, "launch.py"] + argv, cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S,
+                          check=False)
+  return result.returncode, result.stderr + result.stdout
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory, tfds_data_dir):
+  """The tiny config trained through launch.py (6 steps; checkpoints 3 and 6), kept pristine."""
+  workdir = str(tmp_path_factory.mktemp("trained") / "run")
+  code, output = _launch_subprocess([TINY.format(data_dir=tfds_data_dir), f"--workdir={workdir}"])
+  assert code == 0, output[-3000:]
+  return workdir
+
+
+@pytest.fixture(scope="module")
+def other_run(tmp_path_factory, tfds_data_dir):
+  """Checkpoint 1 of a model with a twice as wide MLP: its initial state, no training."""
+  config = make_tiny_config(tfds_data_dir)
+  config.model.mlp_dim = 128
+  trainer = train.Trainer.create(config, sharding.make_mesh(config.mesh))
+  workdir = str(tmp_path_factory.mktemp("other") / "run")
+  checkpointer = checkpointing.Checkpointer(workdir, config.checkpoint)
+  try:
+    with trainer.context():
+      state = trainer.init(jax.random.PRNGKey(0))
+    checkpointer.save(1, state, iter(grain.MapDataset.range(1).to_iter_dataset()))
+  finally:
+    checkpointer.close()
+  return workdir
+
+
+def _run_case(case: Case, tmp_path, data_dir: str, trained: str, other: str):
+  paths = Paths(data_dir=data_dir, workdir=str(tmp_path / "run"), files=str(tmp_path / "files"),
+                trained=trained, other=other)
+  os.makedirs(paths.files)
+  if case.trained_workdir:
+    shutil.copytree(trained, paths.workdir)
+  if case.setup:
+    case.setup(paths)
+  before = _snapshot(paths.workdir) if os.path.isdir(paths.workdir) else {}
+  argv = [arg.format(**dataclasses.asdict(paths)) for arg in case.argv]
+  if case.subprocess:
+    code, output = _launch_subprocess(argv)
+  else:
+    with pytest.MonkeyPatch.context() as monkeypatch:
+      if case.patch:
+        case.patch(monkeypatch, paths)
+      code, output = _launch_in_process(argv, monkeypatch)
+  return paths, before, code, output
+
+
+def _check(case: Case, paths: Paths, before, code: int, output: str) -> None:
+  assert "Traceback" not in output, output[-5000:]
+  assert code == case.code, output[-5000:]
+  for message in case.messages:
+    assert message.format(**dataclasses.asdict(paths)) in output, output[-5000:]
+  after = _snapshot(paths.workdir) if os.path.isdir(paths.workdir) else {}
+  for name, (digest, mtime, size) in before.items():
+    assert name in after, f"{name} was removed from the workdir"
+    if name in APPEND_ONLY:
+      assert _starts_with(os.path.join(paths.workdir, name), size, digest), f"{name} lost lines"
+    else:
+      assert after[name] == (digest, mtime, size), f"{name} was rewritten"
+
+
+# ---------------------------------------------------------------- inputs the rows write
+
+
+def _write(path: str, content: str | bytes) -> None:
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, "wb") as f:
+    f.write(content.encode("utf-8") if isinstance(content, str) else content)
+
+
+def _lines(count: int, words: str = "the quick brown fox jumps over the lazy dog") -> str:
+  return "".join(f"{i} {words}\n" for i in range(count))
+
+
+def _parallel(paths: Paths, train_de: str | None = None) -> None:
+  _write(os.path.join(paths.files, "par", "train.en"), _lines(40))
+  _write(os.path.join(paths.files, "par", "train.de"), train_de or _lines(40).upper())
+  _write(os.path.join(paths.files, "par", "val.en"), _lines(8))
+  _write(os.path.join(paths.files, "par", "val.de"), _lines(8).upper())
+
+
+def _tsv(paths: Paths, train: str) -> None:
+  _write(os.path.join(paths.files, "tsv", "train.tsv"), train)
+  _write(os.path.join(paths.files, "tsv", "dev.tsv"), "sentence\tlabel\nfine\t1\nbad\t0\n")
+
+
+def _damage_newest_checkpoint(paths: Paths) -> None:
+  """Truncates the largest file of checkpoint 6 (its size was recorded when saved)."""
+  step_dir = os.path.join(paths.workdir, "checkpoints", "6")
+  files = [os.path.join(d, f) for d, _, names in os.walk(step_dir) for f in names]
+  largest = max(files, key=os.path.getsize)
+  with open(largest, "r+b") as f:
+    f.truncate(os.path.getsize(largest) // 2)
+
+
+def _other_model_checkpoints(paths: Paths) -> None:
+  """Replaces the workdir's checkpoints with those of a run whose MLP is twice as wide."""
+  shutil.rmtree(os.path.join(paths.workdir, "checkpoints"))
+  shutil.copytree(os.path.join(paths.other, "checkpoints"),
+                  os.path.join(paths.workdir, "checkpoints"))
+
+
+def _two_process_data_positions(paths: Paths) -> None:
+  """Makes checkpoint 6 look written by two processes (one data position each)."""
+  step_dir = os.path.join(paths.workdir, "checkpoints", "6")
+  data = os.path.join(step_dir, "data")
+  os.rename(os.path.join(data, "process_0-of-1.json"), os.path.join(data, "process_0-of-2.json"))
+  shutil.copy(os.path.join(data, "process_0-of-2.json"), os.path.join(data, "process_1-of-2.json"))
+  sizes_path = os.path.join(step_dir, checkpointing.FILE_SIZES)  # As a 2-process save records.
+  with open(sizes_path, encoding="utf-8") as f:
+    sizes = json.load(f)
+  size = sizes.pop(os.path.join("data", "process_0-of-1.json"))
+  for name in ("process_0-of-2.json", "process_1-of-2.json"):
+    sizes[os.path.join("data", name)] = size
+  _write(sizes_path, json.dumps(sizes))
+
+
+def _failing_writes(error: int):
+  """A patch: every file opened for writing under the workdir fails with OSError(error)."""
+
+  def patch(monkeypatch, paths: Paths):
+    real_open = builtins.open
+    root = os.path.abspath(paths.workdir)
+
+    class FailingFile(io.RawIOBase):
+      def __init__(self, name):
+        super().__init__()
+        self.name = name
+
+      def writable(self):
+        return True
+
+      def write(self, _):
+        raise OSError(error, os.strerror(error), self.name)
+
+    def fake_open(file, mode="r", *args, **kwargs):
+      path = os.path.abspath(os.fspath(file)) if isinstance(file, (str, os.PathLike)) else ""
+      if path.startswith(root + os.sep) and any(c in mode for c in "wax+"):
+        if error == errno.EACCES:
+          raise PermissionError(error, os.strerror(error), path)
+        real_open(file, mode, *args, **kwargs).close()  # The file exists, empty, as on a full disk.
+        return io.TextIOWrapper(io.BufferedWriter(FailingFile(path))) if "b" not in mode \
+            else io.BufferedWriter(FailingFile(path))
+      return real_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", fake_open)
+
+  return patch
+
+
+# ---------------------------------------------------------------- the table
+
+CASES = [
+    # -- command-line flags and modes (absl: exit 1, usage on stderr)
+    Case("unknown_flag", ("--bogus=1", TINY, WORKDIR), 1,
+         ("Unknown command line flag 'bogus'",), subprocess=True),
+    Case("unknown_mode", ("--mode=fly", WORKDIR), 1,
+         ("flag --mode=fly: value should be one of <train|evaluate|",)),
+    Case("train_without_config", (WORKDIR,), 1, ("--config is required for --mode=train",)),
+    Case("evaluate_without_workdir", ("--mode=evaluate",), 1,
+         ("--mode=evaluate needs --workdir=DIR",)),
+    Case("positional_argument", (TINY, WORKDIR, "extra"), 1,
+         ("Unexpected arguments: ['extra']",)),
+    Case("missing_config_file", ("--config=configs/nope.py", WORKDIR), 1,
+         ("configs/nope.py",)),
+    Case("config_file_with_syntax_error", ("--config={files}/broken.py", WORKDIR), 1,
+         ("broken.py:2: '(' was never closed",),
+         setup=lambda p: _write(os.path.join(p.files, "broken.py"),
+                                "def get_config():\n  return (\n")),
+    Case("unknown_config_variant", ("--config=configs/gpt_small.py:huge", WORKDIR), 1,
+         ("configs/gpt_small.py: unknown argument 'huge'; valid: '', 'local'",)),
+    Case("unknown_config_key", (TINY, WORKDIR, "--config.model.nope=1"), 1,
+         ("--config.model.nope", "configs/base.py"), subprocess=True),
+    Case("config_value_of_wrong_type", (TINY, WORKDIR, "--config.model.d_model=wide"), 1,
+         ("--config.model.d_model", "wide")),
+    Case("num_processes_without_coordinator", (TINY, WORKDIR, "--num_processes=2"), 1,
+         ("--num_processes/--process_id need --coordinator_address=HOST:PORT",)),
+    # -- config values (ConfigError: exit 2, the key, the value and what is valid)
+    Case("negative_width", (TINY, WORKDIR, "--config.model.d_model=-1"), 2,
+         ("config.model.d_model=-1 is invalid: expected an integer >= 1",), subprocess=True,
+         trained_workdir=True),
+    Case("unknown_arch", (TINY, WORKDIR, "--config.model.arch=rnn"), 2,
+         ("config.model.arch='rnn' is invalid: valid values are 'decoder', 'encoder', "
+          "'encoder_decoder'",), trained_workdir=True),
+    Case("heads_do_not_divide_width", (TINY, WORKDIR, "--config.model.num_heads=3"), 2,
+         ("config.model.num_heads=3 is invalid: must divide model.d_model=32",)),
+    Case("seq_len_beyond_positions", (TINY, WORKDIR, "--config.data.seq_len=64"), 2,
+         ("config.data.seq_len=64 is invalid: must be <= model.max_len=32",)),
+    Case("batch_does_not_split_over_devices", (TINY, WORKDIR, "--config.data.batch_size=12"), 2,
+         ("config.data.batch_size=12 is invalid: it must be divisible by the 8 data-parallel",),
+         trained_workdir=True),
+    Case("mesh_does_not_fit_devices",
+         (TINY, WORKDIR, "--config.mesh.shape=((\"data\",3),(\"fsdp\",1),(\"tensor\",1))"), 2,
+         ("config.mesh.shape=", "3 slots for 8 devices")),
+    Case("cosine_decay_shorter_than_warmup",
+         (TINY, WORKDIR, "--config.optimizer.schedule=cosine", "--config.optimizer.decay_steps=2"),
+         2, ("config.optimizer.decay_steps=2 is invalid", "expected > optimizer.warmup_steps=2")),
+    Case("unknown_dataset", (TINY, WORKDIR, "--config.data.name=no_such_dataset"), 2,
+         ("config.data.name='no_such_dataset' is not a TFDS dataset", "python_stdlib")),
+    Case("unknown_split", (TINY, WORKDIR, "--config.data.eval_split=dev"), 2,
+         ("config.data.eval_split='dev' is not a split of python_stdlib; valid:",)),
+    Case("unknown_text_feature", (TINY, WORKDIR, "--config.data.text_key=body"), 2,
+         ("config.data.text_key='body' is not a feature of python_stdlib",)),
+    Case("bad_on_config_change", (TINY, WORKDIR, "--config.checkpoint.on_config_change=maybe"),
+         2, ("config.checkpoint.on_config_change='maybe' is invalid: valid values are 'stop', "
+             "'allow'",), trained_workdir=True),
+    Case("model_vocabulary_smaller_than_tokenizer", (TINY, WORKDIR, "--config.model.vocab_size=100"),
+         2, ("config.model.vocab_size=100 is smaller than the bytes tokenizer's vocabulary",)),
+    Case("init_from_missing", (TINY, WORKDIR, "--config.init_from={files}/nowhere"), 2,
+         ("config.init_from='{files}/nowhere' is invalid", "is not a directory")),
+    # -- data files
+    Case("missing_data_file",
+         (TINY, WORKDIR, "--config.data.name=local_text", "--config.data.path={files}/none.txt"),
+         2, ("config.data.path='{files}/none.txt' is invalid", "no such file or folder"),
+         subprocess=True),
+    Case("empty_data_file",
+         (TINY, WORKDIR, "--config.data.name=local_text", "--config.data.path={files}/empty.txt"),
+         2, ("DataError: {files}/empty.txt: the file is empty; local_text needs text",),
+         setup=lambda p: _write(os.path.join(p.files, "empty.txt"), "")),
+    Case("undecodable_text",
+         (TINY, WORKDIR, "--config.data.name=local_text", "--config.data.path={files}/bad.txt"),
+         2, ("{files}/bad.txt:3: undecodable UTF-8", "config.data.decode_errors='replace'"),
+         setup=lambda p: _write(os.path.join(p.files, "bad.txt"),
+                                _lines(2).encode() + b"caf\xe9\n" + _lines(50).encode())),
+    Case("ragged_tsv_row",
+         (TINY, WORKDIR, "--config.data.name=local_tsv", "--config.data.path={files}/tsv",
+          "--config.model.head=classification", "--config.model.pooling=last",
+          "--config.data.text_key=sentence", "--config.data.label_key=label"),
+         2, ("{files}/tsv/train.tsv:3: the row has 3 cells, expected 2",),
+         setup=lambda p: _tsv(p, "sentence\tlabel\ngood\t1\nbad\tworse\t0\n"), subprocess=True),
+    Case("tsv_labels_not_0_to_k",
+         (TINY, WORKDIR, "--config.data.name=local_tsv", "--config.data.path={files}/tsv",
+          "--config.model.head=classification", "--config.model.pooling=last",
+          "--config.data.text_key=sentence", "--config.data.label_key=label"),
+         2, ("{files}/tsv/train.tsv:3: label '2' is out of range",),
+         setup=lambda p: _tsv(p, "sentence\tlabel\ngood\t0\nbad\t2\n")),
+    Case("parallel_files_not_aligned",
+         (TINY, WORKDIR, "--config.data.name=local_parallel", "--config.data.path={files}/par",
+          "--config.model.arch=encoder_decoder", "--config.data.source_language=en",
+          "--config.data.target_language=de"),
+         2, ("train.de has 39 lines but", "train.en has 40", "must be line-aligned"),
+         setup=lambda p: _parallel(p, train_de=_lines(39).upper())),
+    Case("parallel_language_missing",
+         (TINY, WORKDIR, "--config.data.name=local_parallel", "--config.data.path={files}/par",
+          "--config.model.arch=encoder_decoder", "--config.data.source_language=en",
+          "--config.data.target_language=fr"),
+         2, ("config.data.target_language='fr' is not a feature",), setup=_parallel),
+    Case("seq2seq_source_without_pairs",
+         (TINY, WORKDIR, "--config.model.arch=encoder_decoder",
+          "--config.data.continuation_chars=100000000", "--config.train.eval_at_start=false"),
+         2, ("no (source, target) pair", "config.data.continuation_chars"), subprocess=True),
+    Case("seq2seq_pairs_all_too_long",
+         (TINY, WORKDIR, "--config.data.name=local_parallel", "--config.data.path={files}/par",
+          "--config.model.arch=encoder_decoder", "--config.data.source_language=en",
+          "--config.data.target_language=de", "--config.data.overlong=drop",
+          "--config.data.seq_len=8"),
+         2, ("no (source, target) pair", "config.data.overlong='drop'"), setup=_parallel),
+    # -- the workdir
+    Case("workdir_is_a_file", (TINY, "--workdir={files}/taken/run"), 2,
+         ("{files}/taken",), setup=lambda p: _write(os.path.join(p.files, "taken"), "x"),
+         subprocess=True),
+    Case("workdir_not_writable", (TINY, WORKDIR), 2, ("Permission denied", "{workdir}"),
+         trained_workdir=True, patch=_failing_writes(errno.EACCES)),
+    Case("disk_full", (TINY, WORKDIR, "--config.train.num_steps=8"), 2,
+         ("No space left on device", "{workdir}"), trained_workdir=True,
+         patch=_failing_writes(errno.ENOSPC)),
+    Case("resume_with_another_model", (TINY, WORKDIR, "--config.model.mlp_dim=128"), 2,
+         ("model.mlp_dim: 64 -> 128", "--config.checkpoint.on_config_change=allow"),
+         trained_workdir=True),
+    Case("checkpoint_of_another_model", (TINY, WORKDIR), 2,
+         ("checkpoint 1 in", "do not match"), trained_workdir=True,
+         other_run=True, setup=_other_model_checkpoints),
+    Case("checkpoint_of_another_process_count", (TINY, WORKDIR), 2,
+         ("checkpoint 6 in", "was written by 2 processes and this run has 1",
+          "Resume with the same number of processes"), trained_workdir=True,
+         setup=_two_process_data_positions),
+    Case("evaluate_checkpoint_of_another_model", ("--mode=evaluate", WORKDIR), 2,
+         ("does not match the model of",), trained_workdir=True,
+         other_run=True, setup=_other_model_checkpoints),
+    Case("evaluate_corrupt_checkpoint", ("--mode=evaluate", WORKDIR), 2,
+         ("checkpoint 6 in", "is damaged", "when saved", "--checkpoint_step=N (the others: 3)"),
+         trained_workdir=True,
+         setup=_damage_newest_checkpoint),
+    Case("evaluate_empty_workdir", ("--mode=evaluate", WORKDIR), 2,
+         ("{workdir} has no config.json",), setup=lambda p: os.makedirs(p.workdir)),
+    Case("evaluate_unknown_checkpoint", ("--mode=evaluate", WORKDIR, "--checkpoint_step=5"), 2,
+         ("--checkpoint_step=5:", "its steps are 3, 6"), trained_workdir=True),
+    Case("evaluate_garbled_config_json", ("--mode=evaluate", WORKDIR), 2,
+         ("{workdir}/config.json",), trained_workdir=True,
+         setup=lambda p: _write(os.path.join(p.workdir, "config.json"), "{\"model\": ")),
+    Case("translate_with_a_language_model", ("--mode=translate", WORKDIR, "--input={files}/in.txt"),
+         2, ("--mode=translate needs a model with arch='encoder_decoder'",), trained_workdir=True,
+         setup=lambda p: _write(os.path.join(p.files, "in.txt"), "hello\n")),
+    Case("tokenizer_record_does_not_match", ("--mode=evaluate", WORKDIR), 2,
+         ("records vocab_size=999",), trained_workdir=True,
+         setup=lambda p: _write(os.path.join(p.workdir, "tokenizer.json"),
+                                json.dumps({"kind": "bytes", "vocab_size": 999}))),
+    Case("sampling_options_without_temperature",
+         ("--mode=generate", WORKDIR, "--prompt=def", "--top_k=5"), 2,
+         ("config.decode.top_k=5 is invalid", "set decode.temperature > 0"),
+         trained_workdir=True),
+    Case("average_more_than_kept", ("--mode=average", WORKDIR, "--average_last=5",
+                                    "--output={files}/avg"), 2,
+         ("--average_last=5 needs 5 checkpoints",), trained_workdir=True),
+]
+
+
+def test_the_table_is_large_and_names_are_unique():
+  assert len(CASES) >= 30
+  assert len({c.name for c in CASES}) == len(CASES)
+  assert 6 <= sum(c.subprocess for c in CASES) <= 8
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_bad_input(case, tmp_path, tfds_data_dir, request):
+  trained = request.getfixturevalue("trained_run") if case.trained_workdir else ""
+  other = request.getfixturevalue("other_run") if case.other_run else ""
+  paths, before, code, output = _run_case(case, tmp_path, tfds_data_dir, trained, other)
+  _check(case, paths, before, code, output)

@@ -1,0 +1,95 @@
+"""Command-line and machine mistakes said in one line, for launch.py (no traceback).
+
+Two kinds of error are the user's to fix, not bugs, yet would otherwise reach the
+console as a Python traceback:
+  - flags that fail while absl parses them: a config file that is missing, does not
+    parse, or whose `get_config(arg)` rejects its argument; an override of a key
+    the config does not declare (`--config.model.nope=1`);
+  - the machine refusing a file operation: a full disk, no permission, a read-only
+    file system, a path through a regular file.
+Imports nothing heavy: launch.py parses flags before JAX starts.
+"""
+
+from __future__ import annotations
+
+import errno
+import re
+import sys
+from typing import NoReturn, Sequence
+
+from absl import flags
+
+# errno -> what to do; other OSErrors (a missing file the code expected) stay bugs.
+ENVIRONMENT_ERRNOS = {
+    errno.ENOSPC: "free space on that file system or use another --workdir",
+    errno.EDQUOT: "free space within your disk quota or use another --workdir",
+    errno.EACCES: "make it writable for this user (chmod / chown) or use another --workdir",
+    errno.EPERM: "make it writable for this user (chmod / chown) or use another --workdir",
+    errno.EROFS: "the file system is read-only: use another --workdir",
+    errno.ENOTDIR: "a part of the path is a file, not a folder: use another --workdir",
+}
+
+
+def _flags_error(message: str) -> NoReturn:
+  """Exits like absl's own flag errors: status 1, one FATAL line."""
+  sys.stderr.write(f"FATAL Flags parsing error: {message}\n"
+                   "Pass --helpshort or --helpfull to see help on flags.\n")
+  sys.exit(1)
+
+
+def _unknown_key(error: Exception, argv: Sequence[str]) -> str:
+  """'--config.model.nope: ...' from the AttributeError/KeyError config_flags raises."""
+  text = str(error)
+  name = re.search(r"'(\w+)", text)
+  name = name.group(1) if name else text
+  suggestion = re.search(r'Did you mean "(\w+)"', text)
+  overrides = [arg.split("=", 1)[0] for arg in argv if arg.startswith("--config.")]
+  flag = next((o for o in overrides if name in o.split(".")), "--config.*")
+  return (f"{flag}: the config has no key {name!r}"
+          + (f" (did you mean {suggestion.group(1)!r}?)" if suggestion else "")
+          + ". Every key is declared, with a comment, in configs/base.py.")
+
+
+def _without_traceback(message: str) -> str:
+  """config_flags puts the traceback of get_config's error in the flag error: keep its last line."""
+  if "Traceback (most recent call last)" not in message:
+    return message
+  head = message.split("Error whilst parsing config file")[0]
+  last = [line.strip() for line in message.splitlines() if line.strip()][-1]
+  return head + last
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing (the `flags_parser` of `app.run`), every mistake in one line.
+
+  Args:
+    argv: the command line, program name first.
+
+  Returns:
+    The arguments left after the flags (the program name first).
+  """
+  try:
+    remaining = flags.FLAGS(argv)
+  except flags.Error as e:
+    _flags_error(_without_traceback(str(e)))
+  except (AttributeError, KeyError) as e:  # config_flags: an override of an unknown key.
+    _flags_error(_unknown_key(e, argv))
+  except SyntaxError as e:  # The config file is not Python.
+    _flags_error(f"{e.filename}:{e.lineno}: {e.msg} (the --config file does not parse)")
+  except OSError as e:  # A missing config file, found while parsing an override.
+    _flags_error(f"--config: {' '.join(str(e).split())}")
+  config = flags.FLAGS["config"].value if "config" in flags.FLAGS else None
+  if config is not None:
+    try:  # config_flags defers a file it could not read until the config is used.
+      config.keys()
+    except OSError as e:
+      _flags_error(f"--config: {' '.join(str(e).split())}")
+  return remaining
+
+
+def environment_error(error: OSError) -> str | None:
+  """One line saying what the machine refused and what to do, or None if not such an error."""
+  if error.errno not in ENVIRONMENT_ERRNOS:
+    return None
+  where = f": {error.filename}" if error.filename else ""
+  return f"{error.strerror or error}{where}; {ENVIRONMENT_ERRNOS[error.errno]}."
