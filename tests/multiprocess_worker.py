@@ -2,7 +2,9 @@
 
 Starts jax.distributed on localhost (gloo collectives) through the same
 `transformer.distributed.initialize` that launch.py calls, trains the tiny config
-and writes what it saw (per-step losses, digests of the rows it read) to --out.
+and writes what it saw (per-step losses and eval metrics, digests of the rows it
+read) to --out. TRANSFORMER_TEST_KILL_AT (see transformer/train.py) in its
+environment kills it at a named point.
 """
 
 import argparse
@@ -28,11 +30,15 @@ def main():
     parser.add_argument(f"--{name}", type=int, default=-1)
   for name in ("workdir", "data_dir", "out"):
     parser.add_argument(f"--{name}", required=True)
+  parser.add_argument("--heartbeat_timeout_seconds", type=int, default=10)
+  parser.add_argument("--eval_batches", type=int, default=0, help="0: the tiny config's")
+  parser.add_argument("--text_path", default="", help="train on local_text files here")
   args = parser.parse_args()
   logging.set_verbosity(logging.INFO)  # As under absl.app: the progress lines show.
 
   distributed.initialize(coordinator_address=f"127.0.0.1:{args.port}", num_processes=2,
-                         process_id=args.process_id, heartbeat_timeout_seconds=10)
+                         process_id=args.process_id,
+                         heartbeat_timeout_seconds=args.heartbeat_timeout_seconds)
   seen = {"metrics": [], "rows": []}
   global_batch, write = train.Trainer.global_batch, metrics.MetricWriter.write
 
@@ -53,6 +59,10 @@ def main():
   config.train.num_steps = args.num_steps
   config.checkpoint.every = 2
   config.train.eval_every = 2
+  if args.eval_batches:
+    config.train.eval_batches = args.eval_batches
+  if args.text_path:
+    config.data.update(name="local_text", path=args.text_path)
   with distributed.fail_together():  # As launch.py does.
     train.train_and_evaluate(config, args.workdir)
   with open(args.out, "w", encoding="utf-8") as f:

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multiprocess_worker.py")
+KILL_AT = "TRANSFORMER_TEST_KILL_AT"  # train._KillAt.VARIABLE, without importing JAX here.
 
 
 def _free_port() -> int:
@@ -17,20 +18,28 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _run_pair(tmp_path, data_dir, workdir, num_steps, tag, fail_at_batch=-1, timeout=240):
-  """Starts processes 0 and 1 (2 CPU devices each) and waits for both."""
+def _run_pair(tmp_path, data_dir, workdir, num_steps, tag, fail_at_batch=-1, timeout=240,
+              kill_at="", extra=()):
+  """Starts processes 0 and 1 (2 CPU devices each) and waits for both.
+
+  `fail_at_batch` makes process 1 raise, `kill_at` (a TRANSFORMER_TEST_KILL_AT value)
+  SIGKILLs it; `extra` are more worker flags for both.
+  """
   port = _free_port()
   env = dict(os.environ, JAX_PLATFORMS="cpu",
              XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  env.pop(KILL_AT, None)
   procs, outs = [], []
   for pid in range(2):
     out = str(tmp_path / f"{tag}_{pid}.json")
     outs.append(out)
     cmd = [sys.executable, WORKER, f"--process_id={pid}", f"--port={port}",
            f"--num_steps={num_steps}", f"--workdir={workdir}", f"--data_dir={data_dir}",
-           f"--out={out}", f"--fail_at_batch={fail_at_batch if pid == 1 else -1}"]
+           f"--out={out}", f"--fail_at_batch={fail_at_batch if pid == 1 else -1}", *extra]
     log = open(tmp_path / f"{tag}_{pid}.log", "w", encoding="utf-8")
-    procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
+    process_env = dict(env, **{KILL_AT: kill_at}) if kill_at and pid == 1 else env
+    procs.append((subprocess.Popen(cmd, env=process_env, stdout=log,
+                                   stderr=subprocess.STDOUT), log))
   codes = []
   for proc, log in procs:
     try:
@@ -88,3 +97,99 @@ def test_a_failing_process_ends_the_whole_run(tmp_path, prepared_data_dir):
                              "fail", fail_at_batch=2, timeout=180)
   assert codes[1] != 0 and "injected failure in process 1" in logs[1]
   assert codes[0] != 0, logs[0]  # The healthy peer does not hang or pretend success.
+
+
+# ---------------------------------------------------------------- faults
+
+
+def _write_text_corpus(folder) -> str:
+  """train.txt and a validation file of 3 documents (local_text cuts blocks of <= 2048
+  characters): process 0 reads documents 0 and 2, process 1 only document 1."""
+  os.makedirs(folder, exist_ok=True)
+  line = "the quick brown fox jumps over the lazy dog {}\n"
+  with open(os.path.join(folder, "train.txt"), "w", encoding="utf-8") as f:
+    f.write("".join(line.format(i) for i in range(400)))
+  with open(os.path.join(folder, "val.txt"), "w", encoding="utf-8") as f:
+    f.write("".join(line.format(i) for i in range(100)))  # ~4,900 characters.
+  return str(folder)
+
+
+def _shard_evaluation(data_dir, text_path, state_dir):
+  """Evaluates each process's shard of the validation split alone, in this process.
+
+  Returns [(eval metrics, batches)] for process 0's shard and process 1's, with the
+  parameters of `state_dir` on one device.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  from tiny import make_tiny_config  # pylint: disable=g-import-not-at-top
+  from transformer import sharding, train  # pylint: disable=g-import-not-at-top
+  from transformer.data import packing, pipeline, sources  # pylint: disable=g-import-not-at-top
+  config = make_tiny_config(data_dir)
+  config.data.update(name="local_text", path=text_path)
+  config.train.eval_batches = -1
+  data = sources.load_sources(config)
+  trainer = train.Trainer.create(config, sharding.make_mesh(config.mesh, jax.devices()[:1]))
+  params = ocp.StandardCheckpointer().restore(state_dir, trainer.abstract_state).params
+  local_batch = config.data.batch_size // 2
+  results = []
+  for process_index in range(2):
+    dataset = pipeline.make_dataset(
+        config, "causal_lm", data.builder.as_data_source(split="validation"), data.tokenizer,
+        train=False, batch_size=local_batch, split="validation", process_index=process_index,
+        process_count=2)
+    batches = sum(1 for _ in packing.iterate_eval(dataset, local_batch, -1))
+    with trainer.context():
+      results.append((train.evaluate(trainer, params, dataset, local_batch), batches))
+  return results
+
+
+@pytest.mark.slow
+def test_unequal_eval_shards_give_the_mean_over_both_shards(tmp_path, prepared_data_dir):
+  """The validation split's shards differ in length: the shorter process feeds all-padding
+  batches (weight 0) until the longer one is done, so the evaluation is the token-weighted
+  mean over both shards, each packed by its own process."""
+  text_path = _write_text_corpus(tmp_path / "text")
+  workdir = str(tmp_path / "run")
+  codes, logs, seen = _run_pair(tmp_path, prepared_data_dir, workdir, 2, "eval",
+                                extra=(f"--text_path={text_path}", "--eval_batches=-1"))
+  assert codes == [0, 0], logs
+  evals = [{m["step"]: m for m in s["metrics"] if "eval_loss" in m} for s in seen]
+  assert evals[0] == evals[1] and sorted(evals[0]) == [0, 2]
+
+  shards = _shard_evaluation(prepared_data_dir, text_path,
+                             os.path.join(workdir, "checkpoints", "2", "state"))
+  (first, first_batches), (second, second_batches) = shards
+  assert first_batches > second_batches  # The case under test: process 1 runs out first.
+  tokens = first["eval_tokens"] + second["eval_tokens"]
+  loss = (first["eval_loss"] * first["eval_tokens"] +
+          second["eval_loss"] * second["eval_tokens"]) / tokens
+  assert evals[0][2]["eval_tokens"] == tokens  # Nothing lost, nothing counted twice.
+  assert evals[0][2]["eval_loss"] == pytest.approx(loss, rel=1e-5)
+
+
+@pytest.mark.slow
+def test_a_process_killed_mid_checkpoint_ends_the_run_and_the_rerun_resumes(
+    tmp_path, prepared_data_dir):
+  """Process 1 is SIGKILLed while its part of checkpoint 4 is being written."""
+  workdir = str(tmp_path / "run")
+  heartbeat = ("--heartbeat_timeout_seconds=5",)
+  codes, logs, _ = _run_pair(tmp_path, prepared_data_dir, workdir, 6, "killed",
+                             kill_at="during_save:4", extra=heartbeat, timeout=180)
+  assert codes[1] == -9 and "killing this process during_save 4" in logs[1], logs[1][-3000:]
+  assert codes[0] != 0, logs[0][-3000:]  # An error, within the timeout: no hang ...
+  assert "heartbeat" in logs[0], logs[0][-3000:]  # ... because process 1's heartbeats stopped.
+  assert not os.path.exists(os.path.join(workdir, "checkpoints", "6"))
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  complete = sorted(ocp.utils.step_from_checkpoint_name(p.name) for p in
+                    ocp.utils.checkpoint_steps_paths(os.path.join(workdir, "checkpoints")))
+  assert complete and complete[-1] in (2, 4)
+
+  codes, logs, seen = _run_pair(tmp_path, prepared_data_dir, workdir, 6, "rerun",
+                                extra=heartbeat)
+  assert codes == [0, 0], logs
+  assert all(f"Resumed from checkpoint {complete[-1]}" in log for log in logs), logs
+  losses = _train_losses(seen[0])
+  assert sorted(losses) == list(range(complete[-1] + 1, 7))
+  assert losses == _train_losses(seen[1])
+  assert os.path.isdir(os.path.join(workdir, "checkpoints", "6"))
