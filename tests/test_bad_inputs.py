@@ -257,7 +257,12 @@ def _two_process_data_positions(paths: Paths) -> None:
 
 
 def _failing_writes(error: int):
-  """A patch: every file opened for writing under the workdir fails with OSError(error)."""
+  """A patch: every file opened for writing under the workdir fails with OSError(error).
+
+  EACCES fails the open, as a workdir without write permission does (simulated: chmod
+  does not stop root, and tests may run as root); ENOSPC lets the open create or
+  truncate the file and fails the write, as a full disk does.
+  """
 
   def patch(monkeypatch, paths: Paths):
     real_open = builtins.open
@@ -279,9 +284,9 @@ def _failing_writes(error: int):
       if path.startswith(root + os.sep) and any(c in mode for c in "wax+"):
         if error == errno.EACCES:
           raise PermissionError(error, os.strerror(error), path)
-        real_open(file, mode, *args, **kwargs).close()  # The file exists, empty, as on a full disk.
-        return io.TextIOWrapper(io.BufferedWriter(FailingFile(path))) if "b" not in mode \
-            else io.BufferedWriter(FailingFile(path))
+        real_open(file, mode, *args, **kwargs).close()
+        buffered = io.BufferedWriter(FailingFile(path))
+        return buffered if "b" in mode else io.TextIOWrapper(buffered)
       return real_open(file, mode, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "open", fake_open)

@@ -190,14 +190,16 @@ def _record_file_sizes(step_dir: str) -> None:
   os.replace(temporary, os.path.join(step_dir, FILE_SIZES))
 
 
-def checkpoint_problem(step_dir: str) -> tuple[str, str] | None:
+def checkpoint_problem(step_dir: str,
+                       items: tuple[str, ...] = ("state", "data")) -> tuple[str, str] | None:
   """(reason, detail) if a finalized checkpoint is visibly incomplete or corrupt, else None.
 
-  Checks what can be checked without reading arrays: both items are there, every
+  Checks what can be checked without reading arrays: the `items` are there (commands
+  that read only parameters need only "state"; an averaged run has no "data"), every
   JSON metadata file parses, and every file has the size recorded when the save
   finished. Other damage to array data shows only when it is read.
   """
-  for item in ("state", "data"):
+  for item in items:
     if not os.path.isdir(os.path.join(step_dir, item)):
       return f"missing-{item}", f"its '{item}' item is missing"
   metadata = [os.path.join(step_dir, FILE_SIZES),

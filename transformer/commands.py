@@ -251,7 +251,7 @@ def load_run(workdir: str, *, config: ml_collections.ConfigDict | None = None,
   trainer = train.Trainer.create(config, mesh)
   directory = os.path.join(os.path.abspath(workdir), "checkpoints")
   for step in steps:  # Damage that shows without reading arrays (see checkpointing.py).
-    problem = checkpointing.checkpoint_problem(os.path.join(directory, str(step)))
+    problem = checkpointing.checkpoint_problem(os.path.join(directory, str(step)), ("state",))
     if problem:
       others = [s for s in checkpoint_steps(workdir) if s != step]
       raise ConfigError(f"checkpoint {step} in {directory} is damaged: {problem[1]}. Use "
