@@ -28,6 +28,7 @@ import grain
 import jax
 import pytest
 from absl import flags
+from absl import logging as absl_logging
 
 import launch
 from tiny import make_tiny_config
@@ -105,6 +106,10 @@ def _reset_flags() -> None:
 
 def _launch_in_process(argv: list[str], monkeypatch) -> tuple[int, str]:
   """Runs launch.py's entry point as `python launch.py *argv` would; (exit status, stderr)."""
+  # launch sets the console's format and filter on absl's handler, and parsing (then
+  # resetting) --verbosity sets absl's logger level: later tests' caplog needs them back.
+  absl_handler, absl_logger = absl_logging.get_absl_handler(), absl_logging.get_absl_logger()
+  absl_state = (absl_logger.level, absl_handler.formatter, list(absl_handler.filters))
   monkeypatch.chdir(ROOT)
   # config_flags finds --config.* overrides in sys.argv; absl parses the argv given.
   monkeypatch.setattr(sys, "argv", ["launch.py"] + argv)
@@ -121,7 +126,10 @@ def _launch_in_process(argv: list[str], monkeypatch) -> tuple[int, str]:
   finally:
     _reset_flags()
     monkeypatch.undo()
-    for handler in std_logging.getLogger().handlers:
+    absl_logger.setLevel(absl_state[0])
+    absl_handler.setFormatter(absl_state[1])
+    absl_handler.filters[:] = absl_state[2]
+    for handler in list(std_logging.getLogger().handlers):  # A copy: removing below.
       if handler not in root_handlers:
         std_logging.getLogger().removeHandler(handler)
         try:

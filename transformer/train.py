@@ -30,13 +30,15 @@ from jax.experimental import multihost_utils
 
 from transformer import checkpointing
 from transformer import evaluation
+from transformer import files
 from transformer import metrics as metrics_lib
 from transformer import optim
 from transformer import plots
 from transformer import run_record
 from transformer import sharding
 from transformer import objectives
-from transformer.configuration import ConfigError, ModelConfig, objective_of, validate
+from transformer.configuration import (ConfigError, DataError, ModelConfig, objective_of,
+                                        validate)
 from transformer.data import packing
 from transformer.data import pipeline
 from transformer.data import sources
@@ -334,8 +336,9 @@ def evaluate(trainer: Trainer, params: Any, dataset, local_batch_size: int) -> d
     sums = trainer.eval_step(params, trainer.global_batch(local_batch))
     total = metrics_lib.add_sums(total, jax.device_get(sums))
   if total is None:
-    raise ValueError(f"config.data.eval_split={trainer.config.data.eval_split!r} "
-                     "produced no batches to evaluate")
+    raise DataError(f"config.data.eval_split={trainer.config.data.eval_split!r} produced no "
+                    "batch to evaluate: the split is empty, or every example was dropped (the "
+                    "warnings above say why)")
   return metrics_lib.summarize(total, prefix="eval_")
 
 
@@ -353,12 +356,14 @@ def _resolve_vocab_size(config: ml_collections.ConfigDict,
 
 
 # Keys a resumed run may change: for how long, how often to log, evaluate and save,
-# and decoding. Every other key shapes the model, the data order or the updates.
+# decoding, and the mesh (placement only: the checkpoint is restored into the new
+# mesh's shardings, and no rule changes an array's shape). Every other key shapes the
+# model, the data order or the updates.
 RESUME_SAFE_KEYS = ("train.num_steps", "train.log_every", "train.eval_every",
                     "train.eval_batches", "train.eval_at_start", "train.bleu_examples",
                     "train.sample_prompt", "checkpoint.every", "checkpoint.keep",
                     "checkpoint.async_save", "checkpoint.on_config_change", "data.num_threads")
-RESUME_SAFE_PREFIXES = ("decode.",)
+RESUME_SAFE_PREFIXES = ("decode.", "mesh.")
 ON_CONFIG_CHANGE = ("stop", "allow")
 
 
@@ -462,8 +467,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   config = _resolve_vocab_size(config, data_sources.tokenizer)
   _check_config_change(config, workdir)  # Before config.json is rewritten below.
   if is_chief:  # The resolved config and the vocabulary: later commands rebuild from them.
-    with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
-      f.write(config.to_json_best_effort(indent=2))
+    files.write_atomically(os.path.join(workdir, "config.json"),
+                           config.to_json_best_effort(indent=2))
     sources.save_tokenizer(workdir, data_sources.tokenizer)
   objective = objective_of(config.model.arch, config.model.head)
   logging.info("Objective: %s on %s (%s tokenizer, vocabulary %d, model.vocab_size %d)",
@@ -478,6 +483,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                             data_sources.tokenizer, train=train, split=split, **data_kwargs)
       for split, train in ((config.data.train_split, True), (config.data.eval_split, False)))
   train_iter = iter(train_data)
+  # One batch now, then back: a pipeline that yields nothing (every example dropped)
+  # fails in seconds with its DataError, not after the model has compiled.
+  first_position = train_iter.get_state()
+  next(train_iter)
+  train_iter.set_state(first_position)
 
   trainer = Trainer.create(config, mesh)
   checkpointer = checkpointing.Checkpointer(workdir, config.checkpoint)
