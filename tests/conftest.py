@@ -1,12 +1,23 @@
 """Shared test setup: 8 simulated CPU devices, strict rank promotion, tiny configs."""
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 
 # Must happen before JAX initialises its backends: sharding code runs on 8 CPU "devices".
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_force_host_platform_device_count=8").strip()
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# Many tests compile the same tiny model (in this process, in pytest-xdist's other
+# worker, in launch.py subprocesses): JAX's persistent compilation cache, one per test
+# session (the environment carries it to workers and subprocesses), compiles each once.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="transformer_tests_jax_cache_")
+  os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+  os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+  atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
