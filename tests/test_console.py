@@ -73,7 +73,8 @@ def test_launch_console_has_no_prefix_or_library_noise(tmp_path):
   assert result.returncode == 0, result.stderr[-3000:]
   console_lines = result.stderr.splitlines()
   assert not [line for line in console_lines if ABSL_PREFIX.match(line)]
-  assert any(line.startswith("step 2/2 (100%) | loss") for line in console_lines)
+  step_2 = [line for line in console_lines if line.startswith("step 2/2 (100%) | loss")]
+  assert len(step_2) == 1 and re.search(r"k tok/s \| MFU \d+\.\d% \| ETA", step_2[0])
   assert "Preparing TFDS dataset python_stdlib" in result.stderr  # The build happened...
   for noise in ("Generating", "Shuffling", "\x1b[", "Variant folder",
                 "Unable to initialize backend", "orbax"):

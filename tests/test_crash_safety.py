@@ -45,7 +45,8 @@ def _by_step(workdir, key):
   steps = [r["step"] for r in rows]
   assert len(steps) == len(set(steps)), f"a step written twice: {steps}"
   # Timing is the one thing a rerun may not reproduce.
-  return {r["step"]: {k: v for k, v in r.items() if k != "seconds_per_step"} for r in rows}
+  return {r["step"]: {k: v for k, v in r.items() if k not in metrics.TIMING_KEYS}
+          for r in rows}
 
 
 def _checkpoint_steps(workdir):

@@ -39,6 +39,11 @@ def test_train_and_evaluate_writes_everything(tiny_config, tmp_path):
   assert result["eval_loss"] == eval_rows[-1]["eval_loss"]
   for key in ("learning_rate", "grad_norm", "param_norm", "update_norm"):
     assert np.isfinite(train_rows[-1][key]) and train_rows[-1][key] > 0
+  # Speed, from step 2 on (step 1 includes the compile): tokens/s and MFU (flops.py).
+  for row in train_rows[1:]:
+    assert np.isclose(row["tokens_per_second"], 8 * 32 / row["seconds_per_step"])
+    assert 0 < row["mfu"] < 1
+  assert "mfu" not in train_rows[0]
   assert os.listdir(os.path.join(workdir, "tensorboard"))
   with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
     assert json.load(f)["model"]["d_model"] == 32

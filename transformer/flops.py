@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
+from transformer import files
 from transformer.configuration import GATED_ACTIVATIONS, ModelConfig
 
 # Dense bfloat16 peak FLOP/s of one JAX device, by the words its lower-case device_kind
@@ -117,14 +118,19 @@ def peak_flops(workdir: str | None = None) -> tuple[float, str]:
   path = os.path.join(workdir, PEAK_CACHE_FILE) if workdir else None
   rate = _read_cached_rate(path, what)
   if rate is None:
-    rate = measure_matmul_flops(dtype=dtype) * units
+    # Once per process (a sweep or a test session trains many runs in one), then per workdir.
+    if what not in _MEASURED:
+      _MEASURED[what] = measure_matmul_flops(dtype=dtype) * units
+    rate = _MEASURED[what]
     if path and jax.process_index() == 0:
       try:
-        with open(path, "w", encoding="utf-8") as f:
-          json.dump({"flops_per_second": rate, "source": what}, f)
+        files.write_atomically(path, json.dumps({"flops_per_second": rate, "source": what}))
       except OSError as e:
         logging.warning("Cannot cache the measured matmul rate in %s: %s", path, e)
   return rate, what
+
+
+_MEASURED: dict[str, float] = {}  # peak_flops' measurements in this process, by source.
 
 
 def _read_cached_rate(path: str | None, what: str) -> float | None:

@@ -77,11 +77,14 @@ class MLP(nn.Module):
   @nn.compact
   def __call__(self, x_BLE: jax.Array) -> jax.Array:
     cfg = self.config
-    h_BLF = ACTIVATION_FNS[cfg.activation](_dense(cfg, cfg.mlp_dim, ("embed", "mlp"), "wi")(x_BLE))
+    # Tokens on one axis (N = B * L): see EinsumDense for why this is faster on CPU.
+    x_NE = x_BLE.reshape(-1, x_BLE.shape[-1])
+    h_NF = ACTIVATION_FNS[cfg.activation](_dense(cfg, cfg.mlp_dim, ("embed", "mlp"), "wi")(x_NE))
     if cfg.activation in ("swiglu", "geglu"):
-      h_BLF = h_BLF * _dense(cfg, cfg.mlp_dim, ("embed", "mlp"), "wi_gate")(x_BLE)
-    h_BLF = nn.Dropout(cfg.mlp_dropout, deterministic=cfg.deterministic)(h_BLF)
-    return _dense(cfg, cfg.d_model, ("mlp", "embed"), "wo", self.residual_adds)(h_BLF)
+      h_NF = h_NF * _dense(cfg, cfg.mlp_dim, ("embed", "mlp"), "wi_gate")(x_NE)
+    h_NF = nn.Dropout(cfg.mlp_dropout, deterministic=cfg.deterministic)(h_NF)
+    y_NE = _dense(cfg, cfg.d_model, ("mlp", "embed"), "wo", self.residual_adds)(h_NF)
+    return y_NE.reshape(x_BLE.shape)
 
 
 class Block(nn.Module):

@@ -20,6 +20,8 @@ from absl import logging
 
 # Keys that are sums to be divided by `weight_sum` when reported.
 SUM_KEYS = ("loss_sum", "correct_sum")
+# Row keys that measure speed: the only ones a rerun of the same steps may not reproduce.
+TIMING_KEYS = ("seconds_per_step", "tokens_per_second", "mfu")
 
 
 def loss_sums(logits_BLV: jax.Array, targets_BL: jax.Array, weights_BL: jax.Array,
@@ -202,34 +204,68 @@ def format_duration(seconds: float) -> str:
 
 
 class Progress:
-  """Step timing, throughput and ETA for the progress line (the first step's compile excluded)."""
+  """Step time, throughput, MFU and ETA for the progress line (the first step's compile excluded).
 
-  def __init__(self, start_step: int, num_steps: int, tokens_per_step: int):
+  Rates are averages over the steps since the previous `rates()` call (one logged
+  row), without the time of evaluations (see `restart_clock`).
+  """
+
+  def __init__(self, start_step: int, num_steps: int, tokens_per_step: int,
+               flops_per_step: float = 0.0, peak_flops: float = 0.0):
+    """`flops_per_step`: model FLOPs (flops.py); `peak_flops`: of all devices, 0 = unknown."""
     self.num_steps = num_steps
     self.tokens_per_step = tokens_per_step
+    self.flops_per_step = flops_per_step
+    self.peak_flops = peak_flops
     self._mark_step = start_step
     self._mark_time = time.perf_counter()
     self._started = False
+    self._window_seconds, self._window_steps = 0.0, 0
     self.seconds_per_step = float("nan")
 
   def update(self, step: int) -> None:
     """Call after `step` is complete; the first call only starts the clock."""
     now = time.perf_counter()
     if self._started and step > self._mark_step:
-      self.seconds_per_step = (now - self._mark_time) / (step - self._mark_step)
+      self._window_seconds += now - self._mark_time
+      self._window_steps += step - self._mark_step
     self._started = True
     self._mark_step, self._mark_time = step, now
 
-  def line(self, step: int, metrics: Mapping[str, float]) -> str:
-    """'step 120/1000 (12%) | loss 2.345 | lr 3.0e-04 | 15.2k tok/s | ETA 4m03s'."""
+  def restart_clock(self) -> None:
+    """Call after work that is not training (an evaluation): its time is not counted."""
+    self._mark_time = time.perf_counter()
+
+  def rates(self) -> dict[str, float]:
+    """seconds_per_step, tokens_per_second and mfu over the steps since the last call.
+
+    Empty before a step was timed; without `mfu` when the peak is unknown.
+    """
+    if self._window_steps:
+      self.seconds_per_step = self._window_seconds / self._window_steps
+      self._window_seconds, self._window_steps = 0.0, 0
     sps = self.seconds_per_step
-    known = not math.isnan(sps) and sps > 0
-    rate = f"{self.tokens_per_step / sps / 1e3:.1f}k tok/s" if known else "-- tok/s"
+    if not sps > 0:  # Also NaN: nothing timed yet.
+      return {}
+    out = {"seconds_per_step": sps, "tokens_per_second": self.tokens_per_step / sps}
+    if self.peak_flops > 0 and self.flops_per_step > 0:
+      out["mfu"] = self.flops_per_step / sps / self.peak_flops
+    return out
+
+  def line(self, step: int, metrics: Mapping[str, float]) -> str:
+    """'step 120/1000 (12%) | loss 2.345 | lr 3.0e-04 | 15.2k tok/s | MFU 41.3% | ETA 4m03s'.
+
+    The rates come from `metrics` (those of `rates()`), "--" when missing.
+    """
+    sps = metrics.get("seconds_per_step", float("nan"))
+    known = sps > 0
+    rate = f"{metrics['tokens_per_second'] / 1e3:.1f}k tok/s" if known else "-- tok/s"
+    mfu = f" | MFU {100 * metrics['mfu']:.1f}%" if "mfu" in metrics else ""
     eta = format_duration((self.num_steps - step) * sps) if known else "--"
     return (f"step {step}/{self.num_steps} ({100 * step / self.num_steps:.0f}%) | "
             f"loss {metrics.get('loss', float('nan')):.4f} | "
             f"lr {metrics.get('learning_rate', float('nan')):.2e} | "
-            f"grad_norm {metrics.get('grad_norm', float('nan')):.3f} | {rate} | ETA {eta}")
+            f"grad_norm {metrics.get('grad_norm', float('nan')):.3f} | {rate}{mfu} | ETA {eta}")
 
 
 def log_parameter_count(params: Any) -> int:

@@ -31,6 +31,7 @@ from jax.experimental import multihost_utils
 from transformer import checkpointing
 from transformer import evaluation
 from transformer import files
+from transformer import flops
 from transformer import metrics as metrics_lib
 from transformer import optim
 from transformer import plots
@@ -367,17 +368,6 @@ RESUME_SAFE_PREFIXES = ("decode.", "mesh.")
 ON_CONFIG_CHANGE = ("stop", "allow")
 
 
-def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-  """{"model.d_model": 256, ...} from nested dicts; lists stay values."""
-  flat = {}
-  for key, value in tree.items():
-    if isinstance(value, dict):
-      flat.update(_flatten(value, f"{prefix}{key}."))
-    else:
-      flat[prefix + key] = value
-  return flat
-
-
 def _check_config_change(config: ml_collections.ConfigDict, workdir: str) -> None:
   """On resume, compares `config` (vocab_size resolved) with the run's config.json.
 
@@ -400,12 +390,12 @@ def _check_config_change(config: ml_collections.ConfigDict, workdir: str) -> Non
     return
   try:
     with open(path, encoding="utf-8") as f:
-      saved = _flatten(json.load(f))
+      saved = run_record.flatten(json.load(f))
   except (OSError, ValueError) as e:
     logging.warning("Cannot compare the config with the unreadable %s (%s); resuming "
                     "without the check", path, e)
     return
-  current = _flatten(json.loads(config.to_json_best_effort()))
+  current = run_record.flatten(json.loads(config.to_json_best_effort()))
   # With a cosine schedule and decay_steps=0 the decay ends at num_steps: not cadence.
   cosine_length = config.optimizer.schedule == "cosine" and not config.optimizer.decay_steps
   safe, unsafe, one_sided = [], [], []
@@ -546,8 +536,14 @@ def _train_loop(config, workdir, trainer, checkpointer, writer, train_iter, eval
     record.update(start_step, parameters=metrics_lib.log_parameter_count(state.params))
     # Tokens the model reads per step (both sides for seq2seq).
     sides = 2 if objective == "seq2seq" else 1
+    model_flops = flops.train_flops_per_step(trainer.model_config, config.data.batch_size,
+                                             config.data.seq_len)
+    peak, peak_source = flops.peak_flops(workdir)
+    logging.info("Model FLOPs per step %.4g (flops.py); MFU is against %.4g FLOP/s, the %s",
+                 model_flops, peak, peak_source)
     progress = metrics_lib.Progress(start_step, num_steps,
-                                    sides * config.data.batch_size * config.data.seq_len)
+                                    sides * config.data.batch_size * config.data.seq_len,
+                                    model_flops, peak)
 
     if start_step == 0 and config.train.eval_at_start:  # The baseline later evals beat.
       eval_metrics = evaluate(trainer, state.params, eval_data, local_batch_size)
@@ -581,6 +577,7 @@ def _train_loop(config, workdir, trainer, checkpointer, writer, train_iter, eval
           logging.info("eval at step %d: %s", done, _format(eval_metrics))
           writer.write(done, eval_metrics)
           last_metrics = {**last_metrics, **eval_metrics}
+          progress.restart_clock()  # Throughput and MFU are of training alone.
         stopping = stop.should_stop(done, config.train.log_every)
         if done % config.checkpoint.every == 0 or done == num_steps or stopping:
           if pending is not None:  # Checked first: a non-finite step is never saved.
@@ -662,12 +659,11 @@ def _report(pending, train_sums, progress, writer, config, force=False, guard=No
     return train_sums, None
   summary = metrics_lib.summarize(train_sums)
   summary.update({k: float(v) for k, v in per_step.items()})
+  summary.update(progress.rates())  # seconds_per_step, tokens_per_second, mfu.
   line = progress.line(step, summary)
   if guard.limit:
     summary["skipped_total"] = float(guard.total)
     line += f" | skipped {summary['skipped_updates']:.0f} ({guard.total} in the run)"
-  if math.isfinite(progress.seconds_per_step):
-    summary["seconds_per_step"] = progress.seconds_per_step
   logging.info("%s", line)
   writer.write(step, summary)
   return None, summary
