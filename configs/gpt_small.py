@@ -16,10 +16,13 @@ Offline baseline:  python launch.py --config=configs/gpt_small.py:spm
   The `:local` shape (4 x 256, 5,322,240 parameters with the embedding) at context 256
   over an 8192-piece SentencePiece unigram vocabulary of the python_stdlib corpus, 800
   steps of 16 x 256 tokens, cosine schedule from 1e-3 to 1e-4.
-  Measured 2026-11-22 on the 2-core CPU machine, shared with other jobs (49m44s wall,
-  39m32s of user CPU: the 30-minute target was not met in wall time here): validation
-  loss 9.05 (step 0) -> 4.29 (200) -> 3.88 (400) -> 3.60 (600) -> 3.454 (800) nats per
-  piece, perplexity 31.6 (100 validation batches, 380k pieces).
+  Measured 2026-11-22 on the 2-core CPU machine with nothing else running: 24m14s wall
+  including the SentencePiece training and 5 evaluations (2.6-2.9k tokens/s, MFU 46-52%
+  of the measured f32 matmul rate); validation loss 9.045 (step 0) -> 4.292 (200) ->
+  3.878 (400) -> 3.596 (600) -> 3.454 (800) nats per piece, perplexity 31.64 (100
+  validation batches, 380k pieces). An earlier run of the same command, before the
+  token-axis matmul change and on a machine shared with other jobs, gave the same losses
+  in 49m44s.
 Quick run:  python launch.py --config=configs/gpt_small.py:local
   A 4-layer, d_model 256 byte-level model (3.3M parameters), 400 steps of 16 x 128 bytes.
   Run on 2 CPU cores shared with other jobs, 2026-11-22: 418 s wall including the
