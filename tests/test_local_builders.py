@@ -95,13 +95,17 @@ def test_text_one_file_is_split_by_position_like_nanogpt(tmp_path):
   # Named like a split on purpose: one file is always split by position.
   path = write(tmp_path / "in" / "train.txt", text)
   builder = build(local_text, make_data(tmp_path / "tfds", path, val_fraction=0.25))
-  assert set(builder.info.features) == {"text"}
+  assert set(builder.info.features) == {"text", "starts_document", "ends_document"}
   assert set(builder.info.splits) == {"train", "validation"}
   cut = int(len(text) * 0.75)
   train, validation = read(builder, "train"), read(builder, "validation")
   assert "".join(e["text"] for e in train) == text[:cut]
   assert "".join(e["text"] for e in validation) == text[cut:]
   assert len(train) > 10 and len(validation) > 3
+  # Each split's part of the file is one document cut into blocks.
+  for examples in (train, validation):
+    assert [e["starts_document"] for e in examples] == [1] + [0] * (len(examples) - 1)
+    assert [e["ends_document"] for e in examples] == [0] * (len(examples) - 1) + [1]
   assert builder.info.splits["train"].num_examples == len(train)
   metadata = builder.info.metadata
   assert metadata["source_path"] == str(path)
@@ -121,6 +125,9 @@ def test_text_folder_with_split_names(tmp_path):
   # Sorted relative paths: "more/train_b.txt" < "train_a.txt"; dev_extra < valid.
   assert joined == {"train": "gamma\nalpha\nbeta\n", "validation": "epsilon\ndelta\n",
                     "test": "zeta\n"}
+  # Every file fits in one block, so each example is a whole document.
+  assert all(e["starts_document"] == e["ends_document"] == 1
+             for s in builder.info.splits for e in read(builder, s))
   assert len(builder.info.metadata["files"]) == 5  # Hidden files are not inputs.
 
 

@@ -455,6 +455,48 @@ def test_random_windows_are_seeded_and_resume_exactly():
   assert_batches_equal(take(resumed, 3), expected)
 
 
+def pieces(text, size):
+  """`text` cut into `size`-character examples flagged as one document (local_text's)."""
+  cuts = [text[i:i + size] for i in range(0, len(text), size)]
+  return [{"text": c, "starts_document": i == 0, "ends_document": i == len(cuts) - 1}
+          for i, c in enumerate(cuts)]
+
+
+def test_a_document_in_pieces_gets_one_bos_and_one_eos():
+  text = "".join(f"line {i} of the only document\n" for i in range(40))
+  examples = pieces(text, 100) + [{"text": "a whole one"}]
+  tokenize = lm_data.Tokenize(BYTES, "text", BYTES.vocab_size)
+  stream = np.concatenate([tokenize.map(e)["tokens"] for e in examples])
+  np.testing.assert_array_equal(stream, np.concatenate([
+      [tokenizers.BOS_ID], BYTES.encode(text), [tokenizers.EOS_ID],
+      [tokenizers.BOS_ID], BYTES.encode("a whole one"), [tokenizers.EOS_ID]]))
+  # Packed rows (evaluation) hold no [bos] / [eos] at the cuts either.
+  batches = list(lm_data.make_lm_dataset(examples, BYTES, text_key="text",
+                                          vocab_size=BYTES.vocab_size, seq_len=SEQ_LEN,
+                                          batch_size=BATCH, seed=0, train=False))
+  inputs = np.concatenate([b["inputs"] for b in batches])
+  assert (inputs == tokenizers.BOS_ID).sum() == 2
+  assert (np.concatenate([b["targets"] for b in batches]) == tokenizers.EOS_ID).sum() == 2
+
+
+def test_random_windows_run_across_the_pieces_of_one_document():
+  text = "".join(f"line {i} of the only document\n" for i in range(40))
+  batches = take(iter(lm_data.make_lm_dataset(
+      pieces(text, 50), BYTES, text_key="text", vocab_size=BYTES.vocab_size,
+      seq_len=SEQ_LEN, batch_size=BATCH, seed=0, train=True, windows="random")), 25)
+  full = np.concatenate([[tokenizers.BOS_ID], BYTES.encode(text), [tokenizers.EOS_ID]])
+  for batch in batches:
+    for inputs, targets, segments, positions, weights in zip(
+        batch["inputs"], batch["targets"], batch["segment_ids"], batch["positions"],
+        batch["weights"]):
+      row = np.concatenate([inputs, targets[-1:]])
+      assert any(np.array_equal(full[s:s + SEQ_LEN + 1], row)
+                 for s in range(len(full) - SEQ_LEN))
+      # One document: one segment, positions from the window start, every target counts.
+      assert (segments == 1).all() and (weights == 1).all()
+      np.testing.assert_array_equal(positions, np.arange(SEQ_LEN))
+
+
 def test_random_windows_need_a_row_of_tokens():
   with pytest.raises(ValueError, match="fewer than one row of 33; lower data.seq_len"):
     next(iter(random_windows_dataset(texts=["short"])))

@@ -1,11 +1,18 @@
 """Language-modelling pipelines: causal LM (GPT) and masked LM (BERT).
 
-  documents -> tokenize ([bos] text [eos], id-range check)
+  documents -> tokenize ([bos] text [eos], id-range check; a document cut into pieces,
+               like local_text's blocks, gets [bos] on its first piece and [eos] on
+               its last only)
   causal:  concat-then-split into rows of seq_len + 1 -> inputs / targets shifted by one
            (or, training with data.lm_windows="random", nanoGPT's sampling: rows at
            uniformly random offsets into the concatenated documents)
   masked:  concat-then-split into rows of seq_len -> seeded BERT masking per row
   -> (optional window shuffle of rows, training) -> batch
+
+Packed rows give every example its own segment: examples are shuffled, so the
+piece beside another in a row is rarely the text that came before it. Random
+windows read the split in order, so a window there runs across the cut between
+two pieces of one document, as nanoGPT's windows do over its one stream.
 """
 
 from __future__ import annotations
@@ -25,8 +32,22 @@ from transformer.data import tokenizers
 _NUM_RANDOM_WINDOWS = 2 ** 62
 
 
+def starts_document(example: dict[str, Any]) -> bool:
+  """False for a later piece of a document cut into examples (`local_text` blocks)."""
+  return bool(example.get("starts_document", True))
+
+
+def ends_document(example: dict[str, Any]) -> bool:
+  """False for a piece of a document that the next example continues."""
+  return bool(example.get("ends_document", True))
+
+
 class Tokenize(grain.transforms.Map):
-  """text -> [bos] + ids + [eos], with every id checked against the model's vocabulary."""
+  """text -> [bos] + ids + [eos], with every id checked against the model's vocabulary.
+
+  An example that is a piece of a longer document (`local_text` cuts files into
+  blocks) gets [bos] only if it starts the document and [eos] only if it ends it.
+  """
 
   def __init__(self, tokenizer: tokenizers.Tokenizer, text_key: str, vocab_size: int):
     self._tokenizer = tokenizer
@@ -35,7 +56,8 @@ class Tokenize(grain.transforms.Map):
 
   def map(self, example: dict[str, Any]) -> dict[str, np.ndarray]:
     ids = self._tokenizer.encode(packing.text_of(example[self._text_key]))
-    tokens = np.concatenate([[tokenizers.BOS_ID], ids, [tokenizers.EOS_ID]])
+    tokens = np.concatenate([[tokenizers.BOS_ID] if starts_document(example) else [], ids,
+                             [tokenizers.EOS_ID] if ends_document(example) else []])
     return {"tokens": packing.checked(tokens, self._vocab_size)}
 
 
@@ -58,21 +80,31 @@ def _packed_rows(source: Any, tokenizer: tokenizers.Tokenizer, *, text_key: str,
 
 def _token_stream(source: Any, tokenize: Tokenize, *, process_index: int,
                   process_count: int) -> tuple[np.ndarray, np.ndarray]:
-  """This process's documents, tokenized in order and concatenated: (tokens, document ids)."""
+  """This process's examples, tokenized in order and concatenated: (tokens, document ids).
+
+  Consecutive pieces of one document (an example that does not start its document,
+  read right after the example before it in the source) share a document id, so
+  windows attend across the cut; with several processes, each reads every
+  process_count-th example and its pieces stay apart.
+  """
   indices = range(process_index, len(source), process_count)
   tokens, doc_ids, started, last_log = [], [], time.monotonic(), time.monotonic()
-  for i, index in enumerate(indices):
-    ids = tokenize.map(source[index])["tokens"]
+  doc = -1
+  for index in indices:
+    example = source[index]
+    ids = tokenize.map(example)["tokens"]
+    if starts_document(example) or process_count > 1 or not tokens:
+      doc += 1
     tokens.append(ids)
-    doc_ids.append(np.full(len(ids), i, np.int32))
+    doc_ids.append(np.full(len(ids), doc, np.int32))
     if time.monotonic() - last_log > 30:
       last_log = time.monotonic()
-      logging.info("random LM windows: tokenized %d/%d documents", i + 1, len(indices))
+      logging.info("random LM windows: tokenized %d/%d examples", len(tokens), len(indices))
   if not tokens:
     raise ValueError("random LM windows: the training split has no documents")
   stream, docs = np.concatenate(tokens), np.concatenate(doc_ids)
-  logging.info("random LM windows: %d documents, %d tokens in memory (%.1f s)", len(tokens),
-               len(stream), time.monotonic() - started)
+  logging.info("random LM windows: %d examples in %d documents, %d tokens in memory "
+               "(%.1f s)", len(tokens), doc + 1, len(stream), time.monotonic() - started)
   return stream, docs
 
 

@@ -6,7 +6,13 @@ validation), or a folder of files taken recursively. In a folder, files named
 `train*`, `val*` / `valid*` / `dev*` and `test*` give those splits; if no file is
 named so, every file is split by position. Each split is cut into blocks of whole
 lines of at most 2048 characters, in order, so the blocks of a split concatenate to
-exactly its text and a shuffled reader sees many small documents, not one huge one.
+exactly its text and a shuffled reader (or each of several processes) gets many small
+examples, not one huge one.
+
+A file (its part in a split) is still one document: `starts_document` is true only on
+its first block and `ends_document` only on its last, so the LM pipeline puts [bos]
+and [eos] around the file's text, not around every block (nanoGPT's Tiny Shakespeare
+is one stream of characters, with no marks every 2048 of them).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import os
 from typing import Iterator
 
 import ml_collections
+import numpy as np
 import tensorflow_datasets as tfds
 from absl import logging
 
@@ -121,10 +128,16 @@ def make_builder(data: ml_collections.ConfigDict) -> tfds.core.DatasetBuilder:
 class LocalText(local_files.LocalFilesBuilder):
   """Plain text files cut into blocks of whole lines (feature `text`), in order."""
 
-  RELEASE_NOTES = {"1.0.0": "Blocks of <= 2048 characters of whole lines, in file order."}
+  VERSION = tfds.core.Version("1.1.0")
+  RELEASE_NOTES = {
+      "1.0.0": "Blocks of <= 2048 characters of whole lines, in file order.",
+      "1.1.0": "`starts_document` / `ends_document`: a file's blocks make one document.",
+  }
 
   def _features(self):
-    return {"text": tfds.features.Text()}
+    return {"text": tfds.features.Text(),
+            "starts_document": tfds.features.Scalar(np.bool_),
+            "ends_document": tfds.features.Scalar(np.bool_)}
 
   def _split_generators(self, dl_manager: tfds.download.DownloadManager):
     del dl_manager  # Nothing to download: the files are already on disk.
@@ -142,7 +155,7 @@ class LocalText(local_files.LocalFilesBuilder):
 
   def _generate_examples(self, split: str, relative_paths: list[str],
                          part: tuple[float, float]):
-    """Yields (index, {"text": block}) for the `part` fraction of each file, in order."""
+    """Yields (index, example) for the blocks of the `part` fraction of each file, in order."""
     config = self.builder_config
     index = characters = 0
     for relative in relative_paths:
@@ -156,8 +169,10 @@ class LocalText(local_files.LocalFilesBuilder):
       text = text[int(n * part[0]):n if part[1] >= 1.0 else int(n * part[1])]
       logging.info("local_text: split %r: %s: %d characters", split, source.path, len(text))
       characters += len(text)
-      for block in text_blocks(text):
-        yield index, {"text": block}
+      blocks = list(text_blocks(text))
+      for i, block in enumerate(blocks):
+        yield index, {"text": block, "starts_document": i == 0,
+                      "ends_document": i == len(blocks) - 1}
         index += 1
     if not index:
       paths = ", ".join(config.file(p).path for p in relative_paths)
