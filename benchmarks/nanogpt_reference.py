@@ -15,6 +15,9 @@ machine, with the same evaluation, over several seeds:
     ((it + 1) / 101 of the peak), cosine from 1e-3 to 1e-4 at step 2000;
   - rows at uniformly random offsets, with replacement.
 
+`--vocab_size=128` pads the embedding table with rows no character uses, as
+`launch.py` does with `model.vocab_size=0`, to compare like with like.
+
 Each evaluation prints two numbers: nanoGPT's estimate (`--estimate_batches` random
 batches of the validation split) and the whole validation split cut into consecutive
 rows of 65 characters (64 predictions each), which is what `launch.py` reports.
@@ -131,14 +134,21 @@ def train(text: str, seed: int, args: argparse.Namespace) -> float:
   train_ids, val_ids = ids[:cut], ids[cut:]
   torch.manual_seed(seed)
   generator = np.random.default_rng(seed)
-  model = GPT(len(chars), args.context, args.width, args.layers, args.heads)
+  if 0 < args.vocab_size < len(chars):
+    raise SystemExit(f"--vocab_size={args.vocab_size} is below the {len(chars)} characters "
+                     f"of {args.data}; give 0 (the character count) or at least that many")
+  # Rows past the character count are never a target: the vocabulary padding that
+  # launch.py's model.vocab_size=0 adds (rounding up to a multiple of 128).
+  model = GPT(max(args.vocab_size, len(chars)), args.context, args.width, args.layers,
+              args.heads)
   decayed = [p for p in model.parameters() if p.dim() >= 2]
   other = [p for p in model.parameters() if p.dim() < 2]
   optimizer = torch.optim.AdamW([{"params": decayed, "weight_decay": 0.1},
                                  {"params": other, "weight_decay": 0.0}],
                                 lr=args.lr, betas=(0.9, 0.99))
   print(f"seed {seed}: {sum(p.numel() for p in model.parameters()):,} parameters, "
-        f"vocabulary {len(chars)}, {len(train_ids):,} / {len(val_ids):,} characters",
+        f"{len(chars)} characters in a vocabulary of {model.token.num_embeddings}, "
+        f"{len(train_ids):,} / {len(val_ids):,} characters",
         flush=True)
   started = time.monotonic()
   whole = float("nan")
@@ -177,6 +187,8 @@ def main() -> None:
   parser.add_argument("--lr", type=float, default=1e-3)
   parser.add_argument("--min_lr", type=float, default=1e-4)
   parser.add_argument("--warmup", type=int, default=100)
+  parser.add_argument("--vocab_size", type=int, default=0,
+                      help="embedding rows; 0 = the number of characters (nanoGPT's)")
   parser.add_argument("--threads", type=int, default=2)
   args = parser.parse_args()
   torch.set_num_threads(args.threads)
