@@ -497,6 +497,35 @@ def test_random_windows_run_across_the_pieces_of_one_document():
       np.testing.assert_array_equal(positions, np.arange(SEQ_LEN))
 
 
+def test_random_windows_keep_pieces_apart_when_processes_share_a_document():
+  # With 2 processes each reads every other piece: its pieces are not neighbours in
+  # the text, so a window must not run across them as if they were.
+  text = "".join(f"line {i} of the only document\n" for i in range(40))
+  examples = pieces(text, 50)
+  mine = examples[1::2]  # Process 1 of 2.
+  stream = [BYTES.encode(e["text"]) for e in mine]
+  batches = take(iter(lm_data.make_lm_dataset(
+      examples, BYTES, text_key="text", vocab_size=BYTES.vocab_size, seq_len=SEQ_LEN,
+      batch_size=BATCH, seed=0, train=True, windows="random", process_index=1,
+      process_count=2)), 25)
+  joined = np.concatenate(stream)
+  piece_of = np.concatenate([np.full(len(p), i) for i, p in enumerate(stream)])
+  crossings = 0
+  for batch in batches:
+    for inputs, targets, segments, weights in zip(
+        batch["inputs"], batch["targets"], batch["segment_ids"], batch["weights"]):
+      row = np.concatenate([inputs, targets[-1:]])
+      start = next(s for s in range(len(joined) - SEQ_LEN)
+                   if np.array_equal(joined[s:s + SEQ_LEN + 1], row))
+      pieces_in_row = piece_of[start:start + SEQ_LEN + 1]
+      # A new segment exactly where the next piece begins; no target across it.
+      np.testing.assert_array_equal(np.diff(segments) != 0,
+                                    np.diff(pieces_in_row[:-1]) != 0)
+      np.testing.assert_array_equal(weights == 0, np.diff(pieces_in_row) != 0)
+      crossings += int((np.diff(pieces_in_row) != 0).any())
+  assert crossings > 0  # Some windows did span a cut.
+
+
 def test_random_windows_need_a_row_of_tokens():
   with pytest.raises(ValueError, match="fewer than one row of 33; lower data.seq_len"):
     next(iter(random_windows_dataset(texts=["short"])))

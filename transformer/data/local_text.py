@@ -126,7 +126,8 @@ def make_builder(data: ml_collections.ConfigDict) -> tfds.core.DatasetBuilder:
 
 
 class LocalText(local_files.LocalFilesBuilder):
-  """Plain text files cut into blocks of whole lines (feature `text`), in order."""
+  """Plain text files cut into blocks of whole lines (feature `text`), in order; the
+  flags `starts_document` / `ends_document` mark each file's first and last block."""
 
   VERSION = tfds.core.Version("1.1.0")
   RELEASE_NOTES = {
