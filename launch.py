@@ -14,13 +14,15 @@
   --mode=compare          a Markdown table and overlaid curves of --compare_dirs (or
                           the runs in --workdir) -> <workdir>/compare.md, compare_*.png
 
-Every mode but train and sweep reads the model, vocabulary and checkpoints from --workdir;
---config is then optional and only its data.* and decode.* are used
-(transformer/commands.py says what comes from where). plot and compare need no
+Each mode is one module of transformer/cli/ (MODES below) that defines the flags it
+owns; the flags several modes share are in transformer/cli/common.py. Every mode but
+train and sweep reads the model, vocabulary and checkpoints from --workdir; --config
+is then optional and only its data.* and decode.* are used
+(transformer/inference/loaded.py says what comes from where). plot and compare need no
 --config; they and sweep start no JAX devices (a sweep's runs are processes of their own).
 
 Thin by design: parse flags, start jax.distributed when several processes are in
-play, log the process/device picture, and call one library function.
+play, log the process/device picture, and call the mode's `main`.
 """
 
 import os
@@ -31,7 +33,23 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
-from transformer import usage
+# The mode modules define their flags on import; none imports JAX at module level, so
+# --help stays fast and flags parse before JAX starts.
+from transformer.cli import average
+from transformer.cli import compare
+from transformer.cli import evaluate
+from transformer.cli import generate
+from transformer.cli import hf_export
+from transformer.cli import hf_import
+from transformer.cli import plot
+from transformer.cli import sweep
+from transformer.cli import train
+from transformer.cli import translate
+from transformer.cli import usage
+
+MODES = {"train": train, "evaluate": evaluate, "translate": translate, "generate": generate,
+         "average": average, "plot": plot, "sweep": sweep, "compare": compare,
+         "import": hf_import, "export": hf_export}
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file, optionally with an argument: configs/gpt_small.py:local.",
@@ -50,54 +68,12 @@ _HEARTBEAT = flags.DEFINE_integer(
     "heartbeat_timeout_seconds", 100, "A peer silent this long ends every process with "
     "an error (no silent hang).")
 _MODE = flags.DEFINE_enum(
-    "mode", "train",
-    ["train", "evaluate", "translate", "generate", "average", "plot", "sweep", "compare",
-     "import", "export"],
-    "What to do with --workdir; evaluate, translate, generate, average and plot need a "
-    "trained workdir.")
-_CHECKPOINT_STEP = flags.DEFINE_integer(
-    "checkpoint_step", None, "The checkpoint to use (default: the newest).")
-_AVERAGE_LAST = flags.DEFINE_integer(
-    "average_last", 0, "Use the mean of the parameters of the newest N checkpoints (up "
-    "to --checkpoint_step); the paper: 5 for base, 20 for big. 0: no averaging.")
-_SPLIT = flags.DEFINE_string("split", "", "evaluate: the split (default data.eval_split).")
-_MAX_EXAMPLES = flags.DEFINE_integer(
-    "max_examples", 0, "evaluate: score only the split's first N examples (0: all).")
-_INPUT = flags.DEFINE_string("input", "", "translate: one sentence a line (default stdin).")
-_OUTPUT = flags.DEFINE_string(
-    "output", "", "translate: the output file (default stdout); evaluate: the result JSON "
-    "(default in the workdir); average: the new workdir.")
-_OVERWRITE = flags.DEFINE_bool("overwrite", False, "Allow replacing an existing --output.")
-_PROMPT = flags.DEFINE_string(
-    "prompt", None, "generate: the text to continue (default: each line of stdin).")
-_SWEEP = flags.DEFINE_string(
-    "sweep", "", "sweep: config overrides to grid over, 'model.norm=pre,post;"
-    "model.position=rope,alibi', or a JSON file (transformer/sweep.py).")
-_COMPARE_DIRS = flags.DEFINE_list(
-    "compare_dirs", [], "compare: the workdirs to compare (default: the runs in --workdir).")
-_LOG_STEPS = flags.DEFINE_bool("log_steps", False, "plot, compare, sweep: log-scaled step axis.")
-_SEED = flags.DEFINE_integer("seed", None, "Sampling seed (default config.seed).")
-_HF_DIR = flags.DEFINE_string(
-    "hf_dir", "", "import: the Hugging Face model folder to read (config.json + "
-    "model.safetensors); export: the folder to write.")
-# decode.* fields these flags set, over the workdir's (or --config's) values.
-_DECODE_FLAGS = {
-    "beam_size": flags.DEFINE_integer("beam_size", None, "decode.beam_size: 1 is greedy."),
-    "alpha": flags.DEFINE_float("alpha", None, "decode.alpha: beam length penalty."),
-    "max_length_offset": flags.DEFINE_integer(
-        "max_length_offset", None, "decode.max_length_offset: output <= source + this."),
-    "max_new_tokens": flags.DEFINE_integer(
-        "max_new_tokens", None, "decode.max_new_tokens: tokens generate adds."),
-    "temperature": flags.DEFINE_float(
-        "temperature", None, "decode.temperature: > 0 samples (0: greedy / beam)."),
-    "top_k": flags.DEFINE_integer("top_k", None, "decode.top_k: sample among the k likeliest."),
-    "top_p": flags.DEFINE_float("top_p", None, "decode.top_p: nucleus sampling mass."),
-    "batch_size": flags.DEFINE_integer(
-        "decode_batch_size", None, "decode.batch_size: sentences decoded together."),
-    "overlong": flags.DEFINE_enum(
-        "overlong", None, ["truncate", "error"], "decode.overlong: a source or prompt "
-        "longer than the context is truncated (warned) or stops the command."),
-}
+    "mode", "train", list(MODES),
+    "What to do with --workdir (each mode is a module of transformer/cli/); evaluate, "
+    "translate, generate, average and plot need a trained workdir.")
+_NEEDS_CONFIG = ("train", "sweep")
+_WORKDIR_OF = {"plot": "a training run's workdir", "sweep": "the sweep's folder",
+               "compare": "a sweep's folder, or where compare.md goes with --compare_dirs"}
 
 
 def default_workdir(config_path: str) -> str:
@@ -111,22 +87,21 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   mode = _MODE.value
-  if mode in ("train", "sweep") and _CONFIG.value is None:
+  if mode in _NEEDS_CONFIG and _CONFIG.value is None:
     raise app.UsageError(f"--config is required for --mode={mode}")
   if mode != "train" and not _WORKDIR.value:
     raise app.UsageError(f"--mode={mode} needs --workdir=DIR, "
                          + _WORKDIR_OF.get(mode, "a trained run"))
-  if mode == "sweep" and not _SWEEP.value:
+  if mode == "sweep" and not sweep.SWEEP.value:
     raise app.UsageError("--mode=sweep needs --sweep='model.norm=pre,post;...' or a JSON file")
-  # Imported here so that `--help` stays fast and flags parse before JAX starts.
-  from transformer import console  # pylint: disable=g-import-not-at-top
+  from transformer.workdir import console  # pylint: disable=g-import-not-at-top
   console.setup_console()  # Project INFO and all warnings, without absl's prefix.
-  if mode in _FILE_MODES:
+  from transformer.configuration import ConfigError, DataError  # pylint: disable=g-import-not-at-top
+  if not MODES[mode].STARTS_JAX:
     # Before JAX starts: these read files, and a sweep's runs are launch.py processes of
     # their own that need the accelerators (and jax.distributed) free.
-    from transformer.configuration import ConfigError, DataError  # pylint: disable=g-import-not-at-top
     try:
-      sys.exit(_run_on_files(mode, _WORKDIR.value))
+      sys.exit(MODES[mode].main(_CONFIG.value, _WORKDIR.value))
     except (ConfigError, DataError) as e:
       sys.stderr.write(f"\n{type(e).__name__}: {e}\n")
       sys.exit(2)
@@ -149,11 +124,10 @@ def main(argv):
   logging.info("JAX process %d of %d, %d local / %d global devices (%s)",
                jax.process_index(), jax.process_count(), jax.local_device_count(),
                jax.device_count(), jax.devices()[0].platform)
-  from transformer.configuration import ConfigError, DataError  # pylint: disable=g-import-not-at-top
   try:
     with distributed.fail_together():
       try:
-        _run(mode, workdir)
+        MODES[mode].main(_CONFIG.value, workdir)
       except Exception as e:  # pylint: disable=broad-except
         if not isinstance(e, (ConfigError, DataError)):  # Python prints it on the console.
           logging.exception("Stopped by an error", extra={"console": False})
@@ -169,68 +143,6 @@ def main(argv):
       raise
     sys.stderr.write(f"\n{type(e).__name__}: {message}\n")
     sys.exit(2)
-
-
-_FILE_MODES = ("plot", "sweep", "compare")
-_WORKDIR_OF = {"plot": "a training run's workdir", "sweep": "the sweep's folder",
-               "compare": "a sweep's folder, or where compare.md goes with --compare_dirs"}
-# Passed on to each run of a sweep: every run is one jax.distributed job.
-_LAUNCHER_FLAGS = ("distributed", "coordinator_address", "num_processes", "process_id",
-                   "heartbeat_timeout_seconds")
-
-
-def _run_on_files(mode: str, workdir: str) -> int:
-  """plot, compare, sweep: calls the library function of `mode`; returns the exit status."""
-  from transformer import compare  # pylint: disable=g-import-not-at-top
-  from transformer import plots  # pylint: disable=g-import-not-at-top
-  if mode == "plot":
-    print("\n".join(plots.write_plots(workdir, log_steps=_LOG_STEPS.value)))
-    return 0
-  if mode == "compare":
-    runs = _COMPARE_DIRS.value or compare.find_runs(workdir)
-    print(compare.compare(runs, workdir, log_steps=_LOG_STEPS.value))
-    return 0
-  from transformer import sweep  # pylint: disable=g-import-not-at-top
-  config_flag = flags.FLAGS["config"]
-  launcher = [f"--{name}={flags.FLAGS[name].value}" for name in _LAUNCHER_FLAGS
-              if flags.FLAGS[name].present]
-  return sweep.run_sweep(_CONFIG.value, config_flag.config_filename, workdir, _SWEEP.value,
-                         fixed=config_flag.override_values, launcher_flags=launcher,
-                         log_steps=_LOG_STEPS.value)
-
-
-def _run(mode: str, workdir: str) -> None:
-  """Calls the library function of `mode`."""
-  from transformer import commands  # pylint: disable=g-import-not-at-top
-  from transformer import train  # pylint: disable=g-import-not-at-top
-  if mode == "train":
-    train.train_and_evaluate(_CONFIG.value, workdir)
-    return
-  if mode in ("import", "export"):
-    from transformer import hf_import  # pylint: disable=g-import-not-at-top
-    if not _HF_DIR.value:
-      raise app.UsageError(f"--mode={mode} needs --hf_dir=DIR, the Hugging Face folder")
-    if mode == "import":
-      hf_import.import_folder(_HF_DIR.value, workdir, _CONFIG.value)
-    else:
-      hf_import.export_gpt2(workdir, _HF_DIR.value, checkpoint_step=_CHECKPOINT_STEP.value)
-    return
-  checkpoint = dict(checkpoint_step=_CHECKPOINT_STEP.value, average_last=_AVERAGE_LAST.value)
-  if mode == "average":
-    commands.average(workdir, _OUTPUT.value, **checkpoint)
-    return
-  common = dict(config=_CONFIG.value, seed=_SEED.value,
-                decode_overrides={key: flag.value for key, flag in _DECODE_FLAGS.items()},
-                **checkpoint)
-  if mode == "evaluate":
-    commands.evaluate(workdir, split=_SPLIT.value, max_examples=_MAX_EXAMPLES.value,
-                      output=_OUTPUT.value, overwrite=_OVERWRITE.value, **common)
-  elif mode == "translate":
-    commands.translate(workdir, input_path=_INPUT.value, output_path=_OUTPUT.value,
-                       overwrite=_OVERWRITE.value, **common)
-  else:
-    prompts = None if _PROMPT.value is None else [_PROMPT.value]
-    commands.generate(workdir, prompts, **common)
 
 
 def run(argv: list[str] | None = None) -> None:

@@ -31,10 +31,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from configs import base, gpt_small
-from transformer import decoding
+from transformer.inference import decoding
 from transformer.configuration import ModelConfig
 from transformer.data import tokenizers
-from transformer.models import make_model
+from transformer.model.models import make_model
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 

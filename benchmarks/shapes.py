@@ -26,10 +26,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from configs import gpt_small, shakespeare_char
-from transformer import flops
-from transformer import objectives
+from transformer.training import flops
+from transformer.model import objectives
 from transformer import sharding
-from transformer import train
+from transformer.training import trainer as trainer_lib
 from transformer.configuration import objective_of
 from transformer.data import tokenizers
 # pylint: enable=g-import-not-at-top,wrong-import-position
@@ -96,9 +96,9 @@ def platform_line() -> str:
           f"({device.platform}), {os.cpu_count()} CPU cores visible")
 
 
-def make_trainer(config: ml_collections.ConfigDict) -> train.Trainer:
+def make_trainer(config: ml_collections.ConfigDict) -> trainer_lib.Trainer:
   """The project's Trainer (jitted, donated train step) on all local devices."""
-  return train.Trainer.create(config, sharding.make_mesh(config.mesh))
+  return trainer_lib.Trainer.create(config, sharding.make_mesh(config.mesh))
 
 
 def random_batch(config: ml_collections.ConfigDict, seed: int = 0) -> dict[str, np.ndarray]:
@@ -120,7 +120,7 @@ def random_batch(config: ml_collections.ConfigDict, seed: int = 0) -> dict[str, 
   return batch
 
 
-def model_flops_per_step(config: ml_collections.ConfigDict, trainer: train.Trainer) -> int:
+def model_flops_per_step(config: ml_collections.ConfigDict, trainer: trainer_lib.Trainer) -> int:
   return flops.train_flops_per_step(trainer.model_config, config.data.batch_size,
                                     config.data.seq_len)
 

@@ -25,7 +25,7 @@ import time
 import jax
 
 import shapes  # benchmarks/shapes.py; pylint: disable=g-bad-import-order
-from transformer import flops
+from transformer.training import flops
 
 
 def measure_shape(name: str, rounds: int, round_seconds: float, overrides: list[str]) -> dict:

@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from tiny import make_tiny_config  # pylint: disable=g-import-not-at-top,wrong-import-position
-from transformer import train  # pylint: disable=g-import-not-at-top,wrong-import-position
+from transformer.training import loop  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 NUM_STEPS = 8
 CHECKPOINT_EVERY = 3
@@ -33,7 +33,7 @@ def main():
   config = make_tiny_config(args.data_dir)
   config.train.update(num_steps=NUM_STEPS, eval_every=EVAL_EVERY, log_every=1)
   config.checkpoint.update(every=CHECKPOINT_EVERY, async_save=not args.sync_save)
-  train.train_and_evaluate(config, args.workdir)
+  loop.train_and_evaluate(config, args.workdir)
 
 
 if __name__ == "__main__":

@@ -21,8 +21,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from tiny import make_tiny_config  # pylint: disable=g-import-not-at-top,wrong-import-position
-from transformer import checkpointing  # pylint: disable=g-import-not-at-top,wrong-import-position
-from transformer import train  # pylint: disable=g-import-not-at-top,wrong-import-position
+from transformer.workdir import checkpointing  # pylint: disable=g-import-not-at-top,wrong-import-position
+from transformer.training import loop  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def main():
@@ -56,7 +56,7 @@ def main():
     return restored
 
   checkpointing.Checkpointer.restore_latest = recording_restore_latest
-  train.train_and_evaluate(config, args.workdir)
+  loop.train_and_evaluate(config, args.workdir)
 
 
 if __name__ == "__main__":

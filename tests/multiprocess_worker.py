@@ -3,7 +3,7 @@
 Starts jax.distributed on localhost (gloo collectives) through the same
 `transformer.distributed.initialize` that launch.py calls, trains the tiny config
 and writes what it saw (per-step losses and eval metrics, digests of the rows it
-read) to --out. TRANSFORMER_TEST_KILL_AT (see transformer/train.py) in its
+read) to --out. TRANSFORMER_TEST_KILL_AT (see transformer/training/fault_injection.py) in its
 environment kills it at a named point.
 """
 
@@ -20,8 +20,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from tiny import make_tiny_config  # pylint: disable=g-import-not-at-top,wrong-import-position
 from transformer import distributed  # pylint: disable=g-import-not-at-top,wrong-import-position
-from transformer import metrics  # pylint: disable=g-import-not-at-top,wrong-import-position
-from transformer import train  # pylint: disable=g-import-not-at-top,wrong-import-position
+from transformer.training import metrics  # pylint: disable=g-import-not-at-top,wrong-import-position
+from transformer.training import loop  # pylint: disable=g-import-not-at-top,wrong-import-position
+from transformer.training import trainer as trainer_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def main():
@@ -40,7 +41,7 @@ def main():
                          process_id=args.process_id,
                          heartbeat_timeout_seconds=args.heartbeat_timeout_seconds)
   seen = {"metrics": [], "rows": []}
-  global_batch, write = train.Trainer.global_batch, metrics.MetricWriter.write
+  global_batch, write = trainer_lib.Trainer.global_batch, metrics.MetricWriter.write
 
   def recording_global_batch(self, local):
     if len(seen["rows"]) == args.fail_at_batch:
@@ -52,7 +53,7 @@ def main():
     seen["metrics"].append({"step": int(step), **values})
     return write(self, step, values)
 
-  train.Trainer.global_batch = recording_global_batch
+  trainer_lib.Trainer.global_batch = recording_global_batch
   metrics.MetricWriter.write = recording_write
 
   config = make_tiny_config(args.data_dir)
@@ -64,7 +65,7 @@ def main():
   if args.text_path:
     config.data.update(name="local_text", path=args.text_path)
   with distributed.fail_together():  # As launch.py does.
-    train.train_and_evaluate(config, args.workdir)
+    loop.train_and_evaluate(config, args.workdir)
   with open(args.out, "w", encoding="utf-8") as f:
     json.dump(seen, f)
 

@@ -32,9 +32,10 @@ from absl import logging as absl_logging
 
 import launch
 from tiny import make_tiny_config
-from transformer import checkpointing
+from transformer.workdir import checkpointing
 from transformer import sharding
-from transformer import train
+from transformer.training import trainer as trainer_lib
+from transformer.workdir import layout
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = "--config=tests/tiny.py:{data_dir}"  # tests/tiny.py's get_config(data_dir).
@@ -162,7 +163,7 @@ def other_run(tmp_path_factory, tfds_data_dir):
   """Checkpoint 1 of a model with a twice as wide MLP: its initial state, no training."""
   config = make_tiny_config(tfds_data_dir)
   config.model.mlp_dim = 128
-  trainer = train.Trainer.create(config, sharding.make_mesh(config.mesh))
+  trainer = trainer_lib.Trainer.create(config, sharding.make_mesh(config.mesh))
   workdir = str(tmp_path_factory.mktemp("other") / "run")
   checkpointer = checkpointing.Checkpointer(workdir, config.checkpoint)
   try:
@@ -255,7 +256,7 @@ def _two_process_data_positions(paths: Paths) -> None:
   data = os.path.join(step_dir, "data")
   os.rename(os.path.join(data, "process_0-of-1.json"), os.path.join(data, "process_0-of-2.json"))
   shutil.copy(os.path.join(data, "process_0-of-2.json"), os.path.join(data, "process_1-of-2.json"))
-  sizes_path = os.path.join(step_dir, checkpointing.FILE_SIZES)  # As a 2-process save records.
+  sizes_path = os.path.join(step_dir, layout.FILE_SIZES)  # As a 2-process save records.
   with open(sizes_path, encoding="utf-8") as f:
     sizes = json.load(f)
   size = sizes.pop(os.path.join("data", "process_0-of-1.json"))

@@ -27,12 +27,16 @@ from configs import base
 from test_datasets import tiny, write_local_files
 from test_decoding import _FAST_ENTRY_POINTS  # pylint: disable=protected-access
 from test_decoding import fast_decoding_compiles  # pylint: disable=unused-import (autouse)
-from transformer import checkpointing
-from transformer import commands
-from transformer import decoding
-from transformer import evaluation
-from transformer import metrics as metrics_lib
-from transformer import train
+from transformer.workdir import checkpointing
+from transformer.cli import average as average_mode
+from transformer.cli import evaluate as evaluate_mode
+from transformer.cli import generate as generate_mode
+from transformer.inference import loaded
+from transformer.cli import translate as translate_mode
+from transformer.inference import decoding
+from transformer.inference import text
+from transformer.training import metrics as metrics_lib
+from transformer.training import loop
 from transformer.configuration import ConfigError
 from transformer.data import tokenizers
 
@@ -51,7 +55,7 @@ def _train(config, workdir):
   with mock.patch.object(metrics_lib.MetricWriter, "write_text", autospec=True,
                          side_effect=record), \
        mock.patch.multiple(decoding, **_FAST_ENTRY_POINTS):  # As the tests' autouse fixture.
-    result = train.train_and_evaluate(config, workdir)
+    result = loop.train_and_evaluate(config, workdir)
   return result, texts
 
 
@@ -107,7 +111,7 @@ def test_bleu_and_translations_are_reported_at_each_evaluation(translation_run):
   assert "eval_bleu" in result
   translations = [(step, text) for step, tag, text in texts if tag == "translations"]
   assert [step for step, _ in translations] == [2, 4]
-  assert translations[0][1].count("**source:**") == 2  # Two examples per evaluation.
+  assert translations[0][1].count("**source:**") == 2  # Two examples per text.
 
 
 def test_sample_prompt_is_continued_at_each_evaluation(lm_run):
@@ -122,7 +126,7 @@ def test_sample_prompt_is_continued_at_each_evaluation(lm_run):
 
 def test_the_run_config_reads_back_and_a_config_brings_only_data_and_decode(lm_run):
   workdir = lm_run[0]
-  config = commands.load_config(workdir)
+  config = loaded.load_config(workdir)
   assert config.mesh.shape == base.get_config().mesh.shape  # Tuples again, not JSON lists.
   assert config.mesh.rules == base.get_config().mesh.rules
   assert (config.model.vocab_size, config.model.d_model, config.data.tokenizer) == (128, 32,
@@ -131,7 +135,7 @@ def test_the_run_config_reads_back_and_a_config_brings_only_data_and_decode(lm_r
   other.data.update(batch_size=16, eval_split="train", tokenizer="bytes", seq_len=32)
   other.decode.beam_size = 3
   other.model.d_model = 512
-  config = commands.load_config(workdir, other)
+  config = loaded.load_config(workdir, other)
   assert (config.data.batch_size, config.data.eval_split, config.decode.beam_size) == (
       16, "train", 3)
   assert (config.data.tokenizer, config.model.d_model) == ("char", 32)  # The run's.
@@ -144,7 +148,7 @@ def test_evaluate_an_lm_gives_the_training_eval_loss(lm_run):
   workdir, result, _ = lm_run
   before = _snapshot(workdir)
   out = io.StringIO()
-  record = commands.evaluate(workdir, stdout=out)
+  record = evaluate_mode.evaluate(workdir, stdout=out)
   path = os.path.join(workdir, "eval_validation_step4.json")
   with open(path, encoding="utf-8") as f:
     assert json.load(f) == record
@@ -157,8 +161,8 @@ def test_evaluate_an_lm_gives_the_training_eval_loss(lm_run):
   assert {k: v for k, v in after.items() if k != os.path.basename(path)} == before
   with pytest.raises(ConfigError, match=r"eval_validation_step4\.json' exists; pass "
                      r"--overwrite"):
-    commands.evaluate(workdir)
-  assert commands.result_path("w", "test", [2, 4], 10) == "w/eval_test_step4_avg2_first10.json"
+    evaluate_mode.evaluate(workdir)
+  assert evaluate_mode.result_path("w", "test", [2, 4], 10) == "w/eval_test_step4_avg2_first10.json"
 
 
 def test_evaluate_bleu_is_sacrebleus_on_the_same_strings(translation_run, files, tmp_path,
@@ -172,8 +176,8 @@ def test_evaluate_bleu_is_sacrebleus_on_the_same_strings(translation_run, files,
     # Right (upper-cased) for some sentences only, so that BLEU is neither 0 nor 100.
     return [t.upper() if len(t) % 3 else t.upper()[::-1] for t in texts]
 
-  monkeypatch.setattr(evaluation, "translate_texts", fake_translate)
-  record = commands.evaluate(workdir, output=str(tmp_path / "eval.json"), stdout=io.StringIO())
+  monkeypatch.setattr(text, "translate_texts", fake_translate)
+  record = evaluate_mode.evaluate(workdir, output=str(tmp_path / "eval.json"), stdout=io.StringIO())
 
   with open(os.path.join(paths["local_parallel"], "val.en"), encoding="utf-8") as f:
     english = f.read().splitlines()
@@ -211,7 +215,7 @@ def test_translate_keeps_line_order_and_empty_lines(translation_run, tmp_path, m
   (tmp_path / "in.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
   out = str(tmp_path / "out.txt")
   overrides = {"batch_size": 2}
-  commands.translate(workdir, input_path=str(tmp_path / "in.txt"), output_path=out,
+  translate_mode.translate(workdir, input_path=str(tmp_path / "in.txt"), output_path=out,
                      decode_overrides=overrides)
   with open(out, encoding="utf-8") as f:
     got = f.read().split("\n")
@@ -222,11 +226,11 @@ def test_translate_keeps_line_order_and_empty_lines(translation_run, tmp_path, m
   assert set(shapes) <= {(2, 8), (2, 16), (2, 32)} and len(shapes) == 3
 
   with pytest.raises(ConfigError, match=r"out\.txt' exists; pass --overwrite"):
-    commands.translate(workdir, input_path=str(tmp_path / "in.txt"), output_path=out)
-  commands.translate(workdir, input_path=str(tmp_path / "in.txt"), output_path=out,
+    translate_mode.translate(workdir, input_path=str(tmp_path / "in.txt"), output_path=out)
+  translate_mode.translate(workdir, input_path=str(tmp_path / "in.txt"), output_path=out,
                      overwrite=True)
   with pytest.raises(ConfigError, match="is the input file"):
-    commands.translate(workdir, input_path=str(tmp_path / "in.txt"),
+    translate_mode.translate(workdir, input_path=str(tmp_path / "in.txt"),
                        output_path=str(tmp_path / "in.txt"), overwrite=True)
   assert (tmp_path / "in.txt").read_text(encoding="utf-8").split("\n")[:-1] == lines
 
@@ -255,14 +259,14 @@ def test_generate_at_temperature_zero_is_decoding_generate(lm_run):
   workdir, _, _ = lm_run
   out = io.StringIO()
   overrides = {"temperature": 0.0, "beam_size": 1, "max_new_tokens": 8}
-  continuation, = commands.generate(workdir, ["the cat"], decode_overrides=overrides,
+  continuation, = generate_mode.generate(workdir, ["the cat"], decode_overrides=overrides,
                                     stdout=out)
   assert out.getvalue() == continuation + "\n"
 
-  run = commands.load_run(workdir)
+  run = loaded.load_run(workdir)
   prompt = np.concatenate([[tokenizers.BOS_ID], run.tokenizer.encode("the cat")])[None]
-  with run.trainer.context():
-    tokens = decoding.generate(run.trainer.model_config, run.params, prompt, 8)
+  with run.context():
+    tokens = decoding.generate(run.model_config, run.params, prompt, 8)
   row = np.asarray(tokens)[0]
   expected = row[:list(row).index(tokenizers.EOS_ID)] if tokenizers.EOS_ID in row else row
   assert continuation == run.tokenizer.decode(expected)
@@ -275,7 +279,7 @@ def test_average_is_the_mean_of_the_checkpoints(translation_run, tmp_path):
   workdir, _, _ = translation_run
   before = _snapshot(workdir)
   out = tmp_path / "averaged"
-  path = commands.average(workdir, str(out), average_last=2)
+  path = average_mode.average(workdir, str(out), average_last=2)
   assert path == str(out / "checkpoints" / "4")
   restore = lambda directory: ocp.StandardCheckpointer().restore(
       os.path.join(directory, "state"))["params"]
@@ -288,14 +292,14 @@ def test_average_is_the_mean_of_the_checkpoints(translation_run, tmp_path):
     assert json.load(f)["steps"] == [2, 4]
 
   # The averaged workdir is a run for the other modes and for config.init_from.
-  run = commands.load_run(str(out))
+  run = loaded.load_run(str(out))
   assert run.steps == [4]
-  _, match = checkpointing.load_params(str(out), run.trainer.abstract_state.params)
+  _, match = checkpointing.load_params(str(out), run.abstract_params)
   assert not match.new and not match.dropped
   with pytest.raises(ConfigError, match="exists and is not an empty directory"):
-    commands.average(workdir, str(out), average_last=2)
+    average_mode.average(workdir, str(out), average_last=2)
   with pytest.raises(ConfigError, match="inside the source workdir"):
-    commands.average(workdir, os.path.join(workdir, "avg"), average_last=2)
+    average_mode.average(workdir, os.path.join(workdir, "avg"), average_last=2)
 
 
 # ---------------------------------------------------------------- mistakes
@@ -319,29 +323,29 @@ def _copy_without(workdir, tmp_path, *, drop=(), model=None):
 
 
 MISTAKES = {  # name -> (which run, how to break it, the call, the message)
-    "prompt_too_long": ("lm", {}, lambda w: commands.generate(
+    "prompt_too_long": ("lm", {}, lambda w: generate_mode.generate(
         w, ["x" * 40], decode_overrides={"overlong": "error", "max_new_tokens": 4}),
                         r"--prompt has 41 tokens, more than the 29 a prompt may have"),
-    "empty_prompt": ("lm", {}, lambda w: commands.generate(w, [""]), r"--prompt is empty"),
-    "no_checkpoints": ("lm", {"drop": ["checkpoints"]}, commands.load_run,
+    "empty_prompt": ("lm", {}, lambda w: generate_mode.generate(w, [""]), r"--prompt is empty"),
+    "no_checkpoints": ("lm", {"drop": ["checkpoints"]}, loaded.load_run,
                        r"checkpoints holds no complete checkpoint: train first"),
-    "no_config": ("lm", {"drop": ["config.json"]}, commands.load_run,
+    "no_config": ("lm", {"drop": ["config.json"]}, loaded.load_run,
                   r"has no config\.json: expected the workdir of a training run"),
-    "no_tokenizer": ("lm", {"drop": ["tokenizer.json"]}, commands.load_run,
+    "no_tokenizer": ("lm", {"drop": ["tokenizer.json"]}, loaded.load_run,
                      r"has no tokenizer\.json"),
-    "shape_mismatch": ("lm", {"model": {"mlp_dim": 128}}, commands.load_run,
+    "shape_mismatch": ("lm", {"model": {"mlp_dim": 128}}, loaded.load_run,
                        r"does not match the model of .*config\.json: .*block_0/mlp/wi/kernel is "
                        r"\(32, 64\) in the checkpoint but \(32, 128\) in the model"),
-    "unknown_step": ("lm", {}, lambda w: commands.load_run(w, checkpoint_step=3),
+    "unknown_step": ("lm", {}, lambda w: loaded.load_run(w, checkpoint_step=3),
                      r"--checkpoint_step=3: .* has no such checkpoint; its steps are 2, 4"),
-    "too_few_to_average": ("lm", {}, lambda w: commands.load_run(w, average_last=3),
+    "too_few_to_average": ("lm", {}, lambda w: loaded.load_run(w, average_last=3),
                            r"--average_last=3 needs 3 checkpoints but .* holds 2 \(steps 2, 4\)"
                            r": a run keeps only its newest checkpoint\.keep=2"),
-    "generate_on_translation": ("translation", {}, lambda w: commands.generate(w, ["a"]),
+    "generate_on_translation": ("translation", {}, lambda w: generate_mode.generate(w, ["a"]),
                                 r"--mode=generate needs a model with arch='decoder'"),
-    "translate_on_lm": ("lm", {}, lambda w: commands.translate(w, stdin=io.StringIO("a\n")),
+    "translate_on_lm": ("lm", {}, lambda w: translate_mode.translate(w, stdin=io.StringIO("a\n")),
                         r"--mode=translate needs a model with arch='encoder_decoder'"),
-    "beam_and_sampling": ("lm", {}, lambda w: commands.load_run(
+    "beam_and_sampling": ("lm", {}, lambda w: loaded.load_run(
         w, decode_overrides={"beam_size": 4, "temperature": 0.7}),
                           r"beam search does not sample"),
 }

@@ -10,9 +10,9 @@ import jax
 import pytest
 
 from transformer import sharding
-from transformer import objectives
+from transformer.model import objectives
 from transformer.configuration import ConfigError, ModelConfig, objective_of, validate
-from transformer.models import make_model
+from transformer.model.models import make_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_FILES = sorted(p for p in glob.glob(os.path.join(ROOT, "configs", "*.py"))
@@ -153,7 +153,7 @@ def test_launch_rejects_a_mistyped_override(tmp_path):
 
 
 def test_unknown_dataset_fails_before_compiling(tiny_config, tmp_path):
-  from transformer import train  # pylint: disable=g-import-not-at-top
+  from transformer.training import loop  # pylint: disable=g-import-not-at-top
   tiny_config.data.name = "no_such_dataset_xyz"
   with pytest.raises(ConfigError, match=r"config\.data\.name='no_such_dataset_xyz' is not a TFDS dataset"):
-    train.train_and_evaluate(tiny_config, str(tmp_path / "w"))
+    loop.train_and_evaluate(tiny_config, str(tmp_path / "w"))

@@ -6,7 +6,8 @@ import re
 import subprocess
 import sys
 
-from transformer import console
+from transformer.workdir import console
+from transformer.workdir import layout
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ABSL_PREFIX = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d{6} +\d+ [\w.]+:\d+\] ")
@@ -19,7 +20,7 @@ def _record(pathname: str, level: int, message: str, **extra) -> logging.LogReco
 
 
 def test_console_filter_keeps_project_lines_and_every_real_warning():
-  project = os.path.join(ROOT, "transformer", "train.py")
+  project = os.path.join(ROOT, "transformer", "training", "loop.py")  # A subpackage.
   library = "/venv/lib/python3.11/site-packages/jax/_src/xla_bridge.py"
   tfds = "/venv/lib/python3.11/site-packages/tensorflow_datasets/core/file_utils.py"
   shown = lambda *args, **kw: console.show_on_console(_record(*args, **kw))
@@ -52,7 +53,7 @@ def test_log_file_is_appended_across_restarts(tmp_path):
     finally:
       logging.getLogger().removeHandler(handler)
       handler.close()
-  lines = (tmp_path / console.LOG_FILE).read_text().splitlines()
+  lines = (tmp_path / layout.LOG).read_text().splitlines()
   assert [line.split("] ")[1] for line in lines] == ["first run", "second run"]
   assert all(ABSL_PREFIX.match(line) for line in lines)
 
@@ -81,7 +82,7 @@ def test_launch_console_has_no_prefix_or_library_noise(tmp_path):
     assert noise not in result.stderr, noise  # ... without progress bars or chatter.
   assert result.stdout == ""  # TFDS's "Downloading and preparing" banner went to the log.
 
-  log = (workdir / console.LOG_FILE).read_text()
+  log = (workdir / layout.LOG).read_text()
   assert re.search(r"^I\d{4} [\d:.]+ +\d+ train\.py:\d+\] step 2/2 \(100%\)", log, re.M)
   assert "Downloading and preparing dataset" in log
   assert re.search(r"^I\d{4} .* checkpoint_manager\.py:\d+\] ", log, re.M)  # Library INFO.

@@ -23,11 +23,14 @@ from tensorboardX.proto import event_pb2
 
 import crash_worker
 from tiny import make_tiny_config
-from transformer import checkpointing
-from transformer import metrics
+from transformer.workdir import checkpointing
+from transformer.training import metrics
 from transformer import sharding
-from transformer import train
+from transformer.training import fault_injection
+from transformer.training import loop
+from transformer.training import trainer as trainer_lib
 from transformer.configuration import ConfigError, validate
+from transformer.workdir import layout
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -140,9 +143,9 @@ def test_metric_writer_resume_keeps_rows_up_to_the_checkpoint(tmp_path, caplog):
 def _run_worker(workdir, data_dir, kill_at=None, sync_save=False):
   """Runs tests/crash_worker.py on one CPU device; returns (returncode, output)."""
   env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
-  env.pop(train._KillAt.VARIABLE, None)  # pylint: disable=protected-access
+  env.pop(fault_injection.KillAt.VARIABLE, None)  # pylint: disable=protected-access
   if kill_at:
-    env[train._KillAt.VARIABLE] = kill_at  # pylint: disable=protected-access
+    env[fault_injection.KillAt.VARIABLE] = kill_at  # pylint: disable=protected-access
   command = [sys.executable, os.path.join(ROOT, "tests", "crash_worker.py"),
              f"--workdir={workdir}", f"--data_dir={data_dir}"]
   if sync_save:
@@ -211,15 +214,15 @@ def test_sigkill_anywhere_reruns_exactly(point_and_step, uninterrupted, tfds_dat
 
 
 def test_kill_hook_is_inert_unless_asked(monkeypatch):
-  monkeypatch.delenv(train._KillAt.VARIABLE, raising=False)  # pylint: disable=protected-access
-  hook = train._KillAt.from_env()  # pylint: disable=protected-access
+  monkeypatch.delenv(fault_injection.KillAt.VARIABLE, raising=False)  # pylint: disable=protected-access
+  hook = fault_injection.KillAt.from_env()  # pylint: disable=protected-access
   hook("after_step", 5)  # Unset: nothing happens.
-  hook = train._KillAt("after_save:6")  # pylint: disable=protected-access
+  hook = fault_injection.KillAt("after_save:6")  # pylint: disable=protected-access
   called = []
   hook("after_save", 5, first=lambda: called.append(1))  # Another step: nothing either.
   assert not called
   with pytest.raises(ValueError, match="TRANSFORMER_TEST_KILL_AT='during_lunch:3'"):
-    train._KillAt("during_lunch:3")  # pylint: disable=protected-access
+    fault_injection.KillAt("during_lunch:3")  # pylint: disable=protected-access
 
 
 # ---------------------------------------------------------------- 2. non-finite steps
@@ -229,7 +232,7 @@ def test_kill_hook_is_inert_unless_asked(monkeypatch):
 def poison_steps(monkeypatch):
   """poison_steps({4}) makes the batches of those steps (1-based) carry NaN weights."""
   steps = set()
-  create = train.Trainer.create
+  create = trainer_lib.Trainer.create
 
   def poisoned_create(cls, config, mesh):
     del cls
@@ -244,7 +247,7 @@ def poison_steps(monkeypatch):
     trainer.train_step = step_with_poison
     return trainer
 
-  monkeypatch.setattr(train.Trainer, "create", classmethod(poisoned_create))
+  monkeypatch.setattr(trainer_lib.Trainer, "create", classmethod(poisoned_create))
   return steps.update
 
 
@@ -253,7 +256,7 @@ def test_nonfinite_step_stops_before_it_is_saved(tiny_config, tmp_path, poison_s
   tiny_config.checkpoint.every = 1  # A save after every step: step 4's must not happen.
   workdir = str(tmp_path / "run")
   with pytest.raises(FloatingPointError, match=r"Non-finite training loss nan .* at step 4"):
-    train.train_and_evaluate(tiny_config, workdir)
+    loop.train_and_evaluate(tiny_config, workdir)
   assert _checkpoint_steps(workdir) == [1, 2, 3]
   assert _all_finite(_restore_raw(workdir, 3))
   assert [r["step"] for r in _rows(workdir) if "loss" in r] == [1, 2, 3]
@@ -265,7 +268,7 @@ def test_skip_nonfinite_skips_updates_then_stops_after_a_streak(tiny_config, tmp
   tiny_config.checkpoint.every = 1
   poison_steps({4})  # One bad batch: skipped, the run goes on.
   workdir = str(tmp_path / "one")
-  train.train_and_evaluate(tiny_config, workdir)
+  loop.train_and_evaluate(tiny_config, workdir)
   rows = _by_step(workdir, "skipped_updates")
   assert [rows[s]["skipped_updates"] for s in range(1, 7)] == [0, 0, 0, 1, 0, 0]
   assert [rows[s]["skipped_total"] for s in range(1, 7)] == [0, 0, 0, 1, 1, 1]
@@ -279,7 +282,7 @@ def test_skip_nonfinite_skips_updates_then_stops_after_a_streak(tiny_config, tmp
   poison_steps({5})  # Now 4 and 5: two in a row stops the run.
   workdir = str(tmp_path / "streak")
   with pytest.raises(FloatingPointError, match=r"2 steps in a row \(steps 4, 5\)"):
-    train.train_and_evaluate(tiny_config, workdir)
+    loop.train_and_evaluate(tiny_config, workdir)
   assert _checkpoint_steps(workdir) == [1, 2, 3, 4]
   assert _all_finite(_restore_raw(workdir, 4))
 
@@ -299,7 +302,7 @@ def test_skip_nonfinite_is_validated(tiny_config, value):
 def finished_run(tfds_data_dir, tmp_path_factory):
   """A finished 6-step tiny run (checkpoints 3 and 6), kept pristine: tests copy it."""
   workdir = str(tmp_path_factory.mktemp("finished") / "run")
-  train.train_and_evaluate(make_tiny_config(tfds_data_dir), workdir)
+  loop.train_and_evaluate(make_tiny_config(tfds_data_dir), workdir)
   return workdir
 
 
@@ -323,7 +326,7 @@ def _overwrite(path):
 
 def _garbage_ocdbt_manifest_unrecorded(step_dir):
   """Damage only a read finds: no recorded sizes, a binary index overwritten."""
-  os.remove(os.path.join(step_dir, checkpointing.FILE_SIZES))
+  os.remove(os.path.join(step_dir, layout.FILE_SIZES))
   _overwrite(os.path.join(step_dir, "state", "manifest.ocdbt"))
 
 
@@ -344,7 +347,7 @@ def test_corrupt_newest_checkpoint_is_set_aside(corruption, finished_run, tiny_c
   workdir = _copy(finished_run, tmp_path)
   damage(os.path.join(workdir, "checkpoints", "6"))
   with caplog.at_level("INFO"):
-    train.train_and_evaluate(tiny_config, workdir)
+    loop.train_and_evaluate(tiny_config, workdir)
   assert "Skipping checkpoint 6" in caplog.text
   assert "Resumed from checkpoint 3" in caplog.text
   assert os.listdir(os.path.join(workdir, "checkpoints_bad")) == [f"6-{reason}"]
@@ -367,7 +370,7 @@ def test_no_usable_checkpoint_left_means_none(finished_run, tiny_config, tmp_pat
   workdir = _copy(finished_run, tmp_path)
   shutil.rmtree(os.path.join(workdir, "checkpoints", "6", "data"))
   _overwrite(os.path.join(workdir, "checkpoints", "3", "_CHECKPOINT_METADATA"))
-  trainer = train.Trainer.create(tiny_config, sharding.make_mesh(tiny_config.mesh))
+  trainer = trainer_lib.Trainer.create(tiny_config, sharding.make_mesh(tiny_config.mesh))
   checkpointer = checkpointing.Checkpointer(workdir, tiny_config.checkpoint)
   try:
     assert checkpointer.restore_latest(trainer.abstract_state, _UnusedIterator()) is None
@@ -382,7 +385,7 @@ def test_checkpoint_of_another_model_is_a_config_error_not_damage(finished_run, 
                                                                   tmp_path):
   workdir = _copy(finished_run, tmp_path)
   tiny_config.model.mlp_dim = 128
-  trainer = train.Trainer.create(tiny_config, sharding.make_mesh(tiny_config.mesh))
+  trainer = trainer_lib.Trainer.create(tiny_config, sharding.make_mesh(tiny_config.mesh))
   checkpointer = checkpointing.Checkpointer(workdir, tiny_config.checkpoint)
   try:
     with pytest.raises(ConfigError, match="checkpoint 6 .* do not match"):
@@ -401,7 +404,7 @@ def test_resume_applies_cadence_changes_and_lists_them(finished_run, tiny_config
   tiny_config.train.update(num_steps=8, log_every=2, eval_batches=1)
   tiny_config.decode.beam_size = 2
   with caplog.at_level("INFO"):
-    train.train_and_evaluate(tiny_config, workdir)
+    loop.train_and_evaluate(tiny_config, workdir)
   assert ("Resuming with changed settings (applied): decode.beam_size: 4 -> 2; "
           "train.eval_batches: 2 -> 1; train.log_every: 1 -> 2; train.num_steps: 6 -> 8"
           in caplog.text)
@@ -418,7 +421,7 @@ def test_resume_with_a_changed_model_or_optimizer_stops(finished_run, tiny_confi
   tiny_config.seed = 7
   tiny_config.train.num_steps = 8  # Safe: not listed.
   with pytest.raises(ConfigError) as error:
-    train.train_and_evaluate(tiny_config, workdir)
+    loop.train_and_evaluate(tiny_config, workdir)
   message = str(error.value)
   assert "3 key(s)" in message
   for change in ("model.mlp_dim: 64 -> 128", "optimizer.learning_rate: 0.003 -> 0.001",
@@ -435,7 +438,7 @@ def test_on_config_change_allow_resumes_anyway(finished_run, tiny_config, tmp_pa
   tiny_config.train.num_steps = 7
   tiny_config.checkpoint.on_config_change = "allow"
   with caplog.at_level("INFO"):
-    train.train_and_evaluate(tiny_config, workdir)
+    loop.train_and_evaluate(tiny_config, workdir)
   assert "on_config_change='allow'" in caplog.text
   assert "optimizer.learning_rate: 0.003 -> 0.001" in caplog.text
   assert "Resumed from checkpoint 6" in caplog.text
@@ -447,7 +450,7 @@ def test_resolved_vocab_size_is_not_a_change(finished_run, tiny_config, tmp_path
   workdir = _copy(finished_run, tmp_path)
   tiny_config.model.vocab_size = 0
   with caplog.at_level("INFO"):
-    train.train_and_evaluate(tiny_config, workdir)  # Finished already: restores, no steps.
+    loop.train_and_evaluate(tiny_config, workdir)  # Finished already: restores, no steps.
   assert "Resumed from checkpoint 6" in caplog.text
   assert "changed settings" not in caplog.text
 
@@ -459,9 +462,9 @@ def test_config_json_without_a_checkpoint_is_not_a_resume(finished_run, tiny_con
   shutil.copy(os.path.join(finished_run, "config.json"), workdir)
   tiny_config.model.mlp_dim = 128
   with caplog.at_level("INFO"):
-    train._check_config_change(tiny_config, workdir)  # pylint: disable=protected-access
+    loop._check_config_change(tiny_config, workdir)  # pylint: disable=protected-access
   assert "not a resume" in caplog.text
   tiny_config.checkpoint.on_config_change = "sometimes"
   with pytest.raises(ConfigError, match=r"config\.checkpoint\.on_config_change='sometimes' "
                      r"is invalid: valid values are 'stop', 'allow'"):
-    train._check_config_change(tiny_config, workdir)  # pylint: disable=protected-access
+    loop._check_config_change(tiny_config, workdir)  # pylint: disable=protected-access

@@ -15,13 +15,14 @@ import pytest
 import tensorflow_datasets as tfds
 
 from configs import base
-from transformer import train
+from transformer.training import loop
 from transformer.configuration import ConfigError, DataError
 from transformer.data import catalog
 from transformer.data import classification
 from transformer.data import seq2seq
 from transformer.data import sources
 from transformer.data import tokenizers
+from transformer.workdir import layout
 
 BYTES = tokenizers.ByteTokenizer()
 
@@ -73,7 +74,7 @@ def mocked_catalog():
 def test_catalog_datasets_train(mocked_catalog, tmp_path, name, arch, head, data):
   config = tiny(base.get_config(), str(tmp_path / "tfds"), name=name, download=True, **data)
   config.model.update(arch=arch, head=head, pooling="mean" if head == "classification" else "")
-  result = train.train_and_evaluate(config, str(tmp_path / "run"))
+  result = loop.train_and_evaluate(config, str(tmp_path / "run"))
   assert np.isfinite(result["eval_loss"])
   assert [r["step"] for r in rows(str(tmp_path / "run")) if "eval_loss" in r] == [0, 2, 4]
   with open(tmp_path / "run" / "config.json", encoding="utf-8") as f:
@@ -86,7 +87,7 @@ def test_class_count_must_match_the_dataset(mocked_catalog, tmp_path):
   config.model.update(arch="encoder", head="classification", pooling="cls", num_classes=3)
   with pytest.raises(ConfigError, match=r"config\.model\.num_classes=3 does not match "
                      r"glue/sst2, whose 'label' has 2 classes"):
-    train.train_and_evaluate(config, str(tmp_path / "run"))
+    loop.train_and_evaluate(config, str(tmp_path / "run"))
 
 
 def test_missing_language_lists_the_features(mocked_catalog, tmp_path):
@@ -95,14 +96,14 @@ def test_missing_language_lists_the_features(mocked_catalog, tmp_path):
   config.model.update(arch="encoder_decoder")
   with pytest.raises(ConfigError, match=r"config\.data\.target_language='fr' is not a feature "
                      r"of wmt14_translate/de-en; its features are \['de', 'en'\]"):
-    train.train_and_evaluate(config, str(tmp_path / "run"))
+    loop.train_and_evaluate(config, str(tmp_path / "run"))
 
 
 def test_translation_needs_an_encoder_decoder(mocked_catalog, tmp_path):
   config = tiny(base.get_config(), str(tmp_path), name="wmt14_translate/de-en",
                 source_language="en", target_language="de", tokenizer="bytes", download=True)
   with pytest.raises(ConfigError, match=r"need model\.arch='encoder_decoder'"):
-    train.train_and_evaluate(config, str(tmp_path / "run"))
+    loop.train_and_evaluate(config, str(tmp_path / "run"))
 
 
 def test_failed_download_says_how_to_prepare(tmp_path):
@@ -174,7 +175,7 @@ def test_model_vocabulary_smaller_than_the_tokenizer_names_both(tiny_config, tmp
   tiny_config.model.vocab_size = 200
   with pytest.raises(ConfigError, match=r"config\.model\.vocab_size=200 is smaller than the "
                      r"bytes tokenizer's vocabulary \(261\); expected >= 261, or 0"):
-    train.train_and_evaluate(tiny_config, str(tmp_path / "run"))
+    loop.train_and_evaluate(tiny_config, str(tmp_path / "run"))
 
 
 # ---------------------------------------------------------------- length policy and packing
@@ -267,7 +268,7 @@ def test_local_datasets_train(tmp_path, name):
   arch, head, data = LOCAL_CASES[name]
   config = tiny(base.get_config(), str(tmp_path / "tfds"), name=name, path=path, **data)
   config.model.update(arch=arch, head=head, pooling="cls" if head == "classification" else "")
-  result = train.train_and_evaluate(config, str(tmp_path / "run"))
+  result = loop.train_and_evaluate(config, str(tmp_path / "run"))
   assert np.isfinite(result["eval_loss"]) and result["eval_tokens"] > 0
 
 
@@ -286,7 +287,7 @@ def test_local_datasets_train_on_shared_data(tmp_path_factory, name, relative):
   config.model.update(arch=arch, head=head, pooling="cls" if head == "classification" else "")
   config.train.update(num_steps=2, eval_every=2, eval_batches=1)
   workdir = str(tmp_path_factory.mktemp("run"))
-  result = train.train_and_evaluate(config, workdir)
+  result = loop.train_and_evaluate(config, workdir)
   assert np.isfinite(result["eval_loss"])
 
 
@@ -297,7 +298,7 @@ def test_masked_lm_then_init_from_classification(tmp_path):
   pretrain = tiny(base.get_config(), data_dir, name="local_tsv", path=path,
                   text_key="sentence", label_key="label", tokenizer="bytes")
   pretrain.model.update(arch="encoder", head="mlm")
-  train.train_and_evaluate(pretrain, str(tmp_path / "mlm"))
+  loop.train_and_evaluate(pretrain, str(tmp_path / "mlm"))
 
   finetune = tiny(base.get_config(), data_dir, name="local_tsv", path=path,
                   text_key="sentence", label_key="label", tokenizer="bytes")
@@ -305,7 +306,7 @@ def test_masked_lm_then_init_from_classification(tmp_path):
   finetune.init_from = str(tmp_path / "mlm")
   finetune.seed = 1  # Another init: without init_from the blocks would differ by ~0.1.
   finetune.train.update(num_steps=2, eval_every=2)
-  result = train.train_and_evaluate(finetune, str(tmp_path / "cls"))
+  result = loop.train_and_evaluate(finetune, str(tmp_path / "cls"))
   assert 0.0 <= result["eval_accuracy"] <= 1.0
 
   # The fine-tuned run started from the MLM encoder: its blocks moved from the MLM
@@ -344,8 +345,8 @@ def test_init_from_keeps_the_source_runs_vocabulary(tmp_path):
   data_dir = str(tmp_path / "tfds")
   first = tiny(base.get_config(), data_dir, name="local_text", path=path, tokenizer="char")
   first.train.update(num_steps=2, eval_every=2)
-  train.train_and_evaluate(first, str(tmp_path / "a"))
-  record = lambda run: json.loads((tmp_path / run / sources.TOKENIZER_RECORD).read_text())
+  loop.train_and_evaluate(first, str(tmp_path / "a"))
+  record = lambda run: json.loads((tmp_path / run / layout.TOKENIZER_RECORD).read_text())
   assert record("a")["kind"] == "char" and len(record("a")["sha256"]) == 64
   assert (tmp_path / "a" / record("a")["file"]).exists()  # The vocabulary travels with the run.
 
@@ -354,10 +355,10 @@ def test_init_from_keeps_the_source_runs_vocabulary(tmp_path):
                 path=str(tmp_path / "other.txt"), tokenizer="bytes")
   second.init_from = str(tmp_path / "a" / "checkpoints" / "2")
   second.train.update(num_steps=2, eval_every=2)
-  train.train_and_evaluate(second, str(tmp_path / "b"))
+  loop.train_and_evaluate(second, str(tmp_path / "b"))
   assert record("b") == record("a")  # Not the bytes tokenizer the config names.
   second.train.num_steps = 3  # Resuming the fine-tune reads its own copy.
-  train.train_and_evaluate(second, str(tmp_path / "b"))
+  loop.train_and_evaluate(second, str(tmp_path / "b"))
   assert record("b") == record("a")
 
 
@@ -367,4 +368,4 @@ def test_too_small_sentencepiece_vocabulary_is_named(tmp_path):
                 tokenizer="sentencepiece", spm_vocab_size=100)
   with pytest.raises(ConfigError, match=r"config\.data\.spm_vocab_size=100 is too small for "
                      r"SentencePiece: it needs >= 300"):
-    train.train_and_evaluate(config, str(tmp_path / "run"))
+    loop.train_and_evaluate(config, str(tmp_path / "run"))

@@ -17,10 +17,10 @@ import pytest
 from flax import linen as nn
 
 from configs import base
-from transformer import decoding
+from transformer.inference import decoding
 from transformer.configuration import ModelConfig, validate
 from transformer.data.tokenizers import BOS_ID, EOS_ID, PAD_ID
-from transformer.models import make_model
+from transformer.model.models import make_model
 
 B, L, VOCAB, MAX_LEN = 2, 10, 64, 16
 SMALL_VOCAB = 8  # Generation tests: eos (1 in 8) comes up within a few steps.

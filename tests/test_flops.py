@@ -8,9 +8,10 @@ import pytest
 from flax import linen as nn
 
 from configs import base
-from transformer import flops
+from transformer.training import flops
 from transformer.configuration import ModelConfig
-from transformer.models import make_model
+from transformer.model.models import make_model
+from transformer.workdir import layout
 
 # E 8, H 2, D 4, F 16, V 10: the shapes every hand count below uses.
 SMALL = dict(vocab_size=10, d_model=8, num_heads=2, mlp_dim=16, max_len=16,
@@ -78,8 +79,8 @@ def test_published_peak_by_device_kind():
 def test_cpu_peak_is_measured_once_and_cached(tmp_path):
   rate, what = flops.peak_flops(str(tmp_path))
   assert rate > 1e8 and "float32 matmul rate measured" in what
-  cached = json.loads((tmp_path / flops.PEAK_CACHE_FILE).read_text())
+  cached = json.loads((tmp_path / layout.PEAK_FLOPS).read_text())
   assert cached == {"flops_per_second": rate, "source": what}
   cached["flops_per_second"] = 123.0
-  (tmp_path / flops.PEAK_CACHE_FILE).write_text(json.dumps(cached))
+  (tmp_path / layout.PEAK_FLOPS).write_text(json.dumps(cached))
   assert flops.peak_flops(str(tmp_path)) == (123.0, what)  # Read back, not measured again.

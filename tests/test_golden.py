@@ -23,8 +23,8 @@ import pytest
 
 from transformer import sharding
 from transformer.configuration import objective_of
-from transformer import objectives
-from transformer.train import Trainer
+from transformer.model import objectives
+from transformer.training.trainer import Trainer
 
 # arch -> (head, [(loss, grad_norm, param_norm) after steps 1 and 10], (sum, sum of |p|)).
 GOLDEN = {

@@ -19,15 +19,18 @@ import pytest
 from flax import linen as nn
 
 from configs import base
-from transformer import checkpointing
-from transformer import commands
-from transformer import decoding
-from transformer import hf_import
-from transformer import layers
+from transformer.workdir import checkpointing
+from transformer.inference import loaded
+from transformer.inference import decoding
+from transformer.interop.hf import common as hf_common
+from transformer.interop.hf import gpt2
+from transformer.interop.hf import importer
+from transformer.model import layers
 from transformer.configuration import ConfigError, ModelConfig, objective_of
 from transformer.data import hf_tokenizer
 from transformer.data import sources
-from transformer.models import make_model
+from transformer.model.models import make_model
+from transformer.workdir import layout
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "hf")
 TOLERANCE = 1e-5
@@ -40,8 +43,8 @@ def _fixture(family: str) -> tuple[str, dict]:
 
 def _converted(family: str):
   folder, expected = _fixture(family)
-  converted = hf_import.convert_folder(folder)
-  config = hf_import.imported_config(converted)
+  converted = importer.convert_folder(folder)
+  config = importer.imported_config(converted)
   model_config = dataclasses.replace(ModelConfig.from_config(config.model), deterministic=True)
   vocab = converted.vocabulary
   hf_to_internal = np.asarray([vocab.internal(h) for h in range(vocab.hf_vocab_size)])
@@ -162,11 +165,11 @@ def test_cached_decoding_matches_transformers_step_by_step(family):
 
 def _bundle(family: str, tmp_path) -> hf_tokenizer.HFTokenizer:
   folder, _ = _fixture(family)
-  converted = hf_import.convert_folder(folder)
+  converted = importer.convert_folder(folder)
   os.makedirs(tmp_path / family)
-  path = os.path.join(tmp_path, family, hf_tokenizer.FILE)
+  path = os.path.join(tmp_path, family, layout.HF_TOKENIZER)
   with open(path, "w", encoding="utf-8") as f:
-    json.dump(hf_import.tokenizer_bundle(converted, folder), f)
+    json.dump(importer.tokenizer_bundle(converted, folder), f)
   return hf_tokenizer.HFTokenizer(path)
 
 
@@ -229,29 +232,29 @@ def test_import_writes_a_workdir_the_commands_load_and_export_round_trips(tmp_pa
   config = _small_mesh_config()
   config.model.scan_layers = True
   workdir = str(tmp_path / "gpt2")
-  hf_import.import_folder(folder, workdir, config)
+  importer.import_folder(folder, workdir, config)
   assert sorted(os.listdir(workdir)) == ["checkpoints", "config.json", "hf_tokenizer.json",
                                          "tokenizer.json"]
-  run = commands.load_run(workdir)
+  run = loaded.load_run(workdir)
   assert run.config.model.scan_layers and sources.tokenizer_kind(run.tokenizer) == "huggingface"
-  original = hf_import.convert_folder(folder)
-  loaded = layers.scanned_to_unrolled(jax.tree.map(np.asarray, run.params))
-  assert _flat(loaded).keys() == _flat(original.params).keys()
+  original = importer.convert_folder(folder)
+  unrolled = layers.scanned_to_unrolled(jax.tree.map(np.asarray, run.params))
+  assert _flat(unrolled).keys() == _flat(original.params).keys()
   for path, value in _flat(original.params).items():
-    np.testing.assert_array_equal(_flat(loaded)[path], value, err_msg=path)
+    np.testing.assert_array_equal(_flat(unrolled)[path], value, err_msg=path)
   # A sharded parameter: the vocabulary axis over "tensor".
   embedding = run.params["embedder"]["token_embed"]["embedding"]
   assert len(embedding.sharding.device_set) == 8
 
   exported = str(tmp_path / "exported")
-  hf_import.export_gpt2(workdir, exported)
+  gpt2.export_gpt2(workdir, exported)
   assert sorted(os.listdir(exported)) == ["config.json", "model.safetensors", "tokenizer.json"]
-  _, original_tensors = hf_import.read_folder(folder)
-  _, exported_tensors = hf_import.read_folder(exported)
+  _, original_tensors = hf_common.read_folder(folder)
+  _, exported_tensors = hf_common.read_folder(exported)
   assert original_tensors.keys() == exported_tensors.keys()
   for name, value in original_tensors.items():
     np.testing.assert_array_equal(exported_tensors[name], value, err_msg=name)
-  again = hf_import.convert_folder(exported)
+  again = importer.convert_folder(exported)
   assert again.model == original.model
   for path, value in _flat(original.params).items():
     np.testing.assert_array_equal(_flat(again.params)[path], value, err_msg=path)
@@ -260,12 +263,12 @@ def test_import_writes_a_workdir_the_commands_load_and_export_round_trips(tmp_pa
 def test_an_imported_bert_fine_tunes_with_its_pooler(tmp_path):
   """init_from's matching: everything but the MLM head carries into a classifier."""
   folder, _ = _fixture("bert")
-  converted = hf_import.convert_folder(folder)
-  config = hf_import.imported_config(converted)
+  converted = importer.convert_folder(folder)
+  config = importer.imported_config(converted)
   config.model.update(head="classification", pooling="cls", num_classes=2)
   model_config = ModelConfig.from_config(config.model)
   objective = objective_of(model_config.arch, model_config.head)
-  from transformer import objectives  # pylint: disable=g-import-not-at-top
+  from transformer.model import objectives  # pylint: disable=g-import-not-at-top
   batch = objectives.init_batch(objective, 1, 8)
   target = nn.unbox(jax.eval_shape(make_model(model_config).init, jax.random.PRNGKey(0),
                                    *objectives.model_inputs(objective, batch))["params"])
@@ -291,7 +294,7 @@ def test_a_pickle_only_folder_stops_with_the_conversion_command(tmp_path):
   with open(os.path.join(folder, "pytorch_model.bin"), "wb") as f:
     f.write(b"not a pickle: the importer must never open it")
   with pytest.raises(ConfigError, match="it has only pytorch_model.bin.*save_pretrained"):
-    hf_import.convert_folder(folder)
+    importer.convert_folder(folder)
 
 
 @pytest.mark.parametrize("family,key,value,message", [
@@ -309,23 +312,23 @@ def test_an_unsupported_config_field_stops_naming_it(tmp_path, family, key, valu
   with open(path, "w", encoding="utf-8") as f:
     json.dump(config, f)
   with pytest.raises(ConfigError, match=message):
-    hf_import.convert_folder(folder)
+    importer.convert_folder(folder)
 
 
 def test_a_tensor_without_a_place_stops_naming_it(tmp_path):
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
   folder = _copy("gpt2", tmp_path)
-  _, tensors = hf_import.read_folder(folder)
+  _, tensors = hf_common.read_folder(folder)
   tensors["transformer.h.0.attn.rotary.inv_freq"] = np.ones(4, np.float32)
   save_file(tensors, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
   with pytest.raises(ConfigError, match="no place for.*h.0.attn.rotary.inv_freq"):
-    hf_import.convert_folder(folder)
+    importer.convert_folder(folder)
 
 
 def test_only_gpt2_shaped_models_export(tmp_path):
   folder, _ = _fixture("bert")
   workdir = str(tmp_path / "bert")
-  hf_import.import_folder(folder, workdir)
+  importer.import_folder(folder, workdir)
   with pytest.raises(ConfigError, match="model.arch='encoder'"):
-    hf_import.export_gpt2(workdir, str(tmp_path / "out"))
+    gpt2.export_gpt2(workdir, str(tmp_path / "out"))
   assert not os.path.exists(tmp_path / "out")

@@ -14,7 +14,7 @@ from flax import traverse_util
 
 from configs import base
 from transformer.configuration import ModelConfig
-from transformer.models import make_model
+from transformer.model.models import make_model
 
 E, F = 64, 256
 
@@ -103,7 +103,7 @@ def test_embed_norm_normalises_the_embedding_sum():
   norm = nn.unbox(variables["params"]["embedder"]["embed_norm"])
   assert norm["scale"].shape == norm["bias"].shape == (32,)
   # The embedder's output (scale 1, bias 0 at init) has zero mean and unit variance per token.
-  from transformer.models import Embedder  # pylint: disable=g-import-not-at-top
+  from transformer.model.models import Embedder  # pylint: disable=g-import-not-at-top
   x = Embedder(cfg).apply({"params": nn.unbox(variables["params"]["embedder"])}, ids, ids)
   np.testing.assert_allclose(np.asarray(x.mean(-1)), 0.0, atol=1e-5)
   np.testing.assert_allclose(np.asarray(x.var(-1)), 1.0, rtol=1e-3)

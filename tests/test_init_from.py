@@ -12,12 +12,13 @@ from flax import linen as nn
 
 from configs import bert_base
 from tiny import make_tiny_config
-from transformer import checkpointing
-from transformer import objectives
+from transformer.workdir import checkpointing
+from transformer.model import objectives
 from transformer import sharding
-from transformer import train
+from transformer.training import loop
+from transformer.training import trainer as trainer_lib
 from transformer.configuration import ConfigError, ModelConfig, objective_of, validate
-from transformer.models import make_model
+from transformer.model.models import make_model
 
 
 def _tree(leaves: dict) -> dict:
@@ -146,7 +147,7 @@ def _train_steps(workdir):
 def source_run(tfds_data_dir, tmp_path_factory) -> str:
   """Run A: a tiny decoder LM (tied embeddings), 2 steps, checkpoints at 1 and 2."""
   workdir = str(tmp_path_factory.mktemp("source"))
-  train.train_and_evaluate(_quick(make_tiny_config(tfds_data_dir), 2), workdir)
+  loop.train_and_evaluate(_quick(make_tiny_config(tfds_data_dir), 2), workdir)
   return workdir
 
 
@@ -160,18 +161,18 @@ def _fine_tune_config(tfds_data_dir, init_from, num_steps):
 def test_fine_tune_starts_from_the_source_params_at_step_0(source_run, tfds_data_dir,
                                                            tmp_path, monkeypatch, caplog):
   step_0_params = []
-  evaluate = train.evaluate
+  evaluate = trainer_lib.evaluate_split
 
   def spy(trainer, params, *args):  # The step-0 eval sees the params training starts from.
     step_0_params.append(_flat(jax.device_get(params)))
     return evaluate(trainer, params, *args)
 
-  monkeypatch.setattr(train, "evaluate", spy)
+  monkeypatch.setattr(loop, "evaluate_split", spy)  # The name the loop calls.
   config = _fine_tune_config(tfds_data_dir, source_run, num_steps=1)
   config.train.eval_at_start = True
   workdir = str(tmp_path / "fine_tune")
   with caplog.at_level("INFO"):
-    train.train_and_evaluate(config, workdir)
+    loop.train_and_evaluate(config, workdir)
 
   source = _flat(_restore_raw(source_run, 2)["params"])  # The newest: step 2.
   start = step_0_params[0]
@@ -190,7 +191,7 @@ def test_fine_tune_starts_from_the_source_params_at_step_0(source_run, tfds_data
   # Rerunning the (finished) command resumes the run's own checkpoint, ignoring init_from.
   caplog.clear()
   with caplog.at_level("INFO"):
-    train.train_and_evaluate(_fine_tune_config(tfds_data_dir, source_run, num_steps=1),
+    loop.train_and_evaluate(_fine_tune_config(tfds_data_dir, source_run, num_steps=1),
                              workdir)
   assert "Resumed from checkpoint 1" in caplog.text
   assert "Ignoring config.init_from" in caplog.text and "parameters loaded" not in caplog.text
@@ -200,7 +201,7 @@ def test_fine_tune_starts_from_the_source_params_at_step_0(source_run, tfds_data
 def test_init_from_a_checkpoint_directory_reads_that_step(source_run, tfds_data_dir):
   config = _fine_tune_config(tfds_data_dir, "", num_steps=2)
   config.mesh.shape = (("data", 2), ("fsdp", 4), ("tensor", 1))  # Not the source's mesh.
-  trainer = train.Trainer.create(config, sharding.make_mesh(config.mesh))
+  trainer = trainer_lib.Trainer.create(config, sharding.make_mesh(config.mesh))
   abstract = trainer.abstract_state.params
   step_1 = os.path.join(source_run, "checkpoints", "1")
   with trainer.context():
@@ -224,7 +225,7 @@ def test_shape_mismatch_stops_before_training(source_run, tfds_data_dir, tmp_pat
   workdir = str(tmp_path / "mismatch")
   with pytest.raises(ConfigError, match=r"block_0/mlp/wi/kernel is \(32, 64\) float32 in the "
                      r"checkpoint but \(32, 128\) float32"):
-    train.train_and_evaluate(config, workdir)
+    loop.train_and_evaluate(config, workdir)
   assert not os.path.exists(os.path.join(workdir, "checkpoints", "1"))
 
 

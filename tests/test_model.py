@@ -18,10 +18,10 @@ from flax import linen as nn
 
 from configs import base
 from configs import gpt_small
-from transformer import attention
+from transformer.model import attention
 from transformer.configuration import LOGICAL_AXES, ModelConfig
-from transformer.layers import sinusoidal_table
-from transformer.models import Embedder, make_model
+from transformer.model.layers import sinusoidal_table
+from transformer.model.models import Embedder, make_model
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multiprocess_worker.py")
-KILL_AT = "TRANSFORMER_TEST_KILL_AT"  # train._KillAt.VARIABLE, without importing JAX here.
+KILL_AT = "TRANSFORMER_TEST_KILL_AT"  # fault_injection.KillAt.VARIABLE, without importing JAX here.
 
 
 def _free_port() -> int:
@@ -123,13 +123,14 @@ def _shard_evaluation(data_dir, text_path, state_dir):
   import jax  # pylint: disable=g-import-not-at-top
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   from tiny import make_tiny_config  # pylint: disable=g-import-not-at-top
-  from transformer import sharding, train  # pylint: disable=g-import-not-at-top
+  from transformer import sharding  # pylint: disable=g-import-not-at-top
+  from transformer.training import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
   from transformer.data import packing, pipeline, sources  # pylint: disable=g-import-not-at-top
   config = make_tiny_config(data_dir)
   config.data.update(name="local_text", path=text_path)
   config.train.eval_batches = -1
   data = sources.load_sources(config)
-  trainer = train.Trainer.create(config, sharding.make_mesh(config.mesh, jax.devices()[:1]))
+  trainer = trainer_lib.Trainer.create(config, sharding.make_mesh(config.mesh, jax.devices()[:1]))
   params = ocp.StandardCheckpointer().restore(state_dir, trainer.abstract_state).params
   local_batch = config.data.batch_size // 2
   results = []
@@ -140,7 +141,7 @@ def _shard_evaluation(data_dir, text_path, state_dir):
         process_count=2)
     batches = sum(1 for _ in packing.iterate_eval(dataset, local_batch, -1))
     with trainer.context():
-      results.append((train.evaluate(trainer, params, dataset, local_batch), batches))
+      results.append((trainer_lib.evaluate_split(trainer, params, dataset, local_batch), batches))
   return results
 
 

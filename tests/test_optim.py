@@ -12,9 +12,9 @@ import pytest
 from flax import linen as nn
 
 from configs import base
-from transformer import optim
+from transformer.training import optim
 from transformer.configuration import ConfigError, ModelConfig, validate
-from transformer.models import make_model
+from transformer.model.models import make_model
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 

@@ -9,8 +9,8 @@ import types
 import numpy as np
 import pytest
 
-from transformer import plots
-from transformer import run_record
+from transformer.reports import plots
+from transformer.workdir import run_record
 from transformer.configuration import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

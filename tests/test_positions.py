@@ -1,4 +1,4 @@
-"""Tests for transformer/positions.py: RoPE, T5 relative position buckets and bias, ALiBi.
+"""Tests for transformer/model/positions.py: RoPE, T5 relative position buckets and bias, ALiBi.
 
 Each encoding is checked against an independent reference (a loop-based NumPy
 RoPE, a pure-Python port of the T5 / ALiBi reference functions) and against
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from transformer import positions
+from transformer.model import positions
 from transformer.configuration import LOGICAL_AXES
 
 jax.config.update("jax_numpy_rank_promotion", "raise")

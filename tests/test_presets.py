@@ -17,9 +17,9 @@ from flax import linen as nn
 from configs import bert_base
 from configs import transformer_base
 from configs import transformer_big
-from transformer import objectives
+from transformer.model import objectives
 from transformer.configuration import ModelConfig, objective_of, validate
-from transformer.models import make_model
+from transformer.model.models import make_model
 
 
 def parameter_count(config: ml_collections.ConfigDict) -> int:

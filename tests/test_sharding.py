@@ -7,8 +7,8 @@ from flax import linen as nn
 from jax.sharding import PartitionSpec as P
 
 from transformer import sharding
-from transformer import train
-from transformer.models import make_model
+from transformer.training import trainer as trainer_lib
+from transformer.model.models import make_model
 
 MESHES = [(1, 1, 1), (8, 1, 1), (1, 8, 1), (1, 1, 8), (2, 2, 2)]
 
@@ -52,7 +52,7 @@ def _with_arch(config, arch):
 
 def _train(config, devices, steps=3, batch=None):
   mesh = sharding.make_mesh(config.mesh, devices)
-  trainer = train.Trainer.create(config, mesh)
+  trainer = trainer_lib.Trainer.create(config, mesh)
   losses = []
   with trainer.context():
     state = trainer.init(jax.random.PRNGKey(0))
@@ -111,7 +111,7 @@ def test_every_mesh_trains_like_one_device(tiny_config, single_device_run, mesh)
 def test_parameter_specs_follow_the_rules(tiny_config):
   config = _config(tiny_config, (2, 2, 2))
   mesh = sharding.make_mesh(config.mesh)
-  trainer = train.Trainer.create(config, mesh)
+  trainer = trainer_lib.Trainer.create(config, mesh)
   specs = jax.tree.map(lambda s: s.spec, trainer.state_shardings.params)
   block = specs["block_0"]
   expected = {
@@ -138,7 +138,7 @@ def test_parameter_specs_follow_the_rules(tiny_config):
 
 def test_every_spec_matches_its_tensor_rank(tiny_config):
   config = _config(tiny_config, (2, 2, 2))
-  trainer = train.Trainer.create(config, sharding.make_mesh(config.mesh))
+  trainer = trainer_lib.Trainer.create(config, sharding.make_mesh(config.mesh))
   shapes = jax.tree.leaves(trainer.abstract_state)
   shardings = jax.tree.leaves(trainer.state_shardings,
                               is_leaf=lambda x: isinstance(x, jax.sharding.NamedSharding))
@@ -155,8 +155,8 @@ def test_sharding_report_counts_bytes_and_warns_when_fsdp_leaves_weights_whole(
     tiny_config, caplog):
   config = _config(tiny_config, (1, 8, 1))
   mesh = sharding.make_mesh(config.mesh)
-  trainer = train.Trainer.create(config, mesh)
-  boxed = jax.eval_shape(train.make_init_fn(
+  trainer = trainer_lib.Trainer.create(config, mesh)
+  boxed = jax.eval_shape(trainer_lib.make_init_fn(
       make_model(trainer.model_config), _optimizer(config), config.data.seq_len),
       jax.random.PRNGKey(0))
   lines, stats = sharding.sharding_report(
@@ -169,12 +169,12 @@ def test_sharding_report_counts_bytes_and_warns_when_fsdp_leaves_weights_whole(
   config.mesh.rules = tuple((name, None if name == "embed" else axes)
                             for name, axes in config.mesh.rules)
   with caplog.at_level("WARNING"):
-    train.Trainer.create(config, sharding.make_mesh(config.mesh))
+    trainer_lib.Trainer.create(config, sharding.make_mesh(config.mesh))
   assert "fsdp=8 but" in caplog.text and "replicated" in caplog.text
 
 
 def _optimizer(config):
-  from transformer import optim  # pylint: disable=g-import-not-at-top
+  from transformer.training import optim  # pylint: disable=g-import-not-at-top
   return optim.make_optimizer(
       config.optimizer, optim.make_schedule(config.optimizer, 64, config.train.num_steps))
 

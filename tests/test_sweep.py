@@ -10,9 +10,9 @@ import pytest
 from configs import gpt_small
 from test_plots import assert_png
 from tiny import make_tiny_config
-from transformer import compare
-from transformer import plots
-from transformer import sweep
+from transformer.reports import compare
+from transformer.reports import plots
+from transformer.cli import sweep
 from transformer.configuration import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -233,7 +233,7 @@ def test_two_run_sweep_resumes_skips_and_compares(tfds_data_dir, tmp_path):
   assert list(eval_loss.steps) == [0, 3, 6]  # One evaluation per step despite the kill.
   assert rows[0]["eval_loss final"] == f"{eval_loss.values[-1]:.4g}"
   assert all(r["wall"] != "—" and r["tokens/s"] != "—" for r in rows)
-  runs = [compare.load_run(w, os.path.basename(w)) for w in (learned, rope)]
+  runs = [compare.read_summary(w, os.path.basename(w)) for w in (learned, rope)]
   figures = compare.overlay_figures(runs)
   assert [line.get_label() for line in figures["compare_eval_loss"].axes[0].get_lines()] == [
       "position=learned", "position=rope"]

@@ -24,12 +24,12 @@ from flax import linen as nn
 from jax.flatten_util import ravel_pytree
 
 from configs import base
-from transformer import metrics
-from transformer import objectives
+from transformer.training import metrics
+from transformer.model import objectives
 from transformer.configuration import (ACTIVATIONS, POSITIONS, ConfigError, ModelConfig,
                                        objective_of, validate)
-from transformer.layers import scanned_to_unrolled, unrolled_to_scanned
-from transformer.models import ARCHITECTURES, ClassificationHead, Embedder, make_model
+from transformer.model.layers import scanned_to_unrolled, unrolled_to_scanned
+from transformer.model.models import ARCHITECTURES, ClassificationHead, Embedder, make_model
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 

@@ -8,7 +8,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from transformer import train
+from transformer.training import loop
+from transformer.training import trainer as trainer_lib
 
 
 def _read_metrics(workdir):
@@ -25,7 +26,7 @@ def test_train_and_evaluate_writes_everything(tiny_config, tmp_path):
   workdir = str(tmp_path / "run")
   tiny_config.train.num_steps = 12
   tiny_config.train.eval_every = 6
-  result = train.train_and_evaluate(tiny_config, workdir)
+  result = loop.train_and_evaluate(tiny_config, workdir)
 
   rows = _read_metrics(workdir)
   train_rows = [r for r in rows if "loss" in r]
@@ -54,13 +55,13 @@ def test_train_and_evaluate_writes_everything(tiny_config, tmp_path):
 def test_resume_is_exact(tiny_config, tmp_path):
   """N steps straight == N/2 steps, stop, rerun to N: same losses and bitwise same params."""
   straight = str(tmp_path / "straight")
-  train.train_and_evaluate(tiny_config, straight)
+  loop.train_and_evaluate(tiny_config, straight)
 
   resumed = str(tmp_path / "resumed")
   tiny_config.train.num_steps = 3  # First run stops at 3 (and saves there) ...
-  train.train_and_evaluate(tiny_config, resumed)
+  loop.train_and_evaluate(tiny_config, resumed)
   tiny_config.train.num_steps = 6  # ... the same command with the same workdir resumes.
-  train.train_and_evaluate(tiny_config, resumed)
+  loop.train_and_evaluate(tiny_config, resumed)
 
   losses = lambda w: {r["step"]: r["loss"] for r in _read_metrics(w) if "loss" in r}
   assert losses(straight) == losses(resumed)  # Identical data order and updates.
@@ -81,7 +82,7 @@ def test_non_finite_loss_names_the_step(tiny_config):
   pending = (7, {"loss_sum": np.float32(np.nan), "weight_sum": np.float32(10.0)})
   progress = None
   with pytest.raises(FloatingPointError, match="step 7"):
-    train._report(pending, None, progress, None, tiny_config)  # pylint: disable=protected-access
+    loop._report(pending, None, progress, None, tiny_config)  # pylint: disable=protected-access
 
 
 def test_batch_must_split_over_data_parallel_devices(tiny_config):
@@ -90,7 +91,7 @@ def test_batch_must_split_over_data_parallel_devices(tiny_config):
   tiny_config.data.batch_size = 12
   mesh = sharding.make_mesh(tiny_config.mesh)  # 8 simulated devices on the data axis.
   with pytest.raises(ConfigError, match=r"config\.data\.batch_size=12.*8 data-parallel"):
-    train.check_batch_size(tiny_config, mesh)
+    trainer_lib.check_batch_size(tiny_config, mesh)
 
 
 @pytest.mark.parametrize("preset", ["bert_base", "transformer_base"])
@@ -105,7 +106,7 @@ def test_other_topologies_train_end_to_end(preset, tiny_config, tmp_path):
   config.train.update(num_steps=6, log_every=1, eval_every=6, eval_batches=2)
   config.optimizer.update(warmup_steps=2)
   workdir = str(tmp_path / preset)
-  result = train.train_and_evaluate(config, workdir)
+  result = loop.train_and_evaluate(config, workdir)
   rows = [r for r in _read_metrics(workdir) if "loss" in r]
   assert [r["step"] for r in rows] == list(range(1, 7))
   assert rows[-1]["loss"] < rows[0]["loss"]
@@ -158,7 +159,7 @@ def test_two_step_golden_values(tiny_config):
   and say why. (Values from jax 0.10.2 on CPU, one device.)
   """
   from transformer import sharding  # pylint: disable=g-import-not-at-top
-  trainer = train.Trainer.create(tiny_config,
+  trainer = trainer_lib.Trainer.create(tiny_config,
                                  sharding.make_mesh(tiny_config.mesh, jax.devices()[:1]))
   rng = np.random.default_rng(0)
   b, l = 8, 32

@@ -1,1 +1,18 @@
-"""transformer: one small JAX/Flax library for the Transformer family."""
+"""A JAX/Flax codebase for the Transformer family: one block, three topologies.
+
+From the ground up (each part imports only those above it in this list;
+tests/test_layout.py holds the table and enforces it):
+
+  configuration.py  validate(config), the frozen ModelConfig, errors a user can act on
+  distributed.py    jax.distributed start, barriers, failing together
+  sharding.py       the device mesh, logical-axis rules, the sharding report
+  workdir/          the one place that knows a workdir's files: names, atomic writes,
+                    checkpoints, run record, console and log
+  model/            attention, positions, layers, the three topologies, objectives
+  data/             datasets (TFDS builders, catalog, local files), tokenizers, pipelines
+  inference/        a trained run loaded without training; decoding; text in and out
+  training/         the compiled step and Trainer, the loop, optimizer, metrics, FLOPs
+  reports/          plots of a run, comparison tables of several
+  interop/hf/       Hugging Face folders in and out, one module per family
+  cli/              launch.py's modes, one module each, with the flags they own
+"""

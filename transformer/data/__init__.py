@@ -1,1 +1,17 @@
-"""Datasets (TFDS builders and catalog loading), tokenizers and the grain pipeline."""
+"""Datasets (TFDS builders and catalog loading), tokenizers and the grain pipeline.
+
+  catalog.py         data.name -> a prepared TFDS builder (catalog, offline, local files)
+  python_stdlib.py   TFDS builder for the offline corpus
+  local_files.py     what the local builders share; local_text.py (plain text, LM),
+                     local_parallel.py (parallel text), local_tsv.py (TSV/CSV labels)
+  tokenizers.py      SentencePiece (unigram/BPE, joint), character and byte tokenizers
+  hf_tokenizer.py    an imported model's own tokenizer, renumbered to the ids above
+  sources.py         a run's dataset + tokenizer, checked against the config
+  packing.py         reading, shuffling, length policy, padding, eval batches
+  lm.py              causal and masked LM rows
+  seq2seq.py         translation / continuation pairs, packed or padded
+  classification.py  one labelled example per row
+  pipeline.py        objective -> pipeline
+
+May import: configuration, distributed, workdir.
+"""

@@ -17,12 +17,12 @@ import ml_collections
 import tensorflow_datasets as tfds
 from absl import logging
 
-from transformer import console
 from transformer.configuration import ConfigError
 from transformer.data import local_parallel
 from transformer.data import local_text
 from transformer.data import local_tsv
 from transformer.data import python_stdlib  # pylint: disable=unused-import (registers it)
+from transformer.workdir import console
 
 OFFLINE_DATASETS = ("python_stdlib",)  # Built from local files; never download.
 # Datasets built from the files at data.path, by the builder each function returns.

@@ -31,8 +31,6 @@ import numpy as np
 from transformer.configuration import ConfigError
 from transformer.data import tokenizers as base_tokenizers
 
-FILE = "hf_tokenizer.json"  # Its name in a workdir.
-
 
 class HFTokenizer:
   """Encodes with the source model's own tokenizer; ids are the renumbered ones."""

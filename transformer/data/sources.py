@@ -20,16 +20,16 @@ import tensorflow_datasets as tfds
 from absl import logging
 
 from transformer import distributed
-from transformer import files
 from transformer.configuration import ConfigError, objective_of
 from transformer.data import catalog
 from transformer.data import hf_tokenizer
 from transformer.data import packing
 from transformer.data import tokenizers
+from transformer.workdir import files
+from transformer.workdir import layout
 
 MIN_SPM_VOCAB = 300  # 256 byte-fallback pieces + specials + some real pieces.
 VOCAB_MULTIPLE = 128  # model.vocab_size=0 rounds the tokenizer's size up to this.
-TOKENIZER_RECORD = "tokenizer.json"  # In a workdir: which vocabulary the run was trained with.
 
 
 @dataclasses.dataclass
@@ -164,7 +164,7 @@ def load_sources(config: ml_collections.ConfigDict, tokenizer_workdir: str = "")
   builder = catalog.load_builder(config.data)
   check_features(config, builder)
   keys = text_keys(config)
-  if tokenizer_workdir and os.path.exists(os.path.join(tokenizer_workdir, TOKENIZER_RECORD)):
+  if tokenizer_workdir and os.path.exists(os.path.join(tokenizer_workdir, layout.TOKENIZER_RECORD)):
     tokenizer = load_workdir_tokenizer(tokenizer_workdir)
     logging.info("Tokenizer: the vocabulary of %s (%s, %d ids)", tokenizer_workdir,
                  tokenizer_kind(tokenizer), tokenizer.vocab_size)
@@ -176,7 +176,7 @@ def load_sources(config: ml_collections.ConfigDict, tokenizer_workdir: str = "")
     if tokenizer_workdir:
       logging.warning("%s has no %s (a run from before vocabularies were saved): using "
                       "data.tokenizer=%r, which must be the vocabulary that run had",
-                      tokenizer_workdir, TOKENIZER_RECORD, config.data.tokenizer)
+                      tokenizer_workdir, layout.TOKENIZER_RECORD, config.data.tokenizer)
     tokenizer = load_tokenizer(config, builder, keys)
   if jax.process_index() == 0:
     distributed.barrier("data_prepared")
@@ -207,7 +207,7 @@ def tokenizer_kind(tokenizer: tokenizers.Tokenizer) -> str:
   if isinstance(tokenizer, tokenizers.SentencePieceTokenizer):
     return "sentencepiece"
   if isinstance(tokenizer, hf_tokenizer.HFTokenizer):
-    return "huggingface"  # Imported with a model (hf_import.py); never trained here.
+    return "huggingface"  # Imported with a model (interop/hf/importer.py); never trained here.
   return "bytes"
 
 
@@ -231,13 +231,13 @@ def save_tokenizer(workdir: str, tokenizer: tokenizers.Tokenizer) -> None:
   if path and os.path.abspath(path) != os.path.abspath(target):  # A resume reads the copy.
     with open(path, "rb") as f:
       files.write_atomically(target, f.read())
-  files.write_atomically(os.path.join(workdir, TOKENIZER_RECORD), json.dumps(record, indent=2))
+  files.write_atomically(os.path.join(workdir, layout.TOKENIZER_RECORD), json.dumps(record, indent=2))
 
 
 def run_workdir(init_from: str) -> str:
   """The workdir of `config.init_from` (a workdir, or one of its checkpoints/<step>)."""
   path = os.path.abspath(init_from)
-  if os.path.basename(os.path.dirname(path)) == "checkpoints":
+  if os.path.basename(os.path.dirname(path)) == layout.CHECKPOINTS:
     return os.path.dirname(os.path.dirname(path))
   return path
 
@@ -245,7 +245,7 @@ def run_workdir(init_from: str) -> str:
 def load_workdir_tokenizer(workdir: str) -> tokenizers.Tokenizer:
   """The tokenizer a run trained with, rebuilt from the files `save_tokenizer` left in it.
 
-  Only the workdir is read (its TOKENIZER_RECORD and the vocabulary file it names), so
+  Only the workdir is read (its layout.TOKENIZER_RECORD and the vocabulary file it names), so
   a run can be evaluated or used without its dataset or the data dir's cache.
 
   Args:
@@ -258,9 +258,9 @@ def load_workdir_tokenizer(workdir: str) -> tokenizers.Tokenizer:
     ConfigError: the record or the vocabulary file is missing, unreadable, or does not
       match (kind, sha256, vocabulary size).
   """
-  record_path = os.path.join(workdir, TOKENIZER_RECORD)
+  record_path = os.path.join(workdir, layout.TOKENIZER_RECORD)
   if not os.path.exists(record_path):
-    raise ConfigError(f"{workdir} has no {TOKENIZER_RECORD}, so its vocabulary is unknown; "
+    raise ConfigError(f"{workdir} has no {layout.TOKENIZER_RECORD}, so its vocabulary is unknown; "
                       "expected a workdir written by a training run (train_and_evaluate "
                       "copies the vocabulary and this record into it)")
   with open(record_path, encoding="utf-8") as f:

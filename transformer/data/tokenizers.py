@@ -20,6 +20,8 @@ import numpy as np
 import sentencepiece as spm
 from absl import logging
 
+from transformer.workdir import files
+
 PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
 NUM_SPECIAL = 4
 MASK_PIECE = "<mask>"  # SentencePiece control symbol; never matched in text.
@@ -87,17 +89,9 @@ def build_char_vocabulary(texts: Iterable[str], path: str) -> CharTokenizer:
     chars.update(text)
   if not chars:
     raise ValueError(f"no characters to build a vocabulary from for {path}")
-  _write_atomically(path, json.dumps({"chars": "".join(sorted(chars))}).encode("utf-8"))
+  files.write_atomically(path, json.dumps({"chars": "".join(sorted(chars))}).encode("utf-8"))
   logging.info("Character vocabulary: %d characters -> %s", len(chars), path)
   return CharTokenizer(path)
-
-
-def _write_atomically(path: str, content: bytes) -> None:
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  tmp_path = f"{path}.tmp.{os.getpid()}"
-  with open(tmp_path, "wb") as f:
-    f.write(content)
-  os.replace(tmp_path, path)  # Atomic: a killed run never leaves half a file.
 
 
 class SentencePieceTokenizer:
@@ -161,5 +155,5 @@ def train_sentencepiece(lines: Iterable[str], vocab_size: int, model_path: str,
       character_coverage=0.9999,
       hard_vocab_limit=True, max_sentence_length=16384, num_threads=os.cpu_count() or 1,
       minloglevel=0)  # SentencePiece's own progress lines: training can take minutes.
-  _write_atomically(model_path, model.getvalue())
+  files.write_atomically(model_path, model.getvalue())
   return SentencePieceTokenizer(model_path)

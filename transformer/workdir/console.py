@@ -20,9 +20,11 @@ from typing import Iterator
 
 from absl import logging as absl_logging
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_LAUNCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                       "launch.py")
+from transformer.workdir import layout
+
+# This file is transformer/workdir/console.py: the package is one folder up, launch.py two.
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_LAUNCH = os.path.join(os.path.dirname(_PACKAGE_DIR.rstrip(os.sep)), "launch.py")
 
 # Library warnings that tell a user of this project nothing (still written to log.txt):
 # (a directory in the logging file's path, message prefix).
@@ -32,7 +34,6 @@ QUIET_WARNINGS = (
     ("/tensorflow_datasets/", "Variant folder"),
 )
 
-LOG_FILE = "log.txt"
 
 
 def is_project_record(record: logging.LogRecord) -> bool:
@@ -126,7 +127,7 @@ def log_to_file(workdir: str, process_index: int = 0) -> logging.Handler | None:
   the handler (attached to the root logger), or None if the file cannot be opened
   (e.g. a remote workdir), which is logged as a warning.
   """
-  name = LOG_FILE if process_index == 0 else f"log_process{process_index}.txt"
+  name = layout.LOG if process_index == 0 else f"log_process{process_index}.txt"
   path = os.path.join(workdir, name)
   try:
     os.makedirs(workdir, exist_ok=True)

@@ -10,9 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from transformer import initializers
-from transformer.attention import MultiHeadAttention
 from transformer.configuration import ModelConfig
+from transformer.model import initializers
+from transformer.model.attention import MultiHeadAttention
 
 ACTIVATION_FNS = {
     "relu": jax.nn.relu,

@@ -1,4 +1,4 @@
-"""The training loop: sharded init, jitted train/eval steps, checkpoints and resume.
+"""The training loop: restore or init, train, evaluate, save, and stop cleanly.
 
 Resume order (one place): build the abstract sharded state -> if a checkpoint
 exists, restore the state into those shardings and move the data iterator to the
@@ -8,211 +8,32 @@ after step s holds the post-update state with state.step == s.
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import dataclasses
-import functools
 import json
 import math
 import os
 import signal
-from typing import Any, Callable
+from typing import Any
 
-import flax
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 from absl import logging
-from flax import linen as nn
 from jax.experimental import multihost_utils
 
-from transformer import checkpointing
-from transformer import evaluation
-from transformer import files
-from transformer import flops
-from transformer import metrics as metrics_lib
-from transformer import optim
-from transformer import plots
-from transformer import run_record
 from transformer import sharding
-from transformer import objectives
-from transformer.configuration import (ConfigError, DataError, ModelConfig, objective_of,
-                                        validate)
-from transformer.data import packing
+from transformer.configuration import ConfigError, objective_of, validate
 from transformer.data import pipeline
 from transformer.data import sources
-from transformer.models import make_model
-
-
-@flax.struct.dataclass
-class TrainState:
-  """Everything a step reads and writes; a pytree that Orbax saves as is."""
-
-  step: jax.Array
-  params: Any
-  opt_state: Any
-  rng: jax.Array  # Base dropout key; each step folds its step number in.
-
-
-def train_step(state: TrainState, batch: dict[str, jax.Array], *, forward: Callable,
-               tx: optax.GradientTransformation, schedule: optax.Schedule,
-               label_smoothing: float, microbatches: int = 1,
-               skip_nonfinite: bool = False) -> tuple[TrainState, dict[str, jax.Array]]:
-  """One optimizer update; returns the new state and metric sums for this batch.
-
-  With `microbatches` = k > 1 the batch is processed as k sequential slices whose
-  gradients are summed (gradient accumulation), which equals one step on the whole
-  batch: the loss is normalised by the token count of the whole batch either way.
-
-  With `skip_nonfinite` an update whose loss or gradients are not finite is not
-  applied: params and optimizer state stay as they were, the step still advances,
-  the step's loss sums are zeroed and `skipped_updates` is 1.
-  """
-  rng = jax.random.fold_in(state.rng, state.step)
-
-  def sums_and_grads(micro: dict[str, jax.Array], micro_rng: jax.Array):
-    def objective(params):
-      logits, targets, weights = forward(params, micro, rngs={"dropout": micro_rng})
-      sums = metrics_lib.loss_sums(logits, targets, weights, label_smoothing)
-      return sums["objective_sum"], sums
-
-    (_, sums), grads = jax.value_and_grad(objective, has_aux=True)(state.params)
-    return sums, grads
-
-  if microbatches == 1:
-    sums, grad_sums = sums_and_grads(batch, rng)
-  else:
-    # Row r goes to micro-batch r % k, so every device holds a slice of each micro-batch.
-    def split(x):
-      x = x.reshape((x.shape[0] // microbatches, microbatches) + x.shape[1:])
-      return jnp.moveaxis(x, 1, 0)
-
-    micro_batches = jax.tree.map(split, batch)
-
-    def accumulate(carry, xs):
-      index, micro = xs
-      out = sums_and_grads(micro, jax.random.fold_in(rng, index))
-      return jax.tree.map(jnp.add, carry, out), None
-
-    first = jax.tree.map(lambda x: x[0], micro_batches)
-    zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype),
-                         jax.eval_shape(sums_and_grads, first, rng))
-    (sums, grad_sums), _ = jax.lax.scan(
-        accumulate, zeros, (jnp.arange(microbatches), micro_batches))
-
-  grads = jax.tree.map(lambda g: g / jnp.maximum(sums["weight_sum"], 1.0), grad_sums)
-  updates, opt_state = tx.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
-  grad_norm, update_norm = optax.tree.norm(grads), optax.tree.norm(updates)
-  if skip_nonfinite:
-    finite = jnp.isfinite(grad_norm) & jnp.isfinite(sums["loss_sum"])
-    if_finite = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
-    params = if_finite(params, state.params)
-    opt_state = if_finite(opt_state, state.opt_state)
-    update_norm = jnp.where(finite, update_norm, 0.0)
-    sums = {k: jnp.where(finite, v, jnp.zeros_like(v)) for k, v in sums.items()}
-    sums["skipped_updates"] = 1.0 - finite.astype(jnp.float32)
-  sums.update(
-      learning_rate=schedule(state.step),
-      grad_norm=grad_norm,
-      param_norm=optax.tree.norm(params),
-      update_norm=update_norm)
-  new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
-  return new_state, sums
-
-
-def eval_step(params: Any, batch: dict[str, jax.Array], *,
-              forward: Callable) -> dict[str, jax.Array]:
-  """Metric sums of one evaluation batch (the forward of a deterministic model)."""
-  sums = metrics_lib.loss_sums(*forward(params, batch))
-  del sums["objective_sum"]
-  return sums
-
-
-def make_init_fn(model: nn.Module, tx: optax.GradientTransformation, seq_len: int,
-                 objective: str = "causal_lm") -> Callable[[jax.Array], TrainState]:
-  """init(rng) -> TrainState whose params carry logical-axis metadata (boxed)."""
-
-  def init(rng: jax.Array) -> TrainState:
-    params_rng, dropout_rng = jax.random.split(rng)
-    batch = objectives.init_batch(objective, 1, seq_len)
-    params = model.init({"params": params_rng},
-                        *objectives.model_inputs(objective, batch))["params"]
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                      opt_state=tx.init(params), rng=dropout_rng)
-
-  return init
-
-
-@dataclasses.dataclass
-class Trainer:
-  """The compiled pieces of a run, built once from the config and the mesh."""
-
-  config: ml_collections.ConfigDict
-  mesh: jax.sharding.Mesh
-  rules: tuple
-  model_config: ModelConfig
-  state_shardings: Any
-  abstract_state: Any
-  init: Callable
-  train_step: Callable
-  eval_step: Callable
-  batch_sharding: jax.sharding.NamedSharding
-
-  @classmethod
-  def create(cls, config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> "Trainer":
-    """Builds the model, optimizer and the jitted, explicitly sharded functions."""
-    rules = sharding.rules_of(config.mesh)
-    model_config = ModelConfig.from_config(config.model)
-    model = make_model(model_config)
-    eval_model = make_model(dataclasses.replace(model_config, deterministic=True))
-    objective = objective_of(model_config.arch, model_config.head)
-    schedule = optim.make_schedule(config.optimizer, model_config.d_model,
-                                   config.train.num_steps)
-    tx = optim.make_optimizer(config.optimizer, schedule)
-    init = make_init_fn(model, tx, config.data.seq_len, objective)
-
-    # Sharded from the first byte: shapes -> logical specs -> mesh shardings -> jit(init).
-    boxed = jax.eval_shape(init, jax.random.PRNGKey(0))
-    logical_specs = nn.get_partition_spec(boxed)
-    state_shardings = sharding.logical_to_shardings(logical_specs, mesh, rules)
-    abstract_state = checkpointing.abstract_like(nn.meta.unbox(boxed), state_shardings)
-    batch_sharding = sharding.batch_sharding(mesh, rules)
-    replicated = sharding.replicated(mesh)
-    if jax.process_index() == 0:
-      sharding.log_sharding_report(boxed.params, state_shardings.params,
-                                   abstract_state.opt_state, state_shardings.opt_state, mesh)
-
-    jit_init = jax.jit(lambda rng: nn.meta.unbox(init(rng)), out_shardings=state_shardings)
-    jit_train = jax.jit(
-        functools.partial(train_step, forward=objectives.make_forward(model, objective),
-                          tx=tx, schedule=schedule,
-                          label_smoothing=config.optimizer.label_smoothing,
-                          microbatches=config.train.microbatches,
-                          skip_nonfinite=config.optimizer.skip_nonfinite > 0),
-        in_shardings=(state_shardings, batch_sharding),
-        out_shardings=(state_shardings, replicated), donate_argnums=(0,))
-    jit_eval = jax.jit(functools.partial(
-        eval_step, forward=objectives.make_forward(eval_model, objective)),
-                       in_shardings=(state_shardings.params, batch_sharding),
-                       out_shardings=replicated)
-    return cls(config=config, mesh=mesh, rules=rules, model_config=model_config,
-               state_shardings=state_shardings, abstract_state=abstract_state,
-               init=jit_init, train_step=jit_train, eval_step=jit_eval,
-               batch_sharding=batch_sharding)
-
-  @contextlib.contextmanager
-  def context(self):
-    """Mesh + logical rules in scope, needed while tracing the activation constraints."""
-    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
-      yield
-
-  def global_batch(self, local_batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-    """Assembles the global batch from this process's rows."""
-    return {k: jax.make_array_from_process_local_data(self.batch_sharding, v)
-            for k, v in local_batch.items()}
+from transformer.training import decode_hook
+from transformer.training import flops
+from transformer.training import metrics as metrics_lib
+from transformer.training.fault_injection import KillAt
+from transformer.training.trainer import Trainer, check_batch_size, evaluate_split
+from transformer.workdir import checkpointing
+from transformer.workdir import files
+from transformer.workdir import layout
+from transformer.workdir import run_record
 
 
 class _StopRequest:
@@ -257,92 +78,6 @@ class _StopRequest:
       signal.signal(sig, handler)
 
 
-class _KillAt:
-  """Test-only crash injection: TRANSFORMER_TEST_KILL_AT="<point>:<step>", read once per run.
-
-  The process SIGKILLs itself (no cleanup, no flush: as a power cut or an OOM kill) at
-  `point` of step `step`: after_step (the step's iteration is over), during_eval
-  (evaluated, not yet written), during_save (after manager.save returned, the async
-  write still in flight), after_save (the write finished). Tests rerun the command
-  and check that the run recovers exactly. Unset, a call is one comparison.
-  """
-
-  POINTS = ("after_step", "during_eval", "during_save", "after_save")
-  VARIABLE = "TRANSFORMER_TEST_KILL_AT"
-
-  def __init__(self, value: str):
-    self.point, self.step = None, None
-    if not value:
-      return
-    point, _, step = value.partition(":")
-    if point not in self.POINTS or not step.isdigit():
-      raise ValueError(f"{self.VARIABLE}={value!r} is invalid: expected <point>:<step> with "
-                       f"point one of {self.POINTS}, e.g. 'after_step:5'")
-    self.point, self.step = point, int(step)
-
-  @classmethod
-  def from_env(cls) -> "_KillAt":
-    return cls(os.environ.get(cls.VARIABLE, ""))
-
-  def __call__(self, point: str, step: int, first: Callable[[], Any] | None = None) -> None:
-    """Kills the process if (point, step) is the one asked for, after calling `first`."""
-    if point != self.point or step != self.step:
-      return
-    if first is not None:
-      first()
-    logging.warning("%s: killing this process %s %d", self.VARIABLE, point, step)
-    logging.flush()
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-def check_batch_size(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> int:
-  """Returns this process's rows per batch; the global batch must split evenly."""
-  rules = sharding.rules_of(config.mesh)
-  ways = sharding.data_parallel_size(mesh, rules)
-  batch, micro = config.data.batch_size, config.train.microbatches
-  # Each micro-batch is itself split over the data-parallel devices.
-  unit = int(np.lcm(ways * micro, jax.process_count()))
-  if batch % unit:
-    raise ConfigError(
-        f"config.data.batch_size={batch} is invalid: it must be divisible by the "
-        f"{ways} data-parallel shards of mesh {dict(mesh.shape)} times "
-        f"config.train.microbatches={micro}, and by {jax.process_count()} processes; "
-        f"e.g. {unit}")
-  return batch // jax.process_count()
-
-
-def evaluate(trainer: Trainer, params: Any, dataset, local_batch_size: int) -> dict[str, float]:
-  """Runs the eval split (or its first `train.eval_batches` batches); returns eval_* metrics."""
-  total = None
-  batches = packing.iterate_eval(dataset, local_batch_size, trainer.config.train.eval_batches)
-  template = None  # An all-padding batch for a process whose eval shard ran out first.
-  while True:
-    local_batch = next(batches, None)
-    if jax.process_count() > 1:
-      # Shards of the eval split differ in length; every process must run the same
-      # number of (collective) eval steps, so they agree on when to stop.
-      more = multihost_utils.process_allgather(np.asarray(local_batch is not None))
-      if not np.any(more):
-        break
-      if local_batch is None:
-        if template is None:
-          raise ValueError(f"process {jax.process_index()} got no eval batch from "
-                           f"config.data.eval_split={trainer.config.data.eval_split!r}; "
-                           "the split is smaller than the number of processes")
-        local_batch = template
-      elif template is None:
-        template = jax.tree.map(np.zeros_like, local_batch)  # Weights 0: counts nothing.
-    elif local_batch is None:
-      break
-    sums = trainer.eval_step(params, trainer.global_batch(local_batch))
-    total = metrics_lib.add_sums(total, jax.device_get(sums))
-  if total is None:
-    raise DataError(f"config.data.eval_split={trainer.config.data.eval_split!r} produced no "
-                    "batch to evaluate: the split is empty, or every example was dropped (the "
-                    "warnings above say why)")
-  return metrics_lib.summarize(total, prefix="eval_")
-
-
 def _resolve_vocab_size(config: ml_collections.ConfigDict,
                         tokenizer) -> ml_collections.ConfigDict:
   """A copy of `config` with model.vocab_size=0 replaced by the tokenizer's (rounded up)."""
@@ -381,7 +116,7 @@ def _check_config_change(config: ml_collections.ConfigDict, workdir: str) -> Non
   if policy not in ON_CONFIG_CHANGE:
     raise ConfigError(f"config.checkpoint.on_config_change={policy!r} is invalid: valid "
                       "values are " + ", ".join(repr(p) for p in ON_CONFIG_CHANGE) + ".")
-  path = os.path.join(workdir, "config.json")
+  path = os.path.join(workdir, layout.CONFIG)
   if not os.path.exists(path):
     return
   if not checkpointing.has_checkpoint(workdir):
@@ -451,13 +186,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   tokenizer_workdir = ""
   if config.init_from:  # Fine-tuning keeps the vocabulary its parameters were trained with.
     resuming = (checkpointing.has_checkpoint(workdir)
-                and os.path.exists(os.path.join(workdir, sources.TOKENIZER_RECORD)))
+                and os.path.exists(os.path.join(workdir, layout.TOKENIZER_RECORD)))
     tokenizer_workdir = workdir if resuming else sources.run_workdir(config.init_from)
   data_sources = sources.load_sources(config, tokenizer_workdir)
   config = _resolve_vocab_size(config, data_sources.tokenizer)
   _check_config_change(config, workdir)  # Before config.json is rewritten below.
   if is_chief:  # The resolved config and the vocabulary: later commands rebuild from them.
-    files.write_atomically(os.path.join(workdir, "config.json"),
+    files.write_atomically(os.path.join(workdir, layout.CONFIG),
                            config.to_json_best_effort(indent=2))
     sources.save_tokenizer(workdir, data_sources.tokenizer)
   objective = objective_of(config.model.arch, config.model.head)
@@ -489,8 +224,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   finally:  # Also on errors: finish a pending checkpoint write and flush the metrics.
     checkpointer.close()
     writer.close()
-  if is_chief:  # At the end, or stopped by a signal: <workdir>/plots/*.png.
-    plots.write_plots_after_training(workdir)
   return result
 
 
@@ -498,7 +231,7 @@ def _train_loop(config, workdir, trainer, checkpointer, writer, train_iter, eval
                 objective, local_batch_size) -> dict[str, float]:
   """The loop of train_and_evaluate: restore or init, train, evaluate, save."""
   num_steps = config.train.num_steps
-  kill_at = _KillAt.from_env()
+  kill_at = KillAt.from_env()
   record = run_record.RunRecord(workdir, enabled=writer.enabled)  # Parameters, wall time.
   last_metrics: dict[str, float] = {}
   with trainer.context():
@@ -541,12 +274,12 @@ def _train_loop(config, workdir, trainer, checkpointer, writer, train_iter, eval
     peak, peak_source = flops.peak_flops(workdir)
     logging.info("Model FLOPs per step %.4g (flops.py); MFU is against %.4g FLOP/s, the %s",
                  model_flops, peak, peak_source)
-    progress = metrics_lib.Progress(start_step, num_steps,
+    progress = metrics_lib.TrainProgress(start_step, num_steps,
                                     sides * config.data.batch_size * config.data.seq_len,
                                     model_flops, peak)
 
     if start_step == 0 and config.train.eval_at_start:  # The baseline later evals beat.
-      eval_metrics = evaluate(trainer, state.params, eval_data, local_batch_size)
+      eval_metrics = evaluate_split(trainer, state.params, eval_data, local_batch_size)
       logging.info("eval at step 0: %s", _format(eval_metrics))
       writer.write(0, eval_metrics)
 
@@ -569,9 +302,9 @@ def _train_loop(config, workdir, trainer, checkpointer, writer, train_iter, eval
                                         force=done - start_step <= 2, guard=guard)
           last_metrics = summary or last_metrics
           pending = None
-          eval_metrics = evaluate(trainer, state.params, eval_data, local_batch_size)
+          eval_metrics = evaluate_split(trainer, state.params, eval_data, local_batch_size)
           # train.bleu_examples / train.sample_prompt: eval_bleu, logged translations, a sample.
-          eval_metrics.update(evaluation.decode_at_evaluation(
+          eval_metrics.update(decode_hook.decode_at_evaluation(
               config, workdir, trainer.model_config, state.params, writer, done))
           kill_at("during_eval", done)
           logging.info("eval at step %d: %s", done, _format(eval_metrics))

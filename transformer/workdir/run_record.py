@@ -4,7 +4,7 @@ Also `flatten`, the key-per-line view of a run's config.json that resuming and
 comparing runs share.
 
 Written by process 0 of the training loop when it starts and after every checkpoint
-save; read by the comparison table (transformer/compare.py). Each invocation of the
+save; read by the comparison table (transformer/reports/compare.py). Each invocation of the
 training command is a session; a run's wall time is the sum over its sessions since
 it last started from step 0 (steps redone after a crash count twice: that time was
 spent). A session's time is the training loop's: compiling, evaluating and saving
@@ -19,7 +19,8 @@ import os
 import time
 from typing import Any
 
-RUN_RECORD = "run.json"
+from transformer.workdir import layout
+
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -36,7 +37,7 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def read_record(workdir: str) -> dict[str, Any]:
   """The run's record, or {} when it has none (a run older than run.json) or it is unreadable."""
   try:
-    with open(os.path.join(workdir, RUN_RECORD), encoding="utf-8") as f:
+    with open(os.path.join(workdir, layout.RUN_RECORD), encoding="utf-8") as f:
       record = json.load(f)
   except (OSError, ValueError):
     return {}
@@ -48,7 +49,7 @@ class RunRecord:
 
   def __init__(self, workdir: str, enabled: bool = True):
     self.enabled = enabled
-    self._path = os.path.join(workdir, RUN_RECORD)
+    self._path = os.path.join(workdir, layout.RUN_RECORD)
     self._start = time.perf_counter()
     self._record = read_record(workdir) if enabled else {}
     self._session: dict[str, Any] | None = None

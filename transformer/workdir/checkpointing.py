@@ -36,14 +36,15 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from transformer.configuration import ConfigError
+from transformer.workdir import layout
 
 
 class Checkpointer:
   """Saves and restores (train state, data iterator) pairs under `<workdir>/checkpoints`."""
 
   def __init__(self, workdir: str, checkpoint: ml_collections.ConfigDict):
-    self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
-    self.bad_directory = os.path.join(os.path.abspath(workdir), "checkpoints_bad")
+    self.directory = os.path.join(os.path.abspath(workdir), layout.CHECKPOINTS)
+    self.bad_directory = os.path.join(os.path.abspath(workdir), layout.BAD_CHECKPOINTS)
     self.set_aside: list[str] = []  # Where restore_latest moved unusable checkpoints.
     self._unrecorded: list[int] = []  # Saved by this run, file sizes not yet recorded.
     self._options = ocp.CheckpointManagerOptions(
@@ -77,7 +78,7 @@ class Checkpointer:
     restored = self._manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(abstract_state),
         data=grain.checkpoint.CheckpointRestore(data_iterator)))
-    return restored["state"]
+    return restored[layout.STATE]
 
   def restore_latest(self, abstract_state: Any,
                      data_iterator: grain.DatasetIterator) -> tuple[int, Any] | None:
@@ -168,30 +169,48 @@ def abstract_like(tree: Any, shardings: Any) -> Any:
 
 def has_checkpoint(workdir: str) -> bool:
   """Whether `<workdir>/checkpoints` holds a finalized checkpoint (usable or not)."""
-  return bool(ocp.utils.checkpoint_steps_paths(os.path.join(workdir, "checkpoints")))
+  return bool(ocp.utils.checkpoint_steps_paths(os.path.join(workdir, layout.CHECKPOINTS)))
 
 
 # Written beside the items of each checkpoint once its save has finished: every file's
 # size, so that a file truncated later (a full disk, a copy cut short) is found before
 # a restore reads it. A checkpoint without it (the run died first) is restored unchecked.
-FILE_SIZES = "file_sizes.json"
+
+
+def save_params(directory: str, step: int, params: Any) -> str:
+  """Writes a parameters-only checkpoint `<directory>/<step>/state` ({"params": params}).
+
+  What --mode=average and --mode=import write: the other modes and config.init_from
+  read it; it cannot resume training (no optimizer state). Every process writes its
+  shards, synchronously. Returns the step's directory.
+  """
+  manager = ocp.CheckpointManager(
+      directory, options=ocp.CheckpointManagerOptions(create=True,
+                                                      enable_async_checkpointing=False))
+  try:
+    manager.save(step, args=ocp.args.Composite(
+        **{layout.STATE: ocp.args.StandardSave({"params": params})}))
+  finally:
+    manager.close()
+  return os.path.join(directory, str(step))
 
 
 def _record_file_sizes(step_dir: str) -> None:
   sizes = {}
-  for item in ("state", "data"):
+  for item in (layout.STATE, layout.DATA):
     for folder, _, names in os.walk(os.path.join(step_dir, item)):
       for name in names:
         path = os.path.join(folder, name)
         sizes[os.path.relpath(path, step_dir)] = os.path.getsize(path)
-  temporary = os.path.join(step_dir, FILE_SIZES + ".tmp")
+  temporary = os.path.join(step_dir, layout.FILE_SIZES + ".tmp")
   with open(temporary, "w", encoding="utf-8") as f:
     json.dump(sizes, f, indent=0, sort_keys=True)
-  os.replace(temporary, os.path.join(step_dir, FILE_SIZES))
+  os.replace(temporary, os.path.join(step_dir, layout.FILE_SIZES))
 
 
 def checkpoint_problem(step_dir: str,
-                       items: tuple[str, ...] = ("state", "data")) -> tuple[str, str] | None:
+                       items: tuple[str, ...] = (layout.STATE,
+                                                 layout.DATA)) -> tuple[str, str] | None:
   """(reason, detail) if a finalized checkpoint is visibly incomplete or corrupt, else None.
 
   Checks what can be checked without reading arrays: the `items` are there (commands
@@ -202,12 +221,12 @@ def checkpoint_problem(step_dir: str,
   for item in items:
     if not os.path.isdir(os.path.join(step_dir, item)):
       return f"missing-{item}", f"its '{item}' item is missing"
-  metadata = [os.path.join(step_dir, FILE_SIZES),
+  metadata = [os.path.join(step_dir, layout.FILE_SIZES),
               os.path.join(step_dir, "_CHECKPOINT_METADATA"),
-              os.path.join(step_dir, "state", "_METADATA"),
-              os.path.join(step_dir, "state", "_sharding")]
-  for folder, suffix in ((os.path.join(step_dir, "state", "array_metadatas"), ""),
-                         (os.path.join(step_dir, "data"), ".json")):
+              os.path.join(step_dir, layout.STATE, "_METADATA"),
+              os.path.join(step_dir, layout.STATE, "_sharding")]
+  for folder, suffix in ((os.path.join(step_dir, layout.STATE, "array_metadatas"), ""),
+                         (os.path.join(step_dir, layout.DATA), ".json")):
     if os.path.isdir(folder):
       metadata += [os.path.join(folder, name) for name in sorted(os.listdir(folder))
                    if name.endswith(suffix)]
@@ -219,8 +238,8 @@ def checkpoint_problem(step_dir: str,
         json.load(f)
     except (OSError, ValueError) as e:
       return "bad-metadata", f"{os.path.relpath(path, step_dir)} is unreadable ({e})"
-  if os.path.exists(os.path.join(step_dir, FILE_SIZES)):
-    with open(os.path.join(step_dir, FILE_SIZES), encoding="utf-8") as f:
+  if os.path.exists(os.path.join(step_dir, layout.FILE_SIZES)):
+    with open(os.path.join(step_dir, layout.FILE_SIZES), encoding="utf-8") as f:
       recorded = json.load(f)
     for name, size in sorted(recorded.items()):
       path = os.path.join(step_dir, name)
@@ -259,7 +278,7 @@ def _check_shapes(step_dir: str, step: int, abstract_state: Any) -> None:
   """
   handler = ocp.PyTreeCheckpointHandler()
   try:
-    metadata = handler.metadata(epath.Path(step_dir) / "state")
+    metadata = handler.metadata(epath.Path(step_dir) / layout.STATE)
   finally:
     handler.close()
   tree = getattr(metadata, "tree", metadata)
@@ -280,7 +299,7 @@ def _check_process_count(step_dir: str, step: int) -> None:
   a run with another number of processes has no position to resume from. That is a
   changed launch, not a damaged checkpoint: nothing is moved aside.
   """
-  names = os.listdir(os.path.join(step_dir, "data"))
+  names = os.listdir(os.path.join(step_dir, layout.DATA))
   counts = {int(m.group(1)) for m in map(re.compile(r"process_\d+-of-(\d+)\.json$").match,
                                         names) if m}
   if counts and jax.process_count() not in counts:
@@ -433,18 +452,18 @@ def _state_directory(init_from: str) -> epath.Path:
   root = epath.Path(os.path.abspath(init_from))
   if not root.is_dir():
     fail(f"{root} is not a directory")
-  if (root / "checkpoints").is_dir():
+  if (root / layout.CHECKPOINTS).is_dir():
     # Finalised steps only: a save still in flight (or killed) has a temporary name.
-    steps = ocp.utils.checkpoint_steps_paths(root / "checkpoints")
+    steps = ocp.utils.checkpoint_steps_paths(root / layout.CHECKPOINTS)
     if not steps:
       fail(f"{root / 'checkpoints'} holds no complete checkpoint")
     newest = max(steps, key=lambda p: ocp.utils.step_from_checkpoint_name(p.name))
-    if not (newest / "state").is_dir():
+    if not (newest / layout.STATE).is_dir():
       fail(f"its newest checkpoint {newest} has no 'state' item")
-    return newest / "state"
-  if not (root / "state").is_dir():
+    return newest / layout.STATE
+  if not (root / layout.STATE).is_dir():
     fail(f"{root} has neither a checkpoints/ folder nor a 'state' item")
-  return root / "state"
+  return root / layout.STATE
 
 
 def load_params(init_from: str, abstract_params: Any) -> tuple[Any, ParamMatch]:

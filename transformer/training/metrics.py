@@ -18,6 +18,8 @@ import numpy as np
 import optax
 from absl import logging
 
+from transformer.workdir import layout
+
 # Keys that are sums to be divided by `weight_sum` when reported.
 SUM_KEYS = ("loss_sum", "correct_sum")
 # Row keys that measure speed: the only ones a rerun of the same steps may not reproduce.
@@ -98,8 +100,8 @@ class MetricWriter:
     self.enabled = enabled
     if not enabled:
       return
-    self._path = os.path.join(workdir, "metrics.jsonl")
-    self._logdir = os.path.join(workdir, "tensorboard")
+    self._path = os.path.join(workdir, layout.METRICS)
+    self._logdir = os.path.join(workdir, layout.TENSORBOARD)
     self._jsonl = open(self._path, "a", encoding="utf-8")
     self._tb_writer = None  # Opened on first use, after `resume` has set the purge step.
     self._purge_step = None
@@ -203,7 +205,7 @@ def format_duration(seconds: float) -> str:
   return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
 
 
-class Progress:
+class TrainProgress:
   """Step time, throughput, MFU and ETA for the progress line (the first step's compile excluded).
 
   Rates are averages over the steps since the previous `rates()` call (one logged

@@ -33,8 +33,9 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from transformer import files
 from transformer.configuration import GATED_ACTIVATIONS, ModelConfig
+from transformer.workdir import files
+from transformer.workdir import layout
 
 # Dense bfloat16 peak FLOP/s of one JAX device, by the words its lower-case device_kind
 # contains ("NVIDIA A100-SXM4-80GB" has "a100"; the longest match wins, so "TPU v5 lite"
@@ -61,7 +62,6 @@ PEAK_BF16_FLOPS = {
     "b200": 2250e12,
 }
 
-PEAK_CACHE_FILE = "peak_flops.json"
 
 
 def published_peak_flops(device_kind: str) -> float | None:
@@ -115,7 +115,7 @@ def peak_flops(workdir: str | None = None) -> tuple[float, str]:
   units = jax.process_count() if on_cpu else jax.device_count()
   what = (f"{jnp.dtype(dtype).name} matmul rate measured on {device.device_kind} x "
           f"{units} {'host' if on_cpu else 'device'}{'s' if units > 1 else ''}")
-  path = os.path.join(workdir, PEAK_CACHE_FILE) if workdir else None
+  path = os.path.join(workdir, layout.PEAK_FLOPS) if workdir else None
   rate = _read_cached_rate(path, what)
   if rate is None:
     # Once per process (a sweep or a test session trains many runs in one), then per workdir.

@@ -23,7 +23,7 @@ flags are passed on) with the workdir `<sweep dir>/<short key>=<value>+...`, e.g
 one after another. Rerunning the same command resumes the sweep: a run whose newest
 complete checkpoint is at train.num_steps is finished and skipped; any other run is
 started again in its workdir, which resumes it from its checkpoint. When every run
-has finished, the comparison (transformer/compare.py) is written into the sweep dir.
+has finished, the comparison (transformer/reports/compare.py) is written into the sweep dir.
 
 A signal (Ctrl-C, SIGTERM) is passed to the running run once per signal: it stops
 after the current step and saves (a second one aborts it), and the sweep ends; the
@@ -48,19 +48,41 @@ import time
 from typing import Any, Callable, Mapping, Sequence
 
 import ml_collections
+from absl import flags
 
-from transformer import checkpointing
-from transformer import compare
-from transformer import plots
+from transformer.cli import common
 from transformer.configuration import ConfigError, validate
-from transformer.metrics import format_duration
+from transformer.reports import compare
+from transformer.reports import plots
+from transformer.training.metrics import format_duration
+from transformer.workdir import checkpointing
+from transformer.workdir import layout
 
-LAUNCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "launch.py")
+SWEEP = flags.DEFINE_string(
+    "sweep", "", "sweep: config overrides to grid over, 'model.norm=pre,post;"
+    "model.position=rope,alibi', or a JSON file (transformer/cli/sweep.py).")
+STARTS_JAX = False  # Each run is a launch.py process of its own that needs the devices.
+# launch.py's flags passed on to each run of a sweep: every run is one jax.distributed job.
+LAUNCHER_FLAGS = ("distributed", "coordinator_address", "num_processes", "process_id",
+                  "heartbeat_timeout_seconds")
+
+
+def main(config: ml_collections.ConfigDict, workdir: str) -> int:
+  """launch.py --mode=sweep; returns the exit status."""
+  config_flag = flags.FLAGS["config"]
+  launcher = [f"--{name}={flags.FLAGS[name].value}" for name in LAUNCHER_FLAGS
+              if flags.FLAGS[name].present]
+  return run_sweep(config, config_flag.config_filename, workdir, SWEEP.value,
+                   fixed=config_flag.override_values, launcher_flags=launcher,
+                   log_steps=common.LOG_STEPS.value)
+
+LAUNCH = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "launch.py")
 _TRUE, _FALSE = ("true", "t", "yes", "1"), ("false", "f", "no", "0")
 
 
 @dataclasses.dataclass(frozen=True)
-class Run:
+class SweepArm:
   """One run of a sweep: its overrides (key -> command-line value), name and config."""
 
   overrides: dict[str, str]
@@ -214,7 +236,7 @@ def _run_names(all_overrides: Sequence[dict[str, str]]) -> list[str]:
 
 
 def build_runs(config: ml_collections.ConfigDict, spec: str,
-               fixed: Mapping[str, Any] = ()) -> list[Run]:
+               fixed: Mapping[str, Any] = ()) -> list[SweepArm]:
   """Every run's config from `config` and the spec, each validated before any run starts.
 
   Args:
@@ -246,7 +268,7 @@ def build_runs(config: ml_collections.ConfigDict, spec: str,
     for key, value in overrides.items():
       node, last = _field(run_config, key)
       node[last] = value
-    run = Run(as_flags, name, run_config)
+    run = SweepArm(as_flags, name, run_config)
     try:
       validate(run_config)
     except ConfigError as e:
@@ -257,7 +279,7 @@ def build_runs(config: ml_collections.ConfigDict, spec: str,
 
 def finished_step(workdir: str) -> int | None:
   """The step of the newest complete, undamaged checkpoint in `workdir`, or None."""
-  directory = os.path.join(workdir, "checkpoints")
+  directory = os.path.join(workdir, layout.CHECKPOINTS)
   if not checkpointing.has_checkpoint(workdir):
     return None
   steps = sorted((int(n) for n in os.listdir(directory) if n.isdigit()), reverse=True)
@@ -267,7 +289,7 @@ def finished_step(workdir: str) -> int | None:
   return None
 
 
-def _command(config_arg: str, workdir: str, run: Run, fixed: Mapping[str, Any],
+def _command(config_arg: str, workdir: str, run: SweepArm, fixed: Mapping[str, Any],
              launcher_flags: Sequence[str]) -> list[str]:
   return ([sys.executable, LAUNCH, "--mode=train", f"--config={config_arg}",
            f"--workdir={workdir}"] + list(launcher_flags) +
@@ -328,14 +350,14 @@ class _Forward:
 
 
 def _write_record(sweep_dir: str, config_arg: str, spec: str, fixed: Mapping[str, Any],
-                  runs: Sequence[Run]) -> None:
+                  runs: Sequence[SweepArm]) -> None:
   record = {"config": config_arg, "sweep": spec,
             "flags": [f"--config.{k}={_as_flag(v)}" for k, v in fixed.items()],
             "runs": [{"name": run.name, "overrides": run.overrides} for run in runs]}
-  temporary = os.path.join(sweep_dir, compare.SWEEP_RECORD + f".{os.getpid()}.tmp")
+  temporary = os.path.join(sweep_dir, layout.SWEEP_RECORD + f".{os.getpid()}.tmp")
   with open(temporary, "w", encoding="utf-8") as f:
     json.dump(record, f, indent=1)
-  os.replace(temporary, os.path.join(sweep_dir, compare.SWEEP_RECORD))
+  os.replace(temporary, os.path.join(sweep_dir, layout.SWEEP_RECORD))
 
 
 def run_sweep(config: ml_collections.ConfigDict, config_arg: str, sweep_dir: str, spec: str,
@@ -374,7 +396,7 @@ def run_sweep(config: ml_collections.ConfigDict, config_arg: str, sweep_dir: str
       if step is not None and step >= num_steps:
         print(f"{label}: finished (checkpoint {step}/{num_steps}), skipped"
               f"{_summary(workdir)}", flush=True)
-        if not os.path.isdir(os.path.join(workdir, plots.PLOTS_DIR)):
+        if not os.path.isdir(os.path.join(workdir, layout.PLOTS)):
           plots.write_plots_after_training(workdir)
         continue
       start = "starting" if step is None else f"resuming from step {step}/{num_steps}"
@@ -400,6 +422,6 @@ def run_sweep(config: ml_collections.ConfigDict, config_arg: str, sweep_dir: str
   text = compare.compare([os.path.join(sweep_dir, run.name) for run in runs], sweep_dir,
                          log_steps)
   print(text, flush=True)
-  print(f"sweep: all {len(runs)} runs finished; {os.path.join(sweep_dir, compare.COMPARE_FILE)}"
+  print(f"sweep: all {len(runs)} runs finished; {os.path.join(sweep_dir, layout.COMPARE)}"
         " and compare_*.png written", flush=True)
   return 0

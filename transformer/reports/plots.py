@@ -7,7 +7,7 @@ per other eval metric (accuracy.png with the train accuracy beside it, bleu.png,
 A figure whose metrics the run did not log is not drawn. Matplotlib's Figure API
 draws on the Agg (PNG) canvas: no display and no pyplot state.
 
-Reading the rows (shared with transformer/compare.py): a row whose step is below
+Reading the rows (shared with reports/compare.py): a row whose step is below
 the previous row's is a restart from an earlier checkpoint, so the rows before it
 at that step or later are dropped; of several values of one metric at one step the
 last wins. A resumed run's curves therefore never zig-zag, even in a file written
@@ -25,10 +25,9 @@ import numpy as np
 from absl import logging
 
 from transformer.configuration import ConfigError
-from transformer.metrics import read_rows
+from transformer.training.metrics import read_rows
+from transformer.workdir import layout
 
-METRICS_FILE = "metrics.jsonl"
-PLOTS_DIR = "plots"
 # Eval metrics with no figure of their own: perplexity is exp(loss), tokens a count.
 NOT_PLOTTED = ("eval_loss", "eval_perplexity", "eval_tokens")
 
@@ -52,9 +51,9 @@ def effective_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def tokens_per_step(workdir: str) -> int | None:
-  """Tokens the model reads per step, from config.json (as train.py's progress line counts)."""
+  """Tokens the model reads per step, from config.json (as the training loop's progress line counts)."""
   try:
-    with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
+    with open(os.path.join(workdir, layout.CONFIG), encoding="utf-8") as f:
       config = json.load(f)
     sides = 2 if config["model"]["arch"] == "encoder_decoder" else 1  # Source and target.
     return sides * int(config["data"]["batch_size"]) * int(config["data"]["seq_len"])
@@ -68,7 +67,7 @@ def read_series(workdir: str) -> dict[str, Series]:
   Raises:
     ConfigError: naming the path, when the file is missing or holds no rows.
   """
-  path = os.path.join(workdir, METRICS_FILE)
+  path = os.path.join(workdir, layout.METRICS)
   if not os.path.isfile(path):
     raise ConfigError(f"{path} does not exist: --workdir must be the workdir of a training "
                       "run (its metrics.jsonl holds the curves)")
@@ -179,7 +178,7 @@ def write_plots(workdir: str, log_steps: bool = False) -> list[str]:
   """
   series = read_series(workdir)
   figures = run_figures(series, os.path.basename(os.path.normpath(workdir)), log_steps)
-  directory = os.path.join(workdir, PLOTS_DIR)
+  directory = os.path.join(workdir, layout.PLOTS)
   os.makedirs(directory, exist_ok=True)
   paths = []
   for stem, figure in figures.items():

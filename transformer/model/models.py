@@ -14,11 +14,11 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from transformer import initializers
-from transformer import positions as positions_lib
-from transformer.attention import make_attention_mask
+from transformer.model import initializers
+from transformer.model import positions as positions_lib
+from transformer.model.attention import make_attention_mask
 from transformer.configuration import ModelConfig
-from transformer.layers import (ACTIVATION_FNS, activation_constraint, make_norm, run_blocks,
+from transformer.model.layers import (ACTIVATION_FNS, activation_constraint, make_norm, run_blocks,
                                 sinusoidal_table)
 
 

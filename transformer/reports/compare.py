@@ -7,10 +7,10 @@ a metrics.jsonl.
 
 Where each column comes from:
   - the config keys whose values differ between the runs: each run's config.json;
-  - parameters and wall time: run.json (transformer/run_record.py; "—" for runs
+  - parameters and wall time: run.json (transformer/workdir/run_record.py; "—" for runs
     older than it);
   - steps, final and best eval metrics, tokens/s, MFU: metrics.jsonl, read as the plots
-    read it (transformer/plots.py: a restart supersedes the rows after its step).
+    read it (transformer/reports/plots.py: a restart supersedes the rows after its step).
 """
 
 from __future__ import annotations
@@ -23,19 +23,18 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from transformer import plots
-from transformer import run_record
 from transformer.configuration import ConfigError
-from transformer.metrics import format_duration
+from transformer.reports import plots
+from transformer.training.metrics import format_duration
+from transformer.workdir import layout
+from transformer.workdir import run_record
 
-COMPARE_FILE = "compare.md"
-SWEEP_RECORD = "sweep.json"  # Written by transformer/sweep.py: the runs, in order.
 MAX_KEY_COLUMNS = 8  # More differing keys than this are listed under the table.
 LOWER_IS_BETTER = ("loss", "perplexity")
 
 
 @dataclasses.dataclass
-class Run:
+class RunSummary:
   """What the table and the overlaid curves read of one workdir."""
 
   name: str
@@ -48,7 +47,7 @@ class Run:
 def sweep_runs(directory: str) -> list[dict[str, Any]]:
   """The runs a sweep recorded in `directory`'s sweep.json ([] if there is none)."""
   try:
-    with open(os.path.join(directory, SWEEP_RECORD), encoding="utf-8") as f:
+    with open(os.path.join(directory, layout.SWEEP_RECORD), encoding="utf-8") as f:
       return list(json.load(f)["runs"])
   except (OSError, ValueError, KeyError, TypeError):
     return []
@@ -63,21 +62,21 @@ def find_runs(directory: str) -> list[str]:
   if any(os.path.isdir(path) for path in recorded):
     return [path for path in recorded if os.path.isdir(path)]
   found = sorted(os.path.join(directory, name) for name in os.listdir(directory)
-                 if os.path.isfile(os.path.join(directory, name, plots.METRICS_FILE)))
+                 if os.path.isfile(os.path.join(directory, name, layout.METRICS)))
   if not found:
-    raise ConfigError(f"{directory} holds no runs to compare: no {SWEEP_RECORD} and no "
-                      f"subfolder with a {plots.METRICS_FILE}; name the runs with "
+    raise ConfigError(f"{directory} holds no runs to compare: no {layout.SWEEP_RECORD} and no "
+                      f"subfolder with a {layout.METRICS}; name the runs with "
                       "--compare_dirs=DIR1,DIR2,...")
   return found
 
 
-def load_run(workdir: str, name: str) -> Run:
+def read_summary(workdir: str, name: str) -> RunSummary:
   """Reads what exists of a run; a run that has not logged yet gets an empty row."""
   if not os.path.isdir(workdir):
     raise ConfigError(f"{workdir} (a run to compare) is not a directory")
   config = {}
   try:
-    with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
+    with open(os.path.join(workdir, layout.CONFIG), encoding="utf-8") as f:
       config = run_record.flatten(json.load(f))
   except (OSError, ValueError):
     pass
@@ -85,7 +84,7 @@ def load_run(workdir: str, name: str) -> Run:
     series = plots.read_series(workdir)
   except ConfigError:  # No metrics.jsonl or no rows yet.
     series = {}
-  return Run(name, workdir, config, series, run_record.read_record(workdir))
+  return RunSummary(name, workdir, config, series, run_record.read_record(workdir))
 
 
 def _names(workdirs: Sequence[str]) -> list[str]:
@@ -94,7 +93,7 @@ def _names(workdirs: Sequence[str]) -> list[str]:
   return [n if names.count(n) == 1 else w for n, w in zip(names, workdirs)]
 
 
-def differing_keys(runs: Sequence[Run], first: Sequence[str] = ()) -> list[str]:
+def differing_keys(runs: Sequence[RunSummary], first: Sequence[str] = ()) -> list[str]:
   """Config keys whose value is not the same in every run; `first`'s order, then sorted.
 
   Only keys every run's config.json holds are compared: a key some lack was added to
@@ -123,7 +122,7 @@ def _best(name: str, series: plots.Series) -> tuple[float, int]:
   return float(series.values[index]), int(series.steps[index])
 
 
-def table(runs: Sequence[Run], first_keys: Sequence[str] = ()) -> str:
+def table(runs: Sequence[RunSummary], first_keys: Sequence[str] = ()) -> str:
   """The Markdown comparison: one row per run, then notes on the columns."""
   keys = differing_keys(runs, first_keys)
   shown, hidden = keys[:MAX_KEY_COLUMNS], keys[MAX_KEY_COLUMNS:]
@@ -171,7 +170,7 @@ def table(runs: Sequence[Run], first_keys: Sequence[str] = ()) -> str:
   return "\n".join(lines + notes)
 
 
-def overlay_figures(runs: Sequence[Run], log_steps: bool = False) -> dict[str, Any]:
+def overlay_figures(runs: Sequence[RunSummary], log_steps: bool = False) -> dict[str, Any]:
   """{file stem: Figure}: eval loss, train loss and each eval metric, one line per run."""
   keys = ["eval_loss", "loss"] + [k for k in plots.eval_metric_names(
       set().union(*(run.series for run in runs))) if k != "eval_loss"]
@@ -197,7 +196,7 @@ def compare(workdirs: Sequence[str], output_dir: str, log_steps: bool = False) -
   """
   if not workdirs:
     raise ConfigError("no runs to compare: pass --compare_dirs=DIR1,DIR2,...")
-  runs = [load_run(w, n) for w, n in zip(workdirs, _names(workdirs))]
+  runs = [read_summary(w, n) for w, n in zip(workdirs, _names(workdirs))]
   swept = [key for run in sweep_runs(output_dir) for key in run.get("overrides", {})]
   os.makedirs(output_dir, exist_ok=True)
   images = []
@@ -206,8 +205,8 @@ def compare(workdirs: Sequence[str], output_dir: str, log_steps: bool = False) -
     images.append(f"![{stem}]({stem}.png)")
   text = (f"# {len(runs)} runs compared\n\n{table(runs, list(dict.fromkeys(swept)))}\n\n" +
           "\n".join(images) + "\n")
-  temporary = os.path.join(output_dir, f"{COMPARE_FILE}.{os.getpid()}.tmp")  # Pod sweeps.
+  temporary = os.path.join(output_dir, f"{layout.COMPARE}.{os.getpid()}.tmp")  # Pod sweeps.
   with open(temporary, "w", encoding="utf-8") as f:
     f.write(text)
-  os.replace(temporary, os.path.join(output_dir, COMPARE_FILE))
+  os.replace(temporary, os.path.join(output_dir, layout.COMPARE))
   return text

@@ -12,9 +12,9 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from transformer import initializers
-from transformer import positions
 from transformer.configuration import ModelConfig
+from transformer.model import initializers
+from transformer.model import positions
 
 
 def make_attention_mask(q_segment_ids: jax.Array, kv_segment_ids: jax.Array, *,

@@ -34,7 +34,7 @@ from flax import linen as nn
 
 from transformer.configuration import ModelConfig
 from transformer.data import tokenizers
-from transformer.models import make_model
+from transformer.model.models import make_model
 
 # (tokens_B fed at step i, cache, i) -> (float logits_BV of token i + 1, updated cache).
 LogitsFn = Callable[[jax.Array, Any, jax.Array], tuple[jax.Array, Any]]

@@ -11,14 +11,12 @@ lengths compiles a handful of programs, not one per length. Rows decode independ
 (see decoding.py), so neither batching nor order changes a translation.
 
 Scores are sacreBLEU's BLEU and chrF on detokenized text against the raw reference
-text, with their signatures. `decode_at_evaluation` is what the training loop calls at
-each evaluation: BLEU on the first `train.bleu_examples` sentences of the eval split
-(translation runs) and a greedy continuation of `train.sample_prompt` (decoder LMs).
+text, with their signatures. What the training loop decodes at each evaluation is in
+training/decode_hook.py.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any, Callable, Sequence
 
@@ -28,12 +26,10 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
-from transformer import decoding
-from transformer.configuration import DECODE_OVERLONG, ConfigError, ModelConfig, objective_of
-from transformer.data import catalog
+from transformer.configuration import DECODE_OVERLONG, ConfigError, ModelConfig
 from transformer.data import packing
-from transformer.data import sources
 from transformer.data import tokenizers
+from transformer.inference import decoding
 
 OVERLONG = DECODE_OVERLONG
 MIN_BUCKET = 8  # The narrowest padded width; buckets double from here.
@@ -142,7 +138,7 @@ def _until_eos(row: np.ndarray) -> np.ndarray:
   return row[:ends[0]] if ends.size else row[row != tokenizers.PAD_ID]
 
 
-class Progress:
+class DecodeProgress:
   """'translate: 640/3003 sentences (21.3 sentences/s)' lines every `every` seconds."""
 
   def __init__(self, total: int, what: str, every: float = 10.0):
@@ -163,7 +159,7 @@ class Progress:
 
 def _decode_batches(run: Callable[[np.ndarray, np.ndarray, int], jax.Array],
                     inputs: Sequence[np.ndarray], batch_size: int, limit: int,
-                    filler: int, progress: Progress | None) -> list[np.ndarray]:
+                    filler: int, progress: DecodeProgress | None) -> list[np.ndarray]:
   """Pads `inputs` into length-sorted batches, runs each, returns outputs in input order.
 
   `run(tokens_BW, real_BW, batch_index)` decodes one batch; a row that only fills the
@@ -194,7 +190,7 @@ def _decode_batches(run: Callable[[np.ndarray, np.ndarray, int], jax.Array],
 def translate_ids(model_config: ModelConfig, params: Any, sources_ids: Sequence[np.ndarray],
                   decode: ml_collections.ConfigDict, limit: int, *,
                   rng: jax.Array | None = None,
-                  progress: Progress | None = None) -> list[np.ndarray]:
+                  progress: DecodeProgress | None = None) -> list[np.ndarray]:
   """Decodes each source (non-empty ids ending in eos, at most `limit` long) to target ids.
 
   Args:
@@ -222,7 +218,7 @@ def translate_texts(model_config: ModelConfig, params: Any, tokenizer: tokenizer
                     texts: Sequence[str], decode: ml_collections.ConfigDict,
                     policy: LengthPolicy, *, names: Sequence[str] | None = None,
                     rng: jax.Array | None = None,
-                    progress: Progress | None = None) -> list[str]:
+                    progress: DecodeProgress | None = None) -> list[str]:
   """Translates sentences; an empty (or whitespace-only) sentence gives "".
 
   Args:
@@ -345,7 +341,7 @@ def corpus_scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict[
           "chrf_signature": str(chrf.get_signature())}
 
 
-def translation_pairs(data: ml_collections.ConfigDict, source: Any,
+def source_and_reference_texts(data: ml_collections.ConfigDict, source: Any,
                       max_examples: int = 0) -> tuple[list[str], list[str]]:
   """(source texts, reference texts) of the first `max_examples` (0: all) split examples."""
   count = len(source) if max_examples <= 0 else min(max_examples, len(source))
@@ -355,107 +351,3 @@ def translation_pairs(data: ml_collections.ConfigDict, source: Any,
     texts.append(packing.text_of(example[data.source_language]))
     references.append(packing.text_of(example[data.target_language]))
   return texts, references
-
-
-# ---------------------------------------------------------------- during training
-
-_TRAINING_INPUTS: dict[str, Any] = {}  # Loaded once per run: tokenizer and BLEU sentences.
-_WARNED: set[str] = set()
-
-
-def _warn_once(message: str) -> None:
-  if message not in _WARNED:
-    _WARNED.add(message)
-    logging.warning("%s", message)
-
-
-def _training_inputs(config: ml_collections.ConfigDict, workdir: str,
-                     bleu_examples: int) -> dict[str, Any]:
-  """The tokenizer and the first eval sentences, read on the first evaluation only."""
-  key = json.dumps([workdir, config.data.to_dict(), bleu_examples], sort_keys=True)
-  if key not in _TRAINING_INPUTS:
-    inputs: dict[str, Any] = {"tokenizer": sources.load_workdir_tokenizer(workdir)}
-    if bleu_examples:
-      split = catalog.load_builder(config.data).as_data_source(split=config.data.eval_split)
-      inputs["texts"], inputs["references"] = translation_pairs(config.data, split,
-                                                                bleu_examples)
-    _TRAINING_INPUTS[key] = inputs
-  return _TRAINING_INPUTS[key]
-
-
-def decode_at_evaluation(config: ml_collections.ConfigDict, workdir: str, model_config: ModelConfig,
-                         params: Any, writer: Any, step: int) -> dict[str, float]:
-  """What the training loop adds to an evaluation: eval_bleu and a sample, as configured.
-
-  With `train.bleu_examples` = n > 0 on a translation run, the first n sentences of
-  the eval split are translated with decode.* (beam search by default) and scored
-  with sacreBLEU; two of them are logged (source / reference / output) and written to
-  TensorBoard as text. With `train.sample_prompt` on a decoder LM, a greedy
-  continuation of decode.max_new_tokens tokens is logged and written likewise. Every
-  process decodes (the parameters are sharded over all of them); process 0 writes.
-
-  Args:
-    config: the run's config (model.vocab_size resolved).
-    workdir: the run's workdir, whose tokenizer files are read once.
-    model_config: the run's ModelConfig (`Trainer.model_config`).
-    params: the current parameters; call inside `Trainer.context()`.
-    writer: the run's metrics.MetricWriter.
-    step: the step being evaluated.
-
-  Returns:
-    {"eval_bleu": ...} on translation runs with train.bleu_examples > 0, else {}.
-  """
-  objective = objective_of(config.model.arch, config.model.head)
-  bleu_examples = config.train.bleu_examples
-  if bleu_examples and not (objective == "seq2seq" and sources.is_translation(config.data)):
-    _warn_once(f"config.train.bleu_examples={bleu_examples} is ignored: BLEU needs a "
-               "translation run (model.arch='encoder_decoder' with data.source_language and "
-               "data.target_language)")
-    bleu_examples = 0
-  prompt = config.train.sample_prompt
-  if prompt and objective != "causal_lm":
-    _warn_once(f"config.train.sample_prompt={prompt!r} is ignored: samples need a decoder LM "
-               f"(model.arch='decoder', head='lm'), not the {objective} objective")
-    prompt = ""
-  if not bleu_examples and not prompt:
-    return {}
-  inputs = _training_inputs(config, workdir, bleu_examples)
-  tokenizer = inputs["tokenizer"]
-  metrics = {}
-  if bleu_examples:
-    # Never stop a run over one long eval sentence: truncate it whatever decode.overlong.
-    policy = LengthPolicy("truncate", source_context(config), "source",
-                          "min(data.seq_len, model.max_len), eos included")
-    start = time.perf_counter()
-    outputs = translate_texts(model_config, params, tokenizer, inputs["texts"], config.decode,
-                              policy, names=[f"{config.data.eval_split}[{i}]"
-                                             for i in range(len(inputs["texts"]))],
-                              rng=jax.random.PRNGKey(config.seed))
-    scores = corpus_scores(outputs, inputs["references"])
-    metrics["eval_bleu"] = scores["bleu"]
-    logging.info("eval_bleu %.2f at step %d on the first %d sentences of %s (%s, %.1f s): %s",
-                 scores["bleu"], step, len(outputs), config.data.eval_split,
-                 ", ".join(f"{k} {v}" for k, v in describe_search(config.decode).items()),
-                 time.perf_counter() - start,
-                 scores["bleu_signature"])
-    examples = []
-    for i in range(min(2, len(outputs))):
-      logging.info("translation %d at step %d\n  source:    %s\n  reference: %s\n  output:    %s",
-                   i, step, inputs["texts"][i], inputs["references"][i], outputs[i])
-      examples.append(f"**source:** {inputs['texts'][i]}  \n**reference:** "
-                      f"{inputs['references'][i]}  \n**output:** {outputs[i]}")
-    writer.write_text(step, "translations", "\n\n".join(examples))
-  if prompt:
-    # As many tokens as asked when the prompt leaves room; else at least half the context.
-    context, prompt_len = source_context(config), 1 + len(tokenizer.encode(prompt))
-    max_new = min(config.decode.max_new_tokens, max(context - prompt_len + 1, context // 2))
-    greedy = ml_collections.ConfigDict(dict(config.decode.to_dict(), beam_size=1,
-                                            temperature=0.0, top_k=0, top_p=1.0))
-    continuation = continue_texts(model_config, params, tokenizer, [prompt], greedy,
-                                  prompt_policy(config, max_new, "truncate"),
-                                  max_new_tokens=max_new, names=["train.sample_prompt"])[0]
-    logging.info("sample at step %d (greedy, %d tokens at most): %r -> %r", step, max_new,
-                 prompt, continuation)
-    writer.write_text(step, "sample", f"**prompt:** {prompt}  \n**continuation:** "
-                      f"{continuation}")
-  return metrics

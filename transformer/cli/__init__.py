@@ -1,0 +1,19 @@
+"""launch.py's modes, one module each, with the flags it owns and a `main(config, workdir)`.
+
+  train.py      --mode=train: the loop, then the run's plots
+  evaluate.py   --mode=evaluate (--split, --max_examples)
+  translate.py  --mode=translate (--input)
+  generate.py   --mode=generate (--prompt)
+  average.py    --mode=average
+  hf_import.py  --mode=import
+  hf_export.py  --mode=export
+  plot.py       --mode=plot
+  sweep.py      --mode=sweep (--sweep): one launch.py process per grid point
+  compare.py    --mode=compare (--compare_dirs)
+  common.py     flags several modes share (--output, --checkpoint_step, decode flags)
+                and their file handling
+  usage.py      flag, config-file and disk/permission mistakes in one line
+
+Each module sets STARTS_JAX (plot, compare and sweep start no devices). May import
+every other part of the package; nothing imports cli/ but launch.py.
+"""

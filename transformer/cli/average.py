@@ -1,0 +1,80 @@
+"""--mode=average: the mean of the newest --average_last checkpoints -> a new workdir --output."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import jax
+import ml_collections
+from absl import logging
+
+from transformer.cli import common
+from transformer.configuration import ConfigError
+from transformer.inference import loaded
+from transformer.workdir import checkpointing
+from transformer.workdir import files
+from transformer.workdir import layout
+
+STARTS_JAX = True
+
+
+def main(config: ml_collections.ConfigDict | None, workdir: str) -> None:
+  """launch.py --mode=average (--config is not used)."""
+  del config
+  average(workdir, common.OUTPUT.value, average_last=common.AVERAGE_LAST.value,
+          checkpoint_step=common.CHECKPOINT_STEP.value)
+
+
+def average(workdir: str, output: str, *, average_last: int,
+            checkpoint_step: int | None = None) -> str:
+  """Writes the mean of the newest `average_last` checkpoints' parameters as a new run.
+
+  The new workdir holds config.json, the tokenizer files, `averaged.json` (the source
+  run and steps) and one checkpoint, `checkpoints/<newest averaged step>/state`, with
+  only the parameters: the other modes and `config.init_from` read it; it cannot
+  resume training (no optimizer state). The source workdir is only read.
+
+  Args:
+    workdir: the run to average.
+    output: the new workdir; must not exist or be empty.
+    average_last: N >= 1 checkpoints (the paper: 5 for base, 20 for big).
+    checkpoint_step: the newest checkpoint of the average; None: the run's newest.
+
+  Returns:
+    The path of the new checkpoint directory.
+
+  Raises:
+    ConfigError: output is the source or not empty, or there are too few checkpoints.
+  """
+  if not output:
+    raise ConfigError("--mode=average needs --output=DIR, the new workdir to write")
+  source, target = os.path.abspath(workdir), os.path.abspath(output)
+  if target == source or target.startswith(source + os.sep):
+    raise ConfigError(f"--output={output!r} is inside the source workdir {source}, which "
+                      "is never modified; choose another directory")
+  if os.path.exists(target) and (not os.path.isdir(target) or os.listdir(target)):
+    raise ConfigError(f"--output={output!r} exists and is not an empty directory; choose a "
+                      "new one (nothing is overwritten)")
+  if average_last < 1:
+    raise ConfigError(f"--average_last={average_last}: say how many checkpoints to average "
+                      "(>= 1; the paper averages 5 for base, 20 for big)")
+  run = loaded.load_run(workdir, checkpoint_step=checkpoint_step, average_last=average_last)
+  step = run.step
+  if jax.process_index() == 0:
+    os.makedirs(target, exist_ok=True)
+    for name in (layout.CONFIG, layout.TOKENIZER_RECORD):
+      shutil.copyfile(os.path.join(source, name), os.path.join(target, name))
+    with open(os.path.join(source, layout.TOKENIZER_RECORD), encoding="utf-8") as f:
+      vocabulary = json.load(f).get("file")
+    if vocabulary:
+      shutil.copyfile(os.path.join(source, vocabulary), os.path.join(target, vocabulary))
+    files.write_atomically(os.path.join(target, layout.AVERAGED),
+                           json.dumps({"source": source, "steps": run.steps}, indent=2))
+  # Every process writes its shards of the parameters.
+  path = checkpointing.save_params(os.path.join(target, layout.CHECKPOINTS), step, run.params)
+  logging.info("Wrote the %s of %s to %s", run.checkpoint_label(), source, path)
+  if jax.process_index() == 0:
+    print(f"Wrote the {run.checkpoint_label()} of {source} to {path}", flush=True)
+  return path

@@ -1,0 +1,176 @@
+"""--mode=evaluate: loss / perplexity / accuracy (+ sacreBLEU, chrF) of a checkpoint on a split.
+
+The loss comes from the training loop's own eval step (training/trainer.py's Scorer,
+built for the loaded parameters alone: no optimizer); translations through
+inference/text.py. The result is printed and written as JSON (--output, default
+`<workdir>/eval_<split>_step<N>.json`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any, Mapping, Sequence, TextIO
+
+import jax
+import ml_collections
+from absl import flags
+
+from transformer.cli import common
+from transformer.configuration import objective_of
+from transformer.data import catalog
+from transformer.data import pipeline
+from transformer.data import sources
+from transformer.inference import loaded
+from transformer.inference import text
+from transformer.training import trainer as trainer_lib
+from transformer.workdir import files
+from transformer.workdir import layout
+
+SPLIT = flags.DEFINE_string("split", "", "evaluate: the split (default data.eval_split).")
+MAX_EXAMPLES = flags.DEFINE_integer(
+    "max_examples", 0, "evaluate: score only the split's first N examples (0: all).")
+STARTS_JAX = True
+
+
+def main(config: ml_collections.ConfigDict | None, workdir: str) -> None:
+  """launch.py --mode=evaluate."""
+  evaluate(workdir, split=SPLIT.value, max_examples=MAX_EXAMPLES.value,
+           output=common.OUTPUT.value, overwrite=common.OVERWRITE.value,
+           seed=common.SEED.value, **common.loading_flags(config))
+
+
+class _FirstExamples:
+  """The first `count` examples of a random-access source (for --max_examples)."""
+
+  def __init__(self, source: Any, count: int):
+    self._source = source
+    self._count = min(count, len(source))
+
+  def __len__(self) -> int:
+    return self._count
+
+  def __getitem__(self, index: int) -> Any:
+    if not 0 <= index < self._count:
+      raise IndexError(index)
+    return self._source[index]
+
+
+def result_path(workdir: str, split: str, steps: Sequence[int], max_examples: int = 0) -> str:
+  """`<workdir>/eval_<split>_step<step>[_avg<N>][_first<M>].json`."""
+  name = f"eval_{split.replace('/', '_')}_step{steps[-1]}"
+  if len(steps) > 1:
+    name += f"_avg{len(steps)}"
+  if max_examples > 0:
+    name += f"_first{max_examples}"  # A quick look is never mistaken for the full split.
+  return os.path.join(workdir, name + ".json")
+
+
+def evaluate(workdir: str, *, config: ml_collections.ConfigDict | None = None,
+             split: str = "", checkpoint_step: int | None = None, average_last: int = 0,
+             decode_overrides: Mapping[str, Any] | None = None, max_examples: int = 0,
+             output: str = "", overwrite: bool = False, seed: int | None = None,
+             stdout: TextIO | None = None) -> dict[str, Any]:
+  """Scores a checkpoint on a whole split; prints the result and writes it as JSON.
+
+  Loss, perplexity and token accuracy with the training loop's own eval step over
+  every batch of the split (for a classifier, accuracy is per example); for a
+  translation run also sacreBLEU and chrF of the decoded split (decode.*, beam search
+  by default) against the raw reference texts.
+
+  Args:
+    workdir: the run's workdir.
+    config, checkpoint_step, average_last, decode_overrides, seed: as for `generate`.
+    split: the split to score; "" means data.eval_split.
+    max_examples: > 0 scores only the split's first examples (a quick look).
+    output: the JSON path; "" means `result_path` in the workdir.
+    overwrite: allow replacing an existing result file.
+    stdout: where the readable result goes (default sys.stdout).
+
+  Returns:
+    The JSON record: metrics, checkpoint steps, dataset, split, decoding settings and
+    sacreBLEU signatures.
+  """
+  run = loaded.load_run(workdir, config=config, checkpoint_step=checkpoint_step,
+                 average_last=average_last, decode_overrides=decode_overrides)
+  config = run.config
+  config.data.eval_split = split or config.data.eval_split
+  split = config.data.eval_split
+  path = output or result_path(workdir, split, run.steps, max_examples)
+  common.check_output(path, overwrite)
+  config.train.eval_batches = -1  # The whole split.
+  builder = catalog.load_builder(config.data)  # Also checks that the split exists.
+  sources.check_features(config, builder)
+  objective = objective_of(config.model.arch, config.model.head)
+  source = builder.as_data_source(split=split)
+  if max_examples > 0:
+    source = _FirstExamples(source, max_examples)
+  local_batch_size = trainer_lib.check_batch_size(config, run.mesh)
+  dataset = pipeline.make_dataset(config, objective, source, run.tokenizer, train=False,
+                                  split=split, batch_size=local_batch_size,
+                                  process_index=jax.process_index(),
+                                  process_count=jax.process_count())
+  # The eval step alone, for the loaded parameters' shardings; scorer.config is `config`,
+  # whose train.eval_batches (-1 above) evaluate_split reads.
+  scorer = trainer_lib.Scorer.create(config, run.mesh, run.param_shardings)
+  with scorer.context():
+    sums = trainer_lib.evaluate_split(scorer, run.params, dataset, local_batch_size)
+  metrics = {k.removeprefix("eval_"): v for k, v in sums.items()}
+  if objective == "classification":  # One weight per example; perplexity means little.
+    metrics["examples"] = metrics.pop("tokens")
+    metrics.pop("perplexity", None)
+  record: dict[str, Any] = {
+      "workdir": os.path.abspath(workdir), "dataset": builder.info.full_name,
+      "split": split, "examples": len(source), "objective": objective,
+      "checkpoint_steps": run.steps, "metrics": metrics}
+  if max_examples > 0:
+    record["max_examples"] = max_examples
+  if objective == "seq2seq" and sources.is_translation(config.data):
+    texts, references = text.source_and_reference_texts(config.data, source)
+    policy = text.LengthPolicy(config.decode.overlong, text.source_context(config),
+                                     "source", "min(data.seq_len, model.max_len), eos included")
+    with run.context():
+      outputs = text.translate_texts(
+          run.model_config, run.params, run.tokenizer, texts, config.decode, policy,
+          names=[f"{split}[{i}]" for i in range(len(texts))], rng=run.sampling_rng(seed),
+          progress=text.DecodeProgress(len(texts), f"evaluate {split}"))
+    scores = text.corpus_scores(outputs, references)
+    metrics.update(bleu=scores["bleu"], chrf=scores["chrf"])
+    record["decoding"] = dict(text.describe_search(config.decode),
+                              max_length_offset=config.decode.max_length_offset,
+                              source_context=text.source_context(config))
+    if config.decode.temperature > 0:
+      record["decoding"]["seed"] = config.seed if seed is None else seed
+    record["sacrebleu"] = {k: scores[k] for k in ("bleu_detail", "bleu_signature",
+                                                  "chrf_signature")}
+  averaged = os.path.join(workdir, layout.AVERAGED)
+  if os.path.exists(averaged):
+    with open(averaged, encoding="utf-8") as f:
+      record["averaged"] = json.load(f)
+  if jax.process_index() == 0:
+    common.check_output(path, overwrite)
+    files.write_atomically(path, json.dumps(record, indent=2) + "\n")
+    _print_result(record, run, path, stdout or sys.stdout)
+  return record
+
+
+def _print_result(record: dict[str, Any], run: loaded.LoadedRun, path: str, out: TextIO) -> None:
+  metrics = record["metrics"]
+  origin = ""
+  if "averaged" in record:  # A workdir written by `average`.
+    origin = (f" (the mean of steps {', '.join(map(str, record['averaged']['steps']))} of "
+              f"{record['averaged']['source']})")
+  lines = [f"{record['dataset']} {record['split']} ({record['examples']} examples), "
+           f"{run.checkpoint_label()} of {record['workdir']}{origin}:"]
+  for key in ("loss", "perplexity", "accuracy", "tokens", "examples"):
+    if key in metrics:
+      lines.append(f"  {key:<11}{metrics[key]:.6g}")
+  if "bleu" in metrics:
+    search = ", ".join(f"{k} {v}" for k, v in record["decoding"].items())
+    lines += [f"  {'BLEU':<11}{metrics['bleu']:<8.2f}{record['sacrebleu']['bleu_signature']}",
+              f"  {'chrF':<11}{metrics['chrf']:<8.2f}{record['sacrebleu']['chrf_signature']}",
+              f"  {record['sacrebleu']['bleu_detail']}", f"  decoding: {search}"]
+  lines.append(f"Wrote {path}")
+  out.write("\n".join(lines) + "\n")
+  out.flush()

@@ -1,0 +1,19 @@
+"""--mode=import: a local Hugging Face folder (--hf_dir: GPT-2, BERT, Marian, T5) -> a new
+--workdir that the other modes and config.init_from read (interop/hf/importer.py)."""
+
+from __future__ import annotations
+
+import ml_collections
+from absl import app
+
+from transformer.cli import common
+from transformer.interop.hf import importer
+
+STARTS_JAX = True
+
+
+def main(config: ml_collections.ConfigDict | None, workdir: str) -> None:
+  """launch.py --mode=import; --config, when given, supplies data.*, decode.*, mesh.*."""
+  if not common.HF_DIR.value:
+    raise app.UsageError("--mode=import needs --hf_dir=DIR, the Hugging Face folder")
+  importer.import_folder(common.HF_DIR.value, workdir, config)

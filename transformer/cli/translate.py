@@ -1,0 +1,99 @@
+"""--mode=translate: --input (or stdin), one sentence a line -> --output (or stdout).
+
+Needs an encoder-decoder run in --workdir (inference/loaded.py says what comes from
+where); the decode flags (cli/common.py) set single decode.* fields.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Mapping, TextIO
+
+import jax
+import ml_collections
+from absl import flags
+from absl import logging
+
+from transformer.cli import common
+from transformer.configuration import ConfigError
+from transformer.inference import loaded
+from transformer.inference import text
+from transformer.workdir import files
+
+INPUT = flags.DEFINE_string("input", "", "translate: one sentence a line (default stdin).")
+STARTS_JAX = True
+
+
+def main(config: ml_collections.ConfigDict | None, workdir: str) -> None:
+  """launch.py --mode=translate."""
+  translate(workdir, input_path=INPUT.value, output_path=common.OUTPUT.value,
+            overwrite=common.OVERWRITE.value, seed=common.SEED.value,
+            **common.loading_flags(config))
+
+
+def translate(workdir: str, *, input_path: str = "", output_path: str = "",
+              overwrite: bool = False, config: ml_collections.ConfigDict | None = None,
+              checkpoint_step: int | None = None, average_last: int = 0,
+              decode_overrides: Mapping[str, Any] | None = None, seed: int | None = None,
+              stdin: TextIO | None = None, stdout: TextIO | None = None) -> list[str]:
+  """Translates one sentence per line with an encoder-decoder.
+
+  Sources are ids + [eos] as in training, at most min(data.seq_len, model.max_len)
+  tokens: a longer line is truncated with a warning naming it, or stops the command
+  (decode.overlong). Beam search by default (decode.beam_size 4, alpha 0.6, output
+  length at most source + decode.max_length_offset). Lines are decoded in
+  length-sorted batches of decode.batch_size and written back in input order; an
+  empty line gives an empty line.
+
+  Args:
+    workdir: the run's workdir.
+    input_path: a UTF-8 file, one sentence per line; "" reads stdin.
+    output_path: where translations go, one per line; "" prints them. Never the
+      input; an existing file only with `overwrite`. Written at the end, atomically.
+    overwrite: allow replacing an existing output file.
+    config, checkpoint_step, average_last, decode_overrides, seed: as for `generate`.
+    stdin, stdout: the streams for "" paths (default sys.stdin / sys.stdout).
+
+  Returns:
+    The translations, in input order.
+
+  Raises:
+    ConfigError: not an encoder-decoder, a missing input, an output that exists (or
+      is the input), or an overlong line with decode.overlong='error'.
+  """
+  if input_path and not os.path.isfile(input_path):
+    raise ConfigError(f"--input={input_path!r} is not a file")
+  if output_path:
+    common.check_output(output_path, overwrite, [input_path])
+  run = loaded.load_run(workdir, config=config, checkpoint_step=checkpoint_step,
+                 average_last=average_last, decode_overrides=decode_overrides)
+  run.require("encoder_decoder", "lm", "translate",
+           "Use --mode=generate for a decoder LM.")
+  lines = common.read_lines(input_path, stdin or sys.stdin)
+  limit = text.source_context(run.config)
+  policy = text.LengthPolicy(run.config.decode.overlong, limit, "source",
+                                   "min(data.seq_len, model.max_len), eos included")
+  progress = text.DecodeProgress(len(lines), "translate") if input_path else None
+  logging.info("Translating %d lines (%s; batches of %d)", len(lines),
+               ", ".join(f"{k} {v}" for k, v in
+                         text.describe_search(run.config.decode).items()),
+               run.config.decode.batch_size)
+  with run.context():
+    outputs = text.translate_texts(
+        run.model_config, run.params, run.tokenizer, lines, run.config.decode, policy,
+        names=[f"line {i + 1}" for i in range(len(lines))], rng=run.sampling_rng(seed),
+        progress=progress)
+  if jax.process_index() == 0:
+    # One line per input line, whatever the model emits (byte and character models can
+    # produce a newline).
+    result = "".join(line.replace("\r", " ").replace("\n", " ") + "\n" for line in outputs)
+    if output_path:
+      common.check_output(output_path, overwrite, [input_path])  # None appeared meanwhile.
+      files.write_atomically(output_path, result)
+      logging.info("Wrote %d translations to %s", len(outputs), output_path)
+    else:
+      out = stdout or sys.stdout
+      out.write(result)
+      out.flush()
+  return outputs

@@ -1,0 +1,9 @@
+"""Using a trained model: loading it without training, decoding, text in and out.
+
+  loaded.py    a run from its workdir (config, tokenizer, parameters in the model's
+               shardings; no optimizer, no Trainer), checkpoint selection and averaging
+  decoding.py  KV-cached generation: greedy, sampling, beam search; decoder and enc-dec
+  text.py      text -> ids -> length-sorted batches -> decoding -> text; sacreBLEU/chrF
+
+May import: configuration, sharding, model, data, workdir.
+"""

@@ -1,0 +1,313 @@
+"""A trained run from its workdir: config, tokenizer and parameters, nothing of training.
+
+What comes from where:
+  - `<workdir>/config.json` (written resolved by train_and_evaluate): model.* and
+    everything else, with configs/base.py's defaults for keys the run predates; its
+    mesh.* too, unless its fixed sizes do not fit the devices here (then all devices
+    go data-parallel);
+  - `<workdir>/tokenizer.json` and the vocabulary file it names: the tokenizer, always;
+  - `<workdir>/checkpoints/<step>/state`: the parameters only, of the newest step, the
+    one asked for, or the mean of the newest N (`average_last`, the paper's averaging);
+  - an optional config (launch.py --config): its data.* (another dataset or split,
+    batch size, seq_len; not the tokenizer fields) and decode.* replace the run's;
+  - `decode_overrides` (launch.py's --beam_size, ...): single decode.* fields, over either.
+
+Loading builds only the model's parameter shardings (no optimizer, no training state),
+so the inference modes (cli/generate.py, translate.py, evaluate.py, average.py) and the
+Hugging Face export read a run without touching training. Nothing in the workdir is
+written here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+from typing import Any, Mapping, Sequence
+
+import jax
+import ml_collections
+import orbax.checkpoint as ocp
+from absl import logging
+from etils import epath
+from flax import linen as nn
+
+from configs import base
+from transformer import sharding
+from transformer.configuration import (ConfigError, ModelConfig, objective_of, validate,
+                                       validate_decode)
+from transformer.data import sources
+from transformer.data import tokenizers
+from transformer.model import objectives
+from transformer.model.models import make_model
+from transformer.workdir import checkpointing
+from transformer.workdir import layout
+
+# data.* fields that make the tokenizer; a run's own vocabulary always wins over them.
+TOKENIZER_FIELDS = ("tokenizer", "spm_vocab_size", "spm_model_type", "spm_train_sentences")
+
+
+# ---------------------------------------------------------------- a run from its workdir
+
+
+def _as_tuples(value: Any, like: Any) -> Any:
+  """JSON lists back to the tuples the base config declares (mesh.shape, mesh.rules)."""
+  if isinstance(like, tuple) and isinstance(value, list):
+    return tuple(_as_tuples(v, ()) if isinstance(v, list) else v for v in value)
+  return value
+
+
+def load_config(workdir: str,
+                config: ml_collections.ConfigDict | None = None) -> ml_collections.ConfigDict:
+  """The run's config from `<workdir>/config.json`, with `config`'s data.* and decode.*.
+
+  Keys config.json lacks (a run older than a key) take configs/base.py's default.
+
+  Args:
+    workdir: a run's workdir.
+    config: optional: its data.* (except the tokenizer fields) and decode.* replace
+      the run's.
+
+  Returns:
+    A validated, locked ConfigDict.
+
+  Raises:
+    ConfigError: no config.json, a key configs/base.py does not declare, an invalid value.
+  """
+  path = os.path.join(workdir, layout.CONFIG)
+  if not os.path.isfile(path):
+    raise ConfigError(f"{os.path.abspath(workdir)} has no {layout.CONFIG}: expected the workdir "
+                      "of a training run (python launch.py --config=... --workdir=DIR writes "
+                      "it at start)")
+  try:
+    with open(path, encoding="utf-8") as f:
+      stored = json.load(f)
+  except ValueError as e:
+    raise ConfigError(f"{path} is not valid JSON ({e}); training writes it whole at every "
+                      "start, so it was edited or damaged: restore it (e.g. rerun the "
+                      "training command with --config)") from e
+  if not isinstance(stored, dict):
+    raise ConfigError(f"{path} holds a {type(stored).__name__}, expected the JSON object "
+                      "training writes")
+  result = base.get_config()
+  for section, values in stored.items():
+    if section not in result:
+      raise ConfigError(f"{path}: key {section!r} is not declared in configs/base.py")
+    if not isinstance(values, dict):
+      result[section] = values
+      continue
+    for key, value in values.items():
+      if key not in result[section]:
+        raise ConfigError(f"{path}: key {section}.{key} is not declared in configs/base.py")
+      result[section][key] = _as_tuples(value, result[section][key])
+  if config is not None:
+    logging.info("Using the given config's data.* and decode.*; the model and everything "
+                 "else come from %s", path)
+    run_tokenizer = {k: result.data[k] for k in TOKENIZER_FIELDS}
+    result.data.update(config.data.to_dict())
+    result.decode.update(config.decode.to_dict())
+    for key, value in run_tokenizer.items():
+      if result.data[key] != value:
+        logging.warning("config.data.%s=%r ignored: the run's vocabulary (%r) is used",
+                        key, result.data[key], value)
+      result.data[key] = value
+  if not result.model.vocab_size:
+    raise ConfigError(f"{path} has model.vocab_size=0; train_and_evaluate writes it "
+                      "resolved, so this file was not written by a training run")
+  validate(result)  # decode.* included.
+  return result
+
+
+def checkpoint_steps(workdir: str) -> list[int]:
+  """The steps of the complete checkpoints under `<workdir>/checkpoints`, oldest first."""
+  directory = epath.Path(os.path.abspath(workdir)) / layout.CHECKPOINTS
+  if not directory.is_dir():
+    return []
+  # Finalised steps only: a save still in flight (or killed) has a temporary name.
+  return sorted(ocp.utils.step_from_checkpoint_name(p.name)
+                for p in ocp.utils.checkpoint_steps_paths(directory))
+
+
+def select_steps(workdir: str, steps: Sequence[int], checkpoint_step: int | None,
+                 average_last: int, checkpoint: ml_collections.ConfigDict) -> list[int]:
+  """The checkpoint steps to use: the newest (or `checkpoint_step`) and the N - 1 before it.
+
+  Args:
+    workdir: for messages.
+    steps: the steps that exist (`checkpoint_steps`).
+    checkpoint_step: the step to use (or to end the average at); None: the newest.
+    average_last: N > 1 averages N checkpoints; 0 or 1: one checkpoint.
+    checkpoint: the run's checkpoint.* (keep bounds how many exist; every spaces them).
+
+  Returns:
+    The selected steps, oldest first.
+
+  Raises:
+    ConfigError: no checkpoints, an unknown step, or fewer than `average_last`.
+  """
+  directory = os.path.join(os.path.abspath(workdir), layout.CHECKPOINTS)
+  if not steps:
+    raise ConfigError(f"{directory} holds no complete checkpoint: train first (a run saves "
+                      "every checkpoint.every steps and at its end)")
+  listed = ", ".join(map(str, steps))
+  if checkpoint_step is None:
+    end = len(steps)
+  elif checkpoint_step in steps:
+    end = steps.index(checkpoint_step) + 1
+  else:
+    raise ConfigError(f"--checkpoint_step={checkpoint_step}: {directory} has no such "
+                      f"checkpoint; its steps are {listed}")
+  if average_last < 0:
+    raise ConfigError(f"--average_last={average_last} must be >= 0 (0 or 1: no averaging)")
+  count = max(average_last, 1)
+  if count > end:
+    upto = "" if checkpoint_step is None else f" up to step {checkpoint_step}"
+    if len(steps) >= checkpoint.keep:
+      why = (f"a run keeps only its newest checkpoint.keep={checkpoint.keep}. Train with "
+             f"--config.checkpoint.keep={count} (or more) to keep enough")
+    else:
+      why = (f"the run saved no more (one every checkpoint.every={checkpoint.every} steps and "
+             f"at its end; checkpoint.keep={checkpoint.keep} would keep {checkpoint.keep})")
+    raise ConfigError(
+        f"--average_last={average_last} needs {count} checkpoints but {directory} holds "
+        f"{end}{upto} (steps {', '.join(map(str, steps[:end]))}): {why}. Average at most "
+        f"{end}.")
+  return list(steps[end - count:end])
+
+
+def _make_mesh(config: ml_collections.ConfigDict) -> jax.sharding.Mesh:
+  """The run's mesh; all devices data-parallel when its fixed sizes do not fit here."""
+  try:
+    return sharding.make_mesh(config.mesh)
+  except ConfigError as e:
+    logging.warning("%s; using the %d devices here data-parallel instead", e,
+                    jax.device_count())
+    config.mesh.shape = (("data", -1), ("fsdp", 1), ("tensor", 1))
+    return sharding.make_mesh(config.mesh)
+
+
+def abstract_params(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> Any:
+  """The model's parameters as sharded abstract arrays (shapes only, nothing allocated).
+
+  The same logical specs and rules as a training run's `state.params`, so a
+  checkpoint restores into exactly the placement training used.
+  """
+  model_config = ModelConfig.from_config(config.model)
+  model = make_model(dataclasses.replace(model_config, deterministic=True))
+  objective = objective_of(model_config.arch, model_config.head)
+  batch = objectives.init_batch(objective, 1, config.data.seq_len)
+  boxed = jax.eval_shape(
+      lambda rng: model.init({"params": rng}, *objectives.model_inputs(objective, batch)),
+      jax.random.PRNGKey(0))["params"]
+  shardings = sharding.logical_to_shardings(nn.get_partition_spec(boxed), mesh,
+                                            sharding.rules_of(config.mesh))
+  return checkpointing.abstract_like(nn.meta.unbox(boxed), shardings)
+
+
+@dataclasses.dataclass
+class LoadedRun:
+  """A trained model ready to use: config, mesh, parameters and tokenizer."""
+
+  workdir: str
+  config: ml_collections.ConfigDict
+  model_config: ModelConfig
+  mesh: jax.sharding.Mesh
+  abstract_params: Any  # Shapes and shardings of `params` (what a checkpoint restores into).
+  params: Any
+  tokenizer: tokenizers.Tokenizer
+  steps: list[int]  # The checkpoint(s) the params come from (several: their mean).
+
+  @property
+  def step(self) -> int:
+    return self.steps[-1]
+
+  @property
+  def param_shardings(self) -> Any:
+    return jax.tree.map(lambda x: x.sharding, self.abstract_params)
+
+  def checkpoint_label(self) -> str:
+    """'checkpoint 400' or 'mean of checkpoints 200, 300, 400'."""
+    if len(self.steps) == 1:
+      return f"checkpoint {self.step}"
+    return f"mean of checkpoints {', '.join(map(str, self.steps))}"
+
+  @contextlib.contextmanager
+  def context(self):
+    """Mesh + logical rules in scope, needed while tracing the activation constraints."""
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(sharding.rules_of(self.config.mesh)):
+      yield
+
+  def require(self, arch: str, head: str, mode: str, instead: str) -> None:
+    """Stops unless the model is (arch, head): what `mode` needs."""
+    model = self.config.model
+    if (model.arch, model.head) != (arch, head):
+      raise ConfigError(f"--mode={mode} needs a model with arch={arch!r}, head={head!r}; "
+                        f"{self.workdir} holds arch={model.arch!r}, head={model.head!r}. "
+                        f"{instead}")
+
+  def sampling_rng(self, seed: int | None) -> jax.Array | None:
+    """The sampling key: `seed`, else the run's config.seed; None when not sampling."""
+    if self.config.decode.temperature <= 0:
+      return None
+    return jax.random.PRNGKey(self.config.seed if seed is None else seed)
+
+
+def load_run(workdir: str, *, config: ml_collections.ConfigDict | None = None,
+             checkpoint_step: int | None = None, average_last: int = 0,
+             decode_overrides: Mapping[str, Any] | None = None) -> LoadedRun:
+  """Reads a run's config, tokenizer and parameters (see the module docstring for which from where).
+
+  Args:
+    workdir: the run's workdir.
+    config: optional config whose data.* and decode.* replace the run's.
+    checkpoint_step: the checkpoint to use; None: the newest.
+    average_last: N > 1: the mean of the newest N checkpoints (up to checkpoint_step).
+    decode_overrides: decode.* fields to set (launch.py's --beam_size, ...); None
+      values are ignored.
+
+  Returns:
+    The LoadedRun, its parameters in the model's shardings.
+
+  Raises:
+    ConfigError: a missing config.json, tokenizer or checkpoint, an unknown step,
+      too few checkpoints to average, or a checkpoint that does not fit the model.
+  """
+  config = load_config(workdir, config)
+  overrides = {k: v for k, v in (decode_overrides or {}).items() if v is not None}
+  if (overrides.get("temperature", 0) > 0 and overrides.get("beam_size", 1) > 1):
+    raise ConfigError(f"--beam_size={overrides['beam_size']} with --temperature="
+                      f"{overrides['temperature']}: beam search does not sample; give one")
+  for key, value in overrides.items():
+    if key not in config.decode:
+      raise ConfigError(f"decode override {key!r} is not a decode.* field; valid: "
+                        f"{sorted(config.decode)}")
+    config.decode[key] = type(config.decode[key])(value)
+  validate_decode(config)
+  if config.decode.temperature > 0 and config.decode.beam_size > 1:
+    logging.info("Sampling at temperature %s: decode.beam_size=%d is not used",
+                 config.decode.temperature, config.decode.beam_size)
+  steps = select_steps(workdir, checkpoint_steps(workdir), checkpoint_step, average_last,
+                       config.checkpoint)
+  tokenizer = sources.load_workdir_tokenizer(workdir)
+  mesh = _make_mesh(config)
+  abstract = abstract_params(config, mesh)
+  directory = os.path.join(os.path.abspath(workdir), layout.CHECKPOINTS)
+  for step in steps:  # Damage that shows without reading arrays (see checkpointing.py).
+    problem = checkpointing.checkpoint_problem(os.path.join(directory, str(step)), ("state",))
+    if problem:
+      others = [s for s in checkpoint_steps(workdir) if s != step]
+      raise ConfigError(f"checkpoint {step} in {directory} is damaged: {problem[1]}. Use "
+                        "another one with --checkpoint_step=N"
+                        + (f" (the others: {', '.join(map(str, others))})" if others else
+                           " (there is no other)"))
+  with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.rules_of(config.mesh)):
+    params = checkpointing.average_params(
+        [os.path.join(directory, str(step), layout.STATE) for step in steps],
+        abstract, os.path.join(workdir, layout.CONFIG))
+  run = LoadedRun(workdir=workdir, config=config,
+                  model_config=ModelConfig.from_config(config.model), mesh=mesh,
+                  abstract_params=abstract, params=params, tokenizer=tokenizer, steps=steps)
+  logging.info("Loaded %s of %s (%s, arch %s)", run.checkpoint_label(), workdir,
+               objective_of(config.model.arch, config.model.head), config.model.arch)
+  return run

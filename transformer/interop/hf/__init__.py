@@ -1,0 +1,13 @@
+"""Hugging Face folders <-> workdirs, one module per family behind a small shared part.
+
+  common.py    reading a folder (safetensors only), the strict field and tensor
+               accounting, the vocabulary renumbering, shared tensor helpers
+  importer.py  --mode=import: the family registry, convert_folder, writing the workdir
+  gpt2.py      GPT-2 in (GPT2LMHeadModel, GPT2Model) and out (export_gpt2)
+  bert.py      BERT in (MLM head, pooler, token types)
+  marian.py    Marian in (opus-mt)
+  t5.py        T5 in (v1.0 and gated-SiLU)
+
+A family module has PREFIXES and convert(fields, tensors, files) -> common.Converted.
+May import: configuration, sharding, model, data, inference, workdir.
+"""

@@ -1,0 +1,92 @@
+"""T5 folders (T5ForConditionalGeneration): v1.0 and gated-SiLU feed-forwards,
+relative position buckets.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from transformer.configuration import ConfigError
+from transformer.interop.hf import common
+
+_T5_ACTIVATIONS = {"relu": "relu", "gated-silu": "swiglu"}
+PREFIXES = ()  # Tensor-name prefixes a headless checkpoint lacks.
+
+
+def convert(fields: common.Fields, t: common.Tensors, files: dict[str, str]) -> common.Converted:
+  """T5 v1.0 (ReLU, tied) and gated-SiLU variants; relative position buckets, RMSNorm."""
+  del files  # The tokenizer files are read by importer.tokenizer_bundle.
+  d_model, heads = fields.get("d_model", 512), fields.get("num_heads", 8)
+  head_dim = fields.get("d_kv", 64)
+  projection = fields.get("feed_forward_proj", "relu")
+  if projection not in _T5_ACTIVATIONS:
+    raise ConfigError(f"{fields.where}: feed_forward_proj={projection!r} is not supported "
+                      f"(T5 v1.1's gated-gelu uses the tanh GELU, which no gated activation "
+                      f"here has); this codebase implements {sorted(_T5_ACTIVATIONS)}")
+  fields.ignore("dense_act_fn", "is_gated_act", "initializer_factor")
+  tie = fields.get("tie_word_embeddings", True)
+  pad, eos = fields.get("pad_token_id", 0), fields.get("eos_token_id", 1)
+  start = fields.get("decoder_start_token_id", pad)
+  vocab = common.vocabulary_map(fields.get("vocab_size", 32128),
+                         {"pad": pad, "eos": eos, "bos": start, "unk": 2})
+  dropout = fields.get("dropout_rate", 0.1)
+  encoder_layers = fields.get("num_layers", 6)
+  decoder_layers = fields.get("num_decoder_layers") or encoder_layers
+  model = dict(
+      arch="encoder_decoder", head="lm", vocab_size=len(vocab.internal_to_hf),
+      d_model=d_model, num_layers=encoder_layers, num_decoder_layers=decoder_layers,
+      num_heads=heads, num_kv_heads=0, head_dim=head_dim, mlp_dim=fields.get("d_ff", 2048),
+      max_len=fields.get("n_positions", 512), position="relative",
+      relative_buckets=fields.get("relative_attention_num_buckets", 32),
+      relative_max_distance=fields.get("relative_attention_max_distance", 128),
+      norm="pre", norm_type="rmsnorm", norm_epsilon=fields.get("layer_norm_epsilon", 1e-6),
+      activation=_T5_ACTIVATIONS[projection], use_bias=False, tie_embeddings=bool(tie),
+      share_embeddings=True, scale_embeddings=False, embed_norm=False, init="gpt2",
+      logits_bias=False, embed_dropout=dropout, residual_dropout=dropout,
+      mlp_dropout=dropout, never_predict=vocab.added, **common.attention_dropout(dropout))
+  # T5 does not divide attention logits by sqrt(head_dim) (its init absorbs it); this
+  # codebase does, so the query kernels are multiplied by it here.
+  query_scale = np.float32(np.sqrt(head_dim))
+  embedding = t.take_tied("shared.weight", "encoder.embed_tokens.weight",
+                          "decoder.embed_tokens.weight",
+                          *(("lm_head.weight",) if tie else ()))
+  params: dict[str, Any] = {
+      "source_embedder": {"token_embed": {"embedding": vocab.rows(embedding)}}}
+
+  def kernel(name):
+    return t.take(f"{name}.weight").T, None
+
+  def attention(name):
+    q, k, v, o = (kernel(f"{name}.{x}") for x in ("q", "k", "v", "o"))
+    return common.attention_params((q[0] * query_scale, None), k, v, o, heads)
+
+  for side, count in (("encoder", encoder_layers), ("decoder", decoder_layers)):
+    stack = params[side] = {
+        "relative_bias": {"embedding": t.take(
+            f"{side}.block.0.layer.0.SelfAttention.relative_attention_bias.weight")},
+        "final_norm": {"scale": t.take(f"{side}.final_layer_norm.weight")}}
+    for i in range(count):
+      p = f"{side}.block.{i}.layer."
+      block = {"self_attention": attention(p + "0.SelfAttention"),
+               "self_attention_norm": {"scale": t.take(p + "0.layer_norm.weight")}}
+      ff = p + ("2" if side == "decoder" else "1")
+      if side == "decoder":
+        block["cross_attention"] = attention(p + "1.EncDecAttention")
+        block["cross_attention_norm"] = {"scale": t.take(p + "1.layer_norm.weight")}
+      gated = projection.startswith("gated")
+      block["mlp"] = {"wi": {"kernel": kernel(ff + (".DenseReluDense.wi_0" if gated
+                                                    else ".DenseReluDense.wi"))[0]},
+                      "wo": {"kernel": kernel(ff + ".DenseReluDense.wo")[0]}}
+      if gated:
+        block["mlp"]["wi_gate"] = {"kernel": kernel(ff + ".DenseReluDense.wi_1")[0]}
+      block["mlp_norm"] = {"scale": t.take(ff + ".layer_norm.weight")}
+      stack[f"block_{i}"] = block
+  if tie:
+    # Tied T5 scales the decoder output by d_model^-0.5 before the projection; the
+    # decoder's final RMSNorm scale absorbs it exactly.
+    params["decoder"]["final_norm"]["scale"] *= np.float32(d_model ** -0.5)
+  else:
+    params["lm_head"] = {"kernel": vocab.rows(t.take("lm_head.weight")).T}
+  return common.Converted("t5", model, params, vocab)

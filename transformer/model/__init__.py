@@ -1,0 +1,12 @@
+"""The model: pure flax.linen modules, every architectural choice a ModelConfig field.
+
+  initializers.py  the initialisation families (gpt2, bert, xavier)
+  attention.py     make_attention_mask, MultiHeadAttention, the einsum reference
+  positions.py     RoPE, T5 relative bias, ALiBi
+  layers.py        norms, MLP, sinusoidal table, the shared Block, scan/remat stacks
+  models.py        Decoder, Encoder, EncoderDecoder, heads, the ARCHITECTURES registry
+  objectives.py    which batch fields feed the model and which it predicts
+
+May import: transformer.configuration only (nothing of training, inference, data or the
+workdir). Parameter paths are a checkpoint API: keep them stable.
+"""

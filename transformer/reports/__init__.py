@@ -1,0 +1,7 @@
+"""Reports drawn from workdirs' files: no JAX devices needed.
+
+  plots.py    PNG curves of a run's metrics.jsonl
+  compare.py  a Markdown table and overlaid curves of several runs (a sweep's)
+
+May import: configuration, workdir, training (its metrics.jsonl reader and formats).
+"""

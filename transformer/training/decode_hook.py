@@ -1,0 +1,123 @@
+"""What the training loop decodes at each evaluation: in-training BLEU and a sample.
+
+BLEU on the first `train.bleu_examples` sentences of the eval split (translation
+runs) and a greedy continuation of `train.sample_prompt` (decoder LMs), through the
+same text in / text out path as --mode=translate and --mode=generate
+(inference/text.py).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import jax
+import ml_collections
+from absl import logging
+
+from transformer.configuration import ModelConfig, objective_of
+from transformer.data import catalog
+from transformer.data import sources
+from transformer.inference import text
+
+_TRAINING_INPUTS: dict[str, Any] = {}  # Loaded once per run: tokenizer and BLEU sentences.
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+  if message not in _WARNED:
+    _WARNED.add(message)
+    logging.warning("%s", message)
+
+
+def _training_inputs(config: ml_collections.ConfigDict, workdir: str,
+                     bleu_examples: int) -> dict[str, Any]:
+  """The tokenizer and the first eval sentences, read on the first evaluation only."""
+  key = json.dumps([workdir, config.data.to_dict(), bleu_examples], sort_keys=True)
+  if key not in _TRAINING_INPUTS:
+    inputs: dict[str, Any] = {"tokenizer": sources.load_workdir_tokenizer(workdir)}
+    if bleu_examples:
+      split = catalog.load_builder(config.data).as_data_source(split=config.data.eval_split)
+      inputs["texts"], inputs["references"] = text.source_and_reference_texts(config.data, split,
+                                                                bleu_examples)
+    _TRAINING_INPUTS[key] = inputs
+  return _TRAINING_INPUTS[key]
+
+
+def decode_at_evaluation(config: ml_collections.ConfigDict, workdir: str, model_config: ModelConfig,
+                         params: Any, writer: Any, step: int) -> dict[str, float]:
+  """What the training loop adds to an evaluation: eval_bleu and a sample, as configured.
+
+  With `train.bleu_examples` = n > 0 on a translation run, the first n sentences of
+  the eval split are translated with decode.* (beam search by default) and scored
+  with sacreBLEU; two of them are logged (source / reference / output) and written to
+  TensorBoard as text. With `train.sample_prompt` on a decoder LM, a greedy
+  continuation of decode.max_new_tokens tokens is logged and written likewise. Every
+  process decodes (the parameters are sharded over all of them); process 0 writes.
+
+  Args:
+    config: the run's config (model.vocab_size resolved).
+    workdir: the run's workdir, whose tokenizer files are read once.
+    model_config: the run's ModelConfig (`Trainer.model_config`).
+    params: the current parameters; call inside `Trainer.context()`.
+    writer: the run's metrics.MetricWriter.
+    step: the step being evaluated.
+
+  Returns:
+    {"eval_bleu": ...} on translation runs with train.bleu_examples > 0, else {}.
+  """
+  objective = objective_of(config.model.arch, config.model.head)
+  bleu_examples = config.train.bleu_examples
+  if bleu_examples and not (objective == "seq2seq" and sources.is_translation(config.data)):
+    _warn_once(f"config.train.bleu_examples={bleu_examples} is ignored: BLEU needs a "
+               "translation run (model.arch='encoder_decoder' with data.source_language and "
+               "data.target_language)")
+    bleu_examples = 0
+  prompt = config.train.sample_prompt
+  if prompt and objective != "causal_lm":
+    _warn_once(f"config.train.sample_prompt={prompt!r} is ignored: samples need a decoder LM "
+               f"(model.arch='decoder', head='lm'), not the {objective} objective")
+    prompt = ""
+  if not bleu_examples and not prompt:
+    return {}
+  inputs = _training_inputs(config, workdir, bleu_examples)
+  tokenizer = inputs["tokenizer"]
+  metrics = {}
+  if bleu_examples:
+    # Never stop a run over one long eval sentence: truncate it whatever decode.overlong.
+    policy = text.LengthPolicy("truncate", text.source_context(config), "source",
+                          "min(data.seq_len, model.max_len), eos included")
+    start = time.perf_counter()
+    outputs = text.translate_texts(model_config, params, tokenizer, inputs["texts"], config.decode,
+                              policy, names=[f"{config.data.eval_split}[{i}]"
+                                             for i in range(len(inputs["texts"]))],
+                              rng=jax.random.PRNGKey(config.seed))
+    scores = text.corpus_scores(outputs, inputs["references"])
+    metrics["eval_bleu"] = scores["bleu"]
+    logging.info("eval_bleu %.2f at step %d on the first %d sentences of %s (%s, %.1f s): %s",
+                 scores["bleu"], step, len(outputs), config.data.eval_split,
+                 ", ".join(f"{k} {v}" for k, v in text.describe_search(config.decode).items()),
+                 time.perf_counter() - start,
+                 scores["bleu_signature"])
+    examples = []
+    for i in range(min(2, len(outputs))):
+      logging.info("translation %d at step %d\n  source:    %s\n  reference: %s\n  output:    %s",
+                   i, step, inputs["texts"][i], inputs["references"][i], outputs[i])
+      examples.append(f"**source:** {inputs['texts'][i]}  \n**reference:** "
+                      f"{inputs['references'][i]}  \n**output:** {outputs[i]}")
+    writer.write_text(step, "translations", "\n\n".join(examples))
+  if prompt:
+    # As many tokens as asked when the prompt leaves room; else at least half the context.
+    context, prompt_len = text.source_context(config), 1 + len(tokenizer.encode(prompt))
+    max_new = min(config.decode.max_new_tokens, max(context - prompt_len + 1, context // 2))
+    greedy = ml_collections.ConfigDict(dict(config.decode.to_dict(), beam_size=1,
+                                            temperature=0.0, top_k=0, top_p=1.0))
+    continuation = text.continue_texts(model_config, params, tokenizer, [prompt], greedy,
+                                  text.prompt_policy(config, max_new, "truncate"),
+                                  max_new_tokens=max_new, names=["train.sample_prompt"])[0]
+    logging.info("sample at step %d (greedy, %d tokens at most): %r -> %r", step, max_new,
+                 prompt, continuation)
+    writer.write_text(step, "sample", f"**prompt:** {prompt}  \n**continuation:** "
+                      f"{continuation}")
+  return metrics

@@ -1,0 +1,280 @@
+"""The compiled runtime of training: the state, the jitted steps, and their shardings.
+
+`Trainer.create(config, mesh)` builds the model, the optimizer and the explicitly
+sharded `init`, `train_step` and `eval_step` once; `training/loop.py` drives them.
+`Scorer` is the evaluation half alone (a model's parameters and the eval step), which
+`--mode=evaluate` builds without an optimizer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+from typing import Any, Callable
+
+import flax
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from flax import linen as nn
+from jax.experimental import multihost_utils
+
+from transformer import sharding
+from transformer.configuration import ConfigError, DataError, ModelConfig, objective_of
+from transformer.data import packing
+from transformer.model import objectives
+from transformer.model.models import make_model
+from transformer.training import metrics as metrics_lib
+from transformer.training import optim
+from transformer.workdir import checkpointing
+
+
+@flax.struct.dataclass
+class TrainState:
+  """Everything a step reads and writes; a pytree that Orbax saves as is."""
+
+  step: jax.Array
+  params: Any
+  opt_state: Any
+  rng: jax.Array  # Base dropout key; each step folds its step number in.
+
+
+def train_step(state: TrainState, batch: dict[str, jax.Array], *, forward: Callable,
+               tx: optax.GradientTransformation, schedule: optax.Schedule,
+               label_smoothing: float, microbatches: int = 1,
+               skip_nonfinite: bool = False) -> tuple[TrainState, dict[str, jax.Array]]:
+  """One optimizer update; returns the new state and metric sums for this batch.
+
+  With `microbatches` = k > 1 the batch is processed as k sequential slices whose
+  gradients are summed (gradient accumulation), which equals one step on the whole
+  batch: the loss is normalised by the token count of the whole batch either way.
+
+  With `skip_nonfinite` an update whose loss or gradients are not finite is not
+  applied: params and optimizer state stay as they were, the step still advances,
+  the step's loss sums are zeroed and `skipped_updates` is 1.
+  """
+  rng = jax.random.fold_in(state.rng, state.step)
+
+  def sums_and_grads(micro: dict[str, jax.Array], micro_rng: jax.Array):
+    def objective(params):
+      logits, targets, weights = forward(params, micro, rngs={"dropout": micro_rng})
+      sums = metrics_lib.loss_sums(logits, targets, weights, label_smoothing)
+      return sums["objective_sum"], sums
+
+    (_, sums), grads = jax.value_and_grad(objective, has_aux=True)(state.params)
+    return sums, grads
+
+  if microbatches == 1:
+    sums, grad_sums = sums_and_grads(batch, rng)
+  else:
+    # Row r goes to micro-batch r % k, so every device holds a slice of each micro-batch.
+    def split(x):
+      x = x.reshape((x.shape[0] // microbatches, microbatches) + x.shape[1:])
+      return jnp.moveaxis(x, 1, 0)
+
+    micro_batches = jax.tree.map(split, batch)
+
+    def accumulate(carry, xs):
+      index, micro = xs
+      out = sums_and_grads(micro, jax.random.fold_in(rng, index))
+      return jax.tree.map(jnp.add, carry, out), None
+
+    first = jax.tree.map(lambda x: x[0], micro_batches)
+    zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype),
+                         jax.eval_shape(sums_and_grads, first, rng))
+    (sums, grad_sums), _ = jax.lax.scan(
+        accumulate, zeros, (jnp.arange(microbatches), micro_batches))
+
+  grads = jax.tree.map(lambda g: g / jnp.maximum(sums["weight_sum"], 1.0), grad_sums)
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  grad_norm, update_norm = optax.tree.norm(grads), optax.tree.norm(updates)
+  if skip_nonfinite:
+    finite = jnp.isfinite(grad_norm) & jnp.isfinite(sums["loss_sum"])
+    if_finite = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+    params = if_finite(params, state.params)
+    opt_state = if_finite(opt_state, state.opt_state)
+    update_norm = jnp.where(finite, update_norm, 0.0)
+    sums = {k: jnp.where(finite, v, jnp.zeros_like(v)) for k, v in sums.items()}
+    sums["skipped_updates"] = 1.0 - finite.astype(jnp.float32)
+  sums.update(
+      learning_rate=schedule(state.step),
+      grad_norm=grad_norm,
+      param_norm=optax.tree.norm(params),
+      update_norm=update_norm)
+  new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+  return new_state, sums
+
+
+def eval_step(params: Any, batch: dict[str, jax.Array], *,
+              forward: Callable) -> dict[str, jax.Array]:
+  """Metric sums of one evaluation batch (the forward of a deterministic model)."""
+  sums = metrics_lib.loss_sums(*forward(params, batch))
+  del sums["objective_sum"]
+  return sums
+
+
+def make_init_fn(model: nn.Module, tx: optax.GradientTransformation, seq_len: int,
+                 objective: str = "causal_lm") -> Callable[[jax.Array], TrainState]:
+  """init(rng) -> TrainState whose params carry logical-axis metadata (boxed)."""
+
+  def init(rng: jax.Array) -> TrainState:
+    params_rng, dropout_rng = jax.random.split(rng)
+    batch = objectives.init_batch(objective, 1, seq_len)
+    params = model.init({"params": params_rng},
+                        *objectives.model_inputs(objective, batch))["params"]
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                      opt_state=tx.init(params), rng=dropout_rng)
+
+  return init
+
+
+@dataclasses.dataclass
+class Scorer:
+  """The evaluation half of a run: its mesh, rules, model config and jitted eval step.
+
+  Built alone (`Scorer.create`) from a model's parameter shardings when only scoring
+  is needed (--mode=evaluate): no optimizer, no training state.
+  """
+
+  config: ml_collections.ConfigDict
+  mesh: jax.sharding.Mesh
+  rules: tuple
+  model_config: ModelConfig
+  eval_step: Callable
+  batch_sharding: jax.sharding.NamedSharding
+
+  @classmethod
+  def create(cls, config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
+             param_shardings: Any) -> "Scorer":
+    """The jitted eval step of `config.model` for parameters placed as `param_shardings`."""
+    rules = sharding.rules_of(config.mesh)
+    model_config = ModelConfig.from_config(config.model)
+    return cls(config=config, mesh=mesh, rules=rules, model_config=model_config,
+               eval_step=_jit_eval_step(model_config, mesh, rules, param_shardings),
+               batch_sharding=sharding.batch_sharding(mesh, rules))
+
+  @contextlib.contextmanager
+  def context(self):
+    """Mesh + logical rules in scope, needed while tracing the activation constraints."""
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+      yield
+
+  def global_batch(self, local_batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+    """Assembles the global batch from this process's rows."""
+    return {k: jax.make_array_from_process_local_data(self.batch_sharding, v)
+            for k, v in local_batch.items()}
+
+
+def _jit_eval_step(model_config: ModelConfig, mesh: jax.sharding.Mesh, rules: tuple,
+                   param_shardings: Any) -> Callable:
+  """eval_step of a deterministic copy of the model, jitted with explicit shardings."""
+  eval_model = make_model(dataclasses.replace(model_config, deterministic=True))
+  objective = objective_of(model_config.arch, model_config.head)
+  return jax.jit(functools.partial(eval_step, forward=objectives.make_forward(eval_model,
+                                                                              objective)),
+                 in_shardings=(param_shardings, sharding.batch_sharding(mesh, rules)),
+                 out_shardings=sharding.replicated(mesh))
+
+
+@dataclasses.dataclass
+class Trainer(Scorer):
+  """The compiled pieces of a training run, built once from the config and the mesh."""
+
+  state_shardings: Any
+  abstract_state: Any
+  init: Callable
+  train_step: Callable
+
+  @classmethod
+  def create(cls, config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> "Trainer":
+    """Builds the model, optimizer and the jitted, explicitly sharded functions."""
+    rules = sharding.rules_of(config.mesh)
+    model_config = ModelConfig.from_config(config.model)
+    model = make_model(model_config)
+    objective = objective_of(model_config.arch, model_config.head)
+    schedule = optim.make_schedule(config.optimizer, model_config.d_model,
+                                   config.train.num_steps)
+    tx = optim.make_optimizer(config.optimizer, schedule)
+    init = make_init_fn(model, tx, config.data.seq_len, objective)
+
+    # Sharded from the first byte: shapes -> logical specs -> mesh shardings -> jit(init).
+    boxed = jax.eval_shape(init, jax.random.PRNGKey(0))
+    logical_specs = nn.get_partition_spec(boxed)
+    state_shardings = sharding.logical_to_shardings(logical_specs, mesh, rules)
+    abstract_state = checkpointing.abstract_like(nn.meta.unbox(boxed), state_shardings)
+    batch_sharding = sharding.batch_sharding(mesh, rules)
+    replicated = sharding.replicated(mesh)
+    if jax.process_index() == 0:
+      sharding.log_sharding_report(boxed.params, state_shardings.params,
+                                   abstract_state.opt_state, state_shardings.opt_state, mesh)
+
+    jit_init = jax.jit(lambda rng: nn.meta.unbox(init(rng)), out_shardings=state_shardings)
+    jit_train = jax.jit(
+        functools.partial(train_step, forward=objectives.make_forward(model, objective),
+                          tx=tx, schedule=schedule,
+                          label_smoothing=config.optimizer.label_smoothing,
+                          microbatches=config.train.microbatches,
+                          skip_nonfinite=config.optimizer.skip_nonfinite > 0),
+        in_shardings=(state_shardings, batch_sharding),
+        out_shardings=(state_shardings, replicated), donate_argnums=(0,))
+    return cls(config=config, mesh=mesh, rules=rules, model_config=model_config,
+               eval_step=_jit_eval_step(model_config, mesh, rules, state_shardings.params),
+               batch_sharding=batch_sharding, state_shardings=state_shardings,
+               abstract_state=abstract_state, init=jit_init, train_step=jit_train)
+
+
+def check_batch_size(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> int:
+  """Returns this process's rows per batch; the global batch must split evenly."""
+  rules = sharding.rules_of(config.mesh)
+  ways = sharding.data_parallel_size(mesh, rules)
+  batch, micro = config.data.batch_size, config.train.microbatches
+  # Each micro-batch is itself split over the data-parallel devices.
+  unit = int(np.lcm(ways * micro, jax.process_count()))
+  if batch % unit:
+    raise ConfigError(
+        f"config.data.batch_size={batch} is invalid: it must be divisible by the "
+        f"{ways} data-parallel shards of mesh {dict(mesh.shape)} times "
+        f"config.train.microbatches={micro}, and by {jax.process_count()} processes; "
+        f"e.g. {unit}")
+  return batch // jax.process_count()
+
+
+def evaluate_split(scorer: Scorer, params: Any, dataset,
+                   local_batch_size: int) -> dict[str, float]:
+  """Loss metrics of the eval split (or its first `train.eval_batches` batches): eval_*.
+
+  Used by the training loop and by --mode=evaluate alike (`scorer` is a Trainer or a
+  Scorer; its config supplies train.eval_batches and data.eval_split).
+  """
+  total = None
+  batches = packing.iterate_eval(dataset, local_batch_size, scorer.config.train.eval_batches)
+  template = None  # An all-padding batch for a process whose eval shard ran out first.
+  while True:
+    local_batch = next(batches, None)
+    if jax.process_count() > 1:
+      # Shards of the eval split differ in length; every process must run the same
+      # number of (collective) eval steps, so they agree on when to stop.
+      more = multihost_utils.process_allgather(np.asarray(local_batch is not None))
+      if not np.any(more):
+        break
+      if local_batch is None:
+        if template is None:
+          raise ValueError(f"process {jax.process_index()} got no eval batch from "
+                           f"config.data.eval_split={scorer.config.data.eval_split!r}; "
+                           "the split is smaller than the number of processes")
+        local_batch = template
+      elif template is None:
+        template = jax.tree.map(np.zeros_like, local_batch)  # Weights 0: counts nothing.
+    elif local_batch is None:
+      break
+    sums = scorer.eval_step(params, scorer.global_batch(local_batch))
+    total = metrics_lib.add_sums(total, jax.device_get(sums))
+  if total is None:
+    raise DataError(f"config.data.eval_split={scorer.config.data.eval_split!r} produced no "
+                    "batch to evaluate: the split is empty, or every example was dropped (the "
+                    "warnings above say why)")
+  return metrics_lib.summarize(total, prefix="eval_")

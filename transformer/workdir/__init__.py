@@ -1,0 +1,11 @@
+"""The workdir: the one place that knows a run's files and how they are written.
+
+  layout.py         every file and folder name of a workdir, in one table
+  files.py          the one atomic write (temporary file, fsync, 0644, replace)
+  checkpointing.py  the Orbax manager (state + data iterator), restore checks, the one
+                    parameters-only save path, init_from matching and averaging
+  run_record.py     run.json: parameter count, wall time of each session
+  console.py        what the console shows; the full log in <workdir>/log.txt
+
+May import: transformer.configuration only.
+"""

@@ -1,0 +1,39 @@
+"""Every file and folder name of a workdir, in one table.
+
+A training run's workdir (launch.py --mode=train):
+
+  config.json            the resolved config (CONFIG)
+  tokenizer.json         which vocabulary the run uses (TOKENIZER_RECORD), beside the
+                         vocabulary file it names; hf_tokenizer.json for an imported model
+  checkpoints/<step>/    Orbax checkpoints: state/ (TrainState) and data/ (iterator)
+  checkpoints_bad/       checkpoints found damaged, moved aside on restore
+  metrics.jsonl          one JSON row per logged step (METRICS)
+  tensorboard/           the same scalars as TensorBoard events
+  run.json               parameter count and each (re)start's wall time
+  plots/*.png            curves of metrics.jsonl
+  peak_flops.json        the measured matmul rate MFU divides by (CPU)
+  log.txt                every log line of every (re)start
+  averaged.json          in a workdir written by --mode=average: its source and steps
+  eval_<split>_step<N>.json   --mode=evaluate's result
+
+A sweep's folder adds sweep.json (its runs, in order) and compare.md. Nothing else in
+the package spells these names: import them from here.
+"""
+
+CONFIG = "config.json"
+TOKENIZER_RECORD = "tokenizer.json"
+HF_TOKENIZER = "hf_tokenizer.json"
+CHECKPOINTS = "checkpoints"
+STATE = "state"  # Item of a checkpoint: the TrainState (or only its params).
+DATA = "data"  # Item of a checkpoint: the input pipeline's position.
+FILE_SIZES = "file_sizes.json"  # In each checkpoint: the size of every file, to spot damage.
+METRICS = "metrics.jsonl"
+TENSORBOARD = "tensorboard"
+RUN_RECORD = "run.json"
+PLOTS = "plots"
+PEAK_FLOPS = "peak_flops.json"
+LOG = "log.txt"
+AVERAGED = "averaged.json"
+SWEEP_RECORD = "sweep.json"
+COMPARE = "compare.md"
+BAD_CHECKPOINTS = "checkpoints_bad"
