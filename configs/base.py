@@ -28,6 +28,13 @@ def get_config() -> ml_collections.ConfigDict:
   model.scan_layers = False  # nn.scan over the blocks: compile time stays flat with depth.
   model.remat = "none"  # Rematerialise blocks: "none" | "full" | "dots" | "dots_no_batch".
   model.rope_max_wavelength = 10000.0  # RoPE base wavelength (position="rope").
+  model.rope_local_max_wavelength = 0.0  # RoPE base of the local (sliding-window) layers; 0 = rope_max_wavelength (Gemma 3: 10000).
+  model.rope_scaling = "none"  # Long-context RoPE: "none" | "linear" (positions / factor) | "llama3" (frequency-dependent).
+  model.rope_scaling_factor = 1.0  # rope_scaling: how many times longer the context is; 1.0 with "none".
+  model.rope_low_freq_factor = 1.0  # rope_scaling="llama3": wavelengths above original_max_len / this are divided by the factor.
+  model.rope_high_freq_factor = 4.0  # rope_scaling="llama3": wavelengths below original_max_len / this are kept.
+  model.rope_original_max_len = 8192  # rope_scaling="llama3": the context the model was pretrained on.
+  model.rope_fraction = 1.0  # Fraction of head_dim that RoPE rotates (partial rotary); the rest passes through.
   model.relative_buckets = 32  # T5 relative-position buckets (position="relative").
   model.relative_max_distance = 128  # T5 largest distinguished distance (position="relative").
   model.vocab_size = 384  # Rows of the token embedding; >= the tokenizer's; 0 = tokenizer's, rounded up to 128.
@@ -39,13 +46,21 @@ def get_config() -> ml_collections.ConfigDict:
   model.mlp_dim = 1024  # Hidden width of the MLP.
   model.max_len = 256  # Longest sequence the position table covers.
   model.position = "learned"  # learned | sinusoidal | rope | relative (T5 bias) | alibi | none.
-  model.norm = "pre"  # Norm placement: "pre" (GPT-2) | "post" (the paper's Add & Norm).
+  model.norm = "pre"  # Norm placement: "pre" (GPT-2) | "post" (the paper's Add & Norm) | "sandwich" (Gemma 2/3: pre and post).
   model.norm_type = "layernorm"  # "layernorm" | "rmsnorm".
   model.norm_epsilon = 1e-5  # Epsilon inside every norm.
-  model.activation = "gelu_tanh"  # relu | gelu | gelu_tanh | silu | swiglu | geglu.
+  model.norm_scale_plus_one = False  # RMSNorm multiplies by (1 + scale), scale initialised at 0 (Gemma).
+  model.qk_norm = False  # A norm of model.norm_type on each head's queries and keys before the scores (Qwen3, Gemma 3).
+  model.attention_softcap = 0.0  # Attention scores become cap * tanh(scores / cap) (Gemma 2); 0 = off.
+  model.final_logit_softcap = 0.0  # LM logits become cap * tanh(logits / cap) (Gemma 2); 0 = off.
+  model.sliding_window = 0  # Keys a local layer's query sees, itself included (Mistral: 4096); 0 = no local layers.
+  model.window_pattern = "l"  # Local "l" / global "g" layers, tiled over each stack: "l" (Mistral), "lg" (Gemma 2), "lllllg" (Gemma 3).
+  model.parallel_block = False  # x + attention(norm(x)) + mlp(norm(x)) with one norm (GPT-J, PaLM).
+  model.activation = "gelu_tanh"  # relu | gelu | gelu_tanh | silu | swiglu | geglu | geglu_tanh.
   model.use_bias = True  # Biases in dense layers and norms.
+  model.qkv_bias = False  # Biases on the query/key/value projections only, with use_bias=False (Qwen2).
   model.tie_embeddings = True  # Output projection shares the token embedding.
-  model.scale_embeddings = False  # Multiply token embeddings by sqrt(d_model) (paper).
+  model.scale_embeddings = False  # Multiply token embeddings by sqrt(d_model), rounded to the compute dtype (paper, Gemma).
   model.embed_norm = False  # A norm on the summed embeddings, before the blocks (BERT).
   model.init = "gpt2"  # Initialisation family: "gpt2" | "bert" | "xavier" (paper); see initializers.py.
   model.sinusoidal_layout = "interleaved"  # position="sinusoidal": "interleaved" sin/cos (paper) | "halves" (Marian).
@@ -103,6 +118,7 @@ def get_config() -> ml_collections.ConfigDict:
   opt.weight_decay = 0.1  # Decoupled weight decay on kernels and embeddings (not biases/norms).
   opt.grad_clip_norm = 1.0  # Clip the global gradient norm; 0 disables.
   opt.label_smoothing = 0.0  # Label smoothing of the training cross-entropy.
+  opt.z_loss = 0.0  # Coefficient of PaLM's auxiliary z-loss, coef * log(Z)^2 per target token; 0 = off.
   opt.skip_nonfinite = 0  # Skip updates with non-finite gradients, stopping after this many in a row; 0 = stop at the first.
 
   # ---- train.* : loop length, logging and evaluation ----

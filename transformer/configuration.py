@@ -20,12 +20,13 @@ HEADS = ("lm", "mlm", "classification")
 POOLINGS = ("cls", "mean", "last")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 POSITIONS = ("learned", "sinusoidal", "rope", "relative", "alibi", "none")
-NORMS = ("pre", "post")
+NORMS = ("pre", "post", "sandwich")
 NORM_TYPES = ("layernorm", "rmsnorm")
 INITS = ("gpt2", "bert", "xavier")
 SINUSOIDAL_LAYOUTS = ("interleaved", "halves")
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu")
-GATED_ACTIVATIONS = ("swiglu", "geglu")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh")
+GATED_ACTIVATIONS = ("swiglu", "geglu", "geglu_tanh")
+ROPE_SCALINGS = ("none", "linear", "llama3")
 ATTENTION_IMPLS = ("xla", "cudnn", "einsum")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 TOKENIZERS = ("sentencepiece", "bytes", "char")
@@ -69,6 +70,12 @@ def _check_rate(config: ml_collections.ConfigDict, key: str):
   value = _lookup(config, key)
   if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
     _fail(key, value, "expected a probability in [0, 1)")
+
+
+def _check_float(config: ml_collections.ConfigDict, key: str, minimum: float):
+  value = _lookup(config, key)
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= minimum:
+    _fail(key, value, f"expected a float >= {minimum}")
 
 
 def _lookup(config: ml_collections.ConfigDict, key: str) -> Any:
@@ -120,6 +127,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     _check_rate(config, m + key)
   model = config.model
   _validate_topology(model)
+  _validate_modern_axes(model)
   if not model.norm_epsilon > 0:
     _fail(m + "norm_epsilon", model.norm_epsilon, "expected a positive float")
   if model.head_dim == 0 and model.d_model % model.num_heads:
@@ -150,6 +158,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
       _fail(o + key, _lookup(config, o + key), "expected a positive float")
   for key in ("b1", "b2", "label_smoothing"):
     _check_rate(config, o + key)
+  _check_float(config, o + "z_loss", 0.0)
   for key in ("weight_decay", "grad_clip_norm"):
     if not _lookup(config, o + key) >= 0:
       _fail(o + key, _lookup(config, o + key), "expected a float >= 0")
@@ -327,6 +336,94 @@ def _validate_topology(model: ml_collections.ConfigDict) -> None:
           f"{model.num_heads}); pick another model.head_dim or model.num_heads")
 
 
+def _validate_modern_axes(model: ml_collections.ConfigDict) -> None:
+  """The axes of the Llama / Mistral / Qwen / Gemma families: each value, then combinations."""
+  m = "model."
+  for key in ("norm_scale_plus_one", "qk_norm", "parallel_block", "qkv_bias"):
+    if not isinstance(model[key], bool):
+      _fail(m + key, model[key], "expected True or False")
+  for key in ("attention_softcap", "final_logit_softcap", "rope_local_max_wavelength"):
+    value = model[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+      _fail(m + key, value, "expected a float > 0, or 0 for off")
+  if model.attention_softcap and model.attention_impl != "einsum":
+    _fail(m + "attention_softcap", model.attention_softcap,
+          f"jax.nn.dot_product_attention (model.attention_impl={model.attention_impl!r}) "
+          "cannot cap the scores before its softmax; set model.attention_impl='einsum'")
+  if model.final_logit_softcap and model.head == "classification":
+    _fail(m + "final_logit_softcap", model.final_logit_softcap,
+          "caps the token logits of an 'lm' or 'mlm' head, not model.head='classification'")
+  if model.norm_scale_plus_one and model.norm_type != "rmsnorm":
+    _fail(m + "norm_scale_plus_one", True, "Gemma's (1 + scale) is an RMSNorm "
+          f"parameterisation; set model.norm_type='rmsnorm' (got {model.norm_type!r})")
+  if model.parallel_block and model.norm != "pre":
+    _fail(m + "parallel_block", True, "the parallel block (GPT-J, PaLM) feeds every "
+          f"sublayer the same pre-norm input; set model.norm='pre' (got {model.norm!r})")
+  if model.qkv_bias and model.use_bias:
+    _fail(m + "qkv_bias", True, "model.use_bias=True already puts biases on q/k/v; "
+          "qkv_bias adds them to a model.use_bias=False model (Qwen2)")
+
+  window = model.sliding_window
+  if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+    _fail(m + "sliding_window", window, "expected an integer >= 1, or 0 for no local layers")
+  pattern = model.window_pattern
+  if not isinstance(pattern, str) or not pattern or set(pattern) - {"l", "g"}:
+    _fail(m + "window_pattern", pattern, "expected a non-empty string of 'l' (local) and "
+          "'g' (global) layers, tiled over each stack, e.g. 'l', 'lg', 'lllllg'")
+  if not window and pattern != "l":
+    _fail(m + "window_pattern", pattern, "local layers need a window: set "
+          "model.sliding_window > 0, or leave window_pattern='l'")
+  if window and "l" not in pattern:
+    _fail(m + "window_pattern", pattern, f"with model.sliding_window={window} at least one "
+          "layer must be local ('l'); for no local layers set model.sliding_window=0")
+  if window and model.position == "relative" and model.arch != "decoder":
+    _fail(m + "sliding_window", window, "a window on a bidirectional stack with T5's "
+          "relative buckets (model.position='relative') is no published model and cuts "
+          "the buckets' reach; use model.position='rope' or model.sliding_window=0")
+  if model.rope_local_max_wavelength and not (window and model.position == "rope"):
+    _fail(m + "rope_local_max_wavelength", model.rope_local_max_wavelength,
+          "a RoPE base for local layers needs model.position='rope' and "
+          "model.sliding_window > 0; 0 means rope_max_wavelength")
+
+  if model.rope_scaling not in ROPE_SCALINGS:
+    _fail(m + "rope_scaling", model.rope_scaling,
+          "valid values are " + ", ".join(repr(c) for c in ROPE_SCALINGS))
+  factor = model.rope_scaling_factor
+  if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
+    _fail(m + "rope_scaling_factor", factor, "expected a float > 0")
+  if model.rope_scaling == "none" and factor != 1.0:
+    _fail(m + "rope_scaling_factor", factor, "only applies with model.rope_scaling='linear' "
+          "or 'llama3'; leave it at 1.0 with 'none'")
+  if model.rope_scaling != "none" and window and "g" not in pattern:
+    _fail(m + "rope_scaling", model.rope_scaling, "long-context scaling applies to global "
+          f"layers only (Gemma 3), and model.window_pattern={pattern!r} has none")
+  if model.rope_scaling != "none" and model.position != "rope":
+    _fail(m + "rope_scaling", model.rope_scaling, "scales rotary positions: needs "
+          f"model.position='rope' (got {model.position!r})")
+  if model.rope_scaling == "llama3":
+    low, high = model.rope_low_freq_factor, model.rope_high_freq_factor
+    if not (isinstance(low, (int, float)) and low > 0):
+      _fail(m + "rope_low_freq_factor", low, "expected a float > 0")
+    if not (isinstance(high, (int, float)) and high > low):
+      _fail(m + "rope_high_freq_factor", high,
+            f"expected a float > model.rope_low_freq_factor={low}")
+    original = model.rope_original_max_len
+    if isinstance(original, bool) or not isinstance(original, int) or original < 1:
+      _fail(m + "rope_original_max_len", original, "expected an integer >= 1")
+  fraction = model.rope_fraction
+  head_dim = model.head_dim or model.d_model // model.num_heads
+  if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not (
+      0 < fraction <= 1):
+    _fail(m + "rope_fraction", fraction, "expected a fraction in (0, 1]")
+  if fraction != 1.0 and model.position != "rope":
+    _fail(m + "rope_fraction", fraction, f"partial rotary needs model.position='rope' (got "
+          f"{model.position!r}); leave it at 1.0")
+  rotary = head_dim * fraction
+  if model.position == "rope" and (rotary != int(rotary) or int(rotary) % 2 or not rotary):
+    _fail(m + "rope_fraction", fraction, f"head_dim={head_dim} x rope_fraction must be an "
+          "even number of features to rotate in pairs")
+
+
 def _validate_mesh(config: ml_collections.ConfigDict) -> None:
   shape = config.mesh.shape
   names = [axis[0] for axis in shape]
@@ -364,6 +461,13 @@ class ModelConfig:
   scan_layers: bool
   remat: str
   rope_max_wavelength: float
+  rope_local_max_wavelength: float
+  rope_scaling: str
+  rope_scaling_factor: float
+  rope_low_freq_factor: float
+  rope_high_freq_factor: float
+  rope_original_max_len: int
+  rope_fraction: float
   relative_buckets: int
   relative_max_distance: int
   vocab_size: int
@@ -378,8 +482,16 @@ class ModelConfig:
   norm: str
   norm_type: str
   norm_epsilon: float
+  norm_scale_plus_one: bool
+  qk_norm: bool
+  attention_softcap: float
+  final_logit_softcap: float
+  sliding_window: int
+  window_pattern: str
+  parallel_block: bool
   activation: str
   use_bias: bool
+  qkv_bias: bool
   tie_embeddings: bool
   scale_embeddings: bool
   embed_norm: bool
@@ -413,6 +525,15 @@ class ModelConfig:
     values["head_dim"] = model.head_dim or model.d_model // model.num_heads
     values["num_decoder_layers"] = model.num_decoder_layers or model.num_layers
     values["never_predict"] = tuple(model.never_predict)
+    values["rope_local_max_wavelength"] = (model.rope_local_max_wavelength
+                                           or model.rope_max_wavelength)
     values["dtype"] = resolve_dtype(model.dtype)
     values["param_dtype"] = resolve_dtype(model.param_dtype)
     return cls(**values)
+
+  def local_layers(self, num_layers: int) -> tuple[bool, ...]:
+    """Which of a stack's `num_layers` blocks use the sliding window (window_pattern tiled)."""
+    if not self.sliding_window:
+      return (False,) * num_layers
+    pattern = self.window_pattern
+    return tuple(pattern[i % len(pattern)] == "l" for i in range(num_layers))

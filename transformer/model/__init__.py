@@ -2,7 +2,8 @@
 
   initializers.py  the initialisation families (gpt2, bert, xavier)
   attention.py     make_attention_mask, MultiHeadAttention, the einsum reference
-  positions.py     RoPE, T5 relative bias, ALiBi
+  positions.py     RoPE (scaled, partial), T5 relative bias, ALiBi
+  norms.py         LayerNorm / RMSNorm / Gemma's (1 + scale) RMSNorm, one make_norm
   layers.py        norms, MLP, sinusoidal table, the shared Block, scan/remat stacks
   models.py        Decoder, Encoder, EncoderDecoder, heads, the ARCHITECTURES registry
   objectives.py    which batch fields feed the model and which it predicts

@@ -14,18 +14,22 @@ from flax import linen as nn
 
 from transformer.configuration import ModelConfig
 from transformer.model import initializers
+from transformer.model import norms
 from transformer.model import positions
 
 
 def make_attention_mask(q_segment_ids: jax.Array, kv_segment_ids: jax.Array, *,
                         causal: bool, q_positions: jax.Array | None = None,
-                        kv_positions: jax.Array | None = None) -> jax.Array:
+                        kv_positions: jax.Array | None = None, window: int = 0) -> jax.Array:
   """Builds a boolean [B, 1, L, S] mask: True where a query may attend to a key.
 
   Segment ids are integers: 0 is padding, packed documents are 1, 2, ... A query
   attends only to keys of its own segment, so packed documents never see each
   other and real tokens never see padding. With `causal`, a query also sees only
-  keys at positions <= its own (positions default to the array index).
+  keys at positions <= its own (positions default to the array index). With a
+  `window` > 0 (local attention) a query sees only keys less than `window` positions
+  away: its own and the window - 1 before it when causal (Mistral, Gemma 2), either
+  side otherwise.
 
   Args:
     q_segment_ids: [B, L] segment ids of the queries.
@@ -33,31 +37,42 @@ def make_attention_mask(q_segment_ids: jax.Array, kv_segment_ids: jax.Array, *,
     causal: whether to forbid attending to later positions.
     q_positions: optional [B, L] positions of the queries.
     kv_positions: optional [B, S] positions of the keys.
+    window: the sliding window in positions; 0 = no window.
 
   Returns:
     A [B, 1, L, S] boolean mask (the 1 broadcasts over heads).
   """
   mask_BLS = q_segment_ids[:, :, None] == kv_segment_ids[:, None, :]
-  if causal:
+  if causal or window:
     if q_positions is None:
       q_positions = jnp.broadcast_to(jnp.arange(q_segment_ids.shape[1]), q_segment_ids.shape)
     if kv_positions is None:
       kv_positions = jnp.broadcast_to(jnp.arange(kv_segment_ids.shape[1]), kv_segment_ids.shape)
-    mask_BLS &= q_positions[:, :, None] >= kv_positions[:, None, :]
+    distance_BLS = q_positions[:, :, None] - kv_positions[:, None, :]
+    if causal:
+      mask_BLS &= distance_BLS >= 0
+    if window:
+      mask_BLS &= (distance_BLS if causal else jnp.abs(distance_BLS)) < window
   return mask_BLS[:, None, :, :]
 
 
 def einsum_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array,
                      mask_B1LS: jax.Array, *, bias_BHLS: jax.Array | None = None,
-                     dropout_rate: float = 0.0,
+                     softcap: float = 0.0, dropout_rate: float = 0.0,
                      dropout_rng: jax.Array | None = None) -> jax.Array:
-  """Reference softmax(QK^T / sqrt(D) + bias + mask) V in plain einsums, softmax in float32."""
+  """Reference softmax(QK^T / sqrt(D) + bias + mask) V in plain einsums, softmax in float32.
+
+  With `softcap` > 0 the scaled scores become softcap * tanh(scores / softcap) before
+  the bias and the mask (Gemma 2).
+  """
   B, L, H, D = q_BLHD.shape
   K = k_BSKD.shape[2]
   # Grouped-query attention: each of the K kv heads serves H // K query heads.
   q_BLKGD = q_BLHD.reshape(B, L, K, H // K, D)
   logits_BKGLS = jnp.einsum("blkgd,bskd->bkgls", q_BLKGD, k_BSKD).astype(jnp.float32)
   logits_BKGLS = logits_BKGLS / jnp.sqrt(jnp.float32(D))
+  if softcap:
+    logits_BKGLS = softcap * jnp.tanh(logits_BKGLS / softcap)
   if bias_BHLS is not None:
     bias_BKGLS = jnp.broadcast_to(bias_BHLS, (B, H) + bias_BHLS.shape[2:]).reshape(
         B, K, H // K, L, bias_BHLS.shape[-1])  # Not -1: L may be 0 (a cache-filling call).
@@ -127,6 +142,7 @@ class MultiHeadAttention(nn.Module):
   def __call__(self, x_BLE: jax.Array, kv_BSE: jax.Array | None, mask_B1LS: jax.Array, *,
                bias_BHLS: jax.Array | None = None,
                rope_positions: tuple[jax.Array, jax.Array] | None = None,
+               rope_timescale_R: jax.Array | None = None,
                positions_BL: jax.Array | None = None) -> jax.Array:
     """Attends from x to kv.
 
@@ -137,6 +153,8 @@ class MultiHeadAttention(nn.Module):
       mask_B1LS: boolean mask from make_attention_mask.
       bias_BHLS: optional additive logit bias (T5 relative, ALiBi).
       rope_positions: (query positions [B, L], key positions [B, S]) to rotate q and k.
+      rope_timescale_R: RoPE's timescales (positions.rope_timescales); None: the
+        unscaled ones of rope_max_wavelength over the whole head dim.
       positions_BL: the queries' positions: the cache slots a "self" cache writes.
 
     Returns:
@@ -148,10 +166,17 @@ class MultiHeadAttention(nn.Module):
                               param_dtype=cfg.param_dtype,
                               kernel_init=initializers.dense_kernel(cfg, in_axis=0,
                                                                     out_axis=(1, 2)))
-    q_BLHD = dense("BLE,EHD->BLHD", (E, H, D), ("embed", "heads", "head_dim"),
-                   ("heads", "head_dim"), name="query")(x_BLE)
+    # Qwen2 biases q/k/v (model.qkv_bias) in a model without other biases.
+    qkv_dense = functools.partial(dense, use_bias=cfg.use_bias or cfg.qkv_bias)
+    q_BLHD = qkv_dense("BLE,EHD->BLHD", (E, H, D), ("embed", "heads", "head_dim"),
+                       ("heads", "head_dim"), name="query")(x_BLE)
+    if cfg.qk_norm:  # Per head, before RoPE (Qwen3, Gemma 3): bounds the scores' scale.
+      q_BLHD = norms.make_norm(cfg, "query_norm", axis_name="head_dim")(q_BLHD).astype(
+          cfg.dtype)
+    rope = functools.partial(positions.apply_rope, max_wavelength=cfg.rope_max_wavelength,
+                             timescale_R=rope_timescale_R)
     if rope_positions is not None:
-      q_BLHD = positions.apply_rope(q_BLHD, rope_positions[0], cfg.rope_max_wavelength)
+      q_BLHD = rope(q_BLHD, rope_positions[0])
 
     if kv_BSE is None:  # Decoding steps after the first: the source's k/v are cached.
       if self.cache != "cross" or not self.has_variable("cache", "cached_key"):
@@ -161,12 +186,15 @@ class MultiHeadAttention(nn.Module):
       k_BSKD = self.get_variable("cache", "cached_key")
       v_BSKD = self.get_variable("cache", "cached_value")
     else:
-      k_BSKD = dense("BSE,EKD->BSKD", (E, K, D), ("embed", "kv_heads", "head_dim"),
-                     ("kv_heads", "head_dim"), name="key")(kv_BSE)
-      v_BSKD = dense("BSE,EKD->BSKD", (E, K, D), ("embed", "kv_heads", "head_dim"),
-                     ("kv_heads", "head_dim"), name="value")(kv_BSE)
+      k_BSKD = qkv_dense("BSE,EKD->BSKD", (E, K, D), ("embed", "kv_heads", "head_dim"),
+                         ("kv_heads", "head_dim"), name="key")(kv_BSE)
+      v_BSKD = qkv_dense("BSE,EKD->BSKD", (E, K, D), ("embed", "kv_heads", "head_dim"),
+                         ("kv_heads", "head_dim"), name="value")(kv_BSE)
+      if cfg.qk_norm:
+        k_BSKD = norms.make_norm(cfg, "key_norm", axis_name="head_dim")(k_BSKD).astype(
+            cfg.dtype)
       if rope_positions is not None:
-        k_BSKD = positions.apply_rope(k_BSKD, rope_positions[1], cfg.rope_max_wavelength)
+        k_BSKD = rope(k_BSKD, rope_positions[1])
       # model.init only sizes the "self" cache: a "cross" cache's shape depends on the
       # source length, so it is created by the first decoding call instead.
       if self.cache == "cross" and not self.is_initializing():
@@ -179,6 +207,7 @@ class MultiHeadAttention(nn.Module):
       use_dropout = cfg.attention_dropout > 0.0 and not cfg.deterministic
       out_BLHD = einsum_attention(
           q_BLHD, k_BSKD, v_BSKD, mask_B1LS, bias_BHLS=bias_BHLS,
+          softcap=cfg.attention_softcap,
           dropout_rate=cfg.attention_dropout if use_dropout else 0.0,
           dropout_rng=self.make_rng("dropout") if use_dropout else None)
     else:

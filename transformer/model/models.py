@@ -108,21 +108,27 @@ def _stack(config: ModelConfig, num_layers: int, x_BLE: jax.Array, segment_ids_B
     kv_segment_ids_BS = jnp.ones_like(kv_positions_BS)
   mask_B1LL = make_attention_mask(segment_ids_BL, kv_segment_ids_BS, causal=causal,
                                   q_positions=positions_BL, kv_positions=kv_positions_BS)
+  local_mask_B1LL = None
+  if config.sliding_window:  # For the layers window_pattern marks local.
+    local_mask_B1LL = make_attention_mask(
+        segment_ids_BL, kv_segment_ids_BS, causal=causal, q_positions=positions_BL,
+        kv_positions=kv_positions_BS, window=config.sliding_window)
   bias_BHLL = self_attention_bias(config, positions_BL, kv_positions_BS, causal=causal,
                                   name=bias_name)
   x_BLE = activation_constraint(
       nn.Dropout(config.embed_dropout, deterministic=config.deterministic)(x_BLE))
   if encoded_segment_ids_BS is None:
     return run_blocks(config, num_layers, x_BLE, mask_B1LL, positions_BL, bias_BHLL,
-                      causal=causal)
+                      local_mask_B1LL=local_mask_B1LL, causal=causal)
   # Cross-attention: target segment k sees exactly source segment k of the same row.
   cross_mask_B1LS = make_attention_mask(segment_ids_BL, encoded_segment_ids_BS, causal=False)
   return run_blocks(config, num_layers, x_BLE, mask_B1LL, positions_BL, bias_BHLL,
-                    encoded_BSE, cross_mask_B1LS, cross_attention=True, causal=causal)
+                    encoded_BSE, cross_mask_B1LS, local_mask_B1LL=local_mask_B1LL,
+                    cross_attention=True, causal=causal)
 
 
 def _final_norm(config: ModelConfig, x_BLE: jax.Array, name: str) -> jax.Array:
-  if config.norm == "pre":  # Post-norm blocks already end in a norm.
+  if config.norm != "post":  # Post-norm blocks already end in a norm.
     return make_norm(config, name)(x_BLE)
   return x_BLE
 
@@ -192,6 +198,12 @@ def _logits_bias(module: nn.Module, config: ModelConfig) -> jax.Array:
                       (config.vocab_size,), config.param_dtype)
 
 
+def _softcapped(config: ModelConfig, logits_BLV: jax.Array) -> jax.Array:
+  """cap * tanh(logits / cap) with model.final_logit_softcap (Gemma 2); else unchanged."""
+  cap = config.final_logit_softcap
+  return cap * jnp.tanh(logits_BLV / cap) if cap else logits_BLV
+
+
 def _never_predicted(config: ModelConfig, logits_BLV: jax.Array) -> jax.Array:
   """When decoding, -inf on the `never_predict` ids (training and scoring see them all)."""
   if not (config.decode and config.never_predict):
@@ -233,7 +245,7 @@ class Decoder(nn.Module):
     logits_BLV = _lm_logits(cfg, embedder, x_BLE)
     if cfg.logits_bias:
       logits_BLV = logits_BLV + _logits_bias(self, cfg).astype(jnp.float32)[None, None, :]
-    return _never_predicted(cfg, logits_BLV)
+    return _never_predicted(cfg, _softcapped(cfg, logits_BLV))
 
 
 class Encoder(nn.Module):
@@ -264,7 +276,7 @@ class Encoder(nn.Module):
     bias_V = self.param("mlm_bias", nn.with_logical_partitioning(nn.initializers.zeros,
                                                                  ("vocab",)),
                         (cfg.vocab_size,), cfg.param_dtype)
-    return logits_BLV + bias_V.astype(jnp.float32)[None, None, :]
+    return _softcapped(cfg, logits_BLV + bias_V.astype(jnp.float32)[None, None, :])
 
 
 class Stack(nn.Module):
@@ -326,7 +338,7 @@ class EncoderDecoder(nn.Module):
       logits_BLV = self.lm_head(x_BLE.astype(jnp.float32))
     if self.config.logits_bias:
       logits_BLV = logits_BLV + self.logits_bias.astype(jnp.float32)[None, None, :]
-    return _never_predicted(self.config, logits_BLV)
+    return _never_predicted(self.config, _softcapped(self.config, logits_BLV))
 
   def __call__(self, inputs_BS: jax.Array, inputs_segment_ids_BS: jax.Array,
                inputs_positions_BS: jax.Array, decoder_inputs_BL: jax.Array,

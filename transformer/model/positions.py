@@ -18,22 +18,71 @@ import numpy as np
 from flax import linen as nn
 
 
+def rope_timescales(rotary_dim: int, max_wavelength: float | jax.Array = 10000.0, *,
+                    scaling: str = "none", factor: float = 1.0,
+                    low_freq_factor: float = 1.0, high_freq_factor: float = 4.0,
+                    original_max_len: int = 8192) -> jax.Array:
+  """The [rotary_dim / 2] float32 wavelengths / 2 pi (1 / inverse frequency) of RoPE's pairs.
+
+  Pair i turns by pos / timescale_i, timescale_i = max_wavelength^(2i / rotary_dim).
+  Long-context scaling changes the timescales, never the positions:
+  - "linear" multiplies every timescale by `factor` (positions / factor);
+  - "llama3" (transformers' `_compute_llama3_parameters`) multiplies by `factor` the
+    pairs whose wavelength exceeds original_max_len / low_freq_factor, keeps those
+    shorter than original_max_len / high_freq_factor, and in between interpolates the
+    inverse frequency: (1 - s) / factor + s with s = (original_max_len / wavelength -
+    low_freq_factor) / (high_freq_factor - low_freq_factor).
+
+  Args:
+    rotary_dim: features rotated (even).
+    max_wavelength: the base; may be traced (a scanned stack's per-layer base).
+    scaling: "none" | "linear" | "llama3".
+    factor, low_freq_factor, high_freq_factor, original_max_len: the scaling's parameters.
+
+  Returns:
+    The [rotary_dim // 2] float32 timescales.
+  """
+  fraction_D2 = 2.0 * jnp.arange(rotary_dim // 2, dtype=jnp.float32) / rotary_dim
+  timescale_D2 = jnp.asarray(max_wavelength, jnp.float32) ** fraction_D2
+  if scaling == "none":
+    return timescale_D2
+  if scaling == "linear":
+    return timescale_D2 * jnp.float32(factor)
+  if scaling != "llama3":
+    raise ValueError(f"rope scaling={scaling!r}; valid: 'none', 'linear', 'llama3'")
+  # In inverse frequencies, step for step as the reference computes them (float32).
+  inv_freq_D2 = 1.0 / timescale_D2
+  wavelength_D2 = 2 * math.pi / inv_freq_D2
+  low_freq_wavelength = original_max_len / low_freq_factor
+  high_freq_wavelength = original_max_len / high_freq_factor
+  scaled_D2 = jnp.where(wavelength_D2 > low_freq_wavelength, inv_freq_D2 / factor, inv_freq_D2)
+  smooth_D2 = ((original_max_len / wavelength_D2 - low_freq_factor)
+               / (high_freq_factor - low_freq_factor))
+  smoothed_D2 = (1 - smooth_D2) * scaled_D2 / factor + smooth_D2 * scaled_D2
+  medium_D2 = (wavelength_D2 >= high_freq_wavelength) & (wavelength_D2 <= low_freq_wavelength)
+  return 1.0 / jnp.where(medium_D2, smoothed_D2, scaled_D2)
+
+
 def apply_rope(x_BLHD: jax.Array, positions_BL: jax.Array,
-               max_wavelength: float = 10000.0) -> jax.Array:
+               max_wavelength: float = 10000.0, *,
+               timescale_R: jax.Array | None = None) -> jax.Array:
   """Rotary position embedding (Su et al. 2021, RoFormer), "rotate half" convention.
 
-  Feature i of the first half of the head dim is paired with feature i + D/2 of
-  the second half (GPT-NeoX / LLaMA / MaxText layout, not the interleaved
+  Feature i of the first half of the rotated features is paired with feature i + R/2
+  of the second half (GPT-NeoX / LLaMA / MaxText layout, not the interleaved
   (2i, 2i+1) pairing of the paper), and the pair is rotated by the angle
-  pos / max_wavelength^(2i/D). Apply it to queries and keys (never values); the
-  dot product of a rotated query and key then depends only on their position
-  difference. The rotation is computed in float32.
+  pos / max_wavelength^(2i/R), R = D unless `timescale_R` says otherwise. Apply it to
+  queries and keys (never values); the dot product of a rotated query and key then
+  depends only on their position difference. The rotation is computed in float32.
 
   Args:
     x_BLHD: [B, L, H, D] queries or keys; D must be even.
     positions_BL: [B, L] integer position of each token (may restart per packed
       segment).
     max_wavelength: the base of the geometric progression of wavelengths.
+    timescale_R: optional [R / 2] timescales from `rope_timescales` (scaled, or for
+      partial rotary: only the first R <= D features turn, the rest pass through);
+      replaces `max_wavelength`.
 
   Returns:
     The rotated [B, L, H, D] array, in x_BLHD's dtype.
@@ -47,17 +96,22 @@ def apply_rope(x_BLHD: jax.Array, positions_BL: jax.Array,
   if positions_BL.shape != (B, L):
     raise ValueError(f"positions_BL has shape {positions_BL.shape}; expected {(B, L)} to match "
                      f"x_BLHD of shape {x_BLHD.shape}.")
-  half = D // 2
-  fraction_D2 = 2.0 * jnp.arange(half, dtype=jnp.float32) / D
-  timescale_D2 = jnp.float32(max_wavelength) ** fraction_D2
-  angle_BL1D2 = (positions_BL.astype(jnp.float32)[:, :, None, None]
-                 / timescale_D2[None, None, None, :])
-  sin_BL1D2, cos_BL1D2 = jnp.sin(angle_BL1D2), jnp.cos(angle_BL1D2)
+  if timescale_R is None:
+    timescale_R = rope_timescales(D, max_wavelength)
+  half = timescale_R.shape[0]
+  if not 0 < 2 * half <= D:
+    raise ValueError(f"timescale_R has {half} pairs; expected 1 to head_dim / 2 = {D // 2}.")
+  angle_BL1R2 = (positions_BL.astype(jnp.float32)[:, :, None, None]
+                 / timescale_R[None, None, None, :])
+  sin_BL1R2, cos_BL1R2 = jnp.sin(angle_BL1R2), jnp.cos(angle_BL1R2)
   x_BLHD32 = x_BLHD.astype(jnp.float32)
-  x1_BLHD2, x2_BLHD2 = x_BLHD32[..., :half], x_BLHD32[..., half:]
-  out1_BLHD2 = x1_BLHD2 * cos_BL1D2 - x2_BLHD2 * sin_BL1D2
-  out2_BLHD2 = x2_BLHD2 * cos_BL1D2 + x1_BLHD2 * sin_BL1D2
-  return jnp.concatenate([out1_BLHD2, out2_BLHD2], axis=-1).astype(x_BLHD.dtype)
+  x1_BLHR2, x2_BLHR2 = x_BLHD32[..., :half], x_BLHD32[..., half:2 * half]
+  out1_BLHR2 = x1_BLHR2 * cos_BL1R2 - x2_BLHR2 * sin_BL1R2
+  out2_BLHR2 = x2_BLHR2 * cos_BL1R2 + x1_BLHR2 * sin_BL1R2
+  rotated = [out1_BLHR2, out2_BLHR2]
+  if 2 * half < D:  # Partial rotary: the remaining features carry no position.
+    rotated.append(x_BLHD32[..., 2 * half:])
+  return jnp.concatenate(rotated, axis=-1).astype(x_BLHD.dtype)
 
 
 def t5_relative_position_bucket(relative_position: jax.Array, *, bidirectional: bool,

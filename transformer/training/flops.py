@@ -10,7 +10,10 @@ and the weighted sum of values. Conventions, as in PaLM:
   - biases, norms, activations, softmax and the optimizer update are elementwise and do
     not count (under 1% of the total for these models);
   - causal attention counts the full context (no halving for the mask), padding
-    counts as tokens, and rematerialised work does not count (it is MFU, not HFU).
+    counts as tokens, and rematerialised work does not count (it is MFU, not HFU);
+  - a local (sliding-window) layer's context is the keys its window holds: the
+    window (causal) or 2 x window - 1 (bidirectional), at most the sequence;
+  - a parallel block (model.parallel_block) does the same matmuls as a sequential one.
 
 The peak is the device's published dense bfloat16 rate (`PEAK_BF16_FLOPS`) on GPUs and
 TPUs, and on CPU (or an accelerator missing from the table) the rate of a large matmul
@@ -158,6 +161,15 @@ def _mlp_flops(cfg: ModelConfig, tokens: int) -> int:
   return 2 * tokens * matrices * cfg.d_model * cfg.mlp_dim
 
 
+def _self_attention_stack_flops(cfg: ModelConfig, num_layers: int, length: int, *,
+                                causal: bool) -> int:
+  """Forward FLOPs of a stack's self-attention sublayers; local layers see their window."""
+  window = cfg.sliding_window if causal else 2 * cfg.sliding_window - 1
+  return sum(_attention_flops(cfg, length, min(length, window) if local else length,
+                              kv_projection_tokens=length)
+             for local in cfg.local_layers(num_layers))
+
+
 def forward_flops_per_sequence(cfg: ModelConfig, seq_len: int,
                                source_len: int | None = None) -> int:
   """Model FLOPs of one forward pass over one row (one source/target pair for seq2seq).
@@ -175,17 +187,19 @@ def forward_flops_per_sequence(cfg: ModelConfig, seq_len: int,
   else:
     head = 2 * L * E * V
   if cfg.arch in ("decoder", "encoder"):
-    block = (_attention_flops(cfg, L, L, kv_projection_tokens=L) + _mlp_flops(cfg, L))
-    return cfg.num_layers * block + head
+    return (_self_attention_stack_flops(cfg, cfg.num_layers, L, causal=cfg.arch == "decoder")
+            + cfg.num_layers * _mlp_flops(cfg, L) + head)
   if cfg.arch != "encoder_decoder":
     raise ValueError(f"model.arch={cfg.arch!r}; valid: 'decoder', 'encoder', "
                      "'encoder_decoder'")
   S = source_len or seq_len
-  encoder_block = _attention_flops(cfg, S, S, kv_projection_tokens=S) + _mlp_flops(cfg, S)
-  decoder_block = (_attention_flops(cfg, L, L, kv_projection_tokens=L)
-                   + _attention_flops(cfg, L, S, kv_projection_tokens=S)  # Cross: k, v of S.
+  encoder = (_self_attention_stack_flops(cfg, cfg.num_layers, S, causal=False)
+             + cfg.num_layers * _mlp_flops(cfg, S))
+  decoder_block = (_attention_flops(cfg, L, S, kv_projection_tokens=S)  # Cross: k, v of S.
                    + _mlp_flops(cfg, L))
-  return cfg.num_layers * encoder_block + cfg.num_decoder_layers * decoder_block + head
+  decoder = (_self_attention_stack_flops(cfg, cfg.num_decoder_layers, L, causal=True)
+             + cfg.num_decoder_layers * decoder_block)
+  return encoder + decoder + head
 
 
 def train_flops_per_step(cfg: ModelConfig, batch_size: int, seq_len: int,

@@ -27,12 +27,21 @@ TIMING_KEYS = ("seconds_per_step", "tokens_per_second", "mfu")
 
 
 def loss_sums(logits_BLV: jax.Array, targets_BL: jax.Array, weights_BL: jax.Array,
-              label_smoothing: float = 0.0) -> dict[str, jax.Array]:
+              label_smoothing: float = 0.0, z_loss: float = 0.0) -> dict[str, jax.Array]:
   """Token-weighted sums for the objective and the reported metrics.
 
+  Args:
+    logits_BLV: [B, L, V] logits (any float dtype; the loss is float32).
+    targets_BL: [B, L] target ids.
+    weights_BL: [B, L] token weights (0 for padding).
+    label_smoothing: of the objective's cross-entropy.
+    z_loss: PaLM's auxiliary coefficient: the objective adds z_loss * log(Z)^2 per
+      target token, Z the softmax normaliser, which keeps log Z near 0.
+
   Returns:
-    `objective_sum` (with label smoothing), `loss_sum` (plain NLL), `correct_sum`
-    (argmax hits) and `weight_sum` (number of real target tokens).
+    `objective_sum` (with label smoothing and the z-loss), `loss_sum` (plain NLL),
+    `correct_sum` (argmax hits) and `weight_sum` (number of real target tokens); with
+    `z_loss` > 0 also `z_loss_sum`, the z-loss term's token-weighted sum.
   """
   logits_BLV = logits_BLV.astype(jnp.float32)
   nll_BL = optax.softmax_cross_entropy_with_integer_labels(logits_BLV, targets_BL)
@@ -42,12 +51,17 @@ def loss_sums(logits_BLV: jax.Array, targets_BL: jax.Array, weights_BL: jax.Arra
     mean_neg_logp_BL = -jnp.mean(jax.nn.log_softmax(logits_BLV), axis=-1)
     objective_BL = (1.0 - label_smoothing) * nll_BL + label_smoothing * mean_neg_logp_BL
   correct_BL = (jnp.argmax(logits_BLV, axis=-1) == targets_BL).astype(jnp.float32)
-  return {
+  sums = {
       "objective_sum": jnp.sum(objective_BL * weights_BL),
       "loss_sum": jnp.sum(nll_BL * weights_BL),
       "correct_sum": jnp.sum(correct_BL * weights_BL),
       "weight_sum": jnp.sum(weights_BL),
   }
+  if z_loss > 0:
+    log_z_BL = jax.nn.logsumexp(logits_BLV, axis=-1)
+    sums["z_loss_sum"] = z_loss * jnp.sum(jnp.square(log_z_BL) * weights_BL)
+    sums["objective_sum"] = sums["objective_sum"] + sums["z_loss_sum"]
+  return sums
 
 
 def summarize(sums: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
@@ -59,9 +73,11 @@ def summarize(sums: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
     out[prefix + "loss"] = loss
     out[prefix + "perplexity"] = math.exp(min(loss, 50.0))
     out[prefix + "accuracy"] = float(sums["correct_sum"]) / weight
+    if "z_loss_sum" in sums:  # The term the objective adds, per target token.
+      out[prefix + "z_loss"] = float(sums["z_loss_sum"]) / weight
   out[prefix + "tokens"] = weight
   for key, value in sums.items():
-    if key not in SUM_KEYS + ("weight_sum", "objective_sum"):
+    if key not in SUM_KEYS + ("weight_sum", "objective_sum", "z_loss_sum"):
       out[prefix + key] = float(value)
   return out
 

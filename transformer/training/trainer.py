@@ -45,7 +45,8 @@ class TrainState:
 def train_step(state: TrainState, batch: dict[str, jax.Array], *, forward: Callable,
                tx: optax.GradientTransformation, schedule: optax.Schedule,
                label_smoothing: float, microbatches: int = 1,
-               skip_nonfinite: bool = False) -> tuple[TrainState, dict[str, jax.Array]]:
+               skip_nonfinite: bool = False,
+               z_loss: float = 0.0) -> tuple[TrainState, dict[str, jax.Array]]:
   """One optimizer update; returns the new state and metric sums for this batch.
 
   With `microbatches` = k > 1 the batch is processed as k sequential slices whose
@@ -55,13 +56,15 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, forward: Calla
   With `skip_nonfinite` an update whose loss or gradients are not finite is not
   applied: params and optimizer state stay as they were, the step still advances,
   the step's loss sums are zeroed and `skipped_updates` is 1.
+
+  `z_loss` > 0 adds PaLM's z-loss to the objective (metrics.loss_sums), logged as `z_loss`.
   """
   rng = jax.random.fold_in(state.rng, state.step)
 
   def sums_and_grads(micro: dict[str, jax.Array], micro_rng: jax.Array):
     def objective(params):
       logits, targets, weights = forward(params, micro, rngs={"dropout": micro_rng})
-      sums = metrics_lib.loss_sums(logits, targets, weights, label_smoothing)
+      sums = metrics_lib.loss_sums(logits, targets, weights, label_smoothing, z_loss)
       return sums["objective_sum"], sums
 
     (_, sums), grads = jax.value_and_grad(objective, has_aux=True)(state.params)
@@ -218,7 +221,8 @@ class Trainer(Scorer):
                           tx=tx, schedule=schedule,
                           label_smoothing=config.optimizer.label_smoothing,
                           microbatches=config.train.microbatches,
-                          skip_nonfinite=config.optimizer.skip_nonfinite > 0),
+                          skip_nonfinite=config.optimizer.skip_nonfinite > 0,
+                          z_loss=config.optimizer.z_loss),
         in_shardings=(state_shardings, batch_sharding),
         out_shardings=(state_shardings, replicated), donate_argnums=(0,))
     return cls(config=config, mesh=mesh, rules=rules, model_config=model_config,

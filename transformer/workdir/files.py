@@ -13,7 +13,7 @@ tokenizer files, evaluation results, translations and run records alike.
 from __future__ import annotations
 
 import os
-import tempfile
+import uuid
 
 _MODE = 0o644  # rw-r--r--: results and workdir files are for everyone to read.
 
@@ -39,9 +39,10 @@ def write_atomically(path: str, content: str | bytes) -> bool:
     pass
   directory = os.path.dirname(os.path.abspath(path))
   os.makedirs(directory, exist_ok=True)
-  fd, temporary = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.tmp")
+  # A name no other writer uses, created exclusively ("x"): two processes never share it.
+  temporary = os.path.join(directory, f".{os.path.basename(path)}.tmp{uuid.uuid4().hex[:12]}")
   try:
-    with os.fdopen(fd, "wb") as f:
+    with open(temporary, "xb") as f:
       f.write(data)
       f.flush()
       os.fsync(f.fileno())

@@ -94,7 +94,9 @@ def _gpt2_shaped(model: ml_collections.ConfigDict, where: str) -> None:
   """Stops, naming the field, unless the model is a GPT-2 up to sizes."""
   expected = dict(arch="decoder", head="lm", position="learned", norm="pre",
                   norm_type="layernorm", use_bias=True, scale_embeddings=False,
-                  embed_norm=False, num_token_types=0, logits_bias=False, pooler=False)
+                  embed_norm=False, num_token_types=0, logits_bias=False, pooler=False,
+                  qk_norm=False, attention_softcap=0.0, final_logit_softcap=0.0,
+                  sliding_window=0, parallel_block=False, qkv_bias=False)
   for key, value in expected.items():
     if model[key] != value:
       raise ConfigError(f"{where}: model.{key}={model[key]!r}, but a GPT-2 folder needs "

@@ -23,8 +23,9 @@ def convert(fields: common.Fields, t: common.Tensors, files: dict[str, str]) -> 
   projection = fields.get("feed_forward_proj", "relu")
   if projection not in _T5_ACTIVATIONS:
     raise ConfigError(f"{fields.where}: feed_forward_proj={projection!r} is not supported "
-                      f"(T5 v1.1's gated-gelu uses the tanh GELU, which no gated activation "
-                      f"here has); this codebase implements {sorted(_T5_ACTIVATIONS)}")
+                      f"(T5 v1.1's gated-gelu is model.activation='geglu_tanh', whose "
+                      f"import is not written yet); this import implements "
+                      f"{sorted(_T5_ACTIVATIONS)}")
   fields.ignore("dense_act_fn", "is_gated_act", "initializer_factor")
   tie = fields.get("tie_word_embeddings", True)
   pad, eos = fields.get("pad_token_id", 0), fields.get("eos_token_id", 1)

@@ -1,0 +1,50 @@
+"""The norms every module shares: LayerNorm, RMSNorm and Gemma's (1 + scale) RMSNorm.
+
+A module of its own so that attention (QK-norm) and the blocks both use it.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from transformer.configuration import ModelConfig
+
+
+class OffsetRMSNorm(nn.Module):
+  """RMSNorm that multiplies by (1 + scale), scale initialised at zero (Gemma), in float32.
+
+  The same `scale` parameter path as nn.RMSNorm; only its meaning is shifted by one,
+  which is how Gemma checkpoints store it.
+  """
+
+  epsilon: float
+  param_dtype: jnp.dtype
+  axis_name: str = "embed"  # The logical axis of the normalised (last) dimension.
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.zeros,
+                                                             (self.axis_name,)),
+                       (x.shape[-1],), self.param_dtype)
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
+                                 + self.epsilon)
+    scale = scale.astype(jnp.float32).reshape((1,) * (x.ndim - 1) + scale.shape)
+    return normed * (1.0 + scale)
+
+
+def make_norm(config: ModelConfig, name: str, axis_name: str = "embed") -> nn.Module:
+  """LayerNorm or RMSNorm over the last axis (logical `axis_name`), computed in float32."""
+  if config.norm_type == "rmsnorm" and config.norm_scale_plus_one:
+    return OffsetRMSNorm(epsilon=config.norm_epsilon, param_dtype=config.param_dtype,
+                         axis_name=axis_name, name=name)
+  scale_init = nn.with_logical_partitioning(nn.initializers.ones, (axis_name,))
+  if config.norm_type == "rmsnorm":
+    return nn.RMSNorm(epsilon=config.norm_epsilon, dtype=jnp.float32,
+                      param_dtype=config.param_dtype, scale_init=scale_init, name=name)
+  return nn.LayerNorm(
+      epsilon=config.norm_epsilon, use_bias=config.use_bias, dtype=jnp.float32,
+      param_dtype=config.param_dtype, scale_init=scale_init, name=name,
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (axis_name,)))
