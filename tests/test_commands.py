@@ -250,6 +250,9 @@ def test_translate_through_launch(translation_run, tmp_path):
   assert len(lines) == 4 and lines[1] == "" and lines[3] == ""
   assert "translate: 3/3 sentences" in result.stderr
   assert result.stdout == ""  # Translations went to the file.
+  # A loaded run builds nothing of training (inference/loaded.py): no optimizer, and no
+  # sharding table, which only Trainer.create logs.
+  assert "Parameter sharding on mesh" not in result.stderr
 
 
 # ---------------------------------------------------------------- generate
