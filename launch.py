@@ -13,6 +13,9 @@
                           --workdir; rerunning resumes it; then compares them
   --mode=compare          a Markdown table and overlaid curves of --compare_dirs (or
                           the runs in --workdir) -> <workdir>/compare.md, compare_*.png
+  --mode=compile          --config's steps compiled for a TPU slice (--topology=v5p:4x4x4)
+                          on this CPU host: fits or not, step-time estimate -> --output
+                          (transformer/cli/compile.py; needs `pip install libtpu`)
 
 Every mode but train and sweep reads the model, vocabulary and checkpoints from --workdir;
 --config is then optional and only its data.* and decode.* are used
@@ -32,6 +35,7 @@ from absl import logging
 from ml_collections import config_flags
 
 from transformer import usage
+from transformer.cli import compile as compile_mode  # Defines --topology and its flags.
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file, optionally with an argument: configs/gpt_small.py:local.",
@@ -52,7 +56,7 @@ _HEARTBEAT = flags.DEFINE_integer(
 _MODE = flags.DEFINE_enum(
     "mode", "train",
     ["train", "evaluate", "translate", "generate", "average", "plot", "sweep", "compare",
-     "import", "export"],
+     "import", "export", "compile"],
     "What to do with --workdir; evaluate, translate, generate, average and plot need a "
     "trained workdir.")
 _CHECKPOINT_STEP = flags.DEFINE_integer(
@@ -66,7 +70,7 @@ _MAX_EXAMPLES = flags.DEFINE_integer(
 _INPUT = flags.DEFINE_string("input", "", "translate: one sentence a line (default stdin).")
 _OUTPUT = flags.DEFINE_string(
     "output", "", "translate: the output file (default stdout); evaluate: the result JSON "
-    "(default in the workdir); average: the new workdir.")
+    "(default in the workdir); average: the new workdir; compile: the report as JSON.")
 _OVERWRITE = flags.DEFINE_bool("overwrite", False, "Allow replacing an existing --output.")
 _PROMPT = flags.DEFINE_string(
     "prompt", None, "generate: the text to continue (default: each line of stdin).")
@@ -111,8 +115,10 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   mode = _MODE.value
-  if mode in ("train", "sweep") and _CONFIG.value is None:
+  if mode in ("train", "sweep", "compile") and _CONFIG.value is None:
     raise app.UsageError(f"--config is required for --mode={mode}")
+  if mode == "compile":  # No workdir, no jax.distributed: it compiles on this host's CPU.
+    sys.exit(compile_mode.run(_CONFIG.value))
   if mode != "train" and not _WORKDIR.value:
     raise app.UsageError(f"--mode={mode} needs --workdir=DIR, "
                          + _WORKDIR_OF.get(mode, "a trained run"))
