@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from flax import linen as nn
+from jax.sharding import PartitionSpec
 
 from transformer import decoding
 from transformer import evaluation
@@ -26,7 +28,8 @@ from transformer import flops
 from transformer import objectives
 from transformer import sharding
 from transformer import train
-from transformer.configuration import ConfigError, objective_of, validate
+from transformer.configuration import ConfigError, ModelConfig, objective_of, validate
+from transformer.models import make_model
 from transformer.planning import collectives
 
 STEPS = ("train", "eval", "decode")
@@ -80,28 +83,33 @@ def target_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDic
   return config
 
 
-def check_divisible(trainer: train.Trainer) -> None:
+def check_divisible(config: ml_collections.ConfigDict, mesh) -> None:
   """Every sharded weight dimension splits evenly over its mesh axes; else names the field.
 
   Raises:
     ConfigError: naming the model field, its value, the logical axis, the mesh axes
       and their size.
   """
-  leaves = jax.tree_util.tree_flatten_with_path(trainer.abstract_state.params)[0]
-  for path, leaf in leaves:
-    spec = leaf.sharding.spec
-    for dim, axes in zip(leaf.shape, tuple(spec) + (None,) * (len(leaf.shape) - len(spec))):
+  rules = sharding.rules_of(config.mesh)
+  objective = objective_of(config.model.arch, config.model.head)
+  batch = objectives.init_batch(objective, 1, config.data.seq_len)
+  boxed = jax.eval_shape(make_model(ModelConfig.from_config(config.model)).init, jax.random.PRNGKey(0),
+                         *objectives.model_inputs(objective, batch))["params"]
+  logical = jax.tree_util.tree_flatten_with_path(
+      nn.get_partition_spec(boxed), is_leaf=lambda x: isinstance(x, PartitionSpec))[0]
+  shapes = jax.tree.leaves(nn.meta.unbox(boxed))
+  for (path, names), leaf in zip(logical, shapes):
+    for dim, name in zip(leaf.shape, names):
+      axes = nn.logical_to_mesh_axes((name,), rules)[0] if name else None
       axes = axes if isinstance(axes, tuple) else (axes,) if axes else ()
-      ways = int(np.prod([trainer.mesh.shape[a] for a in axes]))
+      ways = int(np.prod([mesh.shape[a] for a in axes]))
       if dim % ways:
-        logical = [name for name, target in trainer.rules
-                   if target is not None and set(np.atleast_1d(target)) == set(axes)]
-        fields = sorted({_FIELD_OF_AXIS[n] for n in logical if n in _FIELD_OF_AXIS})
+        field = _FIELD_OF_AXIS.get(name, f"the {name!r} dimension")
         raise ConfigError(
-            f"{' or '.join(fields) or 'a model dimension'} = {dim} does not divide over "
-            f"mesh axes {axes} of size {ways} (parameter {sharding._path_name(path)}, "
-            f"shape {leaf.shape}, mesh {dict(trainer.mesh.shape)}); pick sizes that "
-            "divide, or change config.mesh.shape / config.mesh.rules")
+            f"{field}={dim} does not divide over mesh axes {axes} of size {ways} (logical "
+            f"axis {name!r} of parameter {sharding._path_name(path)}, shape {leaf.shape}, "  # pylint: disable=protected-access
+            f"mesh {dict(mesh.shape)}); pick sizes that divide, or change "
+            "config.mesh.shape / config.mesh.rules")
 
 
 def abstract_batch(config: ml_collections.ConfigDict, objective: str,
@@ -216,9 +224,8 @@ def build_trainer(config: ml_collections.ConfigDict, mesh) -> train.Trainer:
     ConfigError: the batch does not split over the mesh, or a weight does not.
   """
   train.check_batch_size(config, mesh)
-  trainer = train.Trainer.create(config, mesh)
-  check_divisible(trainer)
-  return trainer
+  check_divisible(config, mesh)  # Before Trainer.create, whose shardings need it.
+  return train.Trainer.create(config, mesh)
 
 
 def compile_steps(trainer: train.Trainer, steps: tuple[str, ...] = STEPS) -> dict[str, StepCost]:
