@@ -52,8 +52,9 @@ class StepCost:
   code_bytes: int
   xla_flops: float  # XLA's count for the compiled program (remat and all).
   hbm_bytes_accessed: float
-  collective_bytes: dict[str, int]  # Kind -> bytes a chip moves per step.
+  collective_bytes: dict[str, int]  # Kind -> bytes a chip moves per step ({} if unknown).
   compile_seconds: float
+  collective_error: str | None = None  # Why collective_bytes is unknown, if it is.
   model_flops: float | None = None  # flops.py's count per chip (None for decode).
   tokens: int = 0  # Tokens the step processes (all chips).
 
@@ -133,6 +134,14 @@ def _collect(name: str, lowered, start: float, **extra) -> StepCost:
   memory = compiled.memory_analysis()
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost  # Older JAX: one per program.
+  collective_bytes, collective_error = {}, None
+  try:
+    collective_bytes = collectives.collective_bytes(compiled.as_text())
+  except jax.errors.JaxRuntimeError as e:
+    # Seen with libtpu 0.0.52 on a 7B step: printing the optimised HLO fails a check on
+    # its async instructions. The step compiled; only the collective count is missing,
+    # and the report says so instead of pricing the network at zero silently.
+    collective_error = str(e).splitlines()[0]
   return StepCost(
       name=name, arguments_bytes=int(memory.argument_size_in_bytes),
       temp_bytes=int(memory.temp_size_in_bytes), output_bytes=int(memory.output_size_in_bytes),
@@ -140,7 +149,7 @@ def _collect(name: str, lowered, start: float, **extra) -> StepCost:
       code_bytes=int(memory.generated_code_size_in_bytes),
       xla_flops=float(cost.get("flops", 0.0)),
       hbm_bytes_accessed=float(cost.get("bytes accessed", 0.0)),
-      collective_bytes=collectives.collective_bytes(compiled.as_text()),
+      collective_bytes=collective_bytes, collective_error=collective_error,
       compile_seconds=seconds, **extra)
 
 

@@ -62,9 +62,11 @@ def plan_lines(plan: Plan) -> list[str]:
     moved = ", ".join(f"{kind} {gib(cost.collective_bytes.get(kind, 0))}"
                       for kind in collectives.KINDS if cost.collective_bytes.get(kind))
     mfu = f", MFU <= {100 * est.mfu:.1f}%" if est.mfu is not None else ""
+    unknown = (f" UNKNOWN (XLA could not print the compiled HLO: {cost.collective_error}; "
+               "the interconnect bound below is missing)" if cost.collective_error else "")
     lines.append(
         f"  {name}: {model}XLA {cost.xla_flops:.3g} FLOPs/chip; collectives per chip: "
-        f"{moved or 'none'}; compute {est.compute_seconds * 1e3:.2f} ms, HBM "
+        f"{moved or 'none'}{unknown}; compute {est.compute_seconds * 1e3:.2f} ms, HBM "
         f"{est.hbm_seconds * 1e3:.2f} ms, interconnect {est.network_seconds * 1e3:.2f} ms "
         f"-> ~{est.seconds * 1e3:.2f} ms ({est.bound}-bound), ~{est.tokens_per_second:,.0f} "
         f"tokens/s{mfu}; compiled in {cost.compile_seconds:.1f} s")
@@ -117,7 +119,8 @@ def to_json(plan: Plan, levers: dict[str, list[Trial]] | None = None,
         chip_bytes=plan.chip.hbm_bytes, fits=plan.fits(name),
         flops_per_chip=cost.model_flops, xla_flops_per_chip=cost.xla_flops,
         hbm_bytes_accessed=cost.hbm_bytes_accessed,
-        collective_bytes=cost.collective_bytes, estimated_seconds=est.seconds,
+        collective_bytes=cost.collective_bytes if cost.collective_error is None else None,
+        collective_error=cost.collective_error, estimated_seconds=est.seconds,
         estimate_bound=est.bound, estimated_tokens_per_second=est.tokens_per_second,
         estimated_mfu=est.mfu, compile_seconds=cost.compile_seconds)
   trial = lambda t: dict(label=t.label, step=t.step, total_bytes=t.total_bytes,
