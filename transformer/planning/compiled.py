@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 import time
 from typing import Any
 
@@ -55,6 +56,7 @@ class StepCost:
   collective_bytes: dict[str, int]  # Kind -> bytes a chip moves per step ({} if unknown).
   compile_seconds: float
   collective_error: str | None = None  # Why collective_bytes is unknown, if it is.
+  compile_error: str | None = None  # XLA refused to compile it (out of HBM): the message.
   model_flops: float | None = None  # flops.py's count per chip (None for decode).
   tokens: int = 0  # Tokens the step processes (all chips).
 
@@ -127,9 +129,37 @@ def abstract_batch(config: ml_collections.ConfigDict, objective: str,
           for k, (shape, dtype) in shapes.items()}
 
 
-def _collect(name: str, lowered, start: float, **extra) -> StepCost:
+# XLA's TPU compiler refuses a program whose temporaries exceed the chip's HBM.
+_HBM_OOM = re.compile(r"HLO temporaries \(([\d.]+)G\) exceeds available HBM \(([\d.]+)G\)")
+
+
+def _out_of_memory(name: str, error: Exception, start: float, arguments_bytes: int,
+                   **extra) -> StepCost:
+  """The StepCost of a step XLA would not compile for lack of HBM (CompileTimeHbmOom).
+
+  Its temporaries are the figure XLA's message gives (in GiB), its arguments the count
+  of the abstract shardings; nothing else is known, so FLOPs and bytes accessed are 0.
+  """
+  message = str(error).splitlines()[0]
+  match = _HBM_OOM.search(str(error))
+  temps = int(float(match.group(1)) * 2 ** 30) if match else 0
+  return StepCost(name=name, arguments_bytes=arguments_bytes, temp_bytes=temps,
+                  output_bytes=0, alias_bytes=0, code_bytes=0, xla_flops=0.0,
+                  hbm_bytes_accessed=0.0, collective_bytes={},
+                  compile_seconds=time.perf_counter() - start,
+                  collective_error=f"not compiled: {message}", compile_error=message,
+                  **extra)
+
+
+def _collect(name: str, lowered, start: float, arguments_bytes: int = 0,
+             **extra) -> StepCost:
   """Compiles `lowered` and reads XLA's memory and cost analyses of the result."""
-  compiled = lowered.compile()
+  try:
+    compiled = lowered.compile()
+  except jax.errors.JaxRuntimeError as e:
+    if "RESOURCE_EXHAUSTED" not in str(e):
+      raise
+    return _out_of_memory(name, e, start, arguments_bytes, **extra)
   seconds = time.perf_counter() - start
   memory = compiled.memory_analysis()
   cost = compiled.cost_analysis()
@@ -165,6 +195,7 @@ def compile_train(trainer: train.Trainer) -> StepCost:
                                           config.data.seq_len)
   sides = 2 if objective == "seq2seq" else 1
   return _collect("train", lowered, start, model_flops=step_flops / chips,
+                  arguments_bytes=sum(argument_breakdown(trainer).values()),
                   tokens=sides * config.data.batch_size * config.data.seq_len)
 
 

@@ -32,7 +32,8 @@ class Plan:
 
   def fits(self, step: str) -> bool:
     """Whether the step's peak footprint is within the chip's HBM."""
-    return self.costs[step].total_bytes <= self.chip.hbm_bytes
+    cost = self.costs[step]
+    return cost.compile_error is None and cost.total_bytes <= self.chip.hbm_bytes
 
   @property
   def all_fit(self) -> bool:

@@ -52,6 +52,8 @@ def plan_lines(plan: Plan) -> list[str]:
                  f"{gib(cost.output_bytes - cost.alias_bytes):>11} "
                  f"{gib(cost.total_bytes):>11} {'':>4} {gib(chip.hbm_bytes):>10}  "
                  f"{verdict(cost.total_bytes, chip.hbm_bytes)}")
+    if cost.compile_error:
+      lines.append(f"        XLA refused to compile it: {cost.compile_error}")
   lines += ["", "(outputs: those not written into donated arguments; temporaries include "
             "the activations kept for the backward pass)", ""]
   lines.append("Step time (an ESTIMATE from published peaks, not a measurement):")
@@ -122,7 +124,8 @@ def to_json(plan: Plan, levers: dict[str, list[Trial]] | None = None,
         collective_bytes=cost.collective_bytes if cost.collective_error is None else None,
         collective_error=cost.collective_error, estimated_seconds=est.seconds,
         estimate_bound=est.bound, estimated_tokens_per_second=est.tokens_per_second,
-        estimated_mfu=est.mfu, compile_seconds=cost.compile_seconds)
+        estimated_mfu=est.mfu, compile_seconds=cost.compile_seconds,
+        compile_error=cost.compile_error)
   trial = lambda t: dict(label=t.label, step=t.step, total_bytes=t.total_bytes,
                          fits=t.fits, estimated_seconds=t.seconds, estimated_mfu=t.mfu,
                          error=t.error)
