@@ -13,6 +13,9 @@
                           --workdir; rerunning resumes it; then compares them
   --mode=compare          a Markdown table and overlaid curves of --compare_dirs (or
                           the runs in --workdir) -> <workdir>/compare.md, compare_*.png
+  --mode=compile          --config's steps compiled for a TPU slice (--topology=v5p:4x4x4)
+                          on this CPU host: fits or not, step-time estimate -> --output
+                          (transformer/cli/compile.py; needs `pip install libtpu`)
 
 Each mode is one module of transformer/cli/ (MODES below) that defines the flags it
 owns; the flags several modes share are in transformer/cli/common.py. Every mode but
@@ -37,6 +40,7 @@ from ml_collections import config_flags
 # --help stays fast and flags parse before JAX starts.
 from transformer.cli import average
 from transformer.cli import compare
+from transformer.cli import compile as compile_mode
 from transformer.cli import evaluate
 from transformer.cli import generate
 from transformer.cli import hf_export
@@ -49,7 +53,7 @@ from transformer.cli import usage
 
 MODES = {"train": train, "evaluate": evaluate, "translate": translate, "generate": generate,
          "average": average, "plot": plot, "sweep": sweep, "compare": compare,
-         "import": hf_import, "export": hf_export}
+         "import": hf_import, "export": hf_export, "compile": compile_mode}
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file, optionally with an argument: configs/gpt_small.py:local.",
@@ -71,7 +75,8 @@ _MODE = flags.DEFINE_enum(
     "mode", "train", list(MODES),
     "What to do with --workdir (each mode is a module of transformer/cli/); evaluate, "
     "translate, generate, average and plot need a trained workdir.")
-_NEEDS_CONFIG = ("train", "sweep")
+_NEEDS_CONFIG = ("train", "sweep", "compile")
+_NO_WORKDIR = ("train", "compile")  # train defaults to runs/<config>; compile writes none.
 _WORKDIR_OF = {"plot": "a training run's workdir", "sweep": "the sweep's folder",
                "compare": "a sweep's folder, or where compare.md goes with --compare_dirs"}
 
@@ -89,7 +94,7 @@ def main(argv):
   mode = _MODE.value
   if mode in _NEEDS_CONFIG and _CONFIG.value is None:
     raise app.UsageError(f"--config is required for --mode={mode}")
-  if mode != "train" and not _WORKDIR.value:
+  if mode not in _NO_WORKDIR and not _WORKDIR.value:
     raise app.UsageError(f"--mode={mode} needs --workdir=DIR, "
                          + _WORKDIR_OF.get(mode, "a trained run"))
   if mode == "sweep" and not sweep.SWEEP.value:

@@ -10,10 +10,13 @@
   plot.py       --mode=plot
   sweep.py      --mode=sweep (--sweep): one launch.py process per grid point
   compare.py    --mode=compare (--compare_dirs)
+  compile.py    --mode=compile (--topology, --mesh_search, ...): the steps compiled for a
+                TPU slice on this host, fits or not, how fast (transformer/planning/)
   common.py     flags several modes share (--output, --checkpoint_step, decode flags)
                 and their file handling
   usage.py      flag, config-file and disk/permission mistakes in one line
 
-Each module sets STARTS_JAX (plot, compare and sweep start no devices). May import
+Each module sets STARTS_JAX (plot, compare, sweep and compile start no devices of
+this host's run: compile uses libtpu's abstract TPU devices). May import
 every other part of the package; nothing imports cli/ but launch.py.
 """

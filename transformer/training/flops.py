@@ -36,33 +36,18 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
+from transformer import hardware
 from transformer.configuration import GATED_ACTIVATIONS, ModelConfig
 from transformer.workdir import files
 from transformer.workdir import layout
 
 # Dense bfloat16 peak FLOP/s of one JAX device, by the words its lower-case device_kind
 # contains ("NVIDIA A100-SXM4-80GB" has "a100"; the longest match wins, so "TPU v5 lite"
-# is "tpu v5 lite", not "tpu v5"). On TPU v2 and v3 a JAX device is one TensorCore
-# (half a chip); from v4 on it is a chip.
+# is "tpu v5 lite", not "tpu v5"). On TPU v2 and v3 a JAX device is one TensorCore (half
+# a chip); from v4 on it is a chip. The figures and their sources live in hardware.py.
 PEAK_BF16_FLOPS = {
-    "tpu v2": 22.5e12,
-    "tpu v3": 61.5e12,
-    "tpu v4": 275e12,
-    "tpu v5 lite": 197e12,  # v5e
-    "tpu v5e": 197e12,
-    "tpu v5": 459e12,  # v5p
-    "tpu v5p": 459e12,
-    "tpu v6 lite": 918e12,  # v6e (Trillium)
-    "tpu v6e": 918e12,
-    "a100": 312e12,
-    "l4": 121e12,
-    "l40s": 362e12,
-    "h100": 989e12,  # SXM
-    "h100 pcie": 756e12,
-    "h100 nvl": 835e12,
-    "h200": 989e12,
-    "gh200": 989e12,
-    "b200": 2250e12,
+    **{key: chip.bf16_flops for key, chip in hardware.CHIPS.items()},
+    **{alias: hardware.CHIPS[key].bf16_flops for alias, key in hardware.ALIASES.items()},
 }
 
 

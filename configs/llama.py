@@ -1,0 +1,48 @@
+"""Llama-shaped decoders of ~1B and ~7B parameters, for --mode=compile on TPU slices.
+
+Built from the existing model fields: RMSNorm (pre), SwiGLU MLP, RoPE, no biases,
+bfloat16 compute, blocks scanned (compile time flat with depth) and rematerialised
+(only block inputs kept for the backward pass), and weights plus Adam state sharded
+over every chip (fsdp=-1). No training run has used them: they exist to ask
+"does it fit, and how fast could it go" before renting a slice.
+
+  :1b  Llama 3.2 1B's shape: d_model 2048, 16 layers, 32 heads / 8 kv heads (GQA),
+       MLP 8192, vocabulary 128256, tied embeddings, RoPE base 500000: 1,235,814,400
+       parameters. 64 rows x 2048 tokens per step.
+  :7b  Llama 2 7B's shape: d_model 4096, 32 layers, 32 heads (MHA), MLP 11008,
+       vocabulary 32000, untied: 6,738,415,616 parameters. 64 rows x 2048 tokens.
+
+  python launch.py --mode=compile --config=configs/llama.py:7b --topology=v5p:2x4x4
+
+The README's "Before renting" table lists what these compiled to on which slices.
+"""
+
+import ml_collections
+
+from configs import base
+
+
+def get_config(arg: str = "1b") -> ml_collections.ConfigDict:
+  """The `arg` ("1b" or "7b") decoder."""
+  config = base.get_config()
+  config.model.update(
+      arch="decoder", head="lm", position="rope", norm="pre", norm_type="rmsnorm",
+      norm_epsilon=1e-5, activation="swiglu", use_bias=False, scan_layers=True,
+      remat="full", dtype="bfloat16", param_dtype="float32", embed_dropout=0.0,
+      residual_dropout=0.0)
+  config.data.update(tokenizer="sentencepiece", seq_len=2048, batch_size=64)
+  config.optimizer.update(schedule="cosine", learning_rate=3e-4, min_learning_rate=3e-5,
+                          warmup_steps=2000, b1=0.9, b2=0.95, weight_decay=0.1)
+  config.train.update(num_steps=100_000, eval_every=2000, eval_at_start=False)
+  config.mesh.shape = (("data", 1), ("fsdp", -1), ("tensor", 1))
+  if arg == "1b":
+    config.model.update(vocab_size=128256, d_model=2048, num_layers=16, num_heads=32,
+                        num_kv_heads=8, head_dim=64, mlp_dim=8192, max_len=2048,
+                        tie_embeddings=True, rope_max_wavelength=500000.0)
+  elif arg == "7b":
+    config.model.update(vocab_size=32000, d_model=4096, num_layers=32, num_heads=32,
+                        num_kv_heads=0, head_dim=128, mlp_dim=11008, max_len=2048,
+                        tie_embeddings=False, rope_max_wavelength=10000.0)
+  else:
+    raise ValueError(f"configs/llama.py: unknown argument {arg!r}; valid: '1b' or '7b'")
+  return config

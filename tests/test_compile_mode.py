@@ -1,0 +1,183 @@
+"""--mode=compile: tiny models compiled for a TPU v5e 2x2 slice on this CPU host.
+
+Needs libtpu (requirements-test.txt); without it every test here is skipped with the
+reason. Shapes are tiny but tile-aligned (every sharded dimension a multiple of 128
+per chip, 8 rows), so that TPU layout padding does not blur the byte counts.
+"""
+
+import importlib.util
+import json
+
+import pytest
+from absl import flags
+
+import launch  # pylint: disable=unused-import  (defines --output, --mode)
+from configs import gpt_small
+from transformer.configuration import ConfigError
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("libtpu") is None,
+    reason="libtpu is not installed (pip install libtpu): XLA's TPU compiler is in it")
+
+TOPOLOGY = "v5e:2x2"
+MESH = (("data", 1), ("fsdp", 2), ("tensor", 2))
+# Adam's step counts, the train step counter and the rng key are scalars or [2]; a TPU
+# lays each out in a whole tile, so the compiled arguments exceed the hand count by this
+# much at most.
+SCALAR_TILES = 4096
+
+
+def tiny(arch: str = "decoder"):
+  """d_model 256, 2 heads of 128, MLP 512, vocabulary 512, 16 rows of 128 tokens."""
+  config = gpt_small.get_config("local")
+  config.model.update(d_model=256, num_layers=2, num_heads=2, mlp_dim=512, vocab_size=512,
+                      max_len=128, use_bias=False, norm_type="rmsnorm", position="rope")
+  config.data.update(seq_len=128, batch_size=16)
+  config.decode.update(batch_size=8, beam_size=2, max_new_tokens=4, max_length_offset=4)
+  config.mesh.shape = MESH
+  if arch == "encoder":
+    config.model.update(arch="encoder", head="mlm")
+  elif arch == "encoder_decoder":
+    config.model.update(arch="encoder_decoder", head="lm", num_decoder_layers=1)
+  return config
+
+
+@pytest.fixture(scope="module")
+def devices():
+  from transformer.planning import topology  # pylint: disable=g-import-not-at-top
+  return topology.parse_topology(TOPOLOGY), topology.topology_devices(
+      topology.parse_topology(TOPOLOGY))
+
+
+def test_decoder_arguments_are_the_hand_count(devices):
+  """params x 4 bytes x (1 + 2 Adam slots) / shards + the batch's share, per chip."""
+  from transformer.planning import plan as plan_lib  # pylint: disable=g-import-not-at-top
+  topo, devs = devices
+  plan = plan_lib.make_plan(tiny(), topo, devs)
+  assert set(plan.costs) == {"train", "eval", "decode"}
+  # Kernels and the (tied) embedding shard over fsdp x tensor = 4; RMSNorm scales
+  # [embed] over fsdp = 2. Per layer: q, k, v, out 256 x 256 and the MLP's 2 x 256 x 512.
+  four_way = 2 * (4 * 256 * 256 + 2 * 256 * 512) + 512 * 256
+  two_way = 2 * 2 * 256 + 256
+  assert four_way + two_way == 1_180_928  # The model's parameter count.
+  params_per_chip = (four_way // 4 + two_way // 2) * 4  # float32.
+  # inputs, segment_ids, positions, targets (int32) and weights (float32), rows over fsdp.
+  batch_per_chip = 5 * 16 * 128 * 4 // 2
+  hand = params_per_chip * (1 + 2) + batch_per_chip
+  arguments = plan.costs["train"].arguments_bytes
+  assert hand <= arguments <= hand + SCALAR_TILES, (arguments, hand)
+  assert plan.breakdown["params"] == params_per_chip
+  assert plan.all_fit and plan.replicated == []
+  train = plan.costs["train"]
+  assert train.model_flops > 0 and train.xla_flops > 0 and train.temp_bytes > 0
+  # fsdp gathers weights and scatters gradients; the loss sums are all-reduced.
+  assert train.collective_bytes["all-gather"] > 0
+  assert plan.estimates["train"].seconds > 0 and 0 < plan.estimates["train"].mfu <= 1
+
+
+@pytest.mark.parametrize("arch", ["encoder", "encoder_decoder"])
+def test_encoder_and_encoder_decoder_compile(devices, arch):
+  """Arguments = the shardings' own count (plus scalar tiles); decode only for seq2seq."""
+  from transformer.planning import plan as plan_lib  # pylint: disable=g-import-not-at-top
+  topo, devs = devices
+  steps = ("train", "decode")
+  plan = plan_lib.make_plan(tiny(arch), topo, devs, steps)
+  assert set(plan.costs) == ({"train", "decode"} if arch == "encoder_decoder" else {"train"})
+  counted = sum(plan.breakdown.values())
+  assert counted <= plan.costs["train"].arguments_bytes <= counted + SCALAR_TILES
+  assert plan.all_fit
+
+
+def _run_mode(config, argv, capsys) -> tuple[int, str, str]:
+  """transformer.cli.compile.run(config) with launch.py's flags parsed from `argv`."""
+  from transformer.cli import compile as compile_mode  # pylint: disable=g-import-not-at-top
+  flags.FLAGS(["launch.py", "--mode=compile"] + argv)
+  try:
+    code = compile_mode.run(config)
+  finally:
+    flags.FLAGS.unparse_flags()
+  out = capsys.readouterr()
+  return code, out.out, out.err
+
+
+def test_too_large_is_reported_not_fitting(tmp_path, capsys):
+  """A v5e chip has 16 GiB: 4 layers of width 8192, replicated, do not fit."""
+  report = tmp_path / "report.json"
+  config = tiny()
+  config.model.update(d_model=8192, mlp_dim=32768, num_layers=4, num_heads=64)
+  config.mesh.shape = (("data", -1), ("fsdp", 1), ("tensor", 1))
+  code, out, err = _run_mode(
+      config, [f"--topology={TOPOLOGY}", f"--output={report}", "--compile_steps=train",
+               "--notry_levers"], capsys)
+  assert code == 1, err[-3000:]
+  assert "does not fit by" in out + err  # absl's app.run may route the report to either.
+  assert err.strip().splitlines()[-1].startswith("Does not fit: the train step needs")
+  assert [p.name for p in tmp_path.iterdir()] == ["report.json"]  # Nothing else written.
+  result = json.loads(report.read_text())
+  assert result["topology"] == TOPOLOGY and result["chips"] == 4
+  assert result["chip_kind"] == "TPU v5 lite" and result["mesh"] == {
+      "data": 4, "fsdp": 1, "tensor": 1}
+  train = result["steps"]["train"]
+  assert train["fits"] is False and train["total_bytes"] > train["chip_bytes"]
+  for key in ("arguments_bytes", "temp_bytes", "output_bytes", "flops_per_chip",
+              "collective_bytes", "estimated_seconds"):
+    assert key in train
+
+
+def test_audit_lists_a_leaf_a_rule_leaves_whole(devices):
+  """mlp -> None on a tensor-parallel mesh: the MLP kernels' [mlp] dims are not split,
+  but embed -> fsdp still is; with embed -> None too they are whole on every chip."""
+  from transformer.planning import plan as plan_lib  # pylint: disable=g-import-not-at-top
+  topo, devs = devices
+  config = tiny()
+  config.mesh.rules = tuple((name, None if name in ("mlp", "embed") else axes)
+                            for name, axes in config.mesh.rules)
+  plan = plan_lib.make_plan(config, topo, devs, steps=("eval",))
+  paths = [leaf.path for leaf in plan.replicated]
+  assert "params/block_0/mlp/wi/kernel" in paths
+  assert any(path.startswith("opt_state/") and path.endswith("mlp/wi/kernel")
+             for path in paths)
+  assert all("query" not in path for path in paths)  # heads -> tensor still splits them.
+  wi = next(leaf for leaf in plan.replicated if leaf.path == "params/block_0/mlp/wi/kernel")
+  assert wi.shape == (256, 512) and wi.nbytes == 256 * 512 * 4
+
+
+def test_mesh_search_puts_fitting_fastest_first(devices):
+  from transformer.planning import search  # pylint: disable=g-import-not-at-top
+  topo, devs = devices
+  config = tiny()
+  config.model.update(num_heads=4, d_model=512)  # tensor=4 splits the heads too.
+  assert sorted(search.factorisations(4)) == [
+      (1, 1, 4), (1, 2, 2), (1, 4, 1), (2, 1, 2), (2, 2, 1), (4, 1, 1)]
+  trials = search.mesh_search(config, topo, devs, ("none",))
+  assert len(trials) == 6
+  ranks = [search.rank(t) for t in trials]
+  assert ranks == sorted(ranks)
+  fitting = [t for t in trials if t.fits]
+  assert fitting and all(t.error is None for t in fitting)
+  assert [t.seconds for t in fitting] == sorted(t.seconds for t in fitting)
+
+
+def test_unknown_topology_lists_the_known_ones():
+  from transformer.planning import topology  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ConfigError, match=r"--topology='v9z:2x2' is unknown.*v5e:4x4 \(v5e-16\)"):
+    topology.parse_topology("v9z:2x2")
+  assert topology.parse_topology("v5p-64").name == "v5p:2x4x4"
+
+
+def test_mesh_product_mismatch_names_both_numbers(capsys):
+  config = tiny()
+  config.mesh.shape = (("data", 1), ("fsdp", 2), ("tensor", 4))
+  code, _, err = _run_mode(config, [f"--topology={TOPOLOGY}"], capsys)
+  assert code == 2, err[-3000:]
+  assert "it has 8 slots for 4 devices" in err
+
+
+def test_heads_not_divisible_by_tensor_names_the_field(devices):
+  from transformer.planning import plan as plan_lib  # pylint: disable=g-import-not-at-top
+  topo, devs = devices
+  config = tiny()
+  config.model.update(num_heads=1, num_kv_heads=1, head_dim=256)
+  with pytest.raises(ConfigError, match=r"model.num_(kv_)?heads=1 does not divide over mesh "
+                                        r"axes \('tensor',\) of size 2"):
+    plan_lib.make_plan(config, topo, devs, steps=("train",))

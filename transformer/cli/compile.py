@@ -1,0 +1,124 @@
+"""--mode=compile: does this config fit a TPU slice, and how fast could it run? No TPU needed.
+
+  python launch.py --mode=compile --config=configs/gpt_small.py --topology=v5p:4x4x4
+
+Compiles the train step, the eval step and (decoder LM, encoder-decoder) the cached
+decode for the slice's abstract devices with XLA's TPU compiler (`pip install libtpu`),
+on this CPU host, and prints per chip: parameters, optimizer state, batch and
+temporaries against the chip's memory with a verdict; step-time bounds and an
+estimated tokens/s and MFU; the sharding audit; the levers tried when a step does not
+fit; with --mesh_search, every data x fsdp x tensor mesh (and remat policy) compiled
+and ranked. --output=FILE writes the same as JSON. Exit status 0 when every step
+fits, 1 when one does not, 2 on bad input (the reason on the last line).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import ml_collections
+from absl import flags
+
+_TOPOLOGY = flags.DEFINE_string(
+    "topology", None, "compile: the TPU slice, <generation>:<chips per side> as "
+    "jax.experimental.topologies spells it (v4:2x2x1, v5e:4x4, v5p:2x4x4, v6e:2x4) or a "
+    "Cloud name (v5p-64).")
+_NUM_SLICES = flags.DEFINE_integer(
+    "num_slices", 1, "compile: slices of --topology joined over the data-centre network; "
+    "the mesh's data axis spans them.")
+_MESH_SEARCH = flags.DEFINE_bool(
+    "mesh_search", False, "compile: also compile the train step for every data x fsdp x "
+    "tensor factorisation of the chip count and each --search_remat policy; print those "
+    "that fit, fastest estimate first.")
+_SEARCH_REMAT = flags.DEFINE_list(
+    "search_remat", ["none", "full"], "compile: the model.remat policies --mesh_search tries.")
+_COMPILE_STEPS = flags.DEFINE_list(
+    "compile_steps", ["train", "eval", "decode"], "compile: which steps to compile (decode "
+    "only for a decoder LM or an encoder-decoder).")
+_TRY_LEVERS = flags.DEFINE_bool(
+    "try_levers", True, "compile: when a step does not fit, compile it with each lever "
+    "(remat, scan_layers, more fsdp, micro-batches, a smaller batch) and show the effect.")
+
+
+STARTS_JAX = False  # No jax.distributed, no workdir: it compiles on this host's CPU.
+
+
+def main(config: ml_collections.ConfigDict, workdir: str | None) -> int:
+  """launch.py --mode=compile (--workdir is not used)."""
+  del workdir
+  return run(config)
+
+
+def run(config: ml_collections.ConfigDict) -> int:
+  """Compiles `config` for --topology and prints the report; returns the exit status.
+
+  Args:
+    config: the experiment config, with --config.* overrides applied.
+
+  Returns:
+    0 when every compiled step fits the chip's memory, 1 when one does not, 2 on bad
+    input (unknown topology, a mesh or model that does not split, no libtpu).
+  """
+  from transformer.planning import topology as topology_lib  # pylint: disable=g-import-not-at-top
+  missing = topology_lib.libtpu_missing()
+  if missing:
+    sys.stderr.write(missing + "\n")
+    return 2
+  if not _TOPOLOGY.value:
+    sys.stderr.write("--mode=compile needs --topology, e.g. --topology=v5p:4x4x4; known "
+                     f"slices: {topology_lib.known_topologies()}\n")
+    return 2
+  # The compile runs on this host's CPU whatever accelerators it has.
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  from transformer.workdir import files  # pylint: disable=g-import-not-at-top
+  from transformer.configuration import ConfigError  # pylint: disable=g-import-not-at-top
+  from transformer.planning import plan as plan_lib  # pylint: disable=g-import-not-at-top
+  from transformer.planning import report  # pylint: disable=g-import-not-at-top
+  from transformer.planning import search  # pylint: disable=g-import-not-at-top
+
+  try:
+    topology = topology_lib.parse_topology(_TOPOLOGY.value, _NUM_SLICES.value)
+    devices = topology_lib.topology_devices(topology)
+    plan = plan_lib.make_plan(config, topology, devices, tuple(_COMPILE_STEPS.value))
+  except ConfigError as e:
+    sys.stderr.write(f"ConfigError: {e}\n")
+    return 2
+  print("\n".join(report.plan_lines(plan)), flush=True)
+
+  levers = {}
+  failing = [step for step in plan.costs if not plan.fits(step)]
+  if _TRY_LEVERS.value:
+    for step in failing:
+      levers[step] = search.try_levers(plan.config, topology, devices, plan.mesh, step)
+      print("\n".join(report.trial_lines(
+          f"Levers for the {step} step, each compiled on its own ({report.gib(plan.costs[step].total_bytes)} "
+          "now):", levers[step], plan.chip.hbm_bytes, plan.costs[step].total_bytes)),
+            flush=True)
+  trials = None
+  if _MESH_SEARCH.value:
+    try:
+      trials = search.mesh_search(plan.config, topology, devices,
+                                  tuple(_SEARCH_REMAT.value))
+    except ConfigError as e:
+      sys.stderr.write(f"ConfigError: {e}\n")
+      return 2
+    print("\n".join(report.trial_lines(
+        f"Mesh search: the train step on {topology.chips} chips, those that fit fastest "
+        "first:", trials, plan.chip.hbm_bytes)), flush=True)
+
+  output = flags.FLAGS.output
+  if output:
+    files.write_atomically(output, json.dumps(report.to_json(plan, levers, trials), indent=2))
+    print(f"Report written to {output}")
+  if failing:
+    worst = max(failing, key=lambda step: plan.costs[step].total_bytes)
+    sys.stderr.write(
+        f"Does not fit: the {worst} step needs {report.gib(plan.costs[worst].total_bytes)} "
+        f"per chip and a {plan.chip.name} chip has {report.gib(plan.chip.hbm_bytes)} "
+        f"({', '.join(failing)} {'does' if len(failing) == 1 else 'do'} not fit)\n")
+    return 1
+  print(f"Fits: every compiled step ({', '.join(plan.costs)}) fits a {plan.chip.name} chip "
+        f"on mesh {plan.mesh}.")
+  return 0

@@ -1,0 +1,71 @@
+"""An estimate of step time, tokens/s and MFU from a compiled step and the chip's figures.
+
+It is an estimate, not a measurement: the step cannot be faster than the slowest of
+  compute:  max(XLA's FLOPs, the model FLOPs) / the chip's bf16 peak,
+  memory:   XLA's bytes accessed / the chip's HBM bandwidth,
+  network:  the collectives' bytes / the chip's one-way interconnect bandwidth,
+and the estimate is that bound, as if the three overlapped perfectly at published peak
+rates. Real steps are slower (kernels below peak, collectives not hidden, host work);
+MFU from it is an upper bound. Several slices talk over the data-centre network, far
+slower than ICI, and the estimate still prices their traffic at ICI rates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from transformer.hardware import Chip
+from transformer.planning import collectives
+from transformer.planning.compiled import StepCost
+
+ASSUMPTIONS = (
+    "estimate = max(compute, HBM, interconnect) time: perfect overlap at published peak "
+    "rates (hardware.py); compute = max(XLA FLOPs, model FLOPs) / bf16 peak; HBM = XLA "
+    "bytes accessed / HBM bandwidth; interconnect = collective bytes / one-way ICI "
+    "bandwidth of one chip. A lower bound on step time: real steps are slower.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+  """The three time bounds of one step on one chip, and what follows from them."""
+
+  compute_seconds: float
+  hbm_seconds: float
+  network_seconds: float
+  tokens_per_second: float
+  mfu: float | None  # None where the step has no model-FLOP count (decode).
+
+  @property
+  def seconds(self) -> float:
+    """The estimate: the slowest bound."""
+    return max(self.compute_seconds, self.hbm_seconds, self.network_seconds)
+
+  @property
+  def bound(self) -> str:
+    """Which resource sets the estimate."""
+    times = {"compute": self.compute_seconds, "HBM": self.hbm_seconds,
+             "interconnect": self.network_seconds}
+    return max(times, key=times.get)
+
+
+def collective_total(cost: StepCost) -> int:
+  """Bytes of all collective kinds together."""
+  return sum(cost.collective_bytes.get(kind, 0) for kind in collectives.KINDS)
+
+
+def estimate(cost: StepCost, chip: Chip, chips: int) -> Estimate:
+  """Bounds for `cost` (per chip) on `chips` chips of kind `chip`.
+
+  Raises:
+    ValueError: the table lacks the chip's memory and bandwidth figures.
+  """
+  if not chip.has_memory_figures:
+    raise ValueError(f"hardware.CHIPS has no HBM/bandwidth figures for {chip.name}")
+  compute = max(cost.xla_flops, cost.model_flops or 0.0) / chip.bf16_flops
+  hbm = cost.hbm_bytes_accessed / chip.hbm_bytes_per_second
+  network = collective_total(cost) / chip.ici_bytes_per_second
+  seconds = max(compute, hbm, network, 1e-12)
+  mfu = (None if cost.model_flops is None
+         else cost.model_flops * chips / (seconds * chip.bf16_flops * chips))
+  return Estimate(compute_seconds=compute, hbm_seconds=hbm, network_seconds=network,
+                  tokens_per_second=cost.tokens / seconds, mfu=mfu)

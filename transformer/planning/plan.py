@@ -1,0 +1,94 @@
+"""One config on one slice: mesh, compiled steps, per-chip memory, estimates and audit."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any
+
+import ml_collections
+
+from transformer import hardware
+from transformer.configuration import ConfigError
+from transformer.planning import audit
+from transformer.planning import compiled
+from transformer.planning import estimate as estimate_lib
+from transformer.planning import topology as topology_lib
+
+
+@dataclasses.dataclass
+class Plan:
+  """Everything the report says about one config on one slice."""
+
+  config: ml_collections.ConfigDict  # As compiled (dtype resolved for the target).
+  topology: topology_lib.Topology
+  chip_kind: str  # The devices' device_kind, e.g. "TPU v5 lite".
+  chip: hardware.Chip
+  mesh: dict[str, int]
+  costs: dict[str, compiled.StepCost]
+  estimates: dict[str, estimate_lib.Estimate]
+  breakdown: dict[str, int]  # Train arguments per chip by part (compiled.argument_breakdown).
+  replicated: list[audit.ReplicatedLeaf]
+
+  def fits(self, step: str) -> bool:
+    """Whether the step's peak footprint is within the chip's HBM."""
+    cost = self.costs[step]
+    return cost.compile_error is None and cost.total_bytes <= self.chip.hbm_bytes
+
+  @property
+  def all_fit(self) -> bool:
+    """Whether every compiled step fits."""
+    return all(self.fits(step) for step in self.costs)
+
+
+def with_overrides(config: ml_collections.ConfigDict,
+                   overrides: dict[str, Any]) -> ml_collections.ConfigDict:
+  """A copy of `config` with dotted keys set: {"model.remat": "full"}."""
+  config = copy.deepcopy(config)
+  for key, value in overrides.items():
+    *parents, leaf = key.split(".")
+    node = config
+    for parent in parents:
+      node = node[parent]
+    node[leaf] = value
+  return config
+
+
+def chip_for(devices: list) -> tuple[str, hardware.Chip]:
+  """The devices' kind and its row of hardware.CHIPS; ConfigError if the table lacks it."""
+  kind = devices[0].device_kind
+  chip = hardware.chip_of(kind)
+  if chip is None or not chip.has_memory_figures:
+    raise ConfigError(f"hardware.CHIPS has no memory and bandwidth figures for device kind "
+                      f"{kind!r}; add its published figures there")
+  return kind, chip
+
+
+def make_plan(config: ml_collections.ConfigDict, topology: topology_lib.Topology,
+              devices: list, steps: tuple[str, ...] = compiled.STEPS) -> Plan:
+  """Compiles `steps` of `config` for the slice's abstract `devices` and reads the results.
+
+  Args:
+    config: the experiment config (a copy is resolved for the target, see
+      `compiled.target_config`).
+    topology: the parsed --topology.
+    devices: `topology.topology_devices(topology)`.
+    steps: which of compiled.STEPS to compile.
+
+  Returns:
+    The Plan.
+
+  Raises:
+    ConfigError: on a config or mesh that does not fit the slice, naming the key.
+  """
+  config = compiled.target_config(config)
+  kind, chip = chip_for(devices)
+  mesh = topology_lib.topology_mesh(config.mesh, devices, topology.num_slices)
+  trainer = compiled.build_trainer(config, mesh)
+  costs = compiled.compile_steps(trainer, steps)
+  estimates = {name: estimate_lib.estimate(cost, chip, mesh.size)
+               for name, cost in costs.items()}
+  return Plan(config=config, topology=topology, chip_kind=kind, chip=chip,
+              mesh=dict(mesh.shape), costs=costs, estimates=estimates,
+              breakdown=compiled.argument_breakdown(trainer),
+              replicated=audit.replicated_leaves(trainer.abstract_state, mesh))

@@ -1,0 +1,140 @@
+"""The compile mode's report: lines for the console and a JSON-able dict for --output."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformer.planning import collectives
+from transformer.planning import estimate as estimate_lib
+from transformer.planning.plan import Plan
+from transformer.planning.search import Trial
+
+GIB = 2 ** 30
+
+
+def gib(nbytes: float) -> str:
+  """Bytes as GiB with two decimals (MiB below 1 GiB, so that small steps read)."""
+  if abs(nbytes) < GIB:
+    return f"{nbytes / 2 ** 20:.2f} MiB"
+  return f"{nbytes / GIB:.2f} GiB"
+
+
+def verdict(total_bytes: int, chip_bytes: int) -> str:
+  """'fits with N GiB to spare' or 'does not fit by N GiB'."""
+  spare = chip_bytes - total_bytes
+  if spare >= 0:
+    return f"fits with {spare / GIB:.2f} GiB to spare"
+  return f"does not fit by {-spare / GIB:.2f} GiB"
+
+
+def plan_lines(plan: Plan) -> list[str]:
+  """The console report of one plan."""
+  chip, topo = plan.chip, plan.topology
+  slices = f" x {topo.num_slices} slices" if topo.num_slices > 1 else ""
+  lines = [
+      f"Topology {topo.name}{slices}: {topo.chips} chips of {plan.chip_kind} ({chip.name}: "
+      f"{gib(chip.hbm_bytes)} HBM, {chip.bf16_flops / 1e12:.0f} TFLOP/s bf16, "
+      f"{chip.hbm_bytes_per_second / 1e9:.0f} GB/s HBM, "
+      f"{chip.ici_bytes_per_second / 1e9:.0f} GB/s one-way interconnect; hardware.py)",
+      f"Mesh {plan.mesh}; model.dtype {plan.config.model.dtype}, param_dtype "
+      f"{plan.config.model.param_dtype}, remat {plan.config.model.remat}, scan_layers "
+      f"{plan.config.model.scan_layers}, batch {plan.config.data.batch_size} x "
+      f"{plan.config.data.seq_len}, train.microbatches {plan.config.train.microbatches}",
+      "",
+      "Per chip, train step arguments: " + ", ".join(
+          f"{part} {gib(nbytes)}" for part, nbytes in plan.breakdown.items()),
+  ]
+  header = (f"{'step':<7} {'arguments':>11} {'temporaries':>12} {'outputs':>11} "
+            f"{'total':>11} {'of':>4} {'chip':>10}  verdict")
+  lines += ["", header]
+  for name, cost in plan.costs.items():
+    lines.append(f"{name:<7} {gib(cost.arguments_bytes):>11} {gib(cost.temp_bytes):>12} "
+                 f"{gib(cost.output_bytes - cost.alias_bytes):>11} "
+                 f"{gib(cost.total_bytes):>11} {'':>4} {gib(chip.hbm_bytes):>10}  "
+                 f"{verdict(cost.total_bytes, chip.hbm_bytes)}")
+    if cost.compile_error:
+      lines.append(f"        XLA refused to compile it: {cost.compile_error}")
+  lines += ["", "(outputs: those not written into donated arguments; temporaries include "
+            "the activations kept for the backward pass)", ""]
+  lines.append("Step time (an ESTIMATE from published peaks, not a measurement):")
+  for name, cost in plan.costs.items():
+    est = plan.estimates[name]
+    model = (f"model {cost.model_flops:.3g} FLOPs/chip (flops.py), "
+             if cost.model_flops is not None else "")
+    moved = ", ".join(f"{kind} {gib(cost.collective_bytes.get(kind, 0))}"
+                      for kind in collectives.KINDS if cost.collective_bytes.get(kind))
+    mfu = f", MFU <= {100 * est.mfu:.1f}%" if est.mfu is not None else ""
+    unknown = (f" UNKNOWN (XLA could not print the compiled HLO: {cost.collective_error}; "
+               "the interconnect bound below is missing)" if cost.collective_error else "")
+    lines.append(
+        f"  {name}: {model}XLA {cost.xla_flops:.3g} FLOPs/chip; collectives per chip: "
+        f"{moved or 'none'}{unknown}; compute {est.compute_seconds * 1e3:.2f} ms, HBM "
+        f"{est.hbm_seconds * 1e3:.2f} ms, interconnect {est.network_seconds * 1e3:.2f} ms "
+        f"-> ~{est.seconds * 1e3:.2f} ms ({est.bound}-bound), ~{est.tokens_per_second:,.0f} "
+        f"tokens/s{mfu}; compiled in {cost.compile_seconds:.1f} s")
+    if cost.collective_bytes.get(collectives.UNKNOWN_TRIPS):
+      lines.append(f"    ({cost.collective_bytes[collectives.UNKNOWN_TRIPS]} loop(s) with "
+                   "collectives have no known trip count and count once)")
+  lines.append("  Assumptions: " + estimate_lib.ASSUMPTIONS)
+  lines += ["", _audit_line(plan)]
+  lines += [f"  {leaf.path} {leaf.shape}: {gib(leaf.nbytes)}" for leaf in plan.replicated]
+  return lines
+
+
+def _audit_line(plan: Plan) -> str:
+  if plan.mesh.get("fsdp", 1) == 1 and plan.mesh.get("tensor", 1) == 1:
+    return "Sharding audit: fsdp = tensor = 1, every weight is replicated by design."
+  if not plan.replicated:
+    return "Sharding audit: no parameter or optimizer leaf is replicated."
+  total = sum(leaf.nbytes for leaf in plan.replicated)
+  return (f"Sharding audit: {len(plan.replicated)} parameter/optimizer leaves are "
+          f"replicated on every chip ({gib(total)} each chip holds in full):")
+
+
+def trial_lines(title: str, trials: list[Trial], chip_bytes: int,
+                baseline: int | None = None) -> list[str]:
+  """A table of levers or mesh-search trials."""
+  lines = ["", title]
+  for trial in trials:
+    if trial.error is not None:
+      lines.append(f"  {trial.label:<44} not possible: {trial.error}")
+      continue
+    change = (f" ({(trial.total_bytes - baseline) / GIB:+.2f} GiB)"
+              if baseline is not None else "")
+    mfu = f", MFU <= {100 * trial.mfu:.1f}%" if trial.mfu is not None else ""
+    lines.append(f"  {trial.label:<44} {gib(trial.total_bytes)}{change}: "
+                 f"{verdict(trial.total_bytes, chip_bytes)}; ~{trial.seconds * 1e3:.2f} ms"
+                 f"{mfu} (compiled in {trial.compile_seconds:.0f} s)")
+  return lines
+
+
+def to_json(plan: Plan, levers: dict[str, list[Trial]] | None = None,
+            search: list[Trial] | None = None) -> dict[str, Any]:
+  """The --output report."""
+  steps = {}
+  for name, cost in plan.costs.items():
+    est = plan.estimates[name]
+    steps[name] = dict(
+        arguments_bytes=cost.arguments_bytes, temp_bytes=cost.temp_bytes,
+        output_bytes=cost.output_bytes, alias_bytes=cost.alias_bytes,
+        code_bytes=cost.code_bytes, total_bytes=cost.total_bytes,
+        chip_bytes=plan.chip.hbm_bytes, fits=plan.fits(name),
+        flops_per_chip=cost.model_flops, xla_flops_per_chip=cost.xla_flops,
+        hbm_bytes_accessed=cost.hbm_bytes_accessed,
+        collective_bytes=cost.collective_bytes if cost.collective_error is None else None,
+        collective_error=cost.collective_error, estimated_seconds=est.seconds,
+        estimate_bound=est.bound, estimated_tokens_per_second=est.tokens_per_second,
+        estimated_mfu=est.mfu, compile_seconds=cost.compile_seconds,
+        compile_error=cost.compile_error)
+  trial = lambda t: dict(label=t.label, step=t.step, total_bytes=t.total_bytes,
+                         fits=t.fits, estimated_seconds=t.seconds, estimated_mfu=t.mfu,
+                         error=t.error)
+  return dict(
+      topology=plan.topology.name, num_slices=plan.topology.num_slices,
+      chips=plan.topology.chips, chip_kind=plan.chip_kind, chip=plan.chip.name,
+      mesh=plan.mesh, steps=steps, train_arguments_per_chip=plan.breakdown,
+      replicated=[dict(path=leaf.path, shape=list(leaf.shape), bytes=leaf.nbytes)
+                  for leaf in plan.replicated],
+      levers={step: [trial(t) for t in trials] for step, trials in (levers or {}).items()},
+      mesh_search=[trial(t) for t in (search or [])],
+      assumptions=estimate_lib.ASSUMPTIONS)

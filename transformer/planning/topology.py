@@ -1,0 +1,149 @@
+"""TPU slices without the TPUs: `--topology=v5p:4x4x4` -> abstract devices -> the run's mesh.
+
+`jax.experimental.topologies.get_topology_desc` asks libtpu (the `libtpu` wheel, which
+holds XLA's TPU compiler) for the devices of a slice that is not attached: they carry
+their kind and torus coordinates, and jit can lower and compile for them on a CPU host.
+The chip settings follow Google's own slice table (MaxText's accelerator_to_spec_map):
+v4 and v5p run their two TensorCores as one megacore device, hosts hold 2x2x1 chips,
+and a dimension wraps around (torus) on full-cube v4/v5p slices (every side a multiple
+of 4) and on a 16-chip side of v5e/v6e.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import re
+from typing import Sequence
+
+import numpy as np
+
+from transformer.configuration import ConfigError
+
+INSTALL_HINT = "pip install libtpu"
+# Generation -> the chip_config_name libtpu wants (megacore: one device per chip).
+GENERATIONS = {"v4": "megacore", "v5e": "default", "v5p": "megacore", "v6e": "default"}
+# Cloud slice names -> topology names, the README's table and the error message's examples.
+KNOWN_SLICES = {
+    "v4-8": "v4:2x2x1", "v4-16": "v4:2x2x2", "v4-32": "v4:2x2x4", "v4-128": "v4:4x4x4",
+    "v5e-4": "v5e:2x2", "v5e-8": "v5e:2x4", "v5e-16": "v5e:4x4", "v5e-64": "v5e:8x8",
+    "v5e-256": "v5e:16x16",
+    "v5p-8": "v5p:2x2x1", "v5p-64": "v5p:2x4x4", "v5p-128": "v5p:4x4x4",
+    "v5p-512": "v5p:4x8x8",
+    "v6e-4": "v6e:2x2", "v6e-8": "v6e:2x4", "v6e-16": "v6e:4x4", "v6e-256": "v6e:16x16",
+}
+# libtpu looks for TPU hosts (metadata server, worker hostnames) when it loads and
+# prints warnings when there are none; these say "this host, no metadata server" (the
+# accelerator type only quiets the host-bounds lookup: the topology's own chips are
+# compiled for). libtpu also takes a lockfile so that one process owns the local TPUs;
+# there are none here, so compiles in several processes (a test run's workers) may
+# load it together. Set only where the user has not set them.
+_QUIET_LIBTPU = {"TPU_SKIP_MDS_QUERY": "1", "TPU_WORKER_HOSTNAMES": "localhost",
+                 "TPU_ACCELERATOR_TYPE": "v5litepod-4", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+  """A parsed `--topology`: generation, chip grid and how many slices."""
+
+  name: str  # As given: "v5p:4x4x4".
+  generation: str  # "v5p".
+  dims: tuple[int, ...]  # Chips along each torus side.
+  num_slices: int = 1
+
+  @property
+  def chips(self) -> int:
+    """Chips (= JAX devices) in all slices together."""
+    return int(np.prod(self.dims)) * self.num_slices
+
+  @property
+  def wrap(self) -> tuple[bool, bool, bool]:
+    """Which sides are a torus (wrap-around links), as Google's slice table has them."""
+    dims = self.dims + (1,) * (3 - len(self.dims))
+    if len(self.dims) == 3:
+      full_cube = all(d % 4 == 0 for d in self.dims)
+      return (full_cube,) * 3
+    return tuple(d == 16 for d in dims)  # type: ignore[return-value]
+
+
+def libtpu_missing() -> str | None:
+  """One line naming the install command when libtpu is absent, else None."""
+  if importlib.util.find_spec("libtpu") is None:
+    return (f"--mode=compile needs XLA's TPU compiler, which is the libtpu package: "
+            f"{INSTALL_HINT} (tested with libtpu 0.0.52 and jax 0.10.2)")
+  return None
+
+
+def known_topologies() -> str:
+  """The examples an error message lists: 'v4:2x2x1 (v4-8), ...'."""
+  return ", ".join(f"{topology} ({name})" for name, topology in KNOWN_SLICES.items())
+
+
+def parse_topology(name: str, num_slices: int = 1) -> Topology:
+  """`v5p:4x4x4` (or a Cloud name such as `v5p-128`) -> Topology; ConfigError if unknown."""
+  topology = KNOWN_SLICES.get(name, name)
+  match = re.fullmatch(r"(v\d+[a-z]?):(\d+(?:x\d+){1,2})", topology)
+  if not match or match.group(1) not in GENERATIONS:
+    raise ConfigError(
+        f"--topology={name!r} is unknown: expected <generation>:<chips per side>, the "
+        f"generation one of {sorted(GENERATIONS)}, 2 sides for v5e/v6e and 3 for v4/v5p; "
+        f"known slices: {known_topologies()}")
+  generation, dims = match.group(1), tuple(int(d) for d in match.group(2).split("x"))
+  if len(dims) != (3 if GENERATIONS[generation] == "megacore" else 2):
+    raise ConfigError(f"--topology={name!r}: {generation} slices have "
+                      f"{3 if GENERATIONS[generation] == 'megacore' else 2} sides "
+                      f"(AxBxC or AxB); known slices: {known_topologies()}")
+  if num_slices < 1:
+    raise ConfigError(f"--num_slices={num_slices} is invalid: 1 or more")
+  return Topology(name=topology, generation=generation, dims=dims, num_slices=num_slices)
+
+
+def quiet_libtpu() -> None:
+  """Keeps libtpu's 'no TPU host here' warnings off the console (before it loads)."""
+  for key, value in _QUIET_LIBTPU.items():
+    os.environ.setdefault(key, value)
+
+
+def topology_devices(topology: Topology) -> list:
+  """The slice's abstract devices, slice by slice (device.slice_index for several)."""
+  quiet_libtpu()
+  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  try:
+    description = topologies.get_topology_desc(
+        platform="tpu", topology_name=topology.name,
+        chip_config_name=GENERATIONS[topology.generation], chips_per_host_bounds=(2, 2, 1),
+        num_slices=topology.num_slices, wrap=topology.wrap)
+  except Exception as e:  # pylint: disable=broad-except
+    # libtpu's own error (a side it does not build, say) as the one line the user reads.
+    raise ConfigError(f"--topology={topology.name!r}: libtpu cannot build it ("
+                      f"{str(e).splitlines()[0]}); known slices: {known_topologies()}") from e
+  return list(description.devices)
+
+
+def topology_mesh(mesh_config, devices: Sequence, num_slices: int = 1):
+  """The run's Mesh over abstract devices, as `sharding.make_mesh` builds it on a slice.
+
+  The same `-1` expansion (`sharding.mesh_shape`) and the same topology-aware device
+  order (`mesh_utils.create_device_mesh`). With several slices the data axis spans them
+  (data parallel over the data-centre network, `create_hybrid_device_mesh`).
+
+  Raises:
+    ConfigError: the mesh's product differs from the chip count, or the data axis does
+      not split over the slices.
+  """
+  from jax.experimental import mesh_utils  # pylint: disable=g-import-not-at-top
+  from jax.sharding import Mesh  # pylint: disable=g-import-not-at-top
+  from transformer import sharding  # pylint: disable=g-import-not-at-top
+  names = tuple(name for name, _ in mesh_config.shape)
+  sizes = sharding.mesh_shape(mesh_config.shape, len(devices))
+  shape = [sizes[n] for n in names]
+  if num_slices == 1:
+    return Mesh(mesh_utils.create_device_mesh(shape, devices=devices), names)
+  if sizes["data"] % num_slices:
+    raise ConfigError(f"config.mesh.shape={tuple(mesh_config.shape)} gives data="
+                      f"{sizes['data']}, which does not split over --num_slices={num_slices}: "
+                      "the data axis spans the slices; make it a multiple of the slice count")
+  dcn = [num_slices if n == "data" else 1 for n in names]
+  ici = [s // d for s, d in zip(shape, dcn)]
+  return Mesh(mesh_utils.create_hybrid_device_mesh(ici, dcn, devices=devices), names)
