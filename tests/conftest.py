@@ -7,6 +7,9 @@ import sys
 import tempfile
 
 # Must happen before JAX initialises its backends: sharding code runs on 8 CPU "devices".
+# The tests are CPU-only by design; libtpu (requirements-test.txt, for --mode=compile's
+# abstract TPU devices) would otherwise make every process probe for a TPU first.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_force_host_platform_device_count=8").strip()
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
