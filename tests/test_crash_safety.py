@@ -28,6 +28,7 @@ from transformer.training import metrics
 from transformer import sharding
 from transformer.training import fault_injection
 from transformer.training import loop
+from transformer.training import optim
 from transformer.training import trainer as trainer_lib
 from transformer.configuration import ConfigError, validate
 from transformer.workdir import layout
@@ -273,6 +274,13 @@ def test_skip_nonfinite_skips_updates_then_stops_after_a_streak(tiny_config, tmp
   assert [rows[s]["skipped_updates"] for s in range(1, 7)] == [0, 0, 0, 1, 0, 0]
   assert [rows[s]["skipped_total"] for s in range(1, 7)] == [0, 0, 0, 1, 1, 1]
   assert "loss" not in rows[4] and all("loss" in rows[s] for s in (1, 2, 3, 5, 6))
+  # The logged rate is the one applied: the schedule at the optimizer's update count,
+  # which the skipped step 4 did not advance (steps 5 and 6 are updates 4 and 5).
+  schedule = optim.make_schedule(tiny_config.optimizer, tiny_config.model.d_model,
+                                 tiny_config.train.num_steps)
+  applied = [float(schedule(count)) for count in (0, 1, 2, 3, 3, 4)]
+  assert applied[4] != float(schedule(4))  # Else the check below could not fail.
+  assert [rows[s]["learning_rate"] for s in range(1, 7)] == pytest.approx(applied, rel=1e-6)
   before, skipped = _restore_raw(workdir, 3), _restore_raw(workdir, 4)
   assert int(skipped["step"]) == 4  # The step advanced ...
   _assert_trees_equal(skipped["params"], before["params"])  # ... the update did not happen.

@@ -26,20 +26,37 @@ SUM_KEYS = ("loss_sum", "correct_sum")
 TIMING_KEYS = ("seconds_per_step", "tokens_per_second", "mfu")
 
 
+# What an excluded row's logit becomes: finite (a pad target there, weighted 0, must
+# give 0, not inf * 0 = nan) yet far enough below any real logit that exp() is 0.
+_EXCLUDED_LOGIT = -1e9
+
+
 def loss_sums(logits_BLV: jax.Array, targets_BL: jax.Array, weights_BL: jax.Array,
-              label_smoothing: float = 0.0) -> dict[str, jax.Array]:
+              label_smoothing: float = 0.0,
+              never_predict: tuple[int, ...] = ()) -> dict[str, jax.Array]:
   """Token-weighted sums for the objective and the reported metrics.
+
+  Args:
+    logits_BLV: the model's logits.
+    targets_BL: the target ids.
+    weights_BL: 1 for a real target, 0 for padding.
+    label_smoothing: epsilon of the smoothed objective (loss_sum stays the plain NLL).
+    never_predict: vocabulary rows left out of the softmax (model.never_predict: rows
+      an import adds), so the loss, accuracy and perplexity are the source model's.
 
   Returns:
     `objective_sum` (with label smoothing), `loss_sum` (plain NLL), `correct_sum`
     (argmax hits) and `weight_sum` (number of real target tokens).
   """
   logits_BLV = logits_BLV.astype(jnp.float32)
+  if never_predict:
+    logits_BLV = logits_BLV.at[..., jnp.asarray(never_predict)].set(_EXCLUDED_LOGIT)
   nll_BL = optax.softmax_cross_entropy_with_integer_labels(logits_BLV, targets_BL)
   objective_BL = nll_BL
   if label_smoothing > 0:
-    # (1 - eps) * NLL + eps * mean over the vocabulary of -log p.
-    mean_neg_logp_BL = -jnp.mean(jax.nn.log_softmax(logits_BLV), axis=-1)
+    # (1 - eps) * NLL + eps * mean over the predictable rows of -log p.
+    allowed_V = jnp.ones(logits_BLV.shape[-1]).at[jnp.asarray(never_predict, jnp.int32)].set(0)
+    mean_neg_logp_BL = -(jax.nn.log_softmax(logits_BLV) @ allowed_V) / jnp.sum(allowed_V)
     objective_BL = (1.0 - label_smoothing) * nll_BL + label_smoothing * mean_neg_logp_BL
   correct_BL = (jnp.argmax(logits_BLV, axis=-1) == targets_BL).astype(jnp.float32)
   return {
