@@ -7,6 +7,7 @@ changed config applies cadence changes and stops on the others.
 """
 
 import glob
+import hashlib
 import json
 import os
 import shutil
@@ -476,3 +477,56 @@ def test_config_json_without_a_checkpoint_is_not_a_resume(finished_run, tiny_con
   with pytest.raises(ConfigError, match=r"config\.checkpoint\.on_config_change='sometimes' "
                      r"is invalid: valid values are 'stop', 'allow'"):
     loop._check_config_change(tiny_config, workdir)  # pylint: disable=protected-access
+
+
+def _file_digests(workdir: str) -> dict[str, str]:
+  """sha256 of every file directly in `workdir` (not the checkpoints, not log.txt)."""
+  return {name: hashlib.sha256(open(os.path.join(workdir, name), "rb").read()).hexdigest()
+          for name in sorted(os.listdir(workdir))
+          if os.path.isfile(os.path.join(workdir, name)) and name != layout.LOG}
+
+
+def test_resume_keeps_its_vocabulary_and_refuses_an_edited_dataset(tiny_config, tmp_path):
+  """Issue 19 row 1: edited data under a resumed run is a listed change, never a new vocabulary."""
+  corpus = tmp_path / "corpus.txt"
+  corpus.write_text("".join(f"{i} the quick brown fox jumps over the lazy dog\n"
+                            for i in range(200)), encoding="utf-8")
+  tiny_config.data.update(name="local_text", path=str(corpus), tokenizer="char",
+                          data_dir=str(tmp_path / "data"))
+  tiny_config.model.vocab_size = 0
+  tiny_config.train.update(num_steps=2, eval_every=2)
+  tiny_config.checkpoint.every = 2
+  workdir = str(tmp_path / "run")
+  loop.train_and_evaluate(tiny_config, workdir)
+  with open(os.path.join(workdir, layout.TOKENIZER_RECORD), encoding="utf-8") as f:
+    vocabulary = json.load(f)
+  before = _file_digests(workdir)
+
+  # New characters: a retrained character vocabulary would grow.
+  with open(corpus, "a", encoding="utf-8") as f:
+    f.write("".join(f"{i} ZYXWVUTSRQ JKL éàü\n" for i in range(200)))
+  tiny_config.train.num_steps = 3
+  with pytest.raises(ConfigError, match=r"dataset: 'local_text/corpus_.*' -> "
+                     r"'local_text/corpus_.*' \(files changed, added or removed: corpus\.txt\)"):
+    loop.train_and_evaluate(tiny_config, workdir)
+  assert _file_digests(workdir) == before  # Nothing rewritten.
+
+  tiny_config.checkpoint.on_config_change = "allow"  # Resume on the new data anyway ...
+  loop.train_and_evaluate(tiny_config, workdir)
+  assert _checkpoint_steps(workdir)[-1] == 3
+  with open(os.path.join(workdir, layout.TOKENIZER_RECORD), encoding="utf-8") as f:
+    assert json.load(f) == vocabulary  # ... with the run's own vocabulary.
+
+
+def test_a_failed_resume_leaves_every_file_as_it_was(finished_run, tiny_config, tmp_path):
+  """Issue 19 row 2: config.json and the vocabulary are written after the restore succeeds."""
+  workdir = _copy(finished_run, tmp_path)
+  before = _file_digests(workdir)
+  tiny_config.model.mlp_dim = 128  # Allowed by the policy, but the arrays do not fit.
+  tiny_config.checkpoint.on_config_change = "allow"
+  with pytest.raises(ConfigError, match="do not match"):
+    loop.train_and_evaluate(tiny_config, workdir)
+  assert _file_digests(workdir) == before
+  tiny_config.model.mlp_dim = 64
+  tiny_config.checkpoint.on_config_change = "stop"
+  loop.train_and_evaluate(tiny_config, workdir)  # The original command still resumes.

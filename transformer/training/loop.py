@@ -103,14 +103,16 @@ RESUME_SAFE_PREFIXES = ("decode.", "mesh.")
 ON_CONFIG_CHANGE = ("stop", "allow")
 
 
-def _check_config_change(config: ml_collections.ConfigDict, workdir: str) -> None:
-  """On resume, compares `config` (vocab_size resolved) with the run's config.json.
+def _check_config_change(config: ml_collections.ConfigDict, workdir: str,
+                         dataset: dict[str, object] | None = None) -> None:
+  """On resume, compares `config` (vocab_size resolved) and the data with the run's own.
 
   Changes to RESUME_SAFE_KEYS and decode.* apply and are logged. Any other change
   stops the run with a ConfigError listing each key with its old and new value,
-  unless checkpoint.on_config_change is 'allow'. A key only one side has (one added
-  to configs/base.py since the run started) is logged. A workdir whose config.json
-  has no checkpoint beside it is not a resume: nothing is compared.
+  unless checkpoint.on_config_change is 'allow'. A dataset other than the one in
+  the run's dataset.json (an edited local file) is such a change too. A key only one
+  side has (one added to configs/base.py since the run started) is logged. A workdir
+  whose config.json has no checkpoint beside it is not a resume: nothing is compared.
   """
   policy = config.checkpoint.on_config_change
   if policy not in ON_CONFIG_CHANGE:
@@ -147,6 +149,9 @@ def _check_config_change(config: ml_collections.ConfigDict, workdir: str) -> Non
       safe.append(change)
     else:
       unsafe.append(change)
+  data_change = sources.dataset_change(workdir, dataset) if dataset else None
+  if data_change:
+    unsafe.append(data_change)
   if one_sided:
     logging.info("Resuming: keys only one of this config and %s has: %s", path,
                  ", ".join(one_sided))
@@ -184,17 +189,28 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                jax.device_count(), jax.process_count())
 
   tokenizer_workdir = ""
-  if config.init_from:  # Fine-tuning keeps the vocabulary its parameters were trained with.
-    resuming = (checkpointing.has_checkpoint(workdir)
-                and os.path.exists(os.path.join(workdir, layout.TOKENIZER_RECORD)))
-    tokenizer_workdir = workdir if resuming else sources.run_workdir(config.init_from)
+  if (checkpointing.has_checkpoint(workdir)
+      and os.path.exists(os.path.join(workdir, layout.TOKENIZER_RECORD))):
+    # A resumed run keeps its own vocabulary, never one retrained from edited data
+    # under its trained embeddings (a changed dataset is refused just below).
+    tokenizer_workdir = workdir
+  elif config.init_from:  # Fine-tuning keeps the vocabulary its parameters were trained with.
+    tokenizer_workdir = sources.run_workdir(config.init_from)
   data_sources = sources.load_sources(config, tokenizer_workdir)
   config = _resolve_vocab_size(config, data_sources.tokenizer)
-  _check_config_change(config, workdir)  # Before config.json is rewritten below.
-  if is_chief:  # The resolved config and the vocabulary: later commands rebuild from them.
-    files.write_atomically(os.path.join(workdir, layout.CONFIG),
-                           config.to_json_best_effort(indent=2))
-    sources.save_tokenizer(workdir, data_sources.tokenizer)
+  dataset = sources.dataset_record(data_sources.builder)
+  _check_config_change(config, workdir, dataset)
+
+  def write_run_files() -> None:
+    """The resolved config, the vocabulary and the data identity: later commands
+    rebuild from them. Written only once the restore succeeded, so a failed resume
+    leaves every file of the workdir as it was."""
+    if is_chief:
+      files.write_atomically(os.path.join(workdir, layout.CONFIG),
+                             config.to_json_best_effort(indent=2))
+      sources.save_tokenizer(workdir, data_sources.tokenizer)
+      sources.save_dataset_record(workdir, dataset)
+
   objective = objective_of(config.model.arch, config.model.head)
   logging.info("Objective: %s on %s (%s tokenizer, vocabulary %d, model.vocab_size %d)",
                objective, data_sources.builder.info.full_name,
@@ -220,7 +236,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   try:
     result = _train_loop(config, workdir, trainer, checkpointer, writer, train_iter, eval_data,
-                         objective, local_batch_size)
+                         objective, local_batch_size, write_run_files)
   finally:  # Also on errors: finish a pending checkpoint write and flush the metrics.
     checkpointer.close()
     writer.close()
@@ -228,7 +244,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
 
 def _train_loop(config, workdir, trainer, checkpointer, writer, train_iter, eval_data,
-                objective, local_batch_size) -> dict[str, float]:
+                objective, local_batch_size, write_run_files) -> dict[str, float]:
   """The loop of train_and_evaluate: restore or init, train, evaluate, save."""
   num_steps = config.train.num_steps
   kill_at = KillAt.from_env()
@@ -261,6 +277,7 @@ def _train_loop(config, workdir, trainer, checkpointer, writer, train_iter, eval
       if config.init_from:
         logging.info("Ignoring config.init_from=%r: resuming this run's own checkpoint",
                      config.init_from)
+    write_run_files()  # Only now: the restore (or init) succeeded.
     start_step = int(jax.device_get(state.step))
     # One row per step: rows a stopped run wrote after this checkpoint are dropped.
     kept_rows = writer.resume(start_step if restored is not None else -1)

@@ -5,6 +5,8 @@ A training run's workdir (launch.py --mode=train):
   config.json            the resolved config (CONFIG)
   tokenizer.json         which vocabulary the run uses (TOKENIZER_RECORD), beside the
                          vocabulary file it names; hf_tokenizer.json for an imported model
+  dataset.json           which prepared dataset the run trains on (DATASET_RECORD): its
+                         TFDS name, which for local files hashes their content
   checkpoints/<step>/    Orbax checkpoints: state/ (TrainState) and data/ (iterator)
   checkpoints_bad/       checkpoints found damaged, moved aside on restore
   metrics.jsonl          one JSON row per logged step (METRICS)
@@ -23,6 +25,7 @@ the package spells these names: import them from here.
 CONFIG = "config.json"
 TOKENIZER_RECORD = "tokenizer.json"
 HF_TOKENIZER = "hf_tokenizer.json"
+DATASET_RECORD = "dataset.json"
 CHECKPOINTS = "checkpoints"
 STATE = "state"  # Item of a checkpoint: the TrainState (or only its params).
 DATA = "data"  # Item of a checkpoint: the input pipeline's position.
