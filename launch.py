@@ -22,9 +22,12 @@ is then optional and only its data.* and decode.* are used
 --config; they and sweep start no JAX devices (a sweep's runs are processes of their own).
 
 Thin by design: parse flags, start jax.distributed when several processes are in
-play, log the process/device picture, and call the mode's `main`.
+play, hold the workdir's lock (train and sweep: a second command on the same workdir
+stops with "workdir ... in use by PID N on HOST", exit 2), log the process/device
+picture, and call the mode's `main`.
 """
 
+import contextlib
 import os
 import sys
 
@@ -72,6 +75,10 @@ _MODE = flags.DEFINE_enum(
     "What to do with --workdir (each mode is a module of transformer/cli/); evaluate, "
     "translate, generate, average and plot need a trained workdir.")
 _NEEDS_CONFIG = ("train", "sweep")
+# Modes that hold their workdir's lock (workdir/lock.py): those that train into it. The
+# others only read a run, or write result files atomically, so they may run beside it
+# (evaluate a run while it trains); import refuses a workdir that is not empty.
+_LOCKED = ("train", "sweep")
 _WORKDIR_OF = {"plot": "a training run's workdir", "sweep": "the sweep's folder",
                "compare": "a sweep's folder, or where compare.md goes with --compare_dirs"}
 
@@ -97,14 +104,19 @@ def main(argv):
   from transformer.workdir import console  # pylint: disable=g-import-not-at-top
   console.setup_console()  # Project INFO and all warnings, without absl's prefix.
   from transformer.configuration import ConfigError, DataError  # pylint: disable=g-import-not-at-top
+  from transformer.workdir import lock  # pylint: disable=g-import-not-at-top
   if not MODES[mode].STARTS_JAX:
     # Before JAX starts: these read files, and a sweep's runs are launch.py processes of
     # their own that need the accelerators (and jax.distributed) free.
     try:
-      sys.exit(MODES[mode].main(_CONFIG.value, _WORKDIR.value))
+      with lock.hold(_WORKDIR.value) if mode in _LOCKED else contextlib.nullcontext():
+        code = MODES[mode].main(_CONFIG.value, _WORKDIR.value)
     except (ConfigError, DataError) as e:
       sys.stderr.write(f"\n{type(e).__name__}: {e}\n")
       sys.exit(2)
+    except OSError as e:
+      _exit_environment_error(e)
+    sys.exit(code)
   import jax  # pylint: disable=g-import-not-at-top
   from transformer import distributed  # pylint: disable=g-import-not-at-top
 
@@ -117,32 +129,42 @@ def main(argv):
     raise app.UsageError(str(e)) from e
 
   workdir = _WORKDIR.value or default_workdir(flags.FLAGS["config"].config_filename)
-  # Other modes check their workdir; import writes a new one, which must start empty.
-  if mode == "train" or (os.path.isdir(workdir) and mode != "import"):
-    console.log_to_file(workdir, jax.process_index())  # The full-format log.
-  logging.info("Workdir: %s", os.path.abspath(workdir))
-  logging.info("JAX process %d of %d, %d local / %d global devices (%s)",
-               jax.process_index(), jax.process_count(), jax.local_device_count(),
-               jax.device_count(), jax.devices()[0].platform)
+  # One writer per workdir (process 0 holds it for the run's processes).
+  locked = mode in _LOCKED and jax.process_index() == 0
   try:
     with distributed.fail_together():
-      try:
-        MODES[mode].main(_CONFIG.value, workdir)
-      except Exception as e:  # pylint: disable=broad-except
-        if not isinstance(e, (ConfigError, DataError)):  # Python prints it on the console.
-          logging.exception("Stopped by an error", extra={"console": False})
-        raise
+      if mode == "train":  # A config that fails validation creates nothing, not even log.txt.
+        train.check_config(_CONFIG.value)
+      with lock.hold(workdir) if locked else contextlib.nullcontext():
+        # Other modes check their workdir; import writes a new one, which must start empty.
+        if mode == "train" or (os.path.isdir(workdir) and mode != "import"):
+          console.log_to_file(workdir, jax.process_index())  # The full-format log.
+        logging.info("Workdir: %s", os.path.abspath(workdir))
+        logging.info("JAX process %d of %d, %d local / %d global devices (%s)",
+                     jax.process_index(), jax.process_count(), jax.local_device_count(),
+                     jax.device_count(), jax.devices()[0].platform)
+        try:
+          MODES[mode].main(_CONFIG.value, workdir)
+        except Exception as e:  # pylint: disable=broad-except
+          if not isinstance(e, (ConfigError, DataError)):  # Python prints it on the console.
+            logging.exception("Stopped by an error", extra={"console": False})
+          raise
   except (ConfigError, DataError) as e:
     # A user's mistake, not a bug: the message names the key or file; no traceback.
     logging.error("%s: %s", type(e).__name__, e, extra={"console": False})
     sys.stderr.write(f"\n{type(e).__name__}: {e}\n")
     sys.exit(2)
   except OSError as e:  # The machine's: a full disk, no permission (else a bug: re-raised).
-    message = usage.environment_error(e)
-    if message is None:
-      raise
-    sys.stderr.write(f"\n{type(e).__name__}: {message}\n")
-    sys.exit(2)
+    _exit_environment_error(e)
+
+
+def _exit_environment_error(error: OSError) -> None:
+  """Exits 2 with one line for the machine's refusals; re-raises any other OSError (a bug)."""
+  message = usage.environment_error(error)
+  if message is None:
+    raise error
+  sys.stderr.write(f"\n{type(error).__name__}: {message}\n")
+  sys.exit(2)
 
 
 def run(argv: list[str] | None = None) -> None:

@@ -36,6 +36,7 @@ from transformer.workdir import checkpointing
 from transformer import sharding
 from transformer.training import trainer as trainer_lib
 from transformer.workdir import layout
+from transformer.workdir import lock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = "--config=tests/tiny.py:{data_dir}"  # tests/tiny.py's get_config(data_dir).
@@ -72,6 +73,7 @@ class Case:
   other_run: bool = False  # Needs Paths.other.
   subprocess: bool = False  # `python launch.py` instead of the in-process entry point.
   patch: Callable[[pytest.MonkeyPatch, Paths], None] | None = None  # In-process faults.
+  creates_nothing: bool = False  # The workdir must not exist afterwards (not even log.txt).
 
 
 # The workdir's logs: launch.py appends to them on every start, failed or not.
@@ -200,6 +202,8 @@ def _check(case: Case, paths: Paths, before, code: int, output: str) -> None:
   assert code == case.code, output[-5000:]
   for message in case.messages:
     assert message.format(**dataclasses.asdict(paths)) in output, output[-5000:]
+  if case.creates_nothing:
+    assert not os.path.exists(paths.workdir), os.listdir(paths.workdir)
   after = _snapshot(paths.workdir) if os.path.isdir(paths.workdir) else {}
   for name, (digest, mtime, size) in before.items():
     assert name in after, f"{name} was removed from the workdir"
@@ -210,6 +214,16 @@ def _check(case: Case, paths: Paths, before, code: int, output: str) -> None:
 
 
 # ---------------------------------------------------------------- inputs the rows write
+
+
+_HELD_LOCKS = []  # Locks rows hold "in another command": kept until the tests end.
+
+
+def _hold_the_lock(paths: Paths) -> None:
+  """The workdir locked by this process: a flock on another open file conflicts alike."""
+  held = lock.hold(paths.workdir)
+  held.__enter__()  # pylint: disable=unnecessary-dunder-call
+  _HELD_LOCKS.append(held)
 
 
 def _write(path: str, content: str | bytes) -> None:
@@ -338,18 +352,21 @@ CASES = [
          ("config.model.arch='rnn' is invalid: valid values are 'decoder', 'encoder', "
           "'encoder_decoder'",), trained_workdir=True),
     Case("heads_do_not_divide_width", (TINY, WORKDIR, "--config.model.num_heads=3"), 2,
-         ("config.model.num_heads=3 is invalid: must divide model.d_model=32",)),
+         ("config.model.num_heads=3 is invalid: must divide model.d_model=32",), creates_nothing=True),
     Case("seq_len_beyond_positions", (TINY, WORKDIR, "--config.data.seq_len=64"), 2,
-         ("config.data.seq_len=64 is invalid: must be <= model.max_len=32",)),
+         ("config.data.seq_len=64 is invalid: must be <= model.max_len=32",), creates_nothing=True),
     Case("batch_does_not_split_over_devices", (TINY, WORKDIR, "--config.data.batch_size=12"), 2,
          ("config.data.batch_size=12 is invalid: it must be divisible by the 8 data-parallel",),
          trained_workdir=True),
     Case("mesh_does_not_fit_devices",
          (TINY, WORKDIR, "--config.mesh.shape=((\"data\",3),(\"fsdp\",1),(\"tensor\",1))"), 2,
-         ("config.mesh.shape=", "3 slots for 8 devices")),
+         ("config.mesh.shape=", "3 slots for 8 devices"), creates_nothing=True),
+    Case("mesh_shape_not_pairs", (TINY, WORKDIR, "--config.mesh.shape=((\"data\",2))"), 2,
+         ("config.mesh.shape=('data', 2) is invalid: expected a tuple of (name, size) pairs",),
+         creates_nothing=True),
     Case("cosine_decay_shorter_than_warmup",
          (TINY, WORKDIR, "--config.optimizer.schedule=cosine", "--config.optimizer.decay_steps=2"),
-         2, ("config.optimizer.decay_steps=2 is invalid", "expected > optimizer.warmup_steps=2")),
+         2, ("config.optimizer.decay_steps=2 is invalid", "expected > optimizer.warmup_steps=2"), creates_nothing=True),
     Case("unknown_dataset", (TINY, WORKDIR, "--config.data.name=no_such_dataset"), 2,
          ("config.data.name='no_such_dataset' is not a TFDS dataset", "python_stdlib")),
     Case("unknown_split", (TINY, WORKDIR, "--config.data.eval_split=dev"), 2,
@@ -414,6 +431,16 @@ CASES = [
     Case("workdir_is_a_file", (TINY, "--workdir={files}/taken/run"), 2,
          ("{files}/taken",), setup=lambda p: _write(os.path.join(p.files, "taken"), "x"),
          subprocess=True),
+    Case("workdir_is_an_existing_file", (TINY, "--workdir={files}/taken"), 2,
+         ("{files}/taken is a file, not a folder: use another --workdir",),
+         setup=lambda p: _write(os.path.join(p.files, "taken"), "x")),
+    Case("sweep_dir_is_an_existing_file",
+         (TINY, "--mode=sweep", "--workdir={files}/taken", "--sweep=model.norm=pre,post"), 2,
+         ("{files}/taken is a file, not a folder: use another --workdir",),
+         setup=lambda p: _write(os.path.join(p.files, "taken"), "x")),
+    Case("workdir_in_use", (TINY, WORKDIR), 2,
+         ("workdir {workdir} in use by PID", "wait for that command to finish"),
+         trained_workdir=True, setup=_hold_the_lock),
     Case("workdir_not_writable", (TINY, WORKDIR), 2, ("Permission denied", "{workdir}"),
          trained_workdir=True, patch=_failing_writes(errno.EACCES)),
     Case("disk_full", (TINY, WORKDIR, "--config.train.num_steps=8"), 2,

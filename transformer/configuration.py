@@ -329,13 +329,24 @@ def _validate_topology(model: ml_collections.ConfigDict) -> None:
 
 def _validate_mesh(config: ml_collections.ConfigDict) -> None:
   shape = config.mesh.shape
+  # Shape first: ('data', 2) is what (("data", 2)) parses to (one pair, no outer tuple).
+  pairs = isinstance(shape, (tuple, list)) and all(
+      isinstance(axis, (tuple, list)) and len(axis) == 2 and isinstance(axis[0], str)
+      and isinstance(axis[1], int) and not isinstance(axis[1], bool) for axis in shape)
+  if not pairs:
+    _fail("mesh.shape", shape, "expected a tuple of (name, size) pairs, one for each of "
+          f"{MESH_AXES}, e.g. ((\"data\", -1), (\"fsdp\", 1), (\"tensor\", 1))")
   names = [axis[0] for axis in shape]
   if sorted(names) != sorted(MESH_AXES):
     _fail("mesh.shape", shape, f"expected one (name, size) pair for each of {MESH_AXES}")
   sizes = [axis[1] for axis in shape]
   if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
     _fail("mesh.shape", shape, "sizes must be positive, with at most one -1")
-  for logical, mesh_axes in config.mesh.rules:
+  rules = config.mesh.rules
+  if not (isinstance(rules, (tuple, list))
+          and all(isinstance(r, (tuple, list)) and len(r) == 2 for r in rules)):
+    _fail("mesh.rules", rules, "expected a tuple of (logical axis, mesh axes) pairs")
+  for logical, mesh_axes in rules:
     if logical not in LOGICAL_AXES:
       _fail("mesh.rules", logical, f"logical axes are {LOGICAL_AXES}")
     targets = mesh_axes if isinstance(mesh_axes, (tuple, list)) else (mesh_axes,)

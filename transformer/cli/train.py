@@ -10,10 +10,22 @@ from __future__ import annotations
 import jax
 import ml_collections
 
+from transformer import sharding
+from transformer.configuration import validate
 from transformer.reports import plots
 from transformer.training import loop
+from transformer.training.trainer import check_batch_size
 
 STARTS_JAX = True
+
+
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """What can be checked before the workdir is touched: keys, values, the mesh, the batch.
+
+  launch.py calls it first, so a config that fails creates nothing (not even log.txt).
+  """
+  validate(config)
+  check_batch_size(config, sharding.make_mesh(config.mesh))
 
 
 def main(config: ml_collections.ConfigDict, workdir: str) -> None:

@@ -6,13 +6,14 @@ console as a Python traceback:
     parse, or whose `get_config(arg)` rejects its argument; an override of a key
     the config does not declare (`--config.model.nope=1`);
   - the machine refusing a file operation: a full disk, no permission, a read-only
-    file system, a path through a regular file.
+    file system, a path through a regular file, a --workdir that is a file.
 Imports nothing heavy: launch.py parses flags before JAX starts.
 """
 
 from __future__ import annotations
 
 import errno
+import os
 import re
 import sys
 from typing import NoReturn, Sequence
@@ -89,6 +90,11 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 def environment_error(error: OSError) -> str | None:
   """One line saying what the machine refused and what to do, or None if not such an error."""
+  if (error.errno == errno.EEXIST and error.filename
+      and os.path.lexists(error.filename) and not os.path.isdir(error.filename)):
+    # os.makedirs on a path that is a file (--workdir=notes.txt): not a folder to use.
+    return (f"{error.filename} is a file, not a folder: use another --workdir (or move "
+            "the file)")
   if error.errno not in ENVIRONMENT_ERRNOS:
     return None
   where = f": {error.filename}" if error.filename else ""

@@ -15,6 +15,8 @@ A training run's workdir (launch.py --mode=train):
   plots/*.png            curves of metrics.jsonl
   peak_flops.json        the measured matmul rate MFU divides by (CPU)
   log.txt                every log line of every (re)start
+  lock                   "PID HOST" of the command writing into the workdir, flock-ed
+                         while it runs (LOCK; workdir/lock.py)
   averaged.json          in a workdir written by --mode=average: its source and steps
   eval_<split>_step<N>.json   --mode=evaluate's result
 
@@ -36,6 +38,7 @@ RUN_RECORD = "run.json"
 PLOTS = "plots"
 PEAK_FLOPS = "peak_flops.json"
 LOG = "log.txt"
+LOCK = "lock"
 AVERAGED = "averaged.json"
 SWEEP_RECORD = "sweep.json"
 COMPARE = "compare.md"
