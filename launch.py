@@ -109,7 +109,11 @@ def main(argv):
     # Before JAX starts: these read files, and a sweep's runs are launch.py processes of
     # their own that need the accelerators (and jax.distributed) free.
     try:
-      with lock.hold(_WORKDIR.value) if mode in _LOCKED else contextlib.nullcontext():
+      # A pod sweep runs on every host over one shared folder: there, each run's process
+      # 0 locks the run's workdir instead (the hosts' sweeps share the sweep folder).
+      single_host = not (_DISTRIBUTED.value or _NUM_PROCESSES.value)
+      locked = mode in _LOCKED and single_host
+      with lock.hold(_WORKDIR.value) if locked else contextlib.nullcontext():
         code = MODES[mode].main(_CONFIG.value, _WORKDIR.value)
     except (ConfigError, DataError) as e:
       sys.stderr.write(f"\n{type(e).__name__}: {e}\n")
@@ -154,6 +158,11 @@ def main(argv):
     logging.error("%s: %s", type(e).__name__, e, extra={"console": False})
     sys.stderr.write(f"\n{type(e).__name__}: {e}\n")
     sys.exit(2)
+  except FloatingPointError as e:
+    # A diverged run: its own message names the step and what to change; the traceback
+    # is in log.txt. Exit 1, not 2: the input was valid, the training was not.
+    sys.stderr.write(f"\nFloatingPointError: {e}\n")
+    sys.exit(1)
   except OSError as e:  # The machine's: a full disk, no permission (else a bug: re-raised).
     _exit_environment_error(e)
 

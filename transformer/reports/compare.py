@@ -9,6 +9,8 @@ Where each column comes from:
   - the config keys whose values differ between the runs: each run's config.json;
   - parameters and wall time: run.json (transformer/workdir/run_record.py; "—" for runs
     older than it);
+  - status (a sweep's runs): the sweep.json of the folder above the run: finished,
+    failed, diverged, stopped, running or pending, with the reason under the table;
   - steps, final and best eval metrics, tokens/s, MFU: metrics.jsonl, read as the plots
     read it (transformer/reports/plots.py: a restart supersedes the rows after its step).
 """
@@ -42,6 +44,7 @@ class RunSummary:
   config: dict[str, Any]  # Flattened config.json: {"model.norm": "pre", ...}; {} if none.
   series: dict[str, plots.Series]  # {} for a run that logged nothing yet.
   record: dict[str, Any]  # run.json; {} if none.
+  outcome: dict[str, Any] = dataclasses.field(default_factory=dict)  # Its sweep's record.
 
 
 def sweep_runs(directory: str) -> list[dict[str, Any]]:
@@ -84,7 +87,22 @@ def read_summary(workdir: str, name: str) -> RunSummary:
     series = plots.read_series(workdir)
   except ConfigError:  # No metrics.jsonl or no rows yet.
     series = {}
-  return RunSummary(name, workdir, config, series, run_record.read_record(workdir))
+  return RunSummary(name, workdir, config, series, run_record.read_record(workdir),
+                    sweep_outcome(workdir))
+
+
+def sweep_outcome(workdir: str) -> dict[str, Any]:
+  """{status, step, reason} the sweep that ran `workdir` recorded ({} if none did).
+
+  Looked up in the sweep.json of the folder above (cli/sweep.py writes it), so a run
+  compared through --compare_dirs shows its status too.
+  """
+  name = os.path.basename(os.path.normpath(workdir))
+  parent = os.path.dirname(os.path.abspath(os.path.normpath(workdir)))
+  for run in sweep_runs(parent):
+    if isinstance(run, dict) and run.get("name") == name and "status" in run:
+      return {k: run[k] for k in ("status", "step", "reason") if k in run}
+  return {}
 
 
 def _names(workdirs: Sequence[str]) -> list[str]:
@@ -129,12 +147,19 @@ def table(runs: Sequence[RunSummary], first_keys: Sequence[str] = ()) -> str:
   metrics = ["eval_loss"] + [k for k in plots.eval_metric_names(
       set().union(*(run.series for run in runs))) if k != "eval_loss"]
   with_mfu = any("mfu" in run.series for run in runs)
-  header = (["run"] + shown + ["parameters", "steps"] +
+  with_status = any(run.outcome for run in runs)
+  header = (["run"] + ["status"] * with_status + shown + ["parameters", "steps"] +
             [f"{m} {kind}" for m in metrics for kind in ("final", "best (step)")] +
             ["tokens/s"] + ["MFU"] * with_mfu + ["wall"])
   lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   for run in runs:
-    cells = [run.name] + [_format_value(run.config.get(key)) for key in shown]
+    cells = [run.name]
+    if with_status:
+      status = run.outcome.get("status", "—")
+      if status in ("failed", "diverged", "stopped") and run.outcome.get("step") is not None:
+        status += f" (step {run.outcome['step']})"
+      cells.append(f"**{status}**" if status.startswith(("failed", "diverged")) else status)
+    cells += [_format_value(run.config.get(key)) for key in shown]
     parameters = run.record.get("parameters")
     cells.append(f"{parameters:,}" if isinstance(parameters, int) else "—")
     num_steps = run.config.get("train.num_steps")
@@ -159,6 +184,15 @@ def table(runs: Sequence[RunSummary], first_keys: Sequence[str] = ()) -> str:
     cells.append(format_duration(wall) if isinstance(wall, (int, float)) else "—")
     lines.append("| " + " | ".join(cells) + " |")
   notes = [""]
+  for run in runs:
+    if run.outcome.get("status") in ("failed", "diverged", "stopped"):
+      notes.append(f"{run.name} {run.outcome['status']}"
+                   + (f" (last logged step {run.outcome['step']})"
+                      if run.outcome.get("step") is not None else "")
+                   + f": {run.outcome.get('reason', 'no reason recorded')}")
+  if with_status:
+    notes.append("status: what the sweep recorded in sweep.json (a failed or diverged run "
+                 "does not stop the sweep; rerunning the sweep retries it).")
   if hidden:
     notes.append(f"Also differing between the runs: {', '.join(hidden)}.")
   notes.append(
