@@ -135,6 +135,7 @@ def main(argv):
   workdir = _WORKDIR.value or default_workdir(flags.FLAGS["config"].config_filename)
   # One writer per workdir (process 0 holds it for the run's processes).
   locked = mode in _LOCKED and jax.process_index() == 0
+  code = 0
   try:
     with distributed.fail_together():
       if mode == "train":  # A config that fails validation creates nothing, not even log.txt.
@@ -148,7 +149,7 @@ def main(argv):
                      jax.process_index(), jax.process_count(), jax.local_device_count(),
                      jax.device_count(), jax.devices()[0].platform)
         try:
-          MODES[mode].main(_CONFIG.value, workdir)
+          code = MODES[mode].main(_CONFIG.value, workdir)
         except Exception as e:  # pylint: disable=broad-except
           if not isinstance(e, (ConfigError, DataError)):  # Python prints it on the console.
             logging.exception("Stopped by an error", extra={"console": False})
@@ -165,6 +166,8 @@ def main(argv):
     sys.exit(1)
   except OSError as e:  # The machine's: a full disk, no permission (else a bug: re-raised).
     _exit_environment_error(e)
+  if code:  # train: 130 / 143 when a signal stopped it after saving.
+    sys.exit(code)
 
 
 def _exit_environment_error(error: OSError) -> None:

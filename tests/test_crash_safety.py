@@ -209,8 +209,8 @@ def test_sigkill_anywhere_reruns_exactly(point_and_step, uninterrupted, tfds_dat
                                          tmp_path):
   """Async saves: where a save was in flight, the rerun sets it aside and resumes before it."""
   _, output = _kill_and_rerun(point_and_step, uninterrupted, tfds_data_dir, tmp_path)
-  if point_and_step == "after_save:6":
-    assert "Resumed from checkpoint 6" in output
+  if point_and_step == "after_save:6":  # The last step: nothing is left to train.
+    assert "is already complete: its checkpoint 6" in output
   elif point_and_step == "during_save:6":
     assert "Resumed from checkpoint 6" not in output
 
@@ -454,14 +454,27 @@ def test_on_config_change_allow_resumes_anyway(finished_run, tiny_config, tmp_pa
   assert _checkpoint_steps(workdir)[-1] == 7
 
 
-def test_resolved_vocab_size_is_not_a_change(finished_run, tiny_config, tmp_path, caplog):
-  """vocab_size=0 resolves (bytes tokenizer: 384) to what config.json holds: no difference."""
+def test_resolved_vocab_size_is_not_a_change(finished_run, tiny_config, tmp_path, caplog,
+                                             monkeypatch):
+  """vocab_size=0 resolves (bytes tokenizer: 384) to what config.json holds: no difference.
+
+  The run is finished: the rerun says so and returns its logged metrics without
+  building or compiling a model.
+  """
   workdir = _copy(finished_run, tmp_path)
   tiny_config.model.vocab_size = 0
+
+  def no_compiling(*args, **kwargs):
+    raise AssertionError("a finished run built a Trainer")
+
+  monkeypatch.setattr(trainer_lib.Trainer, "create", no_compiling)
   with caplog.at_level("INFO"):
-    loop.train_and_evaluate(tiny_config, workdir)  # Finished already: restores, no steps.
-  assert "Resumed from checkpoint 6" in caplog.text
-  assert "changed settings" not in caplog.text
+    result = loop.train_and_evaluate(tiny_config, workdir)
+  assert f"{workdir} is already complete: its checkpoint 6 reaches train.num_steps=6" in (
+      caplog.text)
+  assert "Resumed" not in caplog.text and "changed settings" not in caplog.text
+  rows = [r for r in _rows(workdir) if "eval_loss" in r]
+  assert result["eval_loss"] == rows[-1]["eval_loss"]
 
 
 def test_config_json_without_a_checkpoint_is_not_a_resume(finished_run, tiny_config, tmp_path,

@@ -139,17 +139,30 @@ def test_sigint_saves_and_the_same_command_resumes(tfds_data_dir, tmp_path):
       assert proc.poll() is None, log_path.read_text()[-3000:]
       time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=180) == 0
+    assert proc.wait(timeout=180) == 130  # 128 + SIGINT: `&&` chains see it stopped.
   output = log_path.read_text()
   stopped = int(re.search(r"Stopped at step (\d+)", output).group(1))
   assert stopped >= 2
   assert os.path.isdir(os.path.join(workdir, "checkpoints", str(stopped)))
+  assert (f"Stopped by SIGINT at step {stopped} after saving a checkpoint; rerun the same "
+          "command to resume (exit status 130)") in output
+  assert f"Run summary: step {stopped}/100000 (stopped by SIGINT)" in output
+  assert "Traceback" not in output
 
   result = subprocess.run(command + [f"--config.train.num_steps={stopped + 2}"], cwd=root,
                           env=env, capture_output=True, text=True, timeout=300, check=False)
   assert result.returncode == 0, result.stderr[-3000:]
   assert f"Resumed from checkpoint {stopped}" in result.stderr
   assert f"step {stopped + 2}/{stopped + 2}" in result.stderr
+  assert f"Run summary: step {stopped + 2}/{stopped + 2} (finished)" in result.stderr
+  assert "eval_loss: final" in result.stderr and f"outputs in {workdir}" in result.stderr
+
+  # Once more: already complete, exit 0, nothing trained.
+  result = subprocess.run(command + [f"--config.train.num_steps={stopped + 2}"], cwd=root,
+                          env=env, capture_output=True, text=True, timeout=300, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert f"is already complete: its checkpoint {stopped + 2}" in result.stderr
+  assert "Resumed" not in result.stderr
 
 
 def test_two_step_golden_values(tiny_config):

@@ -285,16 +285,7 @@ def build_runs(config: ml_collections.ConfigDict, spec: str,
   return runs
 
 
-def finished_step(workdir: str) -> int | None:
-  """The step of the newest complete, undamaged checkpoint in `workdir`, or None."""
-  directory = os.path.join(workdir, layout.CHECKPOINTS)
-  if not checkpointing.has_checkpoint(workdir):
-    return None
-  steps = sorted((int(n) for n in os.listdir(directory) if n.isdigit()), reverse=True)
-  for step in steps:  # Finalised ones have bare step names; damaged ones are skipped.
-    if checkpointing.checkpoint_problem(os.path.join(directory, str(step))) is None:
-      return step
-  return None
+finished_step = checkpointing.newest_complete_step  # What a rerun of a run would resume.
 
 
 def _command(config_arg: str, workdir: str, run: SweepArm, fixed: Mapping[str, Any],

@@ -36,11 +36,27 @@ from transformer.workdir import layout
 from transformer.workdir import run_record
 
 
+class Interrupted(Exception):
+  """Training stopped by SIGINT/SIGTERM after saving its step; the same command resumes.
+
+  Raised by train_and_evaluate once the checkpoint is written and the files closed, so
+  a caller (and a shell: launch.py exits with `exit_status`, 128 + the signal, i.e.
+  130 for Ctrl-C and 143 for SIGTERM) can tell an interrupted run from a finished one.
+  """
+
+  def __init__(self, step: int, signum: int):
+    self.step, self.signum = step, signum
+    self.exit_status = 128 + signum
+    super().__init__(f"Stopped by {signal.Signals(signum).name} at step {step} after saving "
+                     "a checkpoint; rerun the same command to resume")
+
+
 class _StopRequest:
   """Turns SIGINT/SIGTERM into a flag, so the loop stops after a complete step and saves."""
 
   def __init__(self):
     self.requested = False
+    self.signum = signal.SIGTERM  # Another process's signal: a preemption, as a rule.
     self._previous = {}
 
   def __enter__(self):
@@ -72,6 +88,7 @@ class _StopRequest:
     logging.warning("Signal %d: stopping after this step and saving a checkpoint "
                     "(again to abort without saving).", signum)
     self.requested = True
+    self.signum = signum
 
   def __exit__(self, *exc):
     for sig, handler in self._previous.items():
@@ -200,6 +217,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   config = _resolve_vocab_size(config, data_sources.tokenizer)
   dataset = sources.dataset_record(data_sources.builder)
   _check_config_change(config, workdir, dataset)
+  complete = checkpointing.newest_complete_step(workdir)
+  if complete is not None and complete >= config.train.num_steps:
+    # Nothing to train: say so without building (and compiling) the model.
+    logging.info("%s is already complete: its checkpoint %d reaches train.num_steps=%d, so "
+                 "there is nothing to train (a larger --config.train.num_steps continues "
+                 "it)", workdir, complete, config.train.num_steps)
+    return _logged_metrics(workdir)
 
   def write_run_files() -> None:
     """The resolved config, the vocabulary and the data identity: later commands
@@ -302,6 +326,7 @@ def _train_loop(config, workdir, trainer, checkpointer, writer, train_iter, eval
 
     pending = None  # (step, device metrics) of the previous step, fetched one step late.
     train_sums = None
+    interrupted = None
     with _StopRequest() as stop:
       for step in range(start_step, num_steps):
         batch = trainer.global_batch(next(train_iter))
@@ -342,13 +367,25 @@ def _train_loop(config, workdir, trainer, checkpointer, writer, train_iter, eval
           kill_at("after_save", done, first=checkpointer.wait)
         if stopping:
           logging.warning("Stopped at step %d; rerun the same command to resume.", done)
+          interrupted = Interrupted(done, stop.signum) if done < num_steps else None
           break
         kill_at("after_step", done)
     if pending is not None:
       _, summary = _report(pending, train_sums, progress, writer, config, force=True,
                            guard=guard)
       last_metrics = {**last_metrics, **(summary or {})}
+  if interrupted is not None:
+    raise interrupted
   return last_metrics
+
+
+def _logged_metrics(workdir: str) -> dict[str, float]:
+  """The newest value of every metric in the run's metrics.jsonl (a finished run's result)."""
+  rows, _ = metrics_lib.read_rows(os.path.join(workdir, layout.METRICS))
+  latest: dict[str, float] = {}
+  for row in sorted(rows, key=lambda r: r["step"]):
+    latest.update({k: float(v) for k, v in row.items() if k != "step"})
+  return latest
 
 
 def _format(metrics: dict[str, float]) -> str:

@@ -172,6 +172,21 @@ def has_checkpoint(workdir: str) -> bool:
   return bool(ocp.utils.checkpoint_steps_paths(os.path.join(workdir, layout.CHECKPOINTS)))
 
 
+def newest_complete_step(workdir: str) -> int | None:
+  """The step of the newest complete, undamaged checkpoint in `workdir`, or None.
+
+  Only file names and sizes are read (no arrays): cheap enough to ask before compiling.
+  """
+  directory = os.path.join(workdir, layout.CHECKPOINTS)
+  if not has_checkpoint(workdir):
+    return None
+  steps = sorted((int(n) for n in os.listdir(directory) if n.isdigit()), reverse=True)
+  for step in steps:  # Finalised ones have bare step names; damaged ones are skipped.
+    if checkpoint_problem(os.path.join(directory, str(step))) is None:
+      return step
+  return None
+
+
 # Written beside the items of each checkpoint once its save has finished: every file's
 # size, so that a file truncated later (a full disk, a copy cut short) is found before
 # a restore reads it. A checkpoint without it (the run died first) is restored unchecked.
