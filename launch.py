@@ -13,6 +13,8 @@
                           --workdir; rerunning resumes it; then compares them
   --mode=compare          a Markdown table and overlaid curves of --compare_dirs (or
                           the runs in --workdir) -> <workdir>/compare.md, compare_*.png
+  --mode=keys             every config key = value  # its comment from configs/base.py
+                          (the --config's values when one is given)
 
 Each mode is one module of transformer/cli/ (MODES below) that defines the flags it
 owns; the flags several modes share are in transformer/cli/common.py. Every mode but
@@ -44,6 +46,7 @@ from transformer.cli import evaluate
 from transformer.cli import generate
 from transformer.cli import hf_export
 from transformer.cli import hf_import
+from transformer.cli import keys
 from transformer.cli import plot
 from transformer.cli import sweep
 from transformer.cli import train
@@ -52,7 +55,7 @@ from transformer.cli import usage
 
 MODES = {"train": train, "evaluate": evaluate, "translate": translate, "generate": generate,
          "average": average, "plot": plot, "sweep": sweep, "compare": compare,
-         "import": hf_import, "export": hf_export}
+         "import": hf_import, "export": hf_export, "keys": keys}
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file, optionally with an argument: configs/gpt_small.py:local.",
@@ -96,7 +99,7 @@ def main(argv):
   mode = _MODE.value
   if mode in _NEEDS_CONFIG and _CONFIG.value is None:
     raise app.UsageError(f"--config is required for --mode={mode}")
-  if mode != "train" and not _WORKDIR.value:
+  if mode not in ("train", "keys") and not _WORKDIR.value:
     raise app.UsageError(f"--mode={mode} needs --workdir=DIR, "
                          + _WORKDIR_OF.get(mode, "a trained run"))
   if mode == "sweep" and not sweep.SWEEP.value:

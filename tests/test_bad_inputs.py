@@ -31,6 +31,7 @@ from absl import flags
 from absl import logging as absl_logging
 
 import launch
+from configs import base
 from tiny import make_tiny_config
 from transformer.workdir import checkpointing
 from transformer import sharding
@@ -503,3 +504,32 @@ def test_bad_input(case, tmp_path, tfds_data_dir, request):
   other = request.getfixturevalue("other_run") if case.other_run else ""
   paths, before, code, output = _run_case(case, tmp_path, tfds_data_dir, trained, other)
   _check(case, paths, before, code, output)
+
+
+def test_help_exits_0_and_keys_lists_every_key_with_its_comment(monkeypatch):
+  """`--help` is no mistake (absl exits 1); --mode=keys prints base.py's keys and comments."""
+  code, output = _launch_in_process(["--help"], monkeypatch)
+  assert code == 0 and "--helpfull" in output, output[-3000:]
+  code, output = _launch_in_process(["--helpfull"], monkeypatch)
+  assert code == 0 and "--mode" in output and "--workdir" in output, output[-3000:]
+  code, output = _launch_in_process(["--mode=keys"], monkeypatch)
+  assert code == 0, output[-3000:]
+  assert "model.d_model = 256  # Width of the residual stream." in output
+  assert "optimizer.skip_nonfinite = 0  # Skip updates with non-finite" in output
+  config = base.get_config()
+  listed = [line.split(" = ")[0] for line in output.splitlines() if " = " in line]
+  flat = [k for k, _ in _flat_keys(config)]
+  assert sorted(listed) == sorted(flat)  # Every key once, each with a comment (else an error).
+  assert all("  # " in line and not line.endswith("# ")
+             for line in output.splitlines() if " = " in line)
+  code, output = _launch_in_process(
+      ["--mode=keys", "--config=configs/shakespeare_char.py:cpu"], monkeypatch)
+  assert code == 0 and "data.tokenizer = 'char'  # " in output, output[-3000:]
+
+
+def _flat_keys(config, prefix=""):
+  for key, value in config.items():
+    if hasattr(value, "items"):
+      yield from _flat_keys(value, f"{prefix}{key}.")
+    else:
+      yield prefix + key, value

@@ -10,10 +10,11 @@
   plot.py       --mode=plot
   sweep.py      --mode=sweep (--sweep): one launch.py process per grid point
   compare.py    --mode=compare (--compare_dirs)
+  keys.py       --mode=keys: every config key with its value and base.py's comment
   common.py     flags several modes share (--output, --checkpoint_step, decode flags)
                 and their file handling
   usage.py      flag, config-file and disk/permission mistakes in one line
 
-Each module sets STARTS_JAX (plot, compare and sweep start no devices). May import
+Each module sets STARTS_JAX (plot, compare, keys and sweep start no devices). May import
 every other part of the package; nothing imports cli/ but launch.py.
 """

@@ -31,6 +31,10 @@ ENVIRONMENT_ERRNOS = {
 }
 
 
+_HELP_FLAGS = ("--help", "-help", "--helpshort", "-helpshort", "--helpfull",
+               "-helpfull", "--helpxml", "-helpxml")
+
+
 def _flags_error(message: str) -> NoReturn:
   """Exits like absl's own flag errors: status 1, one FATAL line."""
   sys.stderr.write(f"FATAL Flags parsing error: {message}\n"
@@ -71,6 +75,12 @@ def parse_flags(argv: list[str]) -> list[str]:
   """
   try:
     remaining = flags.FLAGS(argv)
+  except SystemExit as e:
+    # absl's --help, --helpshort and --helpfull print the help, then exit 1: asking for
+    # help is not a mistake, so the status is 0.
+    if e.code == 1 and any(a.split("=")[0] in _HELP_FLAGS for a in argv[1:]):
+      sys.exit(0)
+    raise
   except flags.Error as e:
     _flags_error(_without_traceback(str(e)))
   except (AttributeError, KeyError) as e:  # config_flags: an override of an unknown key.
