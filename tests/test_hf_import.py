@@ -284,6 +284,8 @@ def test_import_writes_a_workdir_the_commands_load_and_export_round_trips(tmp_pa
   exported = str(tmp_path / "exported")
   gpt2.export_gpt2(workdir, exported)
   assert sorted(os.listdir(exported)) == ["config.json", "model.safetensors", "tokenizer.json"]
+  for name in os.listdir(exported):  # Readable by others, as files a user writes are.
+    assert os.stat(os.path.join(exported, name)).st_mode & 0o777 == 0o644, name
   _, original_tensors = hf_common.read_folder(folder)
   _, exported_tensors = hf_common.read_folder(exported)
   assert original_tensors.keys() == exported_tensors.keys()
@@ -358,6 +360,25 @@ def test_a_tensor_without_a_place_stops_naming_it(tmp_path):
   save_file(tensors, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
   with pytest.raises(ConfigError, match="no place for.*h.0.attn.rotary.inv_freq"):
     importer.convert_folder(folder)
+
+
+def test_exporting_a_run_without_a_hf_tokenizer_says_so(tmp_path, tfds_data_dir, caplog):
+  """A run trained here (bytes tokenizer): weights exported, and a loud warning why no tokenizer."""
+  from tiny import make_tiny_config  # pylint: disable=g-import-not-at-top
+  from transformer.training import loop  # pylint: disable=g-import-not-at-top
+  config = make_tiny_config(tfds_data_dir)
+  config.model.update(position="learned", use_bias=True, activation="gelu_tanh")
+  config.train.update(num_steps=1, eval_every=1)
+  config.checkpoint.every = 1
+  workdir = str(tmp_path / "run")
+  loop.train_and_evaluate(config, workdir)
+  exported = str(tmp_path / "exported")
+  with caplog.at_level("WARNING"):
+    gpt2.export_gpt2(workdir, exported)
+  assert sorted(os.listdir(exported)) == ["config.json", "model.safetensors"]
+  assert os.stat(os.path.join(exported, "model.safetensors")).st_mode & 0o777 == 0o644
+  assert (f"NO TOKENIZER EXPORTED: {exported} has no tokenizer.json because its bytes "
+          "vocabulary was trained here") in caplog.text
 
 
 def test_only_gpt2_shaped_models_export(tmp_path):
