@@ -368,6 +368,12 @@ CASES = [
     Case("cosine_decay_shorter_than_warmup",
          (TINY, WORKDIR, "--config.optimizer.schedule=cosine", "--config.optimizer.decay_steps=2"),
          2, ("config.optimizer.decay_steps=2 is invalid", "expected > optimizer.warmup_steps=2"), creates_nothing=True),
+    Case("cosine_run_shorter_than_warmup",
+         (TINY, WORKDIR, "--config.optimizer.schedule=cosine",
+          "--config.optimizer.warmup_steps=100", "--config.train.num_steps=40"),
+         2, ("config.train.num_steps=40 is invalid: with optimizer.schedule='cosine' and "
+             "optimizer.decay_steps=0", "expected > optimizer.warmup_steps=100",
+             "--config.optimizer.warmup_steps=4"), creates_nothing=True),
     Case("unknown_dataset", (TINY, WORKDIR, "--config.data.name=no_such_dataset"), 2,
          ("config.data.name='no_such_dataset' is not a TFDS dataset", "python_stdlib")),
     Case("unknown_split", (TINY, WORKDIR, "--config.data.eval_split=dev"), 2,

@@ -164,12 +164,18 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if opt.schedule == "cosine":
     _check_int(config, "train.num_steps", 1)  # The decay length when decay_steps is 0.
     decay_steps = opt.decay_steps or config.train.num_steps
+    if decay_steps <= opt.warmup_steps and opt.decay_steps == 0:
+      # The decay length is train.num_steps, the key a short run sets: name it first.
+      _fail("train.num_steps", config.train.num_steps,
+            "with optimizer.schedule='cosine' and optimizer.decay_steps=0 the run is the "
+            "cosine's length, which must end after the warmup: expected > "
+            f"optimizer.warmup_steps={opt.warmup_steps}; set train.num_steps above "
+            f"{opt.warmup_steps}, or lower the warmup (e.g. --config.optimizer.warmup_steps="
+            f"{max(config.train.num_steps // 10, 0)})")
     if decay_steps <= opt.warmup_steps:
-      where = (f"0 means train.num_steps={config.train.num_steps}"
-               if opt.decay_steps == 0 else "it counts the warmup too")
       _fail(o + "decay_steps", opt.decay_steps,
-            f"with optimizer.schedule='cosine' the decay must end after the warmup ({where}): "
-            f"expected > optimizer.warmup_steps={opt.warmup_steps}")
+            "with optimizer.schedule='cosine' the decay must end after the warmup (it counts "
+            f"the warmup too): expected > optimizer.warmup_steps={opt.warmup_steps}")
 
   t = "train."
   _check_int(config, t + "num_steps", 1)
