@@ -280,6 +280,20 @@ def _two_process_data_positions(paths: Paths) -> None:
   _write(sizes_path, json.dumps(sizes))
 
 
+def _no_new_files_in_workdir(monkeypatch, paths: Paths) -> None:
+  """A patch: the one atomic write cannot create files in the workdir (a read-only run)."""
+  from transformer.workdir import files  # pylint: disable=g-import-not-at-top
+  real_mkstemp = files.tempfile.mkstemp
+  root = os.path.abspath(paths.workdir)
+
+  def mkstemp(*args, dir=None, **kwargs):  # pylint: disable=redefined-builtin
+    if dir and os.path.abspath(dir).startswith(root):
+      raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), dir)
+    return real_mkstemp(*args, dir=dir, **kwargs)
+
+  monkeypatch.setattr(files.tempfile, "mkstemp", mkstemp)
+
+
 def _failing_writes(error: int):
   """A patch: every file opened for writing under the workdir fails with OSError(error).
 
@@ -481,6 +495,23 @@ CASES = [
     Case("evaluate_garbled_config_json", ("--mode=evaluate", WORKDIR), 2,
          ("{workdir}/config.json",), trained_workdir=True,
          setup=lambda p: _write(os.path.join(p.workdir, "config.json"), "{\"model\": ")),
+    Case("translate_input_not_utf8", ("--mode=translate", WORKDIR, "--input={files}/in.txt"),
+         2, ("{files}/in.txt:2: undecodable UTF-8 at byte 4 of the line (0xe9",
+             "iconv -f latin1 -t utf-8"), trained_workdir=True,
+         setup=lambda p: _write(os.path.join(p.files, "in.txt"), b"hello\ncaf\xe9\n")),
+    Case("generate_prompt_not_utf8", ("--mode=generate", WORKDIR, "--prompt=caf\udce9"),
+         2, ("--prompt: undecodable UTF-8 at character 4 (byte 0xe9)",), trained_workdir=True),
+    Case("evaluate_unknown_split_flag", ("--mode=evaluate", WORKDIR, "--split=dev"), 2,
+         ("--split='dev' is not a split of python_stdlib; valid:",), trained_workdir=True),
+    Case("evaluate_read_only_workdir", ("--mode=evaluate", WORKDIR, "--split=train",
+                                        "--max_examples=1"), 2,
+         ("Permission denied", "write the result elsewhere with --output=PATH"),
+         trained_workdir=True, patch=_no_new_files_in_workdir),
+    Case("evaluate_result_exists", ("--mode=evaluate", WORKDIR, "--split=train",
+                                    "--max_examples=1"), 2,
+         ("{workdir}/eval_train_step6_first1.json exists: an earlier run of this command "
+          "wrote this result; read it, pass --overwrite",), trained_workdir=True,
+         setup=lambda p: _write(os.path.join(p.workdir, "eval_train_step6_first1.json"), "{}")),
     Case("translate_with_a_language_model", ("--mode=translate", WORKDIR, "--input={files}/in.txt"),
          2, ("--mode=translate needs a model with arch='encoder_decoder'",), trained_workdir=True,
          setup=lambda p: _write(os.path.join(p.files, "in.txt"), "hello\n")),
@@ -539,3 +570,14 @@ def _flat_keys(config, prefix=""):
       yield from _flat_keys(value, f"{prefix}{key}.")
     else:
       yield prefix + key, value
+
+
+def test_stdin_that_is_not_utf8_names_the_line_and_byte():
+  """Piped input is read as bytes, so the bad byte is named (not a UnicodeDecodeError)."""
+  from transformer.cli import common  # pylint: disable=g-import-not-at-top
+  from transformer.configuration import ConfigError  # pylint: disable=g-import-not-at-top
+  stdin = io.TextIOWrapper(io.BytesIO(b"ok\nline two \xff\n"), encoding="utf-8")
+  with pytest.raises(ConfigError, match=r"^stdin:2: undecodable UTF-8 at byte 10 of the "
+                     r"line \(0xff, byte offset 12\)"):
+    common.read_lines("", stdin)
+  assert common.read_lines("", io.TextIOWrapper(io.BytesIO(b"a\r\nb\n"))) == ["a", "b"]

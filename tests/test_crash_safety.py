@@ -107,6 +107,21 @@ def _tensorboard_scalars(workdir, tag):
 # ---------------------------------------------------------------- 1. one row per step
 
 
+def test_metric_writer_start_from_scratch_says_so(tmp_path, caplog):
+  """resume(-1): no 'after step -1'; the rows belong to a start that left no checkpoint."""
+  writer = metrics.MetricWriter(str(tmp_path))
+  for step in range(1, 4):
+    writer.write(step, {"loss": float(step)})
+  writer.close()
+  writer = metrics.MetricWriter(str(tmp_path))
+  with caplog.at_level("WARNING"):
+    assert writer.resume(-1) == []
+  writer.close()
+  assert ("dropped 3 rows (0 unreadable) of an earlier start that left no usable checkpoint; "
+          "this run starts at step 0") in caplog.text
+  assert "step -1" not in caplog.text
+
+
 def test_metric_writer_resume_keeps_rows_up_to_the_checkpoint(tmp_path, caplog):
   workdir = str(tmp_path)
   writer = metrics.MetricWriter(workdir)

@@ -66,11 +66,12 @@ def translate(workdir: str, *, input_path: str = "", output_path: str = "",
     raise ConfigError(f"--input={input_path!r} is not a file")
   if output_path:
     common.check_output(output_path, overwrite, [input_path])
+  # Read (and checked: UTF-8, naming a bad line and byte) before the model loads.
+  lines = common.read_lines(input_path, stdin or sys.stdin)
   run = loaded.load_run(workdir, config=config, checkpoint_step=checkpoint_step,
                  average_last=average_last, decode_overrides=decode_overrides)
   run.require("encoder_decoder", "lm", "translate",
            "Use --mode=generate for a decoder LM.")
-  lines = common.read_lines(input_path, stdin or sys.stdin)
   limit = text.source_context(run.config)
   policy = text.LengthPolicy(run.config.decode.overlong, limit, "source",
                                    "min(data.seq_len, model.max_len), eos included")

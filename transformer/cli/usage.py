@@ -98,8 +98,18 @@ def parse_flags(argv: list[str]) -> list[str]:
   return remaining
 
 
-def environment_error(error: OSError) -> str | None:
-  """One line saying what the machine refused and what to do, or None if not such an error."""
+# Modes whose output file can go elsewhere: the fix for an unwritable workdir is --output.
+_OUTPUT_MODES = ("evaluate", "translate", "average")
+
+
+def environment_error(error: OSError, mode: str = "train") -> str | None:
+  """One line saying what the machine refused and what to do, or None if not such an error.
+
+  Args:
+    error: the refusal.
+    mode: the --mode that met it: evaluate, translate and average are pointed at
+      --output (the run stays where it is), the others at another --workdir.
+  """
   if (error.errno == errno.EEXIST and error.filename
       and os.path.lexists(error.filename) and not os.path.isdir(error.filename)):
     # os.makedirs on a path that is a file (--workdir=notes.txt): not a folder to use.
@@ -108,4 +118,7 @@ def environment_error(error: OSError) -> str | None:
   if error.errno not in ENVIRONMENT_ERRNOS:
     return None
   where = f": {error.filename}" if error.filename else ""
-  return f"{error.strerror or error}{where}; {ENVIRONMENT_ERRNOS[error.errno]}."
+  fix = ENVIRONMENT_ERRNOS[error.errno]
+  if mode in _OUTPUT_MODES:
+    fix = fix.replace("use another --workdir", "write the result elsewhere with --output=PATH")
+  return f"{error.strerror or error}{where}; {fix}."

@@ -179,9 +179,14 @@ class MetricWriter:
         os.fsync(f.fileno())
       os.replace(temporary, self._path)
       self._jsonl = open(self._path, "a", encoding="utf-8")
-      logging.warning("metrics.jsonl: dropped %d rows written after step %d by the run that "
-                      "stopped there (%d unreadable); the resumed run writes them again",
-                      dropped, step, unreadable)
+      if step < 0:  # A start from scratch: no step to name.
+        logging.warning("metrics.jsonl: dropped %d rows (%d unreadable) of an earlier start "
+                        "that left no usable checkpoint; this run starts at step 0 and "
+                        "writes its own", dropped, unreadable)
+      else:
+        logging.warning("metrics.jsonl: dropped %d rows written after step %d by the run "
+                        "that stopped there (%d unreadable); the resumed run writes them "
+                        "again", dropped, step, unreadable)
     if self._tb_writer is not None:  # Written already: start a new events file.
       self._tb_writer.close()
       self._tb_writer = None
