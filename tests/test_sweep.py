@@ -160,6 +160,28 @@ def test_compare_table_of_given_dirs(tmp_path):
   assert compare.find_runs(str(tmp_path)) == [b, a]
 
 
+def test_compare_puts_every_run_on_one_peak(tmp_path):
+  """Equal FLOPs per step: MFU must order the runs as tokens/s does, whatever each measured."""
+  runs = {}
+  # fast: 0.2 s/step, measured a high peak (2e9); slow: 0.4 s/step, measured a low one (5e8).
+  for name, seconds, peak in (("fast", 0.2, 2e9), ("slow", 0.4, 5e8)):
+    workdir = str(tmp_path / name)
+    _fake_run(workdir, name, [(4, 2.0)])
+    flops_per_step = 1e8
+    with open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8") as f:
+      f.write(json.dumps({"step": 4, "seconds_per_step": seconds,
+                          "tokens_per_second": 10 / seconds,
+                          "mfu": flops_per_step / seconds / peak}) + "\n")
+    with open(os.path.join(workdir, "peak_flops.json"), "w", encoding="utf-8") as f:
+      json.dump({"flops_per_second": peak, "source": "measured"}, f)
+    runs[name] = workdir
+  text = compare.compare([runs["fast"], runs["slow"]], str(tmp_path / "out"))
+  _, rows = _table_rows(text)
+  # Own peaks would say fast 25.0%, slow 50.0%; on one peak (2e9): 25.0% and 12.5%.
+  assert [r["MFU"] for r in rows] == ["25.0%", "12.5%"]
+  assert "over one peak, 2e+09 FLOP/s (the largest measured, fast's)" in text
+
+
 # ---------------------------------------------------------------- end to end
 
 

@@ -191,3 +191,16 @@ def test_two_step_golden_values(tiny_config):
                    float(metrics["grad_norm"]), float(metrics["param_norm"])))
   np.testing.assert_allclose(seen, [(5.967378, 0.951698, 13.026247),
                                     (5.872641, 0.684321, 13.056023)], rtol=1e-4)
+
+
+def test_an_mfu_above_100_percent_is_never_shown_unexplained(caplog):
+  """The measured peak is taken under other load: a faster step says why it is above."""
+  from transformer.training import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
+  progress = metrics_lib.TrainProgress(0, 10, 100, flops_per_step=1.0, peak_flops=1.0)
+  with caplog.at_level("WARNING"):
+    line = progress.line(2, {"seconds_per_step": 0.5, "tokens_per_second": 200.0, "mfu": 2.0})
+    again = progress.line(3, {"seconds_per_step": 0.5, "tokens_per_second": 200.0, "mfu": 2.0})
+  assert "MFU 200.0% (above the measured peak)" in line and "(above the measured peak)" in again
+  assert caplog.text.count("MFU above 100%") == 1  # Explained once, in the log.
+  assert "above" not in progress.line(4, {"seconds_per_step": 1.0, "tokens_per_second": 100.0,
+                                          "mfu": 0.5})

@@ -11,7 +11,9 @@ Where each column comes from:
     older than it);
   - status (a sweep's runs): the sweep.json of the folder above the run: finished,
     failed, diverged, stopped, running or pending, with the reason under the table;
-  - steps, final and best eval metrics, tokens/s, MFU: metrics.jsonl, read as the plots
+  - MFU: metrics.jsonl's mfu x the run's own measured peak (peak_flops.json), over one
+    peak for all runs (the largest measured), so runs compare as their FLOP/s do;
+  - steps, final and best eval metrics, tokens/s: metrics.jsonl, read as the plots
     read it (transformer/reports/plots.py: a restart supersedes the rows after its step).
 """
 
@@ -44,6 +46,7 @@ class RunSummary:
   config: dict[str, Any]  # Flattened config.json: {"model.norm": "pre", ...}; {} if none.
   series: dict[str, plots.Series]  # {} for a run that logged nothing yet.
   record: dict[str, Any]  # run.json; {} if none.
+  peak: float | None = None  # The FLOP/s its MFU was divided by (peak_flops.json), if measured.
   outcome: dict[str, Any] = dataclasses.field(default_factory=dict)  # Its sweep's record.
 
 
@@ -88,7 +91,33 @@ def read_summary(workdir: str, name: str) -> RunSummary:
   except ConfigError:  # No metrics.jsonl or no rows yet.
     series = {}
   return RunSummary(name, workdir, config, series, run_record.read_record(workdir),
-                    sweep_outcome(workdir))
+                    _measured_peak(workdir), sweep_outcome(workdir))
+
+
+def _measured_peak(workdir: str) -> float | None:
+  """The measured matmul rate a run divided its MFU by (peak_flops.json), or None.
+
+  None for a run on an accelerator with a published peak (nothing is measured then).
+  """
+  try:
+    with open(os.path.join(workdir, layout.PEAK_FLOPS), encoding="utf-8") as f:
+      return float(json.load(f)["flops_per_second"])
+  except (OSError, ValueError, KeyError, TypeError):
+    return None
+
+
+def common_peak(runs: Sequence[RunSummary]) -> tuple[float | None, str]:
+  """One peak for every run's MFU: the largest measured one, and whose it is.
+
+  Each run measured its own matmul rate under its own load, so MFU against its own
+  peak can order two runs opposite to their FLOP/s. Against one peak the order is the
+  achieved FLOP/s order. (None when no run measured one: they all used published peaks.)
+  """
+  measured = [(run.peak, run.name) for run in runs if run.peak]
+  if not measured:
+    return None, ""
+  peak, name = max(measured)
+  return peak, name
 
 
 def sweep_outcome(workdir: str) -> dict[str, Any]:
@@ -147,6 +176,7 @@ def table(runs: Sequence[RunSummary], first_keys: Sequence[str] = ()) -> str:
   metrics = ["eval_loss"] + [k for k in plots.eval_metric_names(
       set().union(*(run.series for run in runs))) if k != "eval_loss"]
   with_mfu = any("mfu" in run.series for run in runs)
+  peak, peak_run = common_peak(runs)
   with_status = any(run.outcome for run in runs)
   header = (["run"] + ["status"] * with_status + shown + ["parameters", "steps"] +
             [f"{m} {kind}" for m in metrics for kind in ("final", "best (step)")] +
@@ -179,7 +209,13 @@ def table(runs: Sequence[RunSummary], first_keys: Sequence[str] = ()) -> str:
     cells.append(f"{np.median(rate.values):,.0f}" if rate is not None else "—")
     if with_mfu:
       mfu = run.series.get("mfu")
-      cells.append(f"{100 * np.median(mfu.values):.1f}%" if mfu is not None else "—")
+      if mfu is None:
+        cells.append("—")
+      else:
+        value = float(np.median(mfu.values))
+        if peak and run.peak:  # Its achieved FLOP/s (MFU x its own peak) over the one peak.
+          value *= run.peak / peak
+        cells.append(f"{100 * value:.1f}%" + (" (above the peak)" if value > 1 else ""))
     wall = run.record.get("wall_seconds")
     cells.append(format_duration(wall) if isinstance(wall, (int, float)) else "—")
     lines.append("| " + " | ".join(cells) + " |")
@@ -195,6 +231,11 @@ def table(runs: Sequence[RunSummary], first_keys: Sequence[str] = ()) -> str:
                  "does not stop the sweep; rerunning the sweep retries it).")
   if hidden:
     notes.append(f"Also differing between the runs: {', '.join(hidden)}.")
+  if with_mfu and peak:
+    notes.append(f"MFU: every run's achieved FLOP/s (its logged MFU x the peak it measured, "
+                 f"{layout.PEAK_FLOPS}) over one peak, {peak:.4g} FLOP/s (the largest "
+                 f"measured, {peak_run}'s), so the column orders the runs as their speed "
+                 "does; above 100% means a step beat that measured matmul rate.")
   notes.append(
       "final: the last evaluation; best: the lowest loss (highest accuracy, BLEU, ...) "
       "over the evaluations, with its step. tokens/s (and MFU): the median over the "

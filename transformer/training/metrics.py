@@ -246,6 +246,7 @@ class TrainProgress:
     self._started = False
     self._window_seconds, self._window_steps = 0.0, 0
     self.seconds_per_step = float("nan")
+    self._explained_mfu = False  # Whether an MFU above 100% was explained in the log.
 
   def update(self, step: int) -> None:
     """Call after `step` is complete; the first call only starts the clock."""
@@ -284,7 +285,20 @@ class TrainProgress:
     sps = metrics.get("seconds_per_step", float("nan"))
     known = sps > 0
     rate = f"{metrics['tokens_per_second'] / 1e3:.1f}k tok/s" if known else "-- tok/s"
-    mfu = f" | MFU {100 * metrics['mfu']:.1f}%" if "mfu" in metrics else ""
+    mfu = ""
+    if "mfu" in metrics:
+      mfu = f" | MFU {100 * metrics['mfu']:.1f}%"
+      if metrics["mfu"] > 1.0:
+        # Never shown above 100% unexplained: the measured peak is a matmul rate taken
+        # once, under other load (other processes, clocks) than this step.
+        mfu += " (above the measured peak)"
+        if not self._explained_mfu:
+          self._explained_mfu = True
+          logging.warning(
+              "MFU above 100%%: the step ran faster than the peak it is divided by, which "
+              "on CPU (or an unlisted accelerator) is a matmul rate measured once, under "
+              "other load than now (%s). Read MFU as relative between steps of this run; "
+              "--mode=compare puts several runs on one peak.", layout.PEAK_FLOPS)
     eta = format_duration((self.num_steps - step) * sps) if known else "--"
     return (f"step {step}/{self.num_steps} ({100 * step / self.num_steps:.0f}%) | "
             f"loss {metrics.get('loss', float('nan')):.4f} | "
