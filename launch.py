@@ -4,6 +4,8 @@
   --mode=evaluate         loss / perplexity / accuracy (+ sacreBLEU, chrF) on a split
   --mode=translate        --input (or stdin), one sentence a line -> --output (or stdout)
   --mode=generate         continue --prompt (or each stdin line) with a decoder LM
+  --mode=classify         --input (or stdin), one text a line -> its class and probability
+                          (a model.head='classification' run) -> --output (or stdout)
   --mode=average          the mean of the newest --average_last checkpoints -> --output
   --mode=import           a local Hugging Face folder (--hf_dir: GPT-2, BERT, Marian, T5) ->
                           a new --workdir that the other modes and init_from read
@@ -41,6 +43,7 @@ from ml_collections import config_flags
 # The mode modules define their flags on import; none imports JAX at module level, so
 # --help stays fast and flags parse before JAX starts.
 from transformer.cli import average
+from transformer.cli import classify
 from transformer.cli import compare
 from transformer.cli import evaluate
 from transformer.cli import generate
@@ -55,7 +58,7 @@ from transformer.cli import usage
 
 MODES = {"train": train, "evaluate": evaluate, "translate": translate, "generate": generate,
          "average": average, "plot": plot, "sweep": sweep, "compare": compare,
-         "import": hf_import, "export": hf_export, "keys": keys}
+         "import": hf_import, "export": hf_export, "keys": keys, "classify": classify}
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file, optionally with an argument: configs/gpt_small.py:local.",

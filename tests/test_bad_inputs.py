@@ -512,6 +512,9 @@ CASES = [
          ("{workdir}/eval_train_step6_first1.json exists: an earlier run of this command "
           "wrote this result; read it, pass --overwrite",), trained_workdir=True,
          setup=lambda p: _write(os.path.join(p.workdir, "eval_train_step6_first1.json"), "{}")),
+    Case("classify_with_a_language_model", ("--mode=classify", WORKDIR, "--input={files}/in.txt"),
+         2, ("--mode=classify needs a model with head='classification'",), trained_workdir=True,
+         setup=lambda p: _write(os.path.join(p.files, "in.txt"), "hello\n")),
     Case("translate_with_a_language_model", ("--mode=translate", WORKDIR, "--input={files}/in.txt"),
          2, ("--mode=translate needs a model with arch='encoder_decoder'",), trained_workdir=True,
          setup=lambda p: _write(os.path.join(p.files, "in.txt"), "hello\n")),

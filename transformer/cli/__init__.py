@@ -4,6 +4,7 @@
   evaluate.py   --mode=evaluate (--split, --max_examples)
   translate.py  --mode=translate (--input)
   generate.py   --mode=generate (--prompt)
+  classify.py   --mode=classify (--input, --class_names): a class and its probability a line
   average.py    --mode=average
   hf_import.py  --mode=import
   hf_export.py  --mode=export
@@ -11,7 +12,7 @@
   sweep.py      --mode=sweep (--sweep): one launch.py process per grid point
   compare.py    --mode=compare (--compare_dirs)
   keys.py       --mode=keys: every config key with its value and base.py's comment
-  common.py     flags several modes share (--output, --checkpoint_step, decode flags)
+  common.py     flags several modes share (--input, --output, --checkpoint_step, decode flags)
                 and their file handling
   usage.py      flag, config-file and disk/permission mistakes in one line
 

@@ -22,9 +22,11 @@ AVERAGE_LAST = flags.DEFINE_integer(
     "average_last", 0, "evaluate, translate, generate, average: use the mean of the "
     "parameters of the newest N checkpoints (up to --checkpoint_step); the paper: 5 for "
     "base, 20 for big. 0: no averaging.")
+INPUT = flags.DEFINE_string(
+    "input", "", "translate, classify: a UTF-8 file, one text a line (default stdin).")
 OUTPUT = flags.DEFINE_string(
-    "output", "", "Where a mode writes its result: translate, the translations (default "
-    "stdout); evaluate, the result JSON (default in the workdir); average, the new "
+    "output", "", "Where a mode writes its result: translate, the translations, and "
+    "classify, the classes (default stdout); evaluate, the result JSON (default in the workdir); average, the new "
     "workdir; compile, the JSON report.")
 OVERWRITE = flags.DEFINE_bool(
     "overwrite", False, "translate, evaluate: allow replacing an existing --output.")

@@ -12,7 +12,6 @@ from typing import Any, Mapping, TextIO
 
 import jax
 import ml_collections
-from absl import flags
 from absl import logging
 
 from transformer.cli import common
@@ -21,13 +20,12 @@ from transformer.inference import loaded
 from transformer.inference import text
 from transformer.workdir import files
 
-INPUT = flags.DEFINE_string("input", "", "translate: one sentence a line (default stdin).")
 STARTS_JAX = True
 
 
 def main(config: ml_collections.ConfigDict | None, workdir: str) -> None:
   """launch.py --mode=translate."""
-  translate(workdir, input_path=INPUT.value, output_path=common.OUTPUT.value,
+  translate(workdir, input_path=common.INPUT.value, output_path=common.OUTPUT.value,
             overwrite=common.OVERWRITE.value, seed=common.SEED.value,
             **common.loading_flags(config))
 

@@ -99,7 +99,7 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 
 # Modes whose output file can go elsewhere: the fix for an unwritable workdir is --output.
-_OUTPUT_MODES = ("evaluate", "translate", "average")
+_OUTPUT_MODES = ("evaluate", "translate", "classify", "average")
 
 
 def environment_error(error: OSError, mode: str = "train") -> str | None:
