@@ -5,7 +5,8 @@ One table row per input. Most rows run in this process through the entry point o
 `python launch.py` (`launch.run(argv)`: absl flag parsing, then `launch.main`); the
 rows marked `subprocess` run `python launch.py` itself. Before a row runs, its
 workdir is snapshotted (every file's sha256, mtime and size); afterwards every file
-must still be there, unchanged (log.txt: only appended to). README.md's
+must still be there, unchanged (log.txt: only appended to; the lock file: holds the PID of
+the last command that held the workdir). README.md's
 "Troubleshooting" section lists the same cases.
 """
 
@@ -75,10 +76,16 @@ class Case:
   subprocess: bool = False  # `python launch.py` instead of the in-process entry point.
   patch: Callable[[pytest.MonkeyPatch, Paths], None] | None = None  # In-process faults.
   creates_nothing: bool = False  # The workdir must not exist afterwards (not even log.txt).
+  # Files a row that resumes and trains steps before failing may change: config.json
+  # (its applied train.num_steps), the steps' metrics rows (dropped again on resume) and
+  # run.json's session record.
+  may_change: tuple[str, ...] = ()
 
 
 # The workdir's logs: launch.py appends to them on every start, failed or not.
 APPEND_ONLY = ("log.txt",)
+# The workdir's lock (workdir/lock.py): each command that holds it writes its PID there.
+HOLDER_RECORD = ("lock",)
 
 
 def _snapshot(workdir: str) -> dict[str, tuple[str, int, int]]:
@@ -208,6 +215,8 @@ def _check(case: Case, paths: Paths, before, code: int, output: str) -> None:
   after = _snapshot(paths.workdir) if os.path.isdir(paths.workdir) else {}
   for name, (digest, mtime, size) in before.items():
     assert name in after, f"{name} was removed from the workdir"
+    if name in HOLDER_RECORD + case.may_change:
+      continue
     if name in APPEND_ONLY:
       assert _starts_with(os.path.join(paths.workdir, name), size, digest), f"{name} lost lines"
     else:
@@ -280,6 +289,25 @@ def _two_process_data_positions(paths: Paths) -> None:
   _write(sizes_path, json.dumps(sizes))
 
 
+def _orbax_disk_full(monkeypatch, paths: Paths) -> None:
+  """A patch: Orbax's save fails as on a full disk (tensorstore's RESOURCE_EXHAUSTED),
+  after its background thread logged the failure with a long traceback."""
+  del paths
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  text = ("RESOURCE_EXHAUSTED: Error writing local file \"/x/ocdbt.process_0/d/1\": "
+          "[OS error 28: No space left on device]")
+
+  def save(*args, **kwargs):
+    try:
+      raise ValueError(text)
+    except ValueError:
+      # As Orbax's async thread does (its module path is not this project's).
+      std_logging.getLogger("orbax.checkpoint").exception("Failed to save")
+    raise ValueError(text)
+
+  monkeypatch.setattr(ocp.CheckpointManager, "save", save)
+
+
 def _no_new_files_in_workdir(monkeypatch, paths: Paths) -> None:
   """A patch: the one atomic write cannot create files in the workdir (a read-only run)."""
   from transformer.workdir import files  # pylint: disable=g-import-not-at-top
@@ -328,6 +356,20 @@ def _failing_writes(error: int):
       return real_open(file, mode, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "open", fake_open)
+    real_fdopen = os.fdopen
+
+    def fake_fdopen(fd, mode="r", *args, **kwargs):
+      # The one atomic write (workdir/files.py) opens its temporary file with os.fdopen.
+      path = os.path.realpath(f"/proc/self/fd/{fd}") if isinstance(fd, int) else ""
+      if path.startswith(os.path.realpath(root) + os.sep) and any(c in mode for c in "wax+"):
+        os.close(fd)
+        if error == errno.EACCES:
+          raise PermissionError(error, os.strerror(error), path)
+        buffered = io.BufferedWriter(FailingFile(path))
+        return buffered if "b" in mode else io.TextIOWrapper(buffered)
+      return real_fdopen(fd, mode, *args, **kwargs)
+
+    monkeypatch.setattr(os, "fdopen", fake_fdopen)
 
   return patch
 
@@ -462,11 +504,15 @@ CASES = [
     Case("workdir_in_use", (TINY, WORKDIR), 2,
          ("workdir {workdir} in use by PID", "wait for that command to finish"),
          trained_workdir=True, setup=_hold_the_lock),
-    Case("workdir_not_writable", (TINY, WORKDIR), 2, ("Permission denied", "{workdir}"),
+    Case("workdir_not_writable", (TINY, WORKDIR, "--config.train.num_steps=8"), 2, ("Permission denied", "{workdir}"),
          trained_workdir=True, patch=_failing_writes(errno.EACCES)),
     Case("disk_full", (TINY, WORKDIR, "--config.train.num_steps=8"), 2,
          ("No space left on device", "{workdir}"), trained_workdir=True,
          patch=_failing_writes(errno.ENOSPC)),
+    Case("disk_full_during_a_checkpoint", (TINY, WORKDIR, "--config.train.num_steps=8"), 2,
+         ("OSError: No space left on device: {workdir}/checkpoints; free space",),
+         trained_workdir=True, patch=_orbax_disk_full,
+         may_change=("metrics.jsonl", "run.json", "config.json")),
     Case("resume_with_another_model", (TINY, WORKDIR, "--config.model.mlp_dim=128"), 2,
          ("model.mlp_dim: 64 -> 128", "--config.checkpoint.on_config_change=allow"),
          trained_workdir=True),

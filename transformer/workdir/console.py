@@ -43,6 +43,18 @@ def is_project_record(record: logging.LogRecord) -> bool:
   return record.pathname.startswith(_PACKAGE_DIR) or record.pathname == _LAUNCH
 
 
+_FULL_DISK_MARKS = ("No space left on device", "OS error 28", "Disk quota exceeded")
+
+
+def _library_full_disk_report(record: logging.LogRecord) -> bool:
+  """A library's record (Orbax's background threads log each failed write with its
+  traceback) about a full disk: kept in log.txt, off the console."""
+  if is_project_record(record):
+    return False
+  text = record.getMessage() + (str(record.exc_info[1]) if record.exc_info else "")
+  return any(mark in text for mark in _FULL_DISK_MARKS)
+
+
 def show_on_console(record: logging.LogRecord) -> bool:
   """The console filter: project INFO, everyone's warnings and errors, minus the quiet ones.
 
@@ -52,6 +64,8 @@ def show_on_console(record: logging.LogRecord) -> bool:
     return False
   if record.levelno < logging.WARNING:
     return is_project_record(record)
+  if _library_full_disk_report(record):
+    return False  # The command stops with one "No space left on device" line instead.
   if record.levelno >= logging.ERROR or is_project_record(record):
     return True
   message = record.getMessage()
