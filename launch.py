@@ -125,7 +125,7 @@ def main(argv):
       sys.stderr.write(f"\n{type(e).__name__}: {e}\n")
       sys.exit(2)
     except OSError as e:
-      _exit_environment_error(e, mode)
+      _exit_environment_error(e, mode, _WORKDIR.value)
     sys.exit(code)
   import jax  # pylint: disable=g-import-not-at-top
   from transformer import distributed  # pylint: disable=g-import-not-at-top
@@ -171,14 +171,14 @@ def main(argv):
     sys.stderr.write(f"\nFloatingPointError: {e}\n")
     sys.exit(1)
   except OSError as e:  # The machine's: a full disk, no permission (else a bug: re-raised).
-    _exit_environment_error(e, mode)
+    _exit_environment_error(e, mode, workdir)
   if code:  # train: 130 / 143 when a signal stopped it after saving.
     sys.exit(code)
 
 
-def _exit_environment_error(error: OSError, mode: str) -> None:
+def _exit_environment_error(error: OSError, mode: str, workdir: str | None) -> None:
   """Exits 2 with one line for the machine's refusals; re-raises any other OSError (a bug)."""
-  message = usage.environment_error(error, mode)
+  message = usage.environment_error(error, mode, workdir or "")
   if message is None:
     raise error
   sys.stderr.write(f"\n{type(error).__name__}: {message}\n")

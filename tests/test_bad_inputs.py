@@ -308,6 +308,20 @@ def _orbax_disk_full(monkeypatch, paths: Paths) -> None:
   monkeypatch.setattr(ocp.CheckpointManager, "save", save)
 
 
+def _tfds_disk_full(monkeypatch, paths: Paths) -> None:
+  """A patch: preparing a dataset fails as TFDS does on a full data_dir."""
+  del paths
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
+  def download_and_prepare(self, *args, **kwargs):
+    try:
+      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.data_dir))
+    except OSError as e:
+      raise RuntimeError("Failed to finalize writing of split 'train'") from e
+
+  monkeypatch.setattr(tfds.core.DatasetBuilder, "download_and_prepare", download_and_prepare)
+
+
 def _no_new_files_in_workdir(monkeypatch, paths: Paths) -> None:
   """A patch: the one atomic write cannot create files in the workdir (a read-only run)."""
   from transformer.workdir import files  # pylint: disable=g-import-not-at-top
@@ -513,6 +527,14 @@ CASES = [
          ("OSError: No space left on device: {workdir}/checkpoints; free space",),
          trained_workdir=True, patch=_orbax_disk_full,
          may_change=("metrics.jsonl", "run.json", "config.json")),
+    Case("data_dir_full_while_preparing",
+         (TINY, WORKDIR, "--config.data.name=local_text", "--config.data.path={files}/c.txt",
+          "--config.data.data_dir={files}/data"), 2,
+         ("OSError: No space left on device: {files}/data/local_text/", "free space on that "
+          "file system or move what is written there elsewhere (the dataset cache: "
+          "--config.data.data_dir)"),
+         setup=lambda p: _write(os.path.join(p.files, "c.txt"), _lines(50)),
+         patch=_tfds_disk_full),
     Case("resume_with_another_model", (TINY, WORKDIR, "--config.model.mlp_dim=128"), 2,
          ("model.mlp_dim: 64 -> 128", "--config.checkpoint.on_config_change=allow"),
          trained_workdir=True),

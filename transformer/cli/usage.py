@@ -102,13 +102,15 @@ def parse_flags(argv: list[str]) -> list[str]:
 _OUTPUT_MODES = ("evaluate", "translate", "classify", "average")
 
 
-def environment_error(error: OSError, mode: str = "train") -> str | None:
+def environment_error(error: OSError, mode: str = "train", workdir: str = "") -> str | None:
   """One line saying what the machine refused and what to do, or None if not such an error.
 
   Args:
     error: the refusal.
     mode: the --mode that met it: evaluate, translate and average are pointed at
       --output (the run stays where it is), the others at another --workdir.
+    workdir: the command's --workdir; a refusal outside it (the data_dir) is not
+      fixed by another --workdir, and the line says so.
   """
   if (error.errno == errno.EEXIST and error.filename
       and os.path.lexists(error.filename) and not os.path.isdir(error.filename)):
@@ -119,6 +121,13 @@ def environment_error(error: OSError, mode: str = "train") -> str | None:
     return None
   where = f": {error.filename}" if error.filename else ""
   fix = ENVIRONMENT_ERRNOS[error.errno]
-  if mode in _OUTPUT_MODES:
+  if workdir and error.filename and not os.path.abspath(str(error.filename)).startswith(
+      os.path.abspath(workdir) + os.sep) and os.path.abspath(str(error.filename)) != (
+          os.path.abspath(workdir)):
+    # Not the workdir (the dataset cache in data.data_dir, say): another --workdir would
+    # not help.
+    fix = fix.replace("use another --workdir", "move what is written there elsewhere "
+                      "(the dataset cache: --config.data.data_dir)")
+  elif mode in _OUTPUT_MODES:
     fix = fix.replace("use another --workdir", "write the result elsewhere with --output=PATH")
   return f"{error.strerror or error}{where}; {fix}."

@@ -18,9 +18,7 @@ parameters another run's checkpoint shares with the new model, matched by path.
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
-import errno
 import json
 import math
 import os
@@ -38,33 +36,8 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from transformer.configuration import ConfigError
+from transformer.workdir import files
 from transformer.workdir import layout
-
-
-# How a full disk reads inside Orbax's and tensorstore's errors (they raise ValueError or
-# RuntimeError with the OS error in the text, not an OSError).
-_DISK_FULL = {errno.ENOSPC: ("No space left on device", "OS error 28", "ENOSPC"),
-              errno.EDQUOT: ("Disk quota exceeded", "OS error 122", "EDQUOT")}
-
-
-@contextlib.contextmanager
-def disk_errors_as_oserror(directory: str):
-  """Turns a library's full-disk error while writing `directory` into an OSError.
-
-  Orbax reports a full disk as a tensorstore RESOURCE_EXHAUSTED error (several, with
-  long tracebacks); as OSError(ENOSPC) launch.py says it in one line, naming the
-  directory. Any other error passes unchanged.
-  """
-  try:
-    yield
-  except OSError:
-    raise
-  except Exception as e:  # pylint: disable=broad-except
-    text = str(e)
-    for number, marks in _DISK_FULL.items():
-      if any(mark in text for mark in marks):
-        raise OSError(number, os.strerror(number), directory) from None
-    raise
 
 
 class Checkpointer:
@@ -91,7 +64,7 @@ class Checkpointer:
     drawing batches while the arrays are written in the background.
     """
     self.wait()  # Orbax waits for the previous save here anyway; then its sizes are noted.
-    with disk_errors_as_oserror(self.directory):
+    with files.disk_errors_as_oserror(self.directory):
       self._manager.save(step, args=ocp.args.Composite(
           state=ocp.args.StandardSave(state),
           data=grain.checkpoint.CheckpointSave(data_iterator)), force=True)
@@ -177,7 +150,7 @@ class Checkpointer:
 
   def wait(self) -> None:
     """Blocks until a background save has finished; records its files' sizes."""
-    with disk_errors_as_oserror(self.directory):
+    with files.disk_errors_as_oserror(self.directory):
       self._manager.wait_until_finished()
     for step in self._unrecorded:
       step_dir = os.path.join(self.directory, str(step))
@@ -188,7 +161,7 @@ class Checkpointer:
   def close(self) -> None:
     """Finishes pending saves and releases the manager."""
     self.wait()
-    with disk_errors_as_oserror(self.directory):
+    with files.disk_errors_as_oserror(self.directory):
       self._manager.close()
 
 
