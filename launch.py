@@ -4,6 +4,8 @@
   --mode=evaluate         loss / perplexity / accuracy (+ sacreBLEU, chrF) on a split
   --mode=translate        --input (or stdin), one sentence a line -> --output (or stdout)
   --mode=generate         continue --prompt (or each stdin line) with a decoder LM
+  --mode=classify         --input (or stdin), one text a line -> its class and probability
+                          (a model.head='classification' run) -> --output (or stdout)
   --mode=average          the mean of the newest --average_last checkpoints -> --output
   --mode=import           a local Hugging Face folder (--hf_dir: GPT-2, BERT, Marian, T5) ->
                           a new --workdir that the other modes and init_from read
@@ -16,6 +18,8 @@
   --mode=compile          --config's steps compiled for a TPU slice (--topology=v5p:4x4x4)
                           on this CPU host: fits or not, step-time estimate -> --output
                           (transformer/cli/compile.py; needs `pip install libtpu`)
+  --mode=keys             every config key = value  # its comment from configs/base.py
+                          (the --config's values when one is given)
 
 Each mode is one module of transformer/cli/ (MODES below) that defines the flags it
 owns; the flags several modes share are in transformer/cli/common.py. Every mode but
@@ -25,9 +29,12 @@ is then optional and only its data.* and decode.* are used
 --config; they and sweep start no JAX devices (a sweep's runs are processes of their own).
 
 Thin by design: parse flags, start jax.distributed when several processes are in
-play, log the process/device picture, and call the mode's `main`.
+play, hold the workdir's lock (train and sweep: a second command on the same workdir
+stops with "workdir ... in use by PID N on HOST", exit 2), log the process/device
+picture, and call the mode's `main`.
 """
 
+import contextlib
 import os
 import sys
 
@@ -39,12 +46,14 @@ from ml_collections import config_flags
 # The mode modules define their flags on import; none imports JAX at module level, so
 # --help stays fast and flags parse before JAX starts.
 from transformer.cli import average
+from transformer.cli import classify
 from transformer.cli import compare
 from transformer.cli import compile as compile_mode
 from transformer.cli import evaluate
 from transformer.cli import generate
 from transformer.cli import hf_export
 from transformer.cli import hf_import
+from transformer.cli import keys
 from transformer.cli import plot
 from transformer.cli import sweep
 from transformer.cli import train
@@ -53,7 +62,8 @@ from transformer.cli import usage
 
 MODES = {"train": train, "evaluate": evaluate, "translate": translate, "generate": generate,
          "average": average, "plot": plot, "sweep": sweep, "compare": compare,
-         "import": hf_import, "export": hf_export, "compile": compile_mode}
+         "import": hf_import, "export": hf_export, "compile": compile_mode, "keys": keys,
+         "classify": classify}
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file, optionally with an argument: configs/gpt_small.py:local.",
@@ -76,7 +86,12 @@ _MODE = flags.DEFINE_enum(
     "What to do with --workdir (each mode is a module of transformer/cli/); evaluate, "
     "translate, generate, average and plot need a trained workdir.")
 _NEEDS_CONFIG = ("train", "sweep", "compile")
-_NO_WORKDIR = ("train", "compile")  # train defaults to runs/<config>; compile writes none.
+# Modes that need no --workdir: train defaults to runs/<config>; compile and keys write none.
+_NO_WORKDIR = ("train", "compile", "keys")
+# Modes that hold their workdir's lock (workdir/lock.py): those that train into it. The
+# others only read a run, or write result files atomically, so they may run beside it
+# (evaluate a run while it trains); import refuses a workdir that is not empty.
+_LOCKED = ("train", "sweep")
 _WORKDIR_OF = {"plot": "a training run's workdir", "sweep": "the sweep's folder",
                "compare": "a sweep's folder, or where compare.md goes with --compare_dirs"}
 
@@ -102,14 +117,23 @@ def main(argv):
   from transformer.workdir import console  # pylint: disable=g-import-not-at-top
   console.setup_console()  # Project INFO and all warnings, without absl's prefix.
   from transformer.configuration import ConfigError, DataError  # pylint: disable=g-import-not-at-top
+  from transformer.workdir import lock  # pylint: disable=g-import-not-at-top
   if not MODES[mode].STARTS_JAX:
     # Before JAX starts: these read files, and a sweep's runs are launch.py processes of
     # their own that need the accelerators (and jax.distributed) free.
     try:
-      sys.exit(MODES[mode].main(_CONFIG.value, _WORKDIR.value))
+      # A pod sweep runs on every host over one shared folder: there, each run's process
+      # 0 locks the run's workdir instead (the hosts' sweeps share the sweep folder).
+      single_host = not (_DISTRIBUTED.value or _NUM_PROCESSES.value)
+      locked = mode in _LOCKED and single_host
+      with lock.hold(_WORKDIR.value) if locked else contextlib.nullcontext():
+        code = MODES[mode].main(_CONFIG.value, _WORKDIR.value)
     except (ConfigError, DataError) as e:
       sys.stderr.write(f"\n{type(e).__name__}: {e}\n")
       sys.exit(2)
+    except OSError as e:
+      _exit_environment_error(e, mode, _WORKDIR.value)
+    sys.exit(code)
   import jax  # pylint: disable=g-import-not-at-top
   from transformer import distributed  # pylint: disable=g-import-not-at-top
 
@@ -122,32 +146,50 @@ def main(argv):
     raise app.UsageError(str(e)) from e
 
   workdir = _WORKDIR.value or default_workdir(flags.FLAGS["config"].config_filename)
-  # Other modes check their workdir; import writes a new one, which must start empty.
-  if mode == "train" or (os.path.isdir(workdir) and mode != "import"):
-    console.log_to_file(workdir, jax.process_index())  # The full-format log.
-  logging.info("Workdir: %s", os.path.abspath(workdir))
-  logging.info("JAX process %d of %d, %d local / %d global devices (%s)",
-               jax.process_index(), jax.process_count(), jax.local_device_count(),
-               jax.device_count(), jax.devices()[0].platform)
+  # One writer per workdir (process 0 holds it for the run's processes).
+  locked = mode in _LOCKED and jax.process_index() == 0
+  code = 0
   try:
     with distributed.fail_together():
-      try:
-        MODES[mode].main(_CONFIG.value, workdir)
-      except Exception as e:  # pylint: disable=broad-except
-        if not isinstance(e, (ConfigError, DataError)):  # Python prints it on the console.
-          logging.exception("Stopped by an error", extra={"console": False})
-        raise
+      if mode == "train":  # A config that fails validation creates nothing, not even log.txt.
+        train.check_config(_CONFIG.value)
+      with lock.hold(workdir) if locked else contextlib.nullcontext():
+        # Other modes check their workdir; import writes a new one, which must start empty.
+        if mode == "train" or (os.path.isdir(workdir) and mode != "import"):
+          console.log_to_file(workdir, jax.process_index())  # The full-format log.
+        logging.info("Workdir: %s", os.path.abspath(workdir))
+        logging.info("JAX process %d of %d, %d local / %d global devices (%s)",
+                     jax.process_index(), jax.process_count(), jax.local_device_count(),
+                     jax.device_count(), jax.devices()[0].platform)
+        try:
+          code = MODES[mode].main(_CONFIG.value, workdir)
+        except Exception as e:  # pylint: disable=broad-except
+          if not isinstance(e, (ConfigError, DataError)):  # Python prints it on the console.
+            logging.exception("Stopped by an error", extra={"console": False})
+          raise
   except (ConfigError, DataError) as e:
     # A user's mistake, not a bug: the message names the key or file; no traceback.
     logging.error("%s: %s", type(e).__name__, e, extra={"console": False})
     sys.stderr.write(f"\n{type(e).__name__}: {e}\n")
     sys.exit(2)
+  except FloatingPointError as e:
+    # A diverged run: its own message names the step and what to change; the traceback
+    # is in log.txt. Exit 1, not 2: the input was valid, the training was not.
+    sys.stderr.write(f"\nFloatingPointError: {e}\n")
+    sys.exit(1)
   except OSError as e:  # The machine's: a full disk, no permission (else a bug: re-raised).
-    message = usage.environment_error(e)
-    if message is None:
-      raise
-    sys.stderr.write(f"\n{type(e).__name__}: {message}\n")
-    sys.exit(2)
+    _exit_environment_error(e, mode, workdir)
+  if code:  # train: 130 / 143 when a signal stopped it after saving.
+    sys.exit(code)
+
+
+def _exit_environment_error(error: OSError, mode: str, workdir: str | None) -> None:
+  """Exits 2 with one line for the machine's refusals; re-raises any other OSError (a bug)."""
+  message = usage.environment_error(error, mode, workdir or "")
+  if message is None:
+    raise error
+  sys.stderr.write(f"\n{type(error).__name__}: {message}\n")
+  sys.exit(2)
 
 
 def run(argv: list[str] | None = None) -> None:

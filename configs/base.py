@@ -67,7 +67,7 @@ def get_config() -> ml_collections.ConfigDict:
   model.num_token_types = 0  # Token-type (segment A/B) embedding rows (BERT: 2); the model adds row 0. 0 = none.
   model.pooler = False  # Dense + tanh on the pooled vector before the classifier (BERT's pooler).
   model.logits_bias = False  # A learned bias on the LM logits (Marian's final_logits_bias).
-  model.never_predict = ()  # Token ids decoding never emits (rows hf_import adds for roles a vocabulary lacks).
+  model.never_predict = ()  # Token ids never predicted: out of decoding and of the loss's softmax (rows hf_import adds for roles a vocabulary lacks).
   model.embed_dropout = 0.0  # Dropout on the summed token + position embedding.
   model.residual_dropout = 0.0  # Dropout on each sublayer output before the residual add.
   model.attention_dropout = 0.0  # Dropout on attention probabilities (needs attention_impl="einsum").

@@ -5,7 +5,8 @@ One table row per input. Most rows run in this process through the entry point o
 `python launch.py` (`launch.run(argv)`: absl flag parsing, then `launch.main`); the
 rows marked `subprocess` run `python launch.py` itself. Before a row runs, its
 workdir is snapshotted (every file's sha256, mtime and size); afterwards every file
-must still be there, unchanged (log.txt: only appended to). README.md's
+must still be there, unchanged (log.txt: only appended to; the lock file: holds the PID of
+the last command that held the workdir). README.md's
 "Troubleshooting" section lists the same cases.
 """
 
@@ -31,11 +32,13 @@ from absl import flags
 from absl import logging as absl_logging
 
 import launch
+from configs import base
 from tiny import make_tiny_config
 from transformer.workdir import checkpointing
 from transformer import sharding
 from transformer.training import trainer as trainer_lib
 from transformer.workdir import layout
+from transformer.workdir import lock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = "--config=tests/tiny.py:{data_dir}"  # tests/tiny.py's get_config(data_dir).
@@ -72,10 +75,17 @@ class Case:
   other_run: bool = False  # Needs Paths.other.
   subprocess: bool = False  # `python launch.py` instead of the in-process entry point.
   patch: Callable[[pytest.MonkeyPatch, Paths], None] | None = None  # In-process faults.
+  creates_nothing: bool = False  # The workdir must not exist afterwards (not even log.txt).
+  # Files a row that resumes and trains steps before failing may change: config.json
+  # (its applied train.num_steps), the steps' metrics rows (dropped again on resume) and
+  # run.json's session record.
+  may_change: tuple[str, ...] = ()
 
 
 # The workdir's logs: launch.py appends to them on every start, failed or not.
 APPEND_ONLY = ("log.txt",)
+# The workdir's lock (workdir/lock.py): each command that holds it writes its PID there.
+HOLDER_RECORD = ("lock",)
 
 
 def _snapshot(workdir: str) -> dict[str, tuple[str, int, int]]:
@@ -200,9 +210,13 @@ def _check(case: Case, paths: Paths, before, code: int, output: str) -> None:
   assert code == case.code, output[-5000:]
   for message in case.messages:
     assert message.format(**dataclasses.asdict(paths)) in output, output[-5000:]
+  if case.creates_nothing:
+    assert not os.path.exists(paths.workdir), os.listdir(paths.workdir)
   after = _snapshot(paths.workdir) if os.path.isdir(paths.workdir) else {}
   for name, (digest, mtime, size) in before.items():
     assert name in after, f"{name} was removed from the workdir"
+    if name in HOLDER_RECORD + case.may_change:
+      continue
     if name in APPEND_ONLY:
       assert _starts_with(os.path.join(paths.workdir, name), size, digest), f"{name} lost lines"
     else:
@@ -210,6 +224,16 @@ def _check(case: Case, paths: Paths, before, code: int, output: str) -> None:
 
 
 # ---------------------------------------------------------------- inputs the rows write
+
+
+_HELD_LOCKS = []  # Locks rows hold "in another command": kept until the tests end.
+
+
+def _hold_the_lock(paths: Paths) -> None:
+  """The workdir locked by this process: a flock on another open file conflicts alike."""
+  held = lock.hold(paths.workdir)
+  held.__enter__()  # pylint: disable=unnecessary-dunder-call
+  _HELD_LOCKS.append(held)
 
 
 def _write(path: str, content: str | bytes) -> None:
@@ -265,6 +289,53 @@ def _two_process_data_positions(paths: Paths) -> None:
   _write(sizes_path, json.dumps(sizes))
 
 
+def _orbax_disk_full(monkeypatch, paths: Paths) -> None:
+  """A patch: Orbax's save fails as on a full disk (tensorstore's RESOURCE_EXHAUSTED),
+  after its background thread logged the failure with a long traceback."""
+  del paths
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  text = ("RESOURCE_EXHAUSTED: Error writing local file \"/x/ocdbt.process_0/d/1\": "
+          "[OS error 28: No space left on device]")
+
+  def save(*args, **kwargs):
+    try:
+      raise ValueError(text)
+    except ValueError:
+      # As Orbax's async thread does (its module path is not this project's).
+      std_logging.getLogger("orbax.checkpoint").exception("Failed to save")
+    raise ValueError(text)
+
+  monkeypatch.setattr(ocp.CheckpointManager, "save", save)
+
+
+def _tfds_disk_full(monkeypatch, paths: Paths) -> None:
+  """A patch: preparing a dataset fails as TFDS does on a full data_dir."""
+  del paths
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
+  def download_and_prepare(self, *args, **kwargs):
+    try:
+      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.data_dir))
+    except OSError as e:
+      raise RuntimeError("Failed to finalize writing of split 'train'") from e
+
+  monkeypatch.setattr(tfds.core.DatasetBuilder, "download_and_prepare", download_and_prepare)
+
+
+def _no_new_files_in_workdir(monkeypatch, paths: Paths) -> None:
+  """A patch: the one atomic write cannot create files in the workdir (a read-only run)."""
+  from transformer.workdir import files  # pylint: disable=g-import-not-at-top
+  real_mkstemp = files.tempfile.mkstemp
+  root = os.path.abspath(paths.workdir)
+
+  def mkstemp(*args, dir=None, **kwargs):  # pylint: disable=redefined-builtin
+    if dir and os.path.abspath(dir).startswith(root):
+      raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), dir)
+    return real_mkstemp(*args, dir=dir, **kwargs)
+
+  monkeypatch.setattr(files.tempfile, "mkstemp", mkstemp)
+
+
 def _failing_writes(error: int):
   """A patch: every file opened for writing under the workdir fails with OSError(error).
 
@@ -299,6 +370,20 @@ def _failing_writes(error: int):
       return real_open(file, mode, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "open", fake_open)
+    real_fdopen = os.fdopen
+
+    def fake_fdopen(fd, mode="r", *args, **kwargs):
+      # The one atomic write (workdir/files.py) opens its temporary file with os.fdopen.
+      path = os.path.realpath(f"/proc/self/fd/{fd}") if isinstance(fd, int) else ""
+      if path.startswith(os.path.realpath(root) + os.sep) and any(c in mode for c in "wax+"):
+        os.close(fd)
+        if error == errno.EACCES:
+          raise PermissionError(error, os.strerror(error), path)
+        buffered = io.BufferedWriter(FailingFile(path))
+        return buffered if "b" in mode else io.TextIOWrapper(buffered)
+      return real_fdopen(fd, mode, *args, **kwargs)
+
+    monkeypatch.setattr(os, "fdopen", fake_fdopen)
 
   return patch
 
@@ -338,18 +423,27 @@ CASES = [
          ("config.model.arch='rnn' is invalid: valid values are 'decoder', 'encoder', "
           "'encoder_decoder'",), trained_workdir=True),
     Case("heads_do_not_divide_width", (TINY, WORKDIR, "--config.model.num_heads=3"), 2,
-         ("config.model.num_heads=3 is invalid: must divide model.d_model=32",)),
+         ("config.model.num_heads=3 is invalid: must divide model.d_model=32",), creates_nothing=True),
     Case("seq_len_beyond_positions", (TINY, WORKDIR, "--config.data.seq_len=64"), 2,
-         ("config.data.seq_len=64 is invalid: must be <= model.max_len=32",)),
+         ("config.data.seq_len=64 is invalid: must be <= model.max_len=32",), creates_nothing=True),
     Case("batch_does_not_split_over_devices", (TINY, WORKDIR, "--config.data.batch_size=12"), 2,
          ("config.data.batch_size=12 is invalid: it must be divisible by the 8 data-parallel",),
          trained_workdir=True),
     Case("mesh_does_not_fit_devices",
          (TINY, WORKDIR, "--config.mesh.shape=((\"data\",3),(\"fsdp\",1),(\"tensor\",1))"), 2,
-         ("config.mesh.shape=", "3 slots for 8 devices")),
+         ("config.mesh.shape=", "3 slots for 8 devices"), creates_nothing=True),
+    Case("mesh_shape_not_pairs", (TINY, WORKDIR, "--config.mesh.shape=((\"data\",2))"), 2,
+         ("config.mesh.shape=('data', 2) is invalid: expected a tuple of (name, size) pairs",),
+         creates_nothing=True),
     Case("cosine_decay_shorter_than_warmup",
          (TINY, WORKDIR, "--config.optimizer.schedule=cosine", "--config.optimizer.decay_steps=2"),
-         2, ("config.optimizer.decay_steps=2 is invalid", "expected > optimizer.warmup_steps=2")),
+         2, ("config.optimizer.decay_steps=2 is invalid", "expected > optimizer.warmup_steps=2"), creates_nothing=True),
+    Case("cosine_run_shorter_than_warmup",
+         (TINY, WORKDIR, "--config.optimizer.schedule=cosine",
+          "--config.optimizer.warmup_steps=100", "--config.train.num_steps=40"),
+         2, ("config.train.num_steps=40 is invalid: with optimizer.schedule='cosine' and "
+             "optimizer.decay_steps=0", "expected > optimizer.warmup_steps=100",
+             "--config.optimizer.warmup_steps=4"), creates_nothing=True),
     Case("unknown_dataset", (TINY, WORKDIR, "--config.data.name=no_such_dataset"), 2,
          ("config.data.name='no_such_dataset' is not a TFDS dataset", "python_stdlib")),
     Case("unknown_split", (TINY, WORKDIR, "--config.data.eval_split=dev"), 2,
@@ -414,14 +508,40 @@ CASES = [
     Case("workdir_is_a_file", (TINY, "--workdir={files}/taken/run"), 2,
          ("{files}/taken",), setup=lambda p: _write(os.path.join(p.files, "taken"), "x"),
          subprocess=True),
-    Case("workdir_not_writable", (TINY, WORKDIR), 2, ("Permission denied", "{workdir}"),
+    Case("workdir_is_an_existing_file", (TINY, "--workdir={files}/taken"), 2,
+         ("{files}/taken is a file, not a folder: use another --workdir",),
+         setup=lambda p: _write(os.path.join(p.files, "taken"), "x")),
+    Case("sweep_dir_is_an_existing_file",
+         (TINY, "--mode=sweep", "--workdir={files}/taken", "--sweep=model.norm=pre,post"), 2,
+         ("{files}/taken is a file, not a folder: use another --workdir",),
+         setup=lambda p: _write(os.path.join(p.files, "taken"), "x")),
+    Case("workdir_in_use", (TINY, WORKDIR), 2,
+         ("workdir {workdir} in use by PID", "wait for that command to finish"),
+         trained_workdir=True, setup=_hold_the_lock),
+    Case("workdir_not_writable", (TINY, WORKDIR, "--config.train.num_steps=8"), 2, ("Permission denied", "{workdir}"),
          trained_workdir=True, patch=_failing_writes(errno.EACCES)),
     Case("disk_full", (TINY, WORKDIR, "--config.train.num_steps=8"), 2,
          ("No space left on device", "{workdir}"), trained_workdir=True,
          patch=_failing_writes(errno.ENOSPC)),
+    Case("disk_full_during_a_checkpoint", (TINY, WORKDIR, "--config.train.num_steps=8"), 2,
+         ("OSError: No space left on device: {workdir}/checkpoints; free space",),
+         trained_workdir=True, patch=_orbax_disk_full,
+         may_change=("metrics.jsonl", "run.json", "config.json")),
+    Case("data_dir_full_while_preparing",
+         (TINY, WORKDIR, "--config.data.name=local_text", "--config.data.path={files}/c.txt",
+          "--config.data.data_dir={files}/data"), 2,
+         ("OSError: No space left on device: {files}/data/local_text/", "free space on that "
+          "file system or move what is written there elsewhere (the dataset cache: "
+          "--config.data.data_dir)"),
+         setup=lambda p: _write(os.path.join(p.files, "c.txt"), _lines(50)),
+         patch=_tfds_disk_full),
     Case("resume_with_another_model", (TINY, WORKDIR, "--config.model.mlp_dim=128"), 2,
          ("model.mlp_dim: 64 -> 128", "--config.checkpoint.on_config_change=allow"),
          trained_workdir=True),
+    Case("resume_allowed_but_arrays_do_not_match",
+         (TINY, WORKDIR, "--config.model.mlp_dim=128",
+          "--config.checkpoint.on_config_change=allow"), 2,
+         ("checkpoint 6 in", "do not match"), trained_workdir=True),
     Case("checkpoint_of_another_model", (TINY, WORKDIR), 2,
          ("checkpoint 1 in", "do not match"), trained_workdir=True,
          other_run=True, setup=_other_model_checkpoints),
@@ -443,6 +563,26 @@ CASES = [
     Case("evaluate_garbled_config_json", ("--mode=evaluate", WORKDIR), 2,
          ("{workdir}/config.json",), trained_workdir=True,
          setup=lambda p: _write(os.path.join(p.workdir, "config.json"), "{\"model\": ")),
+    Case("translate_input_not_utf8", ("--mode=translate", WORKDIR, "--input={files}/in.txt"),
+         2, ("{files}/in.txt:2: undecodable UTF-8 at byte 4 of the line (0xe9",
+             "iconv -f latin1 -t utf-8"), trained_workdir=True,
+         setup=lambda p: _write(os.path.join(p.files, "in.txt"), b"hello\ncaf\xe9\n")),
+    Case("generate_prompt_not_utf8", ("--mode=generate", WORKDIR, "--prompt=caf\udce9"),
+         2, ("--prompt: undecodable UTF-8 at character 4 (byte 0xe9)",), trained_workdir=True),
+    Case("evaluate_unknown_split_flag", ("--mode=evaluate", WORKDIR, "--split=dev"), 2,
+         ("--split='dev' is not a split of python_stdlib; valid:",), trained_workdir=True),
+    Case("evaluate_read_only_workdir", ("--mode=evaluate", WORKDIR, "--split=train",
+                                        "--max_examples=1"), 2,
+         ("Permission denied", "write the result elsewhere with --output=PATH"),
+         trained_workdir=True, patch=_no_new_files_in_workdir),
+    Case("evaluate_result_exists", ("--mode=evaluate", WORKDIR, "--split=train",
+                                    "--max_examples=1"), 2,
+         ("{workdir}/eval_train_step6_first1.json exists: an earlier run of this command "
+          "wrote this result; read it, pass --overwrite",), trained_workdir=True,
+         setup=lambda p: _write(os.path.join(p.workdir, "eval_train_step6_first1.json"), "{}")),
+    Case("classify_with_a_language_model", ("--mode=classify", WORKDIR, "--input={files}/in.txt"),
+         2, ("--mode=classify needs a model with head='classification'",), trained_workdir=True,
+         setup=lambda p: _write(os.path.join(p.files, "in.txt"), "hello\n")),
     Case("translate_with_a_language_model", ("--mode=translate", WORKDIR, "--input={files}/in.txt"),
          2, ("--mode=translate needs a model with arch='encoder_decoder'",), trained_workdir=True,
          setup=lambda p: _write(os.path.join(p.files, "in.txt"), "hello\n")),
@@ -472,3 +612,43 @@ def test_bad_input(case, tmp_path, tfds_data_dir, request):
   other = request.getfixturevalue("other_run") if case.other_run else ""
   paths, before, code, output = _run_case(case, tmp_path, tfds_data_dir, trained, other)
   _check(case, paths, before, code, output)
+
+
+def test_help_exits_0_and_keys_lists_every_key_with_its_comment(monkeypatch):
+  """`--help` is no mistake (absl exits 1); --mode=keys prints base.py's keys and comments."""
+  code, output = _launch_in_process(["--help"], monkeypatch)
+  assert code == 0 and "--helpfull" in output, output[-3000:]
+  code, output = _launch_in_process(["--helpfull"], monkeypatch)
+  assert code == 0 and "--mode" in output and "--workdir" in output, output[-3000:]
+  code, output = _launch_in_process(["--mode=keys"], monkeypatch)
+  assert code == 0, output[-3000:]
+  assert "model.d_model = 256  # Width of the residual stream." in output
+  assert "optimizer.skip_nonfinite = 0  # Skip updates with non-finite" in output
+  config = base.get_config()
+  listed = [line.split(" = ")[0] for line in output.splitlines() if " = " in line]
+  flat = [k for k, _ in _flat_keys(config)]
+  assert sorted(listed) == sorted(flat)  # Every key once, each with a comment (else an error).
+  assert all("  # " in line and not line.endswith("# ")
+             for line in output.splitlines() if " = " in line)
+  code, output = _launch_in_process(
+      ["--mode=keys", "--config=configs/shakespeare_char.py:cpu"], monkeypatch)
+  assert code == 0 and "data.tokenizer = 'char'  # " in output, output[-3000:]
+
+
+def _flat_keys(config, prefix=""):
+  for key, value in config.items():
+    if hasattr(value, "items"):
+      yield from _flat_keys(value, f"{prefix}{key}.")
+    else:
+      yield prefix + key, value
+
+
+def test_stdin_that_is_not_utf8_names_the_line_and_byte():
+  """Piped input is read as bytes, so the bad byte is named (not a UnicodeDecodeError)."""
+  from transformer.cli import common  # pylint: disable=g-import-not-at-top
+  from transformer.configuration import ConfigError  # pylint: disable=g-import-not-at-top
+  stdin = io.TextIOWrapper(io.BytesIO(b"ok\nline two \xff\n"), encoding="utf-8")
+  with pytest.raises(ConfigError, match=r"^stdin:2: undecodable UTF-8 at byte 10 of the "
+                     r"line \(0xff, byte offset 12\)"):
+    common.read_lines("", stdin)
+  assert common.read_lines("", io.TextIOWrapper(io.BytesIO(b"a\r\nb\n"))) == ["a", "b"]

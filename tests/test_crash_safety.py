@@ -7,6 +7,7 @@ changed config applies cadence changes and stops on the others.
 """
 
 import glob
+import hashlib
 import json
 import os
 import shutil
@@ -28,6 +29,7 @@ from transformer.training import metrics
 from transformer import sharding
 from transformer.training import fault_injection
 from transformer.training import loop
+from transformer.training import optim
 from transformer.training import trainer as trainer_lib
 from transformer.configuration import ConfigError, validate
 from transformer.workdir import layout
@@ -103,6 +105,21 @@ def _tensorboard_scalars(workdir, tag):
 
 
 # ---------------------------------------------------------------- 1. one row per step
+
+
+def test_metric_writer_start_from_scratch_says_so(tmp_path, caplog):
+  """resume(-1): no 'after step -1'; the rows belong to a start that left no checkpoint."""
+  writer = metrics.MetricWriter(str(tmp_path))
+  for step in range(1, 4):
+    writer.write(step, {"loss": float(step)})
+  writer.close()
+  writer = metrics.MetricWriter(str(tmp_path))
+  with caplog.at_level("WARNING"):
+    assert writer.resume(-1) == []
+  writer.close()
+  assert ("dropped 3 rows (0 unreadable) of an earlier start that left no usable checkpoint; "
+          "this run starts at step 0") in caplog.text
+  assert "step -1" not in caplog.text
 
 
 def test_metric_writer_resume_keeps_rows_up_to_the_checkpoint(tmp_path, caplog):
@@ -207,8 +224,8 @@ def test_sigkill_anywhere_reruns_exactly(point_and_step, uninterrupted, tfds_dat
                                          tmp_path):
   """Async saves: where a save was in flight, the rerun sets it aside and resumes before it."""
   _, output = _kill_and_rerun(point_and_step, uninterrupted, tfds_data_dir, tmp_path)
-  if point_and_step == "after_save:6":
-    assert "Resumed from checkpoint 6" in output
+  if point_and_step == "after_save:6":  # The last step: nothing is left to train.
+    assert "is already complete: its checkpoint 6" in output
   elif point_and_step == "during_save:6":
     assert "Resumed from checkpoint 6" not in output
 
@@ -273,6 +290,13 @@ def test_skip_nonfinite_skips_updates_then_stops_after_a_streak(tiny_config, tmp
   assert [rows[s]["skipped_updates"] for s in range(1, 7)] == [0, 0, 0, 1, 0, 0]
   assert [rows[s]["skipped_total"] for s in range(1, 7)] == [0, 0, 0, 1, 1, 1]
   assert "loss" not in rows[4] and all("loss" in rows[s] for s in (1, 2, 3, 5, 6))
+  # The logged rate is the one applied: the schedule at the optimizer's update count,
+  # which the skipped step 4 did not advance (steps 5 and 6 are updates 4 and 5).
+  schedule = optim.make_schedule(tiny_config.optimizer, tiny_config.model.d_model,
+                                 tiny_config.train.num_steps)
+  applied = [float(schedule(count)) for count in (0, 1, 2, 3, 3, 4)]
+  assert applied[4] != float(schedule(4))  # Else the check below could not fail.
+  assert [rows[s]["learning_rate"] for s in range(1, 7)] == pytest.approx(applied, rel=1e-6)
   before, skipped = _restore_raw(workdir, 3), _restore_raw(workdir, 4)
   assert int(skipped["step"]) == 4  # The step advanced ...
   _assert_trees_equal(skipped["params"], before["params"])  # ... the update did not happen.
@@ -445,14 +469,27 @@ def test_on_config_change_allow_resumes_anyway(finished_run, tiny_config, tmp_pa
   assert _checkpoint_steps(workdir)[-1] == 7
 
 
-def test_resolved_vocab_size_is_not_a_change(finished_run, tiny_config, tmp_path, caplog):
-  """vocab_size=0 resolves (bytes tokenizer: 384) to what config.json holds: no difference."""
+def test_resolved_vocab_size_is_not_a_change(finished_run, tiny_config, tmp_path, caplog,
+                                             monkeypatch):
+  """vocab_size=0 resolves (bytes tokenizer: 384) to what config.json holds: no difference.
+
+  The run is finished: the rerun says so and returns its logged metrics without
+  building or compiling a model.
+  """
   workdir = _copy(finished_run, tmp_path)
   tiny_config.model.vocab_size = 0
+
+  def no_compiling(*args, **kwargs):
+    raise AssertionError("a finished run built a Trainer")
+
+  monkeypatch.setattr(trainer_lib.Trainer, "create", no_compiling)
   with caplog.at_level("INFO"):
-    loop.train_and_evaluate(tiny_config, workdir)  # Finished already: restores, no steps.
-  assert "Resumed from checkpoint 6" in caplog.text
-  assert "changed settings" not in caplog.text
+    result = loop.train_and_evaluate(tiny_config, workdir)
+  assert f"{workdir} is already complete: its checkpoint 6 reaches train.num_steps=6" in (
+      caplog.text)
+  assert "Resumed" not in caplog.text and "changed settings" not in caplog.text
+  rows = [r for r in _rows(workdir) if "eval_loss" in r]
+  assert result["eval_loss"] == rows[-1]["eval_loss"]
 
 
 def test_config_json_without_a_checkpoint_is_not_a_resume(finished_run, tiny_config, tmp_path,
@@ -468,3 +505,56 @@ def test_config_json_without_a_checkpoint_is_not_a_resume(finished_run, tiny_con
   with pytest.raises(ConfigError, match=r"config\.checkpoint\.on_config_change='sometimes' "
                      r"is invalid: valid values are 'stop', 'allow'"):
     loop._check_config_change(tiny_config, workdir)  # pylint: disable=protected-access
+
+
+def _file_digests(workdir: str) -> dict[str, str]:
+  """sha256 of every file directly in `workdir` (not the checkpoints, not log.txt)."""
+  return {name: hashlib.sha256(open(os.path.join(workdir, name), "rb").read()).hexdigest()
+          for name in sorted(os.listdir(workdir))
+          if os.path.isfile(os.path.join(workdir, name)) and name != layout.LOG}
+
+
+def test_resume_keeps_its_vocabulary_and_refuses_an_edited_dataset(tiny_config, tmp_path):
+  """Issue 19 row 1: edited data under a resumed run is a listed change, never a new vocabulary."""
+  corpus = tmp_path / "corpus.txt"
+  corpus.write_text("".join(f"{i} the quick brown fox jumps over the lazy dog\n"
+                            for i in range(200)), encoding="utf-8")
+  tiny_config.data.update(name="local_text", path=str(corpus), tokenizer="char",
+                          data_dir=str(tmp_path / "data"))
+  tiny_config.model.vocab_size = 0
+  tiny_config.train.update(num_steps=2, eval_every=2)
+  tiny_config.checkpoint.every = 2
+  workdir = str(tmp_path / "run")
+  loop.train_and_evaluate(tiny_config, workdir)
+  with open(os.path.join(workdir, layout.TOKENIZER_RECORD), encoding="utf-8") as f:
+    vocabulary = json.load(f)
+  before = _file_digests(workdir)
+
+  # New characters: a retrained character vocabulary would grow.
+  with open(corpus, "a", encoding="utf-8") as f:
+    f.write("".join(f"{i} ZYXWVUTSRQ JKL éàü\n" for i in range(200)))
+  tiny_config.train.num_steps = 3
+  with pytest.raises(ConfigError, match=r"dataset: 'local_text/corpus_.*' -> "
+                     r"'local_text/corpus_.*' \(files changed, added or removed: corpus\.txt\)"):
+    loop.train_and_evaluate(tiny_config, workdir)
+  assert _file_digests(workdir) == before  # Nothing rewritten.
+
+  tiny_config.checkpoint.on_config_change = "allow"  # Resume on the new data anyway ...
+  loop.train_and_evaluate(tiny_config, workdir)
+  assert _checkpoint_steps(workdir)[-1] == 3
+  with open(os.path.join(workdir, layout.TOKENIZER_RECORD), encoding="utf-8") as f:
+    assert json.load(f) == vocabulary  # ... with the run's own vocabulary.
+
+
+def test_a_failed_resume_leaves_every_file_as_it_was(finished_run, tiny_config, tmp_path):
+  """Issue 19 row 2: config.json and the vocabulary are written after the restore succeeds."""
+  workdir = _copy(finished_run, tmp_path)
+  before = _file_digests(workdir)
+  tiny_config.model.mlp_dim = 128  # Allowed by the policy, but the arrays do not fit.
+  tiny_config.checkpoint.on_config_change = "allow"
+  with pytest.raises(ConfigError, match="do not match"):
+    loop.train_and_evaluate(tiny_config, workdir)
+  assert _file_digests(workdir) == before
+  tiny_config.model.mlp_dim = 64
+  tiny_config.checkpoint.on_config_change = "stop"
+  loop.train_and_evaluate(tiny_config, workdir)  # The original command still resumes.

@@ -371,3 +371,15 @@ def test_sentencepiece_tokenizer_rejects_other_special_ids(tmp_path):
   path.write_bytes(model.getvalue())
   with pytest.raises(ValueError, match="special ids"):
     tokenizers.SentencePieceTokenizer(str(path))
+
+
+def test_sentencepiece_trainer_lines_go_to_the_log_not_the_console(tmp_path, capfd, caplog):
+  """Its C++ trainer writes on file descriptor 2 itself: those lines become log records."""
+  with caplog.at_level("INFO"):
+    tokenizers.train_sentencepiece(_code_lines(2000), 400, str(tmp_path / "spm.model"),
+                                   max_sentences=10_000)
+  _, stderr = capfd.readouterr()
+  assert "trainer_interface.cc" not in stderr  # Nothing of the trainer on the console ...
+  native = [r for r in caplog.records if r.name == "sentencepiece"]
+  assert len(native) > 20 and any("trainer_interface.cc" in r.getMessage() for r in native)
+  assert all(getattr(r, "console", True) is False for r in native)  # ... log.txt only.

@@ -30,6 +30,8 @@ from transformer.configuration import ConfigError, ModelConfig, objective_of
 from transformer.data import hf_tokenizer
 from transformer.data import sources
 from transformer.model.models import make_model
+from transformer import sharding
+from transformer.training import trainer as trainer_lib
 from transformer.workdir import layout
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "hf")
@@ -71,6 +73,39 @@ def test_gpt2_logits_match_transformers_including_padding():
                                           _positions(ids))
   assert _max_error(logits, expected["logits"], to_internal, real) <= TOLERANCE
   assert not real.all()  # The fixture has padded rows.
+
+
+def test_gpt2_evaluation_nll_equals_transformers():
+  """The rows the import adds (model.never_predict) are outside the loss's softmax.
+
+  The reference is transformers' own logits, log-softmaxed in NumPy over the source
+  vocabulary (which has no added rows): the evaluate path's NLL and accuracy must equal it.
+  """
+  converted, model_config, expected, to_internal = _converted("gpt2")
+  assert model_config.never_predict  # GPT-2 lacks pad, bos and unk rows: three added.
+  config = importer.imported_config(converted)
+  # One device: the fixture's 3 rows do not split over the test's 8.
+  mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1, 1),
+                           ("data", "fsdp", "tensor"))
+  scorer = trainer_lib.Scorer.create(config, mesh, sharding.replicated(mesh))
+  hf_ids, real = expected["input_ids"], expected["attention_mask"].astype(np.int32)
+  ids = to_internal[hf_ids]
+  batch = {"inputs": ids[:, :-1], "segment_ids": real[:, :-1],
+           "positions": _positions(ids[:, :-1]), "targets": ids[:, 1:],
+           "weights": (real[:, :-1] * real[:, 1:]).astype(np.float32)}
+  with scorer.context():
+    sums = jax.device_get(scorer.eval_step(converted.params, batch))
+
+  logits = expected["logits"][:, :-1].astype(np.float64)
+  log_p = logits - logits.max(-1, keepdims=True)
+  log_p -= np.log(np.exp(log_p).sum(-1, keepdims=True))
+  nll = -np.take_along_axis(log_p, hf_ids[:, 1:, None], -1)[..., 0]
+  correct = logits.argmax(-1) == hf_ids[:, 1:]
+  weights = batch["weights"]
+  assert float(sums["weight_sum"]) == weights.sum() > 0
+  assert float(sums["loss_sum"]) / weights.sum() == pytest.approx(
+      (nll * weights).sum() / weights.sum(), abs=1e-5)
+  assert float(sums["correct_sum"]) == (correct * weights).sum()
 
 
 def test_gpt2_greedy_generation_matches_transformers():
@@ -249,6 +284,8 @@ def test_import_writes_a_workdir_the_commands_load_and_export_round_trips(tmp_pa
   exported = str(tmp_path / "exported")
   gpt2.export_gpt2(workdir, exported)
   assert sorted(os.listdir(exported)) == ["config.json", "model.safetensors", "tokenizer.json"]
+  for name in os.listdir(exported):  # Readable by others, as files a user writes are.
+    assert os.stat(os.path.join(exported, name)).st_mode & 0o777 == 0o644, name
   _, original_tensors = hf_common.read_folder(folder)
   _, exported_tensors = hf_common.read_folder(exported)
   assert original_tensors.keys() == exported_tensors.keys()
@@ -323,6 +360,25 @@ def test_a_tensor_without_a_place_stops_naming_it(tmp_path):
   save_file(tensors, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
   with pytest.raises(ConfigError, match="no place for.*h.0.attn.rotary.inv_freq"):
     importer.convert_folder(folder)
+
+
+def test_exporting_a_run_without_a_hf_tokenizer_says_so(tmp_path, tfds_data_dir, caplog):
+  """A run trained here (bytes tokenizer): weights exported, and a loud warning why no tokenizer."""
+  from tiny import make_tiny_config  # pylint: disable=g-import-not-at-top
+  from transformer.training import loop  # pylint: disable=g-import-not-at-top
+  config = make_tiny_config(tfds_data_dir)
+  config.model.update(position="learned", use_bias=True, activation="gelu_tanh")
+  config.train.update(num_steps=1, eval_every=1)
+  config.checkpoint.every = 1
+  workdir = str(tmp_path / "run")
+  loop.train_and_evaluate(config, workdir)
+  exported = str(tmp_path / "exported")
+  with caplog.at_level("WARNING"):
+    gpt2.export_gpt2(workdir, exported)
+  assert sorted(os.listdir(exported)) == ["config.json", "model.safetensors"]
+  assert os.stat(os.path.join(exported, "model.safetensors")).st_mode & 0o777 == 0o644
+  assert (f"NO TOKENIZER EXPORTED: {exported} has no tokenizer.json because its bytes "
+          "vocabulary was trained here") in caplog.text
 
 
 def test_only_gpt2_shaped_models_export(tmp_path):

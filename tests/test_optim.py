@@ -170,8 +170,10 @@ def test_cosine_default_config_validates():
      r"decay must end after the warmup \(it counts the warmup too\): expected > "
      r"optimizer\.warmup_steps=100"),
     (dict(warmup_steps=100, decay_steps=0, num_steps=80),
-     r"config\.optimizer\.decay_steps=0 is invalid: .*\(0 means train\.num_steps=80\).*"
-     r"optimizer\.warmup_steps=100"),
+     r"config\.train\.num_steps=80 is invalid: with optimizer\.schedule='cosine' and "
+     r"optimizer\.decay_steps=0 .* expected > optimizer\.warmup_steps=100; set "
+     r"train\.num_steps above 100, or lower the warmup \(e\.g\. "
+     r"--config\.optimizer\.warmup_steps=8\)"),
 ])
 def test_cosine_validation_names_the_key_and_what_is_valid(overrides, message):
   num_steps = overrides.pop("num_steps", None)

@@ -160,6 +160,28 @@ def test_compare_table_of_given_dirs(tmp_path):
   assert compare.find_runs(str(tmp_path)) == [b, a]
 
 
+def test_compare_puts_every_run_on_one_peak(tmp_path):
+  """Equal FLOPs per step: MFU must order the runs as tokens/s does, whatever each measured."""
+  runs = {}
+  # fast: 0.2 s/step, measured a high peak (2e9); slow: 0.4 s/step, measured a low one (5e8).
+  for name, seconds, peak in (("fast", 0.2, 2e9), ("slow", 0.4, 5e8)):
+    workdir = str(tmp_path / name)
+    _fake_run(workdir, name, [(4, 2.0)])
+    flops_per_step = 1e8
+    with open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8") as f:
+      f.write(json.dumps({"step": 4, "seconds_per_step": seconds,
+                          "tokens_per_second": 10 / seconds,
+                          "mfu": flops_per_step / seconds / peak}) + "\n")
+    with open(os.path.join(workdir, "peak_flops.json"), "w", encoding="utf-8") as f:
+      json.dump({"flops_per_second": peak, "source": "measured"}, f)
+    runs[name] = workdir
+  text = compare.compare([runs["fast"], runs["slow"]], str(tmp_path / "out"))
+  _, rows = _table_rows(text)
+  # Own peaks would say fast 25.0%, slow 50.0%; on one peak (2e9): 25.0% and 12.5%.
+  assert [r["MFU"] for r in rows] == ["25.0%", "12.5%"]
+  assert "over one peak, 2e+09 FLOP/s (the largest measured, fast's)" in text
+
+
 # ---------------------------------------------------------------- end to end
 
 
@@ -180,14 +202,16 @@ def _tiny_flags(data_dir):
           for key, value in tiny.items() if value != base[key]]
 
 
-def _sweep(sweep_dir, data_dir, kill_at=None):
+def _sweep(sweep_dir, data_dir, kill_at=None, spec="model.position=learned,rope"):
   env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
   env.pop("TRANSFORMER_TEST_KILL_AT", None)
   if kill_at:  # Every run of the sweep inherits it: the first one dies there.
     env["TRANSFORMER_TEST_KILL_AT"] = kill_at
   command = [sys.executable, os.path.join(ROOT, "launch.py"), "--mode=sweep",
              "--config=configs/gpt_small.py:local", f"--workdir={sweep_dir}",
-             "--sweep=model.position=learned,rope"] + _tiny_flags(data_dir)
+             f"--sweep={spec}"] + [
+                 flag for flag in _tiny_flags(data_dir)  # The swept keys are the spec's.
+                 if flag.split("=")[0].removeprefix("--config.") not in spec]
   result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=1800, check=False)  # A hang guard only.
   return result.returncode, result.stdout + result.stderr
@@ -197,23 +221,27 @@ def test_two_run_sweep_resumes_skips_and_compares(tfds_data_dir, tmp_path):
   sweep_dir = str(tmp_path / "sweep")
   learned, rope = (os.path.join(sweep_dir, n) for n in ("position=learned", "position=rope"))
 
-  # 1. The first run is killed after step 4 (checkpoint 3 saved): the sweep stops there.
+  # 1. Each run is killed after step 4 (checkpoint 3 saved), as by the OOM killer: a
+  # failed run is recorded and the sweep goes on to the next; it exits 1.
   code, output = _sweep(sweep_dir, tfds_data_dir, kill_at="after_step:4")
   assert code == 1, output[-3000:]
   assert "run 1/2 model.position=learned: starting in" in output
-  assert "run 1/2 model.position=learned was killed by signal 9" in output
-  assert "at checkpoint 3/6" in output and "rerun the same command to resume" in output
-  assert "run 2/2" not in output and not os.path.exists(rope)
-  assert sweep.finished_step(learned) == 3
+  assert "run 1/2 model.position=learned failed: was killed by signal 9" in output
+  assert "run 2/2 model.position=rope: starting in" in output
+  assert "not finished: position=learned, position=rope" in output
+  assert [sweep.finished_step(w) for w in (learned, rope)] == [3, 3]
+  assert [(r["status"], r["step"], r["reason"]) for r in compare.sweep_runs(sweep_dir)] == [
+      ("failed", 3, "the run was killed by signal 9")] * 2  # Step 4's row was never written.
 
-  # 2. The same command: the first run resumes from its checkpoint, the second starts.
+  # 2. The same command: both runs resume from their checkpoints.
   code, output = _sweep(sweep_dir, tfds_data_dir)
   assert code == 0, output[-3000:]
   assert "run 1/2 model.position=learned: resuming from step 3/6" in output
   assert "Resumed from checkpoint 3" in output
-  assert "run 2/2 model.position=rope: starting in" in output
+  assert "run 2/2 model.position=rope: resuming from step 3/6" in output
   assert "run 2/2 model.position=rope: finished in" in output
   assert [sweep.finished_step(w) for w in (learned, rope)] == [6, 6]
+  assert [r["status"] for r in compare.sweep_runs(sweep_dir)] == ["finished"] * 2
 
   # 3. Again: both finished, skipped without starting a run.
   code, output = _sweep(sweep_dir, tfds_data_dir)
@@ -224,9 +252,10 @@ def test_two_run_sweep_resumes_skips_and_compares(tfds_data_dir, tmp_path):
   # The comparison: one row per run, the swept key the only differing column.
   with open(os.path.join(sweep_dir, "compare.md"), encoding="utf-8") as f:
     header, rows = _table_rows(f.read())
-  assert header[:4] == ["run", "model.position", "parameters", "steps"]
-  assert [(r["run"], r["model.position"], r["steps"]) for r in rows] == [
-      ("position=learned", "learned", "6/6"), ("position=rope", "rope", "6/6")]
+  assert header[:5] == ["run", "status", "model.position", "parameters", "steps"]
+  assert [(r["run"], r["status"], r["model.position"], r["steps"]) for r in rows] == [
+      ("position=learned", "finished", "learned", "6/6"),
+      ("position=rope", "finished", "rope", "6/6")]
   parameters = [int(r["parameters"].replace(",", "")) for r in rows]
   assert parameters[0] - parameters[1] == 32 * 32  # The learned table: max_len x d_model.
   eval_loss = plots.read_series(learned)["eval_loss"]
@@ -242,3 +271,33 @@ def test_two_run_sweep_resumes_skips_and_compares(tfds_data_dir, tmp_path):
   for workdir in (learned, rope):  # Each run drew its own curves when it ended.
     for stem in ("loss", "learning_rate", "grad_norm", "tokens_per_second", "accuracy"):
       assert_png(os.path.join(workdir, "plots", f"{stem}.png"))
+
+
+def test_a_diverged_run_is_recorded_and_the_sweep_goes_on(tfds_data_dir, tmp_path):
+  """Issue 19 row 3: status, step and reason in sweep.json and compare.md; a rerun retries it."""
+  sweep_dir = str(tmp_path / "sweep")
+  spec = "optimizer.learning_rate=1e30,0.003"  # 1e30: parameters overflow at once.
+  code, output = _sweep(sweep_dir, tfds_data_dir, spec=spec)
+  assert code == 1, output[-3000:]
+  assert "run 1/2 optimizer.learning_rate=1e+30 diverged: exited with status 1" in output
+  assert "run 2/2 optimizer.learning_rate=0.003: finished in" in output
+  assert "Traceback" not in output  # The diverged run's error is one line.
+  diverged, finished = compare.sweep_runs(sweep_dir)
+  assert diverged["status"] == "diverged" and finished["status"] == "finished"
+  assert diverged["reason"].startswith("FloatingPointError: Non-finite training loss")
+  assert isinstance(diverged["step"], int) and finished["step"] == 6
+  with open(os.path.join(sweep_dir, "compare.md"), encoding="utf-8") as f:
+    text = f.read()
+  _, rows = _table_rows(text)
+  assert rows[0]["status"] == f"**diverged (step {diverged['step']})**"
+  assert rows[1]["status"] == "finished"
+  assert f"learning_rate=1e_30 diverged (last logged step {diverged['step']}): " \
+         "FloatingPointError: Non-finite" in text
+  # --mode=compare on the folder shows the same.
+  assert "**diverged" in compare.compare(compare.find_runs(sweep_dir), str(tmp_path / "c"))
+
+  # Rerunning retries only what did not finish.
+  code, output = _sweep(sweep_dir, tfds_data_dir, spec=spec)
+  assert code == 1, output[-3000:]
+  assert "run 1/2 optimizer.learning_rate=1e+30: starting" in output
+  assert "run 2/2 optimizer.learning_rate=0.003: finished (checkpoint 6/6), skipped" in output

@@ -139,17 +139,30 @@ def test_sigint_saves_and_the_same_command_resumes(tfds_data_dir, tmp_path):
       assert proc.poll() is None, log_path.read_text()[-3000:]
       time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=180) == 0
+    assert proc.wait(timeout=180) == 130  # 128 + SIGINT: `&&` chains see it stopped.
   output = log_path.read_text()
   stopped = int(re.search(r"Stopped at step (\d+)", output).group(1))
   assert stopped >= 2
   assert os.path.isdir(os.path.join(workdir, "checkpoints", str(stopped)))
+  assert (f"Stopped by SIGINT at step {stopped} after saving a checkpoint; rerun the same "
+          "command to resume (exit status 130)") in output
+  assert f"Run summary: step {stopped}/100000 (stopped by SIGINT)" in output
+  assert "Traceback" not in output
 
   result = subprocess.run(command + [f"--config.train.num_steps={stopped + 2}"], cwd=root,
                           env=env, capture_output=True, text=True, timeout=300, check=False)
   assert result.returncode == 0, result.stderr[-3000:]
   assert f"Resumed from checkpoint {stopped}" in result.stderr
   assert f"step {stopped + 2}/{stopped + 2}" in result.stderr
+  assert f"Run summary: step {stopped + 2}/{stopped + 2} (finished)" in result.stderr
+  assert "eval_loss: final" in result.stderr and f"outputs in {workdir}" in result.stderr
+
+  # Once more: already complete, exit 0, nothing trained.
+  result = subprocess.run(command + [f"--config.train.num_steps={stopped + 2}"], cwd=root,
+                          env=env, capture_output=True, text=True, timeout=300, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert f"is already complete: its checkpoint {stopped + 2}" in result.stderr
+  assert "Resumed" not in result.stderr
 
 
 def test_two_step_golden_values(tiny_config):
@@ -178,3 +191,16 @@ def test_two_step_golden_values(tiny_config):
                    float(metrics["grad_norm"]), float(metrics["param_norm"])))
   np.testing.assert_allclose(seen, [(5.967378, 0.951698, 13.026247),
                                     (5.872641, 0.684321, 13.056023)], rtol=1e-4)
+
+
+def test_an_mfu_above_100_percent_is_never_shown_unexplained(caplog):
+  """The measured peak is taken under other load: a faster step says why it is above."""
+  from transformer.training import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
+  progress = metrics_lib.TrainProgress(0, 10, 100, flops_per_step=1.0, peak_flops=1.0)
+  with caplog.at_level("WARNING"):
+    line = progress.line(2, {"seconds_per_step": 0.5, "tokens_per_second": 200.0, "mfu": 2.0})
+    again = progress.line(3, {"seconds_per_step": 0.5, "tokens_per_second": 200.0, "mfu": 2.0})
+  assert "MFU 200.0% (above the measured peak)" in line and "(above the measured peak)" in again
+  assert caplog.text.count("MFU above 100%") == 1  # Explained once, in the log.
+  assert "above" not in progress.line(4, {"seconds_per_step": 1.0, "tokens_per_second": 100.0,
+                                          "mfu": 0.5})

@@ -173,12 +173,18 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if opt.schedule == "cosine":
     _check_int(config, "train.num_steps", 1)  # The decay length when decay_steps is 0.
     decay_steps = opt.decay_steps or config.train.num_steps
+    if decay_steps <= opt.warmup_steps and opt.decay_steps == 0:
+      # The decay length is train.num_steps, the key a short run sets: name it first.
+      _fail("train.num_steps", config.train.num_steps,
+            "with optimizer.schedule='cosine' and optimizer.decay_steps=0 the run is the "
+            "cosine's length, which must end after the warmup: expected > "
+            f"optimizer.warmup_steps={opt.warmup_steps}; set train.num_steps above "
+            f"{opt.warmup_steps}, or lower the warmup (e.g. --config.optimizer.warmup_steps="
+            f"{max(config.train.num_steps // 10, 0)})")
     if decay_steps <= opt.warmup_steps:
-      where = (f"0 means train.num_steps={config.train.num_steps}"
-               if opt.decay_steps == 0 else "it counts the warmup too")
       _fail(o + "decay_steps", opt.decay_steps,
-            f"with optimizer.schedule='cosine' the decay must end after the warmup ({where}): "
-            f"expected > optimizer.warmup_steps={opt.warmup_steps}")
+            "with optimizer.schedule='cosine' the decay must end after the warmup (it counts "
+            f"the warmup too): expected > optimizer.warmup_steps={opt.warmup_steps}")
 
   t = "train."
   _check_int(config, t + "num_steps", 1)
@@ -426,13 +432,24 @@ def _validate_modern_axes(model: ml_collections.ConfigDict) -> None:
 
 def _validate_mesh(config: ml_collections.ConfigDict) -> None:
   shape = config.mesh.shape
+  # Shape first: ('data', 2) is what (("data", 2)) parses to (one pair, no outer tuple).
+  pairs = isinstance(shape, (tuple, list)) and all(
+      isinstance(axis, (tuple, list)) and len(axis) == 2 and isinstance(axis[0], str)
+      and isinstance(axis[1], int) and not isinstance(axis[1], bool) for axis in shape)
+  if not pairs:
+    _fail("mesh.shape", shape, "expected a tuple of (name, size) pairs, one for each of "
+          f"{MESH_AXES}, e.g. ((\"data\", -1), (\"fsdp\", 1), (\"tensor\", 1))")
   names = [axis[0] for axis in shape]
   if sorted(names) != sorted(MESH_AXES):
     _fail("mesh.shape", shape, f"expected one (name, size) pair for each of {MESH_AXES}")
   sizes = [axis[1] for axis in shape]
   if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
     _fail("mesh.shape", shape, "sizes must be positive, with at most one -1")
-  for logical, mesh_axes in config.mesh.rules:
+  rules = config.mesh.rules
+  if not (isinstance(rules, (tuple, list))
+          and all(isinstance(r, (tuple, list)) and len(r) == 2 for r in rules)):
+    _fail("mesh.rules", rules, "expected a tuple of (logical axis, mesh axes) pairs")
+  for logical, mesh_axes in rules:
     if logical not in LOGICAL_AXES:
       _fail("mesh.rules", logical, f"logical axes are {LOGICAL_AXES}")
     targets = mesh_axes if isinstance(mesh_axes, (tuple, list)) else (mesh_axes,)

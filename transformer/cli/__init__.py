@@ -4,6 +4,7 @@
   evaluate.py   --mode=evaluate (--split, --max_examples)
   translate.py  --mode=translate (--input)
   generate.py   --mode=generate (--prompt)
+  classify.py   --mode=classify (--input, --class_names): a class and its probability a line
   average.py    --mode=average
   hf_import.py  --mode=import
   hf_export.py  --mode=export
@@ -12,11 +13,12 @@
   compare.py    --mode=compare (--compare_dirs)
   compile.py    --mode=compile (--topology, --mesh_search, ...): the steps compiled for a
                 TPU slice on this host, fits or not, how fast (transformer/planning/)
-  common.py     flags several modes share (--output, --checkpoint_step, decode flags)
+  keys.py       --mode=keys: every config key with its value and base.py's comment
+  common.py     flags several modes share (--input, --output, --checkpoint_step, decode flags)
                 and their file handling
   usage.py      flag, config-file and disk/permission mistakes in one line
 
-Each module sets STARTS_JAX (plot, compare, sweep and compile start no devices of
+Each module sets STARTS_JAX (plot, compare, keys, sweep and compile start no devices of
 this host's run: compile uses libtpu's abstract TPU devices). May import
 every other part of the package; nothing imports cli/ but launch.py.
 """

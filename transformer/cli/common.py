@@ -22,9 +22,11 @@ AVERAGE_LAST = flags.DEFINE_integer(
     "average_last", 0, "evaluate, translate, generate, average: use the mean of the "
     "parameters of the newest N checkpoints (up to --checkpoint_step); the paper: 5 for "
     "base, 20 for big. 0: no averaging.")
+INPUT = flags.DEFINE_string(
+    "input", "", "translate, classify: a UTF-8 file, one text a line (default stdin).")
 OUTPUT = flags.DEFINE_string(
-    "output", "", "Where a mode writes its result: translate, the translations (default "
-    "stdout); evaluate, the result JSON (default in the workdir); average, the new "
+    "output", "", "Where a mode writes its result: translate, the translations, and "
+    "classify, the classes (default stdout); evaluate, the result JSON (default in the workdir); average, the new "
     "workdir; compile, the JSON report.")
 OVERWRITE = flags.DEFINE_bool(
     "overwrite", False, "translate, evaluate: allow replacing an existing --output.")
@@ -60,27 +62,73 @@ def loading_flags(config: Any) -> dict[str, Any]:
               decode_overrides={key: flag.value for key, flag in DECODE_FLAGS.items()})
 
 
+def decode_utf8(raw: bytes, where: str) -> str:
+  """`raw` as UTF-8; ConfigError naming the line, column and byte of the first bad byte."""
+  try:
+    return raw.decode("utf-8")
+  except UnicodeDecodeError as e:
+    line = raw.count(b"\n", 0, e.start) + 1
+    column = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+    raise ConfigError(
+        f"{where}:{line}: undecodable UTF-8 at byte {column} of the line (0x{raw[e.start]:02x},"
+        f" byte offset {e.start}): the input must be UTF-8; re-encode it, e.g. "
+        "`iconv -f latin1 -t utf-8`") from None
+
+
+def check_text(text: str, where: str) -> str:
+  """Refuses text holding lone surrogates (undecodable bytes smuggled in by the OS)."""
+  try:
+    text.encode("utf-8")
+  except UnicodeEncodeError as e:
+    # Python decodes undecodable command-line bytes as surrogates U+DC80..U+DCFF.
+    byte = ord(text[e.start]) - 0xDC00 if 0xDC80 <= ord(text[e.start]) <= 0xDCFF else None
+    raise ConfigError(
+        f"{where}: undecodable UTF-8 at character {e.start + 1}"
+        + (f" (byte 0x{byte:02x})" if byte is not None else "")
+        + ": the text must be UTF-8; re-encode it, e.g. `iconv -f latin1 -t utf-8`") from None
+  return text
+
+
 def read_lines(path: str, stream: TextIO) -> list[str]:
-  """Lines of a UTF-8 file (or `stream` for ""), without line ends; '\\n'-separated only."""
+  """Lines of a UTF-8 file (or `stream` for ""), without line ends; '\\n'-separated only.
+
+  Raises:
+    ConfigError: a missing file, or bytes that are not UTF-8 (naming line and byte).
+  """
   if path:
     if not os.path.isfile(path):
       raise ConfigError(f"--input={path!r} is not a file")
-    with open(path, encoding="utf-8", newline="") as f:
-      text = f.read()
+    with open(path, "rb") as f:
+      text = decode_utf8(f.read(), path)
   else:
-    text = stream.read()
+    buffer = getattr(stream, "buffer", None)  # Bytes, so that a bad byte can be named.
+    text = (decode_utf8(buffer.read(), "stdin") if buffer is not None
+            else check_text(stream.read(), "stdin"))
   lines = text.split("\n")
   if lines and lines[-1] == "":
     lines.pop()  # The final newline ends the last line; it does not start another.
   return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
-def check_output(path: str, overwrite: bool, inputs: Sequence[str] = ()) -> None:
-  """Refuses to write over an input, or over an existing file without `overwrite`."""
+def check_output(path: str, overwrite: bool, inputs: Sequence[str] = (),
+                 given: bool = True) -> None:
+  """Refuses to write over an input, or over an existing file without `overwrite`.
+
+  Args:
+    path: where the result goes.
+    overwrite: --overwrite.
+    inputs: files the command reads, never written over.
+    given: whether `path` is the user's --output (else the command's default path, and
+      the message must not speak of an --output the user never gave).
+  """
   for other in inputs:
     if other and os.path.exists(path) and os.path.samefile(path, other):
       raise ConfigError(f"--output={path!r} is the input file; write elsewhere (the input is "
                         "never overwritten)")
   if os.path.exists(path) and not overwrite:
+    if not given:
+      raise ConfigError(f"{path} exists: an earlier run of this command wrote this result; "
+                        "read it, pass --overwrite to compute it again, or --output=PATH to "
+                        "write elsewhere")
     raise ConfigError(f"--output={path!r} exists; pass --overwrite to replace it, or choose "
                       "another path")

@@ -18,7 +18,7 @@ import ml_collections
 from absl import flags
 
 from transformer.cli import common
-from transformer.configuration import objective_of
+from transformer.configuration import ConfigError, objective_of
 from transformer.data import catalog
 from transformer.data import pipeline
 from transformer.data import sources
@@ -95,12 +95,20 @@ def evaluate(workdir: str, *, config: ml_collections.ConfigDict | None = None,
   run = loaded.load_run(workdir, config=config, checkpoint_step=checkpoint_step,
                  average_last=average_last, decode_overrides=decode_overrides)
   config = run.config
+  given_split = bool(split)
   config.data.eval_split = split or config.data.eval_split
   split = config.data.eval_split
   path = output or result_path(workdir, split, run.steps, max_examples)
-  common.check_output(path, overwrite)
+  common.check_output(path, overwrite, given=bool(output))
   config.train.eval_batches = -1  # The whole split.
-  builder = catalog.load_builder(config.data)  # Also checks that the split exists.
+  try:
+    builder = catalog.load_builder(config.data)  # Also checks that the split exists.
+  except ConfigError as e:
+    named = f"config.data.eval_split={split!r}"
+    if not given_split or named not in str(e):
+      raise
+    # The user named the split with --split, not with the config key.
+    raise ConfigError(str(e).replace(named, f"--split={split!r}")) from None
   sources.check_features(config, builder)
   objective = objective_of(config.model.arch, config.model.head)
   source = builder.as_data_source(split=split)
@@ -149,7 +157,7 @@ def evaluate(workdir: str, *, config: ml_collections.ConfigDict | None = None,
     with open(averaged, encoding="utf-8") as f:
       record["averaged"] = json.load(f)
   if jax.process_index() == 0:
-    common.check_output(path, overwrite)
+    common.check_output(path, overwrite, given=bool(output))
     files.write_atomically(path, json.dumps(record, indent=2) + "\n")
     _print_result(record, run, path, stdout or sys.stdout)
   return record

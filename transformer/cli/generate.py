@@ -70,6 +70,7 @@ def generate(workdir: str, prompts: Sequence[str] | None = None, *,
                                                      for i in range(len(prompts))]
   if not prompts:
     raise ConfigError("no prompt: give --prompt=TEXT or lines on stdin")
+  prompts = [common.check_text(p, name) for p, name in zip(prompts, names)]
   decode = run.config.decode
   policy = text.prompt_policy(run.config, decode.max_new_tokens, decode.overlong)
   with run.context():

@@ -20,10 +20,16 @@ Each run is `python launch.py --mode=train` in a process of its own (XLA state a
 memory are released between runs; other `--config.x` flags and the jax.distributed
 flags are passed on) with the workdir `<sweep dir>/<short key>=<value>+...`, e.g.
 `norm=post+position=rope` (full keys where the last parts would collide). The runs go
-one after another. Rerunning the same command resumes the sweep: a run whose newest
-complete checkpoint is at train.num_steps is finished and skipped; any other run is
-started again in its workdir, which resumes it from its checkpoint. When every run
-has finished, the comparison (transformer/reports/compare.py) is written into the sweep dir.
+one after another. A run that fails or diverges (its exit status is not 0; a diverged
+run's error line is a FloatingPointError) does not stop the sweep: its status
+("failed" / "diverged"), the last step it logged and its error line (the reason) go
+into sweep.json, and the next run starts. At the end the comparison
+(transformer/reports/compare.py) is written into the sweep dir, failed runs marked as
+such, and the sweep exits 1 if any run did not finish. Rerunning the same command
+resumes the sweep: a run whose newest complete checkpoint is at train.num_steps is
+finished and skipped; any other run (failed, diverged, stopped, not started) is started
+again in its workdir, which resumes it from its checkpoint. sweep.json's runs each
+carry "status": pending, running, finished, failed, diverged or stopped.
 
 A signal (Ctrl-C, SIGTERM) is passed to the running run once per signal: it stops
 after the current step and saves (a second one aborts it), and the sweep ends; the
@@ -55,7 +61,9 @@ from transformer.configuration import ConfigError, validate
 from transformer.reports import compare
 from transformer.reports import plots
 from transformer.training.metrics import format_duration
+from transformer.training.metrics import read_rows
 from transformer.workdir import checkpointing
+from transformer.workdir import files
 from transformer.workdir import layout
 
 SWEEP = flags.DEFINE_string(
@@ -277,16 +285,7 @@ def build_runs(config: ml_collections.ConfigDict, spec: str,
   return runs
 
 
-def finished_step(workdir: str) -> int | None:
-  """The step of the newest complete, undamaged checkpoint in `workdir`, or None."""
-  directory = os.path.join(workdir, layout.CHECKPOINTS)
-  if not checkpointing.has_checkpoint(workdir):
-    return None
-  steps = sorted((int(n) for n in os.listdir(directory) if n.isdigit()), reverse=True)
-  for step in steps:  # Finalised ones have bare step names; damaged ones are skipped.
-    if checkpointing.checkpoint_problem(os.path.join(directory, str(step))) is None:
-      return step
-  return None
+finished_step = checkpointing.newest_complete_step  # What a rerun of a run would resume.
 
 
 def _command(config_arg: str, workdir: str, run: SweepArm, fixed: Mapping[str, Any],
@@ -350,14 +349,44 @@ class _Forward:
 
 
 def _write_record(sweep_dir: str, config_arg: str, spec: str, fixed: Mapping[str, Any],
-                  runs: Sequence[SweepArm]) -> None:
+                  runs: Sequence[SweepArm], outcomes: Mapping[str, dict[str, Any]]) -> None:
+  """sweep.json: the spec, and each run with its outcome (status, step, reason)."""
   record = {"config": config_arg, "sweep": spec,
             "flags": [f"--config.{k}={_as_flag(v)}" for k, v in fixed.items()],
-            "runs": [{"name": run.name, "overrides": run.overrides} for run in runs]}
-  temporary = os.path.join(sweep_dir, layout.SWEEP_RECORD + f".{os.getpid()}.tmp")
-  with open(temporary, "w", encoding="utf-8") as f:
-    json.dump(record, f, indent=1)
-  os.replace(temporary, os.path.join(sweep_dir, layout.SWEEP_RECORD))
+            "runs": [{"name": run.name, "overrides": run.overrides,
+                      **outcomes.get(run.name, {"status": "pending"})} for run in runs]}
+  files.write_atomically(os.path.join(sweep_dir, layout.SWEEP_RECORD),
+                         json.dumps(record, indent=1))
+
+
+# A line that names an exception, as launch.py's one-line errors and tracebacks end.
+_ERROR_LINE = re.compile(r"^[A-Za-z_.]*(Error|Exception|Interrupt)\b")
+# Exit statuses of a run stopped by SIGINT / SIGTERM after saving (launch.py).
+_INTERRUPTED = (130, 143)
+
+
+def _relay_errors(process: subprocess.Popen) -> tuple[str, str]:
+  """Copies the run's stderr to ours as it comes; returns (its last error line, last line)."""
+  last, error = "", ""
+  for line in process.stderr:
+    sys.stderr.write(line)
+    sys.stderr.flush()
+    if line.strip():
+      last = line.strip()
+      if _ERROR_LINE.match(last):
+        error = last
+  return error, last
+
+
+def _last_logged_step(workdir: str) -> int | None:
+  rows, _ = read_rows(os.path.join(workdir, layout.METRICS))
+  return max((int(row["step"]) for row in rows), default=None)
+
+
+def _previous_outcomes(sweep_dir: str) -> dict[str, dict[str, Any]]:
+  """{name: outcome} from an earlier sweep.json in `sweep_dir` (shown until retried)."""
+  return {run["name"]: {k: run[k] for k in ("status", "step", "reason") if k in run}
+          for run in compare.sweep_runs(sweep_dir) if "name" in run and "status" in run}
 
 
 def run_sweep(config: ml_collections.ConfigDict, config_arg: str, sweep_dir: str, spec: str,
@@ -384,7 +413,9 @@ def run_sweep(config: ml_collections.ConfigDict, config_arg: str, sweep_dir: str
   fixed = dict(fixed or {})
   runs = build_runs(config, spec, fixed)
   os.makedirs(sweep_dir, exist_ok=True)
-  _write_record(sweep_dir, config_arg, spec, fixed, runs)
+  outcomes = _previous_outcomes(sweep_dir)
+  record = lambda: _write_record(sweep_dir, config_arg, spec, fixed, runs, outcomes)
+  record()
   print(f"sweep: {len(runs)} runs in {os.path.abspath(sweep_dir)}", flush=True)
   stop_with_the_sweep = _stop_with_the_sweep()
   with _Forward() as forward:
@@ -396,32 +427,61 @@ def run_sweep(config: ml_collections.ConfigDict, config_arg: str, sweep_dir: str
       if step is not None and step >= num_steps:
         print(f"{label}: finished (checkpoint {step}/{num_steps}), skipped"
               f"{_summary(workdir)}", flush=True)
+        outcomes[run.name] = {"status": "finished", "step": step}
+        record()
         if not os.path.isdir(os.path.join(workdir, layout.PLOTS)):
           plots.write_plots_after_training(workdir)
         continue
       start = "starting" if step is None else f"resuming from step {step}/{num_steps}"
       command = _command(config_arg, workdir, run, fixed, launcher_flags)
       print(f"{label}: {start} in {workdir}\n  {shlex.join(command)}", flush=True)
+      outcomes[run.name] = {"status": "running"}
+      record()
       started = time.perf_counter()
       # A session of its own: a terminal's Ctrl-C reaches the run once, through _Forward.
       forward.process = subprocess.Popen(command, start_new_session=True,
-                                         preexec_fn=stop_with_the_sweep)
+                                         preexec_fn=stop_with_the_sweep,
+                                         stderr=subprocess.PIPE, text=True, errors="replace")
+      error, last_line = _relay_errors(forward.process)
       code = forward.process.wait()
+      # The reason: the run's error line; for a killed run (no error printed) the signal.
+      reason = error or (f"the run was killed by signal {-code}" if code < 0 else last_line)
       forward.process = None
       step = finished_step(workdir)
       elapsed = format_duration(time.perf_counter() - started)
       if code == 0 and not forward.signals and step is not None and step >= num_steps:
         print(f"{label}: finished in {elapsed}{_summary(workdir)}", flush=True)
+        outcomes[run.name] = {"status": "finished", "step": step}
+        record()
         continue
-      how = (f"exited with status {code}" if code > 0 else
-             f"was killed by signal {-code}" if code < 0 else "stopped")
-      print(f"{label} {how} after {elapsed} at checkpoint {step}/{num_steps} (its output is "
-            "above); rerun the same command to resume the sweep from it", file=sys.stderr,
-            flush=True)
-      return code if code > 0 else 1
+      logged = _last_logged_step(workdir)
+      if forward.signals or code in _INTERRUPTED or code == 0:
+        # Stopped by a signal (ours, passed on, or its own): the sweep stops with it.
+        outcomes[run.name] = {"status": "stopped", "step": step,
+                              "reason": reason or "stopped by a signal"}
+        record()
+        print(f"{label} stopped after {elapsed} at checkpoint {step}/{num_steps}; rerun the "
+              "same command to resume the sweep from it", file=sys.stderr, flush=True)
+        return code if code > 0 else 1
+      # Failed or diverged: recorded, and the sweep goes on with the next run.
+      how = f"exited with status {code}" if code > 0 else f"was killed by signal {-code}"
+      status = "diverged" if reason.startswith("FloatingPointError") else "failed"
+      outcomes[run.name] = {"status": status, "step": logged,
+                            "reason": reason or f"the run {how}"}
+      record()
+      print(f"{label} {status}: {how} after {elapsed}, last logged step {logged}: "
+            f"{reason or '(no error line)'}; the sweep goes on (rerunning it retries this "
+            "run)", file=sys.stderr, flush=True)
   text = compare.compare([os.path.join(sweep_dir, run.name) for run in runs], sweep_dir,
                          log_steps)
   print(text, flush=True)
+  failed = [run.name for run in runs if outcomes[run.name]["status"] != "finished"]
+  if failed:
+    print(f"sweep: {len(runs) - len(failed)} of {len(runs)} runs finished; not finished: "
+          f"{', '.join(failed)} (status and reason in {layout.SWEEP_RECORD} and "
+          f"{layout.COMPARE}); rerun the same command to retry them", file=sys.stderr,
+          flush=True)
+    return 1
   print(f"sweep: all {len(runs)} runs finished; {os.path.join(sweep_dir, layout.COMPARE)}"
         " and compare_*.png written", flush=True)
   return 0

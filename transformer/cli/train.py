@@ -1,23 +1,84 @@
 """--mode=train (the default): train_and_evaluate(--config, --workdir); rerunning resumes.
 
 After the loop (finished, or stopped by a signal and saved) process 0 draws the curves
-of metrics.jsonl into `<workdir>/plots/`: reporting is called from here, above the
-loop, so training never imports the reports.
+of metrics.jsonl into `<workdir>/plots/` and prints a summary: the step reached, the
+wall time, the final and best evaluation, and where the outputs are. Reporting is
+called from here, above the loop, so training never imports the reports.
+
+Exit status (launch.py): 0 finished (or already complete), 130 / 143 stopped by
+Ctrl-C / SIGTERM after saving (128 + the signal; rerun to resume).
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import time
+
 import jax
 import ml_collections
+from absl import logging
 
+from transformer import sharding
+from transformer.configuration import ConfigError, validate
 from transformer.reports import plots
 from transformer.training import loop
+from transformer.training.metrics import format_duration
+from transformer.training.trainer import check_batch_size
+from transformer.workdir import checkpointing
+from transformer.workdir import layout
+from transformer.workdir import run_record
 
 STARTS_JAX = True
 
 
-def main(config: ml_collections.ConfigDict, workdir: str) -> None:
-  """launch.py --mode=train."""
-  loop.train_and_evaluate(config, workdir)
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """What can be checked before the workdir is touched: keys, values, the mesh, the batch.
+
+  launch.py calls it first, so a config that fails creates nothing (not even log.txt).
+  """
+  validate(config)
+  check_batch_size(config, sharding.make_mesh(config.mesh))
+
+
+def summary(workdir: str, num_steps: int, session_seconds: float,
+            interrupted: loop.Interrupted | None = None) -> str:
+  """The end-of-run lines: step reached, wall time, final and best eval_loss, the outputs."""
+  step = checkpointing.newest_complete_step(workdir)
+  state = ("finished" if step is not None and step >= num_steps else
+           f"stopped by {signal.Signals(interrupted.signum).name}" if interrupted
+           else "unfinished")
+  total = run_record.read_record(workdir).get("wall_seconds")
+  lines = [f"Run summary: step {step}/{num_steps} ({state}); this session "
+           f"{format_duration(session_seconds)}"
+           + (f", all sessions {format_duration(total)} (run.json)"
+              if isinstance(total, (int, float)) else "")]
+  try:
+    eval_loss = plots.read_series(workdir).get("eval_loss")
+  except ConfigError:  # No metrics.jsonl rows yet.
+    eval_loss = None
+  if eval_loss is not None:
+    best = int(eval_loss.values.argmin())
+    lines.append(f"  eval_loss: final {eval_loss.values[-1]:.4g} (step {eval_loss.steps[-1]}), "
+                 f"best {eval_loss.values[best]:.4g} (step {eval_loss.steps[best]})")
+  lines.append(f"  outputs in {os.path.abspath(workdir)}: {layout.CHECKPOINTS}/, "
+               f"{layout.METRICS}, {layout.PLOTS}/, {layout.LOG}, {layout.CONFIG}")
+  return "\n".join(lines)
+
+
+def main(config: ml_collections.ConfigDict, workdir: str) -> int:
+  """launch.py --mode=train; returns the exit status (see the module docstring)."""
+  started = time.perf_counter()
+  interrupted = None
+  try:
+    loop.train_and_evaluate(config, workdir)
+  except loop.Interrupted as e:  # Saved: the plots and the summary still come.
+    interrupted = e
   if jax.process_index() == 0:
     plots.write_plots_after_training(workdir)
+    logging.info("%s", summary(workdir, config.train.num_steps,
+                               time.perf_counter() - started, interrupted))
+  if interrupted is not None:
+    logging.warning("%s (exit status %d)", interrupted, interrupted.exit_status)
+    return interrupted.exit_status
+  return 0

@@ -12,7 +12,6 @@ from typing import Any, Mapping, TextIO
 
 import jax
 import ml_collections
-from absl import flags
 from absl import logging
 
 from transformer.cli import common
@@ -21,13 +20,12 @@ from transformer.inference import loaded
 from transformer.inference import text
 from transformer.workdir import files
 
-INPUT = flags.DEFINE_string("input", "", "translate: one sentence a line (default stdin).")
 STARTS_JAX = True
 
 
 def main(config: ml_collections.ConfigDict | None, workdir: str) -> None:
   """launch.py --mode=translate."""
-  translate(workdir, input_path=INPUT.value, output_path=common.OUTPUT.value,
+  translate(workdir, input_path=common.INPUT.value, output_path=common.OUTPUT.value,
             overwrite=common.OVERWRITE.value, seed=common.SEED.value,
             **common.loading_flags(config))
 
@@ -66,11 +64,12 @@ def translate(workdir: str, *, input_path: str = "", output_path: str = "",
     raise ConfigError(f"--input={input_path!r} is not a file")
   if output_path:
     common.check_output(output_path, overwrite, [input_path])
+  # Read (and checked: UTF-8, naming a bad line and byte) before the model loads.
+  lines = common.read_lines(input_path, stdin or sys.stdin)
   run = loaded.load_run(workdir, config=config, checkpoint_step=checkpoint_step,
                  average_last=average_last, decode_overrides=decode_overrides)
   run.require("encoder_decoder", "lm", "translate",
            "Use --mode=generate for a decoder LM.")
-  lines = common.read_lines(input_path, stdin or sys.stdin)
   limit = text.source_context(run.config)
   policy = text.LengthPolicy(run.config.decode.overlong, limit, "source",
                                    "min(data.seq_len, model.max_len), eos included")

@@ -6,13 +6,14 @@ console as a Python traceback:
     parse, or whose `get_config(arg)` rejects its argument; an override of a key
     the config does not declare (`--config.model.nope=1`);
   - the machine refusing a file operation: a full disk, no permission, a read-only
-    file system, a path through a regular file.
+    file system, a path through a regular file, a --workdir that is a file.
 Imports nothing heavy: launch.py parses flags before JAX starts.
 """
 
 from __future__ import annotations
 
 import errno
+import os
 import re
 import sys
 from typing import NoReturn, Sequence
@@ -28,6 +29,10 @@ ENVIRONMENT_ERRNOS = {
     errno.EROFS: "the file system is read-only: use another --workdir",
     errno.ENOTDIR: "a part of the path is a file, not a folder: use another --workdir",
 }
+
+
+_HELP_FLAGS = ("--help", "-help", "--helpshort", "-helpshort", "--helpfull",
+               "-helpfull", "--helpxml", "-helpxml")
 
 
 def _flags_error(message: str) -> NoReturn:
@@ -70,6 +75,12 @@ def parse_flags(argv: list[str]) -> list[str]:
   """
   try:
     remaining = flags.FLAGS(argv)
+  except SystemExit as e:
+    # absl's --help, --helpshort and --helpfull print the help, then exit 1: asking for
+    # help is not a mistake, so the status is 0.
+    if e.code == 1 and any(a.split("=")[0] in _HELP_FLAGS for a in argv[1:]):
+      sys.exit(0)
+    raise
   except flags.Error as e:
     _flags_error(_without_traceback(str(e)))
   except (AttributeError, KeyError) as e:  # config_flags: an override of an unknown key.
@@ -87,9 +98,36 @@ def parse_flags(argv: list[str]) -> list[str]:
   return remaining
 
 
-def environment_error(error: OSError) -> str | None:
-  """One line saying what the machine refused and what to do, or None if not such an error."""
+# Modes whose output file can go elsewhere: the fix for an unwritable workdir is --output.
+_OUTPUT_MODES = ("evaluate", "translate", "classify", "average")
+
+
+def environment_error(error: OSError, mode: str = "train", workdir: str = "") -> str | None:
+  """One line saying what the machine refused and what to do, or None if not such an error.
+
+  Args:
+    error: the refusal.
+    mode: the --mode that met it: evaluate, translate and average are pointed at
+      --output (the run stays where it is), the others at another --workdir.
+    workdir: the command's --workdir; a refusal outside it (the data_dir) is not
+      fixed by another --workdir, and the line says so.
+  """
+  if (error.errno == errno.EEXIST and error.filename
+      and os.path.lexists(error.filename) and not os.path.isdir(error.filename)):
+    # os.makedirs on a path that is a file (--workdir=notes.txt): not a folder to use.
+    return (f"{error.filename} is a file, not a folder: use another --workdir (or move "
+            "the file)")
   if error.errno not in ENVIRONMENT_ERRNOS:
     return None
   where = f": {error.filename}" if error.filename else ""
-  return f"{error.strerror or error}{where}; {ENVIRONMENT_ERRNOS[error.errno]}."
+  fix = ENVIRONMENT_ERRNOS[error.errno]
+  if workdir and error.filename and not os.path.abspath(str(error.filename)).startswith(
+      os.path.abspath(workdir) + os.sep) and os.path.abspath(str(error.filename)) != (
+          os.path.abspath(workdir)):
+    # Not the workdir (the dataset cache in data.data_dir, say): another --workdir would
+    # not help.
+    fix = fix.replace("use another --workdir", "move what is written there elsewhere "
+                      "(the dataset cache: --config.data.data_dir)")
+  elif mode in _OUTPUT_MODES:
+    fix = fix.replace("use another --workdir", "write the result elsewhere with --output=PATH")
+  return f"{error.strerror or error}{where}; {fix}."

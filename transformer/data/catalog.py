@@ -23,6 +23,7 @@ from transformer.data import local_text
 from transformer.data import local_tsv
 from transformer.data import python_stdlib  # pylint: disable=unused-import (registers it)
 from transformer.workdir import console
+from transformer.workdir import files
 
 OFFLINE_DATASETS = ("python_stdlib",)  # Built from local files; never download.
 # Datasets built from the files at data.path, by the builder each function returns.
@@ -86,8 +87,11 @@ def load_builder(data: ml_collections.ConfigDict) -> tfds.core.DatasetBuilder:
                  builder.data_dir)
     try:
       with console.stdout_to_log("tensorflow_datasets"):  # Its size banner: log file only.
-        builder.download_and_prepare(file_format="array_record")
+        with files.disk_errors_as_oserror(str(builder.data_dir)):  # A full data_dir.
+          builder.download_and_prepare(file_format="array_record")
     except Exception as e:  # A catalog download: network, missing manual files, ...
+      if isinstance(e, OSError) and e.errno in files.DISK_FULL_ERRNOS:
+        raise  # The machine's refusal: launch.py says it in one line.
       if local:
         raise  # This project's builders already say what is wrong.
       raise ConfigError(f"config.data.name={data.name!r}: preparing it in {root} failed "

@@ -234,6 +234,45 @@ def save_tokenizer(workdir: str, tokenizer: tokenizers.Tokenizer) -> None:
   files.write_atomically(os.path.join(workdir, layout.TOKENIZER_RECORD), json.dumps(record, indent=2))
 
 
+def dataset_record(builder: tfds.core.DatasetBuilder) -> dict[str, object]:
+  """What identifies a run's data: the builder's full name and, for local files, each file.
+
+  The full name of a `local_*` builder holds a hash of its files' content, so an edited
+  file gives another name; the files' paths and sha256 say which one changed.
+  """
+  record: dict[str, object] = {"name": builder.info.full_name}
+  files_metadata = (builder.info.metadata or {}).get("files")
+  if files_metadata:
+    record["files"] = {f["path"]: f["sha256"] for f in files_metadata}
+  return record
+
+
+def save_dataset_record(workdir: str, record: dict[str, object]) -> None:
+  """Writes `dataset_record`'s result into the workdir (layout.DATASET_RECORD)."""
+  files.write_atomically(os.path.join(workdir, layout.DATASET_RECORD),
+                         json.dumps(record, indent=2, sort_keys=True))
+
+
+def dataset_change(workdir: str, record: dict[str, object]) -> str | None:
+  """How `record` differs from the dataset the run in `workdir` trained on, or None.
+
+  None also when the workdir has no record (a run from before it was kept).
+  """
+  path = os.path.join(workdir, layout.DATASET_RECORD)
+  if not os.path.exists(path):
+    return None
+  with open(path, encoding="utf-8") as f:
+    saved = json.load(f)
+  if saved.get("name") == record["name"]:
+    return None
+  change = f"dataset: {saved.get('name')!r} -> {record['name']!r}"
+  old, new = saved.get("files") or {}, record.get("files") or {}
+  if old or new:
+    edited = sorted(p for p in set(old) | set(new) if old.get(p) != new.get(p))
+    change += f" (files changed, added or removed: {', '.join(edited) or 'none'})"
+  return change
+
+
 def run_workdir(init_from: str) -> str:
   """The workdir of `config.init_from` (a workdir, or one of its checkpoints/<step>)."""
   path = os.path.abspath(init_from)

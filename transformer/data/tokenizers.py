@@ -20,6 +20,7 @@ import numpy as np
 import sentencepiece as spm
 from absl import logging
 
+from transformer.workdir import console
 from transformer.workdir import files
 
 PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
@@ -145,6 +146,14 @@ def train_sentencepiece(lines: Iterable[str], vocab_size: int, model_path: str,
   logging.info("Training SentencePiece %s (vocab %d) on up to %d lines -> %s",
                model_type, vocab_size, max_sentences, model_path)
   model = io.BytesIO()
+  # Its C++ trainer writes ~300 INFO lines on stderr itself: into log.txt, off the console.
+  with console.native_stderr_to_log("sentencepiece"):
+    _train_sentencepiece(lines, vocab_size, model, max_sentences, model_type)
+  files.write_atomically(model_path, model.getvalue())
+  return SentencePieceTokenizer(model_path)
+
+
+def _train_sentencepiece(lines, vocab_size, model, max_sentences, model_type) -> None:
   spm.SentencePieceTrainer.train(
       sentence_iterator=_with_progress(lines), model_writer=model, vocab_size=vocab_size,
       model_type=model_type, pad_id=PAD_ID, eos_id=EOS_ID, bos_id=BOS_ID, unk_id=UNK_ID,
@@ -155,5 +164,3 @@ def train_sentencepiece(lines: Iterable[str], vocab_size: int, model_path: str,
       character_coverage=0.9999,
       hard_vocab_limit=True, max_sentence_length=16384, num_threads=os.cpu_count() or 1,
       minloglevel=0)  # SentencePiece's own progress lines: training can take minutes.
-  files.write_atomically(model_path, model.getvalue())
-  return SentencePieceTokenizer(model_path)

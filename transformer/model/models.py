@@ -205,7 +205,7 @@ def _softcapped(config: ModelConfig, logits_BLV: jax.Array) -> jax.Array:
 
 
 def _never_predicted(config: ModelConfig, logits_BLV: jax.Array) -> jax.Array:
-  """When decoding, -inf on the `never_predict` ids (training and scoring see them all)."""
+  """When decoding, -inf on the `never_predict` ids (metrics.loss_sums leaves them out)."""
   if not (config.decode and config.never_predict):
     return logits_BLV
   return logits_BLV.at[:, :, jnp.asarray(config.never_predict)].set(-jnp.inf)

@@ -9,7 +9,11 @@ Where each column comes from:
   - the config keys whose values differ between the runs: each run's config.json;
   - parameters and wall time: run.json (transformer/workdir/run_record.py; "—" for runs
     older than it);
-  - steps, final and best eval metrics, tokens/s, MFU: metrics.jsonl, read as the plots
+  - status (a sweep's runs): the sweep.json of the folder above the run: finished,
+    failed, diverged, stopped, running or pending, with the reason under the table;
+  - MFU: metrics.jsonl's mfu x the run's own measured peak (peak_flops.json), over one
+    peak for all runs (the largest measured), so runs compare as their FLOP/s do;
+  - steps, final and best eval metrics, tokens/s: metrics.jsonl, read as the plots
     read it (transformer/reports/plots.py: a restart supersedes the rows after its step).
 """
 
@@ -42,6 +46,8 @@ class RunSummary:
   config: dict[str, Any]  # Flattened config.json: {"model.norm": "pre", ...}; {} if none.
   series: dict[str, plots.Series]  # {} for a run that logged nothing yet.
   record: dict[str, Any]  # run.json; {} if none.
+  peak: float | None = None  # The FLOP/s its MFU was divided by (peak_flops.json), if measured.
+  outcome: dict[str, Any] = dataclasses.field(default_factory=dict)  # Its sweep's record.
 
 
 def sweep_runs(directory: str) -> list[dict[str, Any]]:
@@ -84,7 +90,48 @@ def read_summary(workdir: str, name: str) -> RunSummary:
     series = plots.read_series(workdir)
   except ConfigError:  # No metrics.jsonl or no rows yet.
     series = {}
-  return RunSummary(name, workdir, config, series, run_record.read_record(workdir))
+  return RunSummary(name, workdir, config, series, run_record.read_record(workdir),
+                    _measured_peak(workdir), sweep_outcome(workdir))
+
+
+def _measured_peak(workdir: str) -> float | None:
+  """The measured matmul rate a run divided its MFU by (peak_flops.json), or None.
+
+  None for a run on an accelerator with a published peak (nothing is measured then).
+  """
+  try:
+    with open(os.path.join(workdir, layout.PEAK_FLOPS), encoding="utf-8") as f:
+      return float(json.load(f)["flops_per_second"])
+  except (OSError, ValueError, KeyError, TypeError):
+    return None
+
+
+def common_peak(runs: Sequence[RunSummary]) -> tuple[float | None, str]:
+  """One peak for every run's MFU: the largest measured one, and whose it is.
+
+  Each run measured its own matmul rate under its own load, so MFU against its own
+  peak can order two runs opposite to their FLOP/s. Against one peak the order is the
+  achieved FLOP/s order. (None when no run measured one: they all used published peaks.)
+  """
+  measured = [(run.peak, run.name) for run in runs if run.peak]
+  if not measured:
+    return None, ""
+  peak, name = max(measured)
+  return peak, name
+
+
+def sweep_outcome(workdir: str) -> dict[str, Any]:
+  """{status, step, reason} the sweep that ran `workdir` recorded ({} if none did).
+
+  Looked up in the sweep.json of the folder above (cli/sweep.py writes it), so a run
+  compared through --compare_dirs shows its status too.
+  """
+  name = os.path.basename(os.path.normpath(workdir))
+  parent = os.path.dirname(os.path.abspath(os.path.normpath(workdir)))
+  for run in sweep_runs(parent):
+    if isinstance(run, dict) and run.get("name") == name and "status" in run:
+      return {k: run[k] for k in ("status", "step", "reason") if k in run}
+  return {}
 
 
 def _names(workdirs: Sequence[str]) -> list[str]:
@@ -129,12 +176,20 @@ def table(runs: Sequence[RunSummary], first_keys: Sequence[str] = ()) -> str:
   metrics = ["eval_loss"] + [k for k in plots.eval_metric_names(
       set().union(*(run.series for run in runs))) if k != "eval_loss"]
   with_mfu = any("mfu" in run.series for run in runs)
-  header = (["run"] + shown + ["parameters", "steps"] +
+  peak, peak_run = common_peak(runs)
+  with_status = any(run.outcome for run in runs)
+  header = (["run"] + ["status"] * with_status + shown + ["parameters", "steps"] +
             [f"{m} {kind}" for m in metrics for kind in ("final", "best (step)")] +
             ["tokens/s"] + ["MFU"] * with_mfu + ["wall"])
   lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   for run in runs:
-    cells = [run.name] + [_format_value(run.config.get(key)) for key in shown]
+    cells = [run.name]
+    if with_status:
+      status = run.outcome.get("status", "—")
+      if status in ("failed", "diverged", "stopped") and run.outcome.get("step") is not None:
+        status += f" (step {run.outcome['step']})"
+      cells.append(f"**{status}**" if status.startswith(("failed", "diverged")) else status)
+    cells += [_format_value(run.config.get(key)) for key in shown]
     parameters = run.record.get("parameters")
     cells.append(f"{parameters:,}" if isinstance(parameters, int) else "—")
     num_steps = run.config.get("train.num_steps")
@@ -154,13 +209,33 @@ def table(runs: Sequence[RunSummary], first_keys: Sequence[str] = ()) -> str:
     cells.append(f"{np.median(rate.values):,.0f}" if rate is not None else "—")
     if with_mfu:
       mfu = run.series.get("mfu")
-      cells.append(f"{100 * np.median(mfu.values):.1f}%" if mfu is not None else "—")
+      if mfu is None:
+        cells.append("—")
+      else:
+        value = float(np.median(mfu.values))
+        if peak and run.peak:  # Its achieved FLOP/s (MFU x its own peak) over the one peak.
+          value *= run.peak / peak
+        cells.append(f"{100 * value:.1f}%" + (" (above the peak)" if value > 1 else ""))
     wall = run.record.get("wall_seconds")
     cells.append(format_duration(wall) if isinstance(wall, (int, float)) else "—")
     lines.append("| " + " | ".join(cells) + " |")
   notes = [""]
+  for run in runs:
+    if run.outcome.get("status") in ("failed", "diverged", "stopped"):
+      notes.append(f"{run.name} {run.outcome['status']}"
+                   + (f" (last logged step {run.outcome['step']})"
+                      if run.outcome.get("step") is not None else "")
+                   + f": {run.outcome.get('reason', 'no reason recorded')}")
+  if with_status:
+    notes.append("status: what the sweep recorded in sweep.json (a failed or diverged run "
+                 "does not stop the sweep; rerunning the sweep retries it).")
   if hidden:
     notes.append(f"Also differing between the runs: {', '.join(hidden)}.")
+  if with_mfu and peak:
+    notes.append(f"MFU: every run's achieved FLOP/s (its logged MFU x the peak it measured, "
+                 f"{layout.PEAK_FLOPS}) over one peak, {peak:.4g} FLOP/s (the largest "
+                 f"measured, {peak_run}'s), so the column orders the runs as their speed "
+                 "does; above 100% means a step beat that measured matmul rate.")
   notes.append(
       "final: the last evaluation; best: the lowest loss (highest accuracy, BLEU, ...) "
       "over the evaluations, with its step. tokens/s (and MFU): the median over the "

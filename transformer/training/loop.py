@@ -36,11 +36,27 @@ from transformer.workdir import layout
 from transformer.workdir import run_record
 
 
+class Interrupted(Exception):
+  """Training stopped by SIGINT/SIGTERM after saving its step; the same command resumes.
+
+  Raised by train_and_evaluate once the checkpoint is written and the files closed, so
+  a caller (and a shell: launch.py exits with `exit_status`, 128 + the signal, i.e.
+  130 for Ctrl-C and 143 for SIGTERM) can tell an interrupted run from a finished one.
+  """
+
+  def __init__(self, step: int, signum: int):
+    self.step, self.signum = step, signum
+    self.exit_status = 128 + signum
+    super().__init__(f"Stopped by {signal.Signals(signum).name} at step {step} after saving "
+                     "a checkpoint; rerun the same command to resume")
+
+
 class _StopRequest:
   """Turns SIGINT/SIGTERM into a flag, so the loop stops after a complete step and saves."""
 
   def __init__(self):
     self.requested = False
+    self.signum = signal.SIGTERM  # Another process's signal: a preemption, as a rule.
     self._previous = {}
 
   def __enter__(self):
@@ -72,6 +88,7 @@ class _StopRequest:
     logging.warning("Signal %d: stopping after this step and saving a checkpoint "
                     "(again to abort without saving).", signum)
     self.requested = True
+    self.signum = signum
 
   def __exit__(self, *exc):
     for sig, handler in self._previous.items():
@@ -103,14 +120,16 @@ RESUME_SAFE_PREFIXES = ("decode.", "mesh.")
 ON_CONFIG_CHANGE = ("stop", "allow")
 
 
-def _check_config_change(config: ml_collections.ConfigDict, workdir: str) -> None:
-  """On resume, compares `config` (vocab_size resolved) with the run's config.json.
+def _check_config_change(config: ml_collections.ConfigDict, workdir: str,
+                         dataset: dict[str, object] | None = None) -> None:
+  """On resume, compares `config` (vocab_size resolved) and the data with the run's own.
 
   Changes to RESUME_SAFE_KEYS and decode.* apply and are logged. Any other change
   stops the run with a ConfigError listing each key with its old and new value,
-  unless checkpoint.on_config_change is 'allow'. A key only one side has (one added
-  to configs/base.py since the run started) is logged. A workdir whose config.json
-  has no checkpoint beside it is not a resume: nothing is compared.
+  unless checkpoint.on_config_change is 'allow'. A dataset other than the one in
+  the run's dataset.json (an edited local file) is such a change too. A key only one
+  side has (one added to configs/base.py since the run started) is logged. A workdir
+  whose config.json has no checkpoint beside it is not a resume: nothing is compared.
   """
   policy = config.checkpoint.on_config_change
   if policy not in ON_CONFIG_CHANGE:
@@ -147,6 +166,9 @@ def _check_config_change(config: ml_collections.ConfigDict, workdir: str) -> Non
       safe.append(change)
     else:
       unsafe.append(change)
+  data_change = sources.dataset_change(workdir, dataset) if dataset else None
+  if data_change:
+    unsafe.append(data_change)
   if one_sided:
     logging.info("Resuming: keys only one of this config and %s has: %s", path,
                  ", ".join(one_sided))
@@ -184,17 +206,35 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                jax.device_count(), jax.process_count())
 
   tokenizer_workdir = ""
-  if config.init_from:  # Fine-tuning keeps the vocabulary its parameters were trained with.
-    resuming = (checkpointing.has_checkpoint(workdir)
-                and os.path.exists(os.path.join(workdir, layout.TOKENIZER_RECORD)))
-    tokenizer_workdir = workdir if resuming else sources.run_workdir(config.init_from)
+  if (checkpointing.has_checkpoint(workdir)
+      and os.path.exists(os.path.join(workdir, layout.TOKENIZER_RECORD))):
+    # A resumed run keeps its own vocabulary, never one retrained from edited data
+    # under its trained embeddings (a changed dataset is refused just below).
+    tokenizer_workdir = workdir
+  elif config.init_from:  # Fine-tuning keeps the vocabulary its parameters were trained with.
+    tokenizer_workdir = sources.run_workdir(config.init_from)
   data_sources = sources.load_sources(config, tokenizer_workdir)
   config = _resolve_vocab_size(config, data_sources.tokenizer)
-  _check_config_change(config, workdir)  # Before config.json is rewritten below.
-  if is_chief:  # The resolved config and the vocabulary: later commands rebuild from them.
-    files.write_atomically(os.path.join(workdir, layout.CONFIG),
-                           config.to_json_best_effort(indent=2))
-    sources.save_tokenizer(workdir, data_sources.tokenizer)
+  dataset = sources.dataset_record(data_sources.builder)
+  _check_config_change(config, workdir, dataset)
+  complete = checkpointing.newest_complete_step(workdir)
+  if complete is not None and complete >= config.train.num_steps:
+    # Nothing to train: say so without building (and compiling) the model.
+    logging.info("%s is already complete: its checkpoint %d reaches train.num_steps=%d, so "
+                 "there is nothing to train (a larger --config.train.num_steps continues "
+                 "it)", workdir, complete, config.train.num_steps)
+    return _logged_metrics(workdir)
+
+  def write_run_files() -> None:
+    """The resolved config, the vocabulary and the data identity: later commands
+    rebuild from them. Written only once the restore succeeded, so a failed resume
+    leaves every file of the workdir as it was."""
+    if is_chief:
+      files.write_atomically(os.path.join(workdir, layout.CONFIG),
+                             config.to_json_best_effort(indent=2))
+      sources.save_tokenizer(workdir, data_sources.tokenizer)
+      sources.save_dataset_record(workdir, dataset)
+
   objective = objective_of(config.model.arch, config.model.head)
   logging.info("Objective: %s on %s (%s tokenizer, vocabulary %d, model.vocab_size %d)",
                objective, data_sources.builder.info.full_name,
@@ -220,7 +260,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   try:
     result = _train_loop(config, workdir, trainer, checkpointer, writer, train_iter, eval_data,
-                         objective, local_batch_size)
+                         objective, local_batch_size, write_run_files)
   finally:  # Also on errors: finish a pending checkpoint write and flush the metrics.
     checkpointer.close()
     writer.close()
@@ -228,7 +268,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
 
 def _train_loop(config, workdir, trainer, checkpointer, writer, train_iter, eval_data,
-                objective, local_batch_size) -> dict[str, float]:
+                objective, local_batch_size, write_run_files) -> dict[str, float]:
   """The loop of train_and_evaluate: restore or init, train, evaluate, save."""
   num_steps = config.train.num_steps
   kill_at = KillAt.from_env()
@@ -261,6 +301,7 @@ def _train_loop(config, workdir, trainer, checkpointer, writer, train_iter, eval
       if config.init_from:
         logging.info("Ignoring config.init_from=%r: resuming this run's own checkpoint",
                      config.init_from)
+    write_run_files()  # Only now: the restore (or init) succeeded.
     start_step = int(jax.device_get(state.step))
     # One row per step: rows a stopped run wrote after this checkpoint are dropped.
     kept_rows = writer.resume(start_step if restored is not None else -1)
@@ -285,6 +326,7 @@ def _train_loop(config, workdir, trainer, checkpointer, writer, train_iter, eval
 
     pending = None  # (step, device metrics) of the previous step, fetched one step late.
     train_sums = None
+    interrupted = None
     with _StopRequest() as stop:
       for step in range(start_step, num_steps):
         batch = trainer.global_batch(next(train_iter))
@@ -325,13 +367,25 @@ def _train_loop(config, workdir, trainer, checkpointer, writer, train_iter, eval
           kill_at("after_save", done, first=checkpointer.wait)
         if stopping:
           logging.warning("Stopped at step %d; rerun the same command to resume.", done)
+          interrupted = Interrupted(done, stop.signum) if done < num_steps else None
           break
         kill_at("after_step", done)
     if pending is not None:
       _, summary = _report(pending, train_sums, progress, writer, config, force=True,
                            guard=guard)
       last_metrics = {**last_metrics, **(summary or {})}
+  if interrupted is not None:
+    raise interrupted
   return last_metrics
+
+
+def _logged_metrics(workdir: str) -> dict[str, float]:
+  """The newest value of every metric in the run's metrics.jsonl (a finished run's result)."""
+  rows, _ = metrics_lib.read_rows(os.path.join(workdir, layout.METRICS))
+  latest: dict[str, float] = {}
+  for row in sorted(rows, key=lambda r: r["step"]):
+    latest.update({k: float(v) for k, v in row.items() if k != "step"})
+  return latest
 
 
 def _format(metrics: dict[str, float]) -> str:

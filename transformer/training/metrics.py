@@ -26,17 +26,25 @@ SUM_KEYS = ("loss_sum", "correct_sum")
 TIMING_KEYS = ("seconds_per_step", "tokens_per_second", "mfu")
 
 
+# What an excluded row's logit becomes: finite (a pad target there, weighted 0, must
+# give 0, not inf * 0 = nan) yet far enough below any real logit that exp() is 0.
+_EXCLUDED_LOGIT = -1e9
+
+
 def loss_sums(logits_BLV: jax.Array, targets_BL: jax.Array, weights_BL: jax.Array,
-              label_smoothing: float = 0.0, z_loss: float = 0.0) -> dict[str, jax.Array]:
+              label_smoothing: float = 0.0, z_loss: float = 0.0,
+              never_predict: tuple[int, ...] = ()) -> dict[str, jax.Array]:
   """Token-weighted sums for the objective and the reported metrics.
 
   Args:
     logits_BLV: [B, L, V] logits (any float dtype; the loss is float32).
     targets_BL: [B, L] target ids.
     weights_BL: [B, L] token weights (0 for padding).
-    label_smoothing: of the objective's cross-entropy.
+    label_smoothing: of the objective's cross-entropy (loss_sum stays the plain NLL).
     z_loss: PaLM's auxiliary coefficient: the objective adds z_loss * log(Z)^2 per
       target token, Z the softmax normaliser, which keeps log Z near 0.
+    never_predict: vocabulary rows left out of the softmax (model.never_predict: rows
+      an import adds), so the loss, accuracy and perplexity are the source model's.
 
   Returns:
     `objective_sum` (with label smoothing and the z-loss), `loss_sum` (plain NLL),
@@ -44,11 +52,14 @@ def loss_sums(logits_BLV: jax.Array, targets_BL: jax.Array, weights_BL: jax.Arra
     `z_loss` > 0 also `z_loss_sum`, the z-loss term's token-weighted sum.
   """
   logits_BLV = logits_BLV.astype(jnp.float32)
+  if never_predict:
+    logits_BLV = logits_BLV.at[..., jnp.asarray(never_predict)].set(_EXCLUDED_LOGIT)
   nll_BL = optax.softmax_cross_entropy_with_integer_labels(logits_BLV, targets_BL)
   objective_BL = nll_BL
   if label_smoothing > 0:
-    # (1 - eps) * NLL + eps * mean over the vocabulary of -log p.
-    mean_neg_logp_BL = -jnp.mean(jax.nn.log_softmax(logits_BLV), axis=-1)
+    # (1 - eps) * NLL + eps * mean over the predictable rows of -log p.
+    allowed_V = jnp.ones(logits_BLV.shape[-1]).at[jnp.asarray(never_predict, jnp.int32)].set(0)
+    mean_neg_logp_BL = -(jax.nn.log_softmax(logits_BLV) @ allowed_V) / jnp.sum(allowed_V)
     objective_BL = (1.0 - label_smoothing) * nll_BL + label_smoothing * mean_neg_logp_BL
   correct_BL = (jnp.argmax(logits_BLV, axis=-1) == targets_BL).astype(jnp.float32)
   sums = {
@@ -178,9 +189,14 @@ class MetricWriter:
         os.fsync(f.fileno())
       os.replace(temporary, self._path)
       self._jsonl = open(self._path, "a", encoding="utf-8")
-      logging.warning("metrics.jsonl: dropped %d rows written after step %d by the run that "
-                      "stopped there (%d unreadable); the resumed run writes them again",
-                      dropped, step, unreadable)
+      if step < 0:  # A start from scratch: no step to name.
+        logging.warning("metrics.jsonl: dropped %d rows (%d unreadable) of an earlier start "
+                        "that left no usable checkpoint; this run starts at step 0 and "
+                        "writes its own", dropped, unreadable)
+      else:
+        logging.warning("metrics.jsonl: dropped %d rows written after step %d by the run "
+                        "that stopped there (%d unreadable); the resumed run writes them "
+                        "again", dropped, step, unreadable)
     if self._tb_writer is not None:  # Written already: start a new events file.
       self._tb_writer.close()
       self._tb_writer = None
@@ -240,6 +256,7 @@ class TrainProgress:
     self._started = False
     self._window_seconds, self._window_steps = 0.0, 0
     self.seconds_per_step = float("nan")
+    self._explained_mfu = False  # Whether an MFU above 100% was explained in the log.
 
   def update(self, step: int) -> None:
     """Call after `step` is complete; the first call only starts the clock."""
@@ -278,7 +295,20 @@ class TrainProgress:
     sps = metrics.get("seconds_per_step", float("nan"))
     known = sps > 0
     rate = f"{metrics['tokens_per_second'] / 1e3:.1f}k tok/s" if known else "-- tok/s"
-    mfu = f" | MFU {100 * metrics['mfu']:.1f}%" if "mfu" in metrics else ""
+    mfu = ""
+    if "mfu" in metrics:
+      mfu = f" | MFU {100 * metrics['mfu']:.1f}%"
+      if metrics["mfu"] > 1.0:
+        # Never shown above 100% unexplained: the measured peak is a matmul rate taken
+        # once, under other load (other processes, clocks) than this step.
+        mfu += " (above the measured peak)"
+        if not self._explained_mfu:
+          self._explained_mfu = True
+          logging.warning(
+              "MFU above 100%%: the step ran faster than the peak it is divided by, which "
+              "on CPU (or an unlisted accelerator) is a matmul rate measured once, under "
+              "other load than now (%s). Read MFU as relative between steps of this run; "
+              "--mode=compare puts several runs on one peak.", layout.PEAK_FLOPS)
     eta = format_duration((self.num_steps - step) * sps) if known else "--"
     return (f"step {step}/{self.num_steps} ({100 * step / self.num_steps:.0f}%) | "
             f"loss {metrics.get('loss', float('nan')):.4f} | "

@@ -12,6 +12,8 @@ from count == decay_steps on.
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -87,6 +89,21 @@ def decay_mask(params) -> object:
     return (names[-1] in DECAYED_NAMES and jnp.ndim(p) >= 2
             and not any(n in UNDECAYED_MODULES for n in names))
   return jax.tree_util.tree_map_with_path(is_weight, params)
+
+
+def update_count(opt_state: Any) -> jax.Array:
+  """The count the learning-rate schedule is evaluated at: updates applied so far.
+
+  optax's scale_by_schedule keeps it; a skipped update (optimizer.skip_nonfinite)
+  keeps the old optimizer state, so the count, unlike TrainState.step, does not move.
+  """
+  counts = [s.count for s in jax.tree_util.tree_leaves(
+      opt_state, is_leaf=lambda x: isinstance(x, optax.ScaleByScheduleState))
+            if isinstance(s, optax.ScaleByScheduleState)]
+  if len(counts) != 1:
+    raise ValueError(f"expected one optax.ScaleByScheduleState in the optimizer state, "
+                     f"found {len(counts)}")
+  return counts[0]
 
 
 def make_optimizer(optimizer: ml_collections.ConfigDict,

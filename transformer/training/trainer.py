@@ -46,7 +46,8 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, forward: Calla
                tx: optax.GradientTransformation, schedule: optax.Schedule,
                label_smoothing: float, microbatches: int = 1,
                skip_nonfinite: bool = False,
-               z_loss: float = 0.0) -> tuple[TrainState, dict[str, jax.Array]]:
+               z_loss: float = 0.0,
+               never_predict: tuple[int, ...] = ()) -> tuple[TrainState, dict[str, jax.Array]]:
   """One optimizer update; returns the new state and metric sums for this batch.
 
   With `microbatches` = k > 1 the batch is processed as k sequential slices whose
@@ -55,16 +56,20 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, forward: Calla
 
   With `skip_nonfinite` an update whose loss or gradients are not finite is not
   applied: params and optimizer state stay as they were, the step still advances,
-  the step's loss sums are zeroed and `skipped_updates` is 1.
+  the step's loss sums are zeroed and `skipped_updates` is 1. The logged
+  `learning_rate` is the schedule at the optimizer's own update count (which a skipped
+  update does not advance), i.e. the rate this update applied, not schedule(step).
 
   `z_loss` > 0 adds PaLM's z-loss to the objective (metrics.loss_sums), logged as `z_loss`.
+  `never_predict` rows are left out of the softmax (see metrics.loss_sums).
   """
   rng = jax.random.fold_in(state.rng, state.step)
 
   def sums_and_grads(micro: dict[str, jax.Array], micro_rng: jax.Array):
     def objective(params):
       logits, targets, weights = forward(params, micro, rngs={"dropout": micro_rng})
-      sums = metrics_lib.loss_sums(logits, targets, weights, label_smoothing, z_loss)
+      sums = metrics_lib.loss_sums(logits, targets, weights, label_smoothing, z_loss,
+                                   never_predict)
       return sums["objective_sum"], sums
 
     (_, sums), grads = jax.value_and_grad(objective, has_aux=True)(state.params)
@@ -104,7 +109,7 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, forward: Calla
     sums = {k: jnp.where(finite, v, jnp.zeros_like(v)) for k, v in sums.items()}
     sums["skipped_updates"] = 1.0 - finite.astype(jnp.float32)
   sums.update(
-      learning_rate=schedule(state.step),
+      learning_rate=schedule(optim.update_count(state.opt_state)),
       grad_norm=grad_norm,
       param_norm=optax.tree.norm(params),
       update_norm=update_norm)
@@ -112,10 +117,10 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, forward: Calla
   return new_state, sums
 
 
-def eval_step(params: Any, batch: dict[str, jax.Array], *,
-              forward: Callable) -> dict[str, jax.Array]:
+def eval_step(params: Any, batch: dict[str, jax.Array], *, forward: Callable,
+              never_predict: tuple[int, ...] = ()) -> dict[str, jax.Array]:
   """Metric sums of one evaluation batch (the forward of a deterministic model)."""
-  sums = metrics_lib.loss_sums(*forward(params, batch))
+  sums = metrics_lib.loss_sums(*forward(params, batch), never_predict=never_predict)
   del sums["objective_sum"]
   return sums
 
@@ -172,13 +177,21 @@ class Scorer:
             for k, v in local_batch.items()}
 
 
+def predicted_rows_excluded(model_config: ModelConfig) -> tuple[int, ...]:
+  """model.never_predict for objectives that predict vocabulary ids; () for a classifier."""
+  if objective_of(model_config.arch, model_config.head) == "classification":
+    return ()  # Its logits are classes, not the vocabulary rows never_predict names.
+  return tuple(model_config.never_predict)
+
+
 def _jit_eval_step(model_config: ModelConfig, mesh: jax.sharding.Mesh, rules: tuple,
                    param_shardings: Any) -> Callable:
   """eval_step of a deterministic copy of the model, jitted with explicit shardings."""
   eval_model = make_model(dataclasses.replace(model_config, deterministic=True))
   objective = objective_of(model_config.arch, model_config.head)
   return jax.jit(functools.partial(eval_step, forward=objectives.make_forward(eval_model,
-                                                                              objective)),
+                                                                              objective),
+                                   never_predict=predicted_rows_excluded(model_config)),
                  in_shardings=(param_shardings, sharding.batch_sharding(mesh, rules)),
                  out_shardings=sharding.replicated(mesh))
 
@@ -222,7 +235,8 @@ class Trainer(Scorer):
                           label_smoothing=config.optimizer.label_smoothing,
                           microbatches=config.train.microbatches,
                           skip_nonfinite=config.optimizer.skip_nonfinite > 0,
-                          z_loss=config.optimizer.z_loss),
+                          z_loss=config.optimizer.z_loss,
+                          never_predict=predicted_rows_excluded(model_config)),
         in_shardings=(state_shardings, batch_sharding),
         out_shardings=(state_shardings, replicated), donate_argnums=(0,))
     return cls(config=config, mesh=mesh, rules=rules, model_config=model_config,

@@ -4,6 +4,7 @@
   files.py          the one atomic write (temporary file, fsync, 0644, replace)
   checkpointing.py  the Orbax manager (state + data iterator), restore checks, the one
                     parameters-only save path, init_from matching and averaging
+  lock.py           one writer per workdir: an flock held while a command writes
   run_record.py     run.json: parameter count, wall time of each session
   console.py        what the console shows; the full log in <workdir>/log.txt
 

@@ -36,6 +36,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from transformer.configuration import ConfigError
+from transformer.workdir import files
 from transformer.workdir import layout
 
 
@@ -63,9 +64,10 @@ class Checkpointer:
     drawing batches while the arrays are written in the background.
     """
     self.wait()  # Orbax waits for the previous save here anyway; then its sizes are noted.
-    self._manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state),
-        data=grain.checkpoint.CheckpointSave(data_iterator)), force=True)
+    with files.disk_errors_as_oserror(self.directory):
+      self._manager.save(step, args=ocp.args.Composite(
+          state=ocp.args.StandardSave(state),
+          data=grain.checkpoint.CheckpointSave(data_iterator)), force=True)
     self._unrecorded.append(step)
     logging.info("Saving checkpoint %d to %s", step, self.directory)
 
@@ -148,7 +150,8 @@ class Checkpointer:
 
   def wait(self) -> None:
     """Blocks until a background save has finished; records its files' sizes."""
-    self._manager.wait_until_finished()
+    with files.disk_errors_as_oserror(self.directory):
+      self._manager.wait_until_finished()
     for step in self._unrecorded:
       step_dir = os.path.join(self.directory, str(step))
       if jax.process_index() == 0 and os.path.isdir(step_dir):  # Not yet garbage-collected.
@@ -158,7 +161,8 @@ class Checkpointer:
   def close(self) -> None:
     """Finishes pending saves and releases the manager."""
     self.wait()
-    self._manager.close()
+    with files.disk_errors_as_oserror(self.directory):
+      self._manager.close()
 
 
 def abstract_like(tree: Any, shardings: Any) -> Any:
@@ -170,6 +174,21 @@ def abstract_like(tree: Any, shardings: Any) -> Any:
 def has_checkpoint(workdir: str) -> bool:
   """Whether `<workdir>/checkpoints` holds a finalized checkpoint (usable or not)."""
   return bool(ocp.utils.checkpoint_steps_paths(os.path.join(workdir, layout.CHECKPOINTS)))
+
+
+def newest_complete_step(workdir: str) -> int | None:
+  """The step of the newest complete, undamaged checkpoint in `workdir`, or None.
+
+  Only file names and sizes are read (no arrays): cheap enough to ask before compiling.
+  """
+  directory = os.path.join(workdir, layout.CHECKPOINTS)
+  if not has_checkpoint(workdir):
+    return None
+  steps = sorted((int(n) for n in os.listdir(directory) if n.isdigit()), reverse=True)
+  for step in steps:  # Finalised ones have bare step names; damaged ones are skipped.
+    if checkpoint_problem(os.path.join(directory, str(step))) is None:
+      return step
+  return None
 
 
 # Written beside the items of each checkpoint once its save has finished: every file's

@@ -3,9 +3,10 @@
 The console (stderr, absl's handler) shows this project's INFO lines bare (the
 progress line, evaluations, what the run is doing), and warnings and errors from
 any library with their level in front, minus a few known harmless ones. Library
-INFO chatter ("Unable to initialize backend 'tpu'", Orbax saves, TFDS builds) and
-TFDS progress bars stay off it. `<workdir>/log.txt` gets every record at INFO and
-above in absl's full format (level, date, time, thread, file:line), appended
+INFO chatter ("Unable to initialize backend 'tpu'", Orbax saves, TFDS builds), TFDS
+progress bars and SentencePiece's native trainer lines stay off it (the latter go to
+the log through `native_stderr_to_log`). `<workdir>/log.txt` gets every record at INFO
+and above in absl's full format (level, date, time, thread, file:line), appended
 across restarts, so nothing filtered from the console is lost.
 """
 
@@ -16,6 +17,7 @@ import io
 import logging
 import os
 import sys
+import tempfile
 from typing import Iterator
 
 from absl import logging as absl_logging
@@ -41,6 +43,18 @@ def is_project_record(record: logging.LogRecord) -> bool:
   return record.pathname.startswith(_PACKAGE_DIR) or record.pathname == _LAUNCH
 
 
+_FULL_DISK_MARKS = ("No space left on device", "OS error 28", "Disk quota exceeded")
+
+
+def _library_full_disk_report(record: logging.LogRecord) -> bool:
+  """A library's record (Orbax's background threads log each failed write with its
+  traceback) about a full disk: kept in log.txt, off the console."""
+  if is_project_record(record):
+    return False
+  text = record.getMessage() + (str(record.exc_info[1]) if record.exc_info else "")
+  return any(mark in text for mark in _FULL_DISK_MARKS)
+
+
 def show_on_console(record: logging.LogRecord) -> bool:
   """The console filter: project INFO, everyone's warnings and errors, minus the quiet ones.
 
@@ -50,6 +64,8 @@ def show_on_console(record: logging.LogRecord) -> bool:
     return False
   if record.levelno < logging.WARNING:
     return is_project_record(record)
+  if _library_full_disk_report(record):
+    return False  # The command stops with one "No space left on device" line instead.
   if record.levelno >= logging.ERROR or is_project_record(record):
     return True
   message = record.getMessage()
@@ -163,3 +179,36 @@ def stdout_to_log(logger_name: str) -> Iterator[None]:
     for line in buffer.getvalue().splitlines():
       if line.strip():
         logger.info("%s", line, extra={"console": False})
+
+
+@contextlib.contextmanager
+def native_stderr_to_log(logger_name: str) -> Iterator[None]:
+  """Sends what native code writes on file descriptor 2 inside the block to the log.
+
+  For C++ libraries that log on stderr themselves (SentencePiece's trainer prints
+  hundreds of INFO lines): the lines go to log.txt as INFO records of `logger_name`,
+  not to the console. Python's own records keep reaching the console meanwhile: absl's
+  handler writes to a copy of the original stderr for the duration of the block.
+  """
+  sys.stderr.flush()
+  original = os.dup(2)
+  handler = absl_logging.get_absl_handler().python_handler
+  previous_stream = handler.stream
+  console = os.fdopen(os.dup(original), "w", encoding="utf-8", errors="replace")
+  captured = tempfile.TemporaryFile()
+  try:
+    handler.setStream(console)
+    os.dup2(captured.fileno(), 2)
+    yield
+  finally:
+    sys.stderr.flush()
+    os.dup2(original, 2)
+    os.close(original)
+    handler.setStream(previous_stream)
+    console.close()
+    captured.seek(0)
+    logger = logging.getLogger(logger_name)
+    for line in captured.read().decode("utf-8", "replace").splitlines():
+      if line.strip():
+        logger.info("%s", line, extra={"console": False})
+    captured.close()

@@ -8,12 +8,18 @@ allows. A full disk or a kill mid-write leaves the old file whole, never a trunc
 one. A file that already holds the content is not touched (its mtime stays), so
 rerunning a command changes nothing that did not change. Used for config.json, the
 tokenizer files, evaluation results, translations and run records alike.
+
+`disk_errors_as_oserror` is the other half: a full disk met inside a library (Orbax,
+TFDS) becomes an OSError naming the path, which launch.py says in one line.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import uuid
+from typing import Iterator
 
 _MODE = 0o644  # rw-r--r--: results and workdir files are for everyone to read.
 
@@ -68,3 +74,35 @@ def _fsync_directory(directory: str) -> None:
     pass
   finally:
     os.close(fd)
+
+
+# How a full disk reads inside libraries' errors: Orbax/tensorstore (RESOURCE_EXHAUSTED
+# with the OS error in the text), TFDS ("Failed to finalize writing of split" raised
+# from the OSError): a ValueError or RuntimeError, not an OSError.
+_DISK_FULL = {errno.ENOSPC: ("No space left on device", "OS error 28", "ENOSPC"),
+              errno.EDQUOT: ("Disk quota exceeded", "OS error 122", "EDQUOT")}
+DISK_FULL_ERRNOS = tuple(_DISK_FULL)
+
+
+@contextlib.contextmanager
+def disk_errors_as_oserror(path: str) -> Iterator[None]:
+  """Turns a library's full-disk error while it writes under `path` into an OSError.
+
+  As OSError(ENOSPC or EDQUOT, path) launch.py says it in one line, naming `path`,
+  instead of the library's tracebacks. The error and its causes are searched for the
+  OS error; any other error passes unchanged.
+  """
+  try:
+    yield
+  except OSError:
+    raise
+  except Exception as e:  # pylint: disable=broad-except
+    chain, cause = [], e
+    while cause is not None and len(chain) < 10:
+      chain.append(cause)
+      cause = cause.__cause__ or cause.__context__
+    for number, marks in _DISK_FULL.items():
+      if any(getattr(c, "errno", None) == number or any(m in str(c) for m in marks)
+             for c in chain):
+        raise OSError(number, os.strerror(number), path) from None
+    raise

@@ -5,6 +5,8 @@ A training run's workdir (launch.py --mode=train):
   config.json            the resolved config (CONFIG)
   tokenizer.json         which vocabulary the run uses (TOKENIZER_RECORD), beside the
                          vocabulary file it names; hf_tokenizer.json for an imported model
+  dataset.json           which prepared dataset the run trains on (DATASET_RECORD): its
+                         TFDS name, which for local files hashes their content
   checkpoints/<step>/    Orbax checkpoints: state/ (TrainState) and data/ (iterator)
   checkpoints_bad/       checkpoints found damaged, moved aside on restore
   metrics.jsonl          one JSON row per logged step (METRICS)
@@ -13,6 +15,8 @@ A training run's workdir (launch.py --mode=train):
   plots/*.png            curves of metrics.jsonl
   peak_flops.json        the measured matmul rate MFU divides by (CPU)
   log.txt                every log line of every (re)start
+  lock                   "PID HOST" of the command writing into the workdir, flock-ed
+                         while it runs (LOCK; workdir/lock.py)
   averaged.json          in a workdir written by --mode=average: its source and steps
   eval_<split>_step<N>.json   --mode=evaluate's result
 
@@ -23,6 +27,7 @@ the package spells these names: import them from here.
 CONFIG = "config.json"
 TOKENIZER_RECORD = "tokenizer.json"
 HF_TOKENIZER = "hf_tokenizer.json"
+DATASET_RECORD = "dataset.json"
 CHECKPOINTS = "checkpoints"
 STATE = "state"  # Item of a checkpoint: the TrainState (or only its params).
 DATA = "data"  # Item of a checkpoint: the input pipeline's position.
@@ -33,6 +38,7 @@ RUN_RECORD = "run.json"
 PLOTS = "plots"
 PEAK_FLOPS = "peak_flops.json"
 LOG = "log.txt"
+LOCK = "lock"
 AVERAGED = "averaged.json"
 SWEEP_RECORD = "sweep.json"
 COMPARE = "compare.md"

@@ -15,12 +15,16 @@ from transformer.interop.hf import common
 
 import jax
 import ml_collections
+from absl import logging
 
+from transformer.data import sources
 from transformer.data import tokenizers
 from transformer.inference import loaded
 from transformer.model import layers
+from transformer.workdir import files
 from transformer.workdir import layout
 
+HF_TOKENIZER_FILE = "tokenizer.json"  # A `tokenizers` tokenizer, as transformers reads it.
 PREFIXES = ("transformer.",)  # Tensor-name prefixes a headless checkpoint lacks.
 
 
@@ -117,7 +121,8 @@ def export_gpt2(workdir: str, hf_dir: str, *, checkpoint_step: int | None = None
   """Writes a trained GPT-2-shaped decoder as a Hugging Face GPT-2 folder.
 
   config.json + model.safetensors (GPT2LMHeadModel names), and tokenizer.json when
-  the workdir was imported from a folder that had one. An imported model gets its
+  the workdir was imported from a folder that had one; otherwise a warning says that
+  the folder has no tokenizer and why. Every file is written whole and readable (0644). An imported model gets its
   source vocabulary order back (the rows the import added are dropped; <|endoftext|>
   takes the eos row); any other run keeps its own ids (pad 0, eos 1, bos 2).
 
@@ -184,13 +189,26 @@ def export_gpt2(workdir: str, hf_dir: str, *, checkpoint_step: int | None = None
       "initializer_range": 0.02, "use_cache": True, **specials}
   target = common.empty_directory(hf_dir, "--hf_dir")
   if jax.process_index() == 0:
-    from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
-    save_file({k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items()},
-              os.path.join(target, common.SAFETENSORS), metadata={"format": "pt"})
-    with open(os.path.join(target, common.CONFIG), "w", encoding="utf-8") as f:
-      json.dump(hf_config, f, indent=2)
-    if bundle and bundle.get("tokenizer_json") is not None:
-      with open(os.path.join(target, "tokenizer.json"), "w", encoding="utf-8") as f:
-        json.dump(bundle["tokenizer_json"], f)
+    from safetensors.numpy import save  # pylint: disable=g-import-not-at-top
+    # Through the one atomic write: whole files, readable by everyone (0644), as
+    # save_file's temporary-file permissions (0600) would not be.
+    files.write_atomically(os.path.join(target, common.SAFETENSORS),
+                           save({k: np.ascontiguousarray(v, np.float32)
+                                 for k, v in tensors.items()}, metadata={"format": "pt"}))
+    files.write_atomically(os.path.join(target, common.CONFIG), json.dumps(hf_config, indent=2))
+    has_tokenizer = bool(bundle and bundle.get("tokenizer_json") is not None)
+    if has_tokenizer:
+      files.write_atomically(os.path.join(target, HF_TOKENIZER_FILE),
+                             json.dumps(bundle["tokenizer_json"]))
     print(f"Exported {run.checkpoint_label()} of {workdir} to {target} (GPT-2)", flush=True)
+    if not has_tokenizer:
+      kind = sources.tokenizer_kind(run.tokenizer)
+      why = (f"its {kind} vocabulary was trained here and has no Hugging Face "
+             "tokenizer.json form that this export writes" if kind != "huggingface" else
+             "the folder it was imported from had no tokenizer.json")
+      logging.warning("NO TOKENIZER EXPORTED: %s has no %s because %s. The weights load, "
+                      "but text cannot be encoded with this folder alone (re-importing "
+                      "it gives a model that cannot generate from text); encode with the "
+                      "run itself (--mode=generate --workdir=%s)", target,
+                      HF_TOKENIZER_FILE, why, workdir)
   return target

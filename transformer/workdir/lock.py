@@ -1,0 +1,85 @@
+"""One writer per workdir: an exclusive lock held for as long as a command writes into it.
+
+`hold(workdir)` takes `fcntl.flock(LOCK_EX | LOCK_NB)` on `<workdir>/lock` (layout.LOCK)
+and writes "PID HOST" into it. A second command on the same workdir fails at once with
+`WorkdirInUse`: "workdir <dir> in use by PID N on HOST". What it guarantees:
+
+  - Released on any exit: the kernel drops a flock when the process ends, however it
+    ends (an exception, Ctrl-C, SIGKILL, a crash), so a dead process never leaves a
+    stale lock behind. The file itself stays (deleting it would let a third process
+    lock a new file while a second still holds the old one); its content is only read
+    while someone holds the lock, to say who.
+  - On one machine (local disks, tmpfs): exclusive.
+  - On shared file systems, as far as the file system implements flock: NFSv4 and
+    Linux NFS clients map it to NFS byte-range locks, which hold across hosts;
+    Lustre only with the `flock` mount option, GCS/S3 FUSE mounts usually not at all.
+    A file system that refuses the call (ENOLCK, EOPNOTSUPP) is logged as a warning
+    naming the workdir: the run goes on unprotected, never silently.
+
+Only process 0 of a multi-process run takes it (the run's processes share one workdir).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import socket
+from typing import Iterator
+
+from absl import logging
+
+from transformer.configuration import ConfigError
+from transformer.workdir import layout
+
+# The file system cannot lock: warned about, not an error (see the module docstring).
+_NO_LOCKING = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)
+
+
+class WorkdirInUse(ConfigError):
+  """Another live process holds the workdir's lock."""
+
+
+def _holder(fd: int) -> str:
+  """'PID N on HOST' from the lock file, as its holder wrote it."""
+  os.lseek(fd, 0, os.SEEK_SET)
+  parts = os.read(fd, 4096).decode("utf-8", "replace").split()
+  if len(parts) >= 2 and parts[0].isdigit():
+    return f"PID {parts[0]} on {parts[1]}"
+  return "another process (it has not written its PID yet)"
+
+
+@contextlib.contextmanager
+def hold(workdir: str) -> Iterator[None]:
+  """Holds `workdir`'s lock for the `with` block (creating the workdir if needed).
+
+  Args:
+    workdir: the folder a command is about to write into.
+
+  Raises:
+    WorkdirInUse: another live process holds it (exit 2 in launch.py).
+    OSError: the workdir cannot be created or the lock file opened (a full disk, no
+      permission, a path through a file).
+  """
+  os.makedirs(workdir, exist_ok=True)
+  path = os.path.join(workdir, layout.LOCK)
+  fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+  try:
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+      if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+        raise WorkdirInUse(
+            f"workdir {workdir} in use by {_holder(fd)} ({path} is locked); wait for that "
+            "command to finish or stop it, or use another --workdir") from None
+      if e.errno not in _NO_LOCKING:
+        raise
+      logging.warning("The file system of %s cannot lock %s (%s): nothing stops a second "
+                      "command from writing into this workdir at the same time", workdir,
+                      path, os.strerror(e.errno))
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode("utf-8"))
+    yield
+  finally:
+    os.close(fd)  # Releases the lock (also done by the kernel on any exit).
