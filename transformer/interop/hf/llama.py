@@ -1,0 +1,245 @@
+"""Llama-shaped decoders: Llama 2 and 3, Mistral, Qwen2 / 2.5 and Qwen3 folders, and export.
+
+One mapping serves the four `model_type`s: RMSNorm before each sublayer, SwiGLU
+(gate_proj -> mlp/wi, the activated half; up_proj -> mlp/wi_gate), rotary positions
+in transformers' rotate-half layout (which is this codebase's, so q/k need no
+permutation), grouped-query attention. What differs is a field each: Llama 3's
+frequency-dependent RoPE scaling (`rope_scaling`), Mistral's sliding window on every
+layer, Qwen2's biases on q/k/v only (`qkv_bias`), Qwen3's per-head q/k RMSNorm
+(`qk_norm`). gemma.py reuses `decoder_params`, `rope_fields` and `window_fields`.
+
+`export_llama` writes the reverse: a Llama-shaped run as a Llama folder, or as Qwen2
+(q/k/v biases), Qwen3 (QK-norm) or Mistral (a sliding window on every layer) when the
+model has that family's one extra.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+from absl import logging
+
+from transformer.configuration import ConfigError
+from transformer.data import tokenizers
+from transformer.inference import loaded
+from transformer.interop.hf import common
+from transformer.model import layers
+from transformer.workdir import layout
+
+PREFIXES = ("model.",)  # LlamaForCausalLM saves "model.layers.0...", LlamaModel "layers.0...".
+# hidden_act -> the gated activation it makes with up_proj.
+GATED = {"silu": "swiglu", "swish": "swiglu", "gelu_pytorch_tanh": "geglu_tanh",
+         "gelu_new": "geglu_tanh", "gelu": "geglu"}
+_ROPE_SCALINGS = ("default", "linear", "llama3")
+# Each model_type's tie_word_embeddings when config.json leaves it out (transformers'
+# own defaults).
+TIED_BY_DEFAULT = {"llama": False, "mistral": False, "qwen2": False, "qwen3": False,
+                   "gemma": True, "gemma2": True, "gemma3_text": True}
+
+
+# ---------------------------------------------------------------- shared with gemma.py
+
+
+def gated_activation(fields: common.Fields, key: str, default: str) -> str:
+  value = fields.require(key, default, tuple(GATED), "the MLP's gated activation")
+  return GATED[value]
+
+
+def rope_fields(fields: common.Fields) -> dict[str, Any]:
+  """rope_theta and rope_scaling (none, linear or Llama 3's) as model.rope_* fields."""
+  result = {"rope_max_wavelength": float(fields.get("rope_theta", 10000.0))}
+  scaling = fields.get("rope_scaling")
+  if scaling is None:
+    return result
+  kind = scaling.get("rope_type", scaling.get("type"))
+  if kind not in _ROPE_SCALINGS:
+    raise ConfigError(f"{fields.where}: rope_scaling.rope_type={kind!r} is not supported; "
+                      f"this codebase implements {', '.join(map(repr, _ROPE_SCALINGS))} "
+                      "(model.rope_scaling)")
+  known = {"rope_type", "type", "factor", "low_freq_factor", "high_freq_factor",
+           "original_max_position_embeddings"}
+  unknown = sorted(set(scaling) - known)
+  if unknown:
+    raise ConfigError(f"{fields.where}: rope_scaling has {', '.join(unknown)}, which this "
+                      f"codebase does not implement; it reads {sorted(known)}")
+  if kind == "default":
+    return result
+  result.update(rope_scaling=kind, rope_scaling_factor=float(scaling["factor"]))
+  if kind == "llama3":
+    result.update(
+        rope_low_freq_factor=float(scaling["low_freq_factor"]),
+        rope_high_freq_factor=float(scaling["high_freq_factor"]),
+        rope_original_max_len=int(scaling["original_max_position_embeddings"]))
+  return result
+
+
+def window_fields(fields: common.Fields, layer_types: list[str] | None,
+                  num_layers: int) -> dict[str, Any]:
+  """`layer_types` ("sliding_attention" / "full_attention" per layer) as sliding_window
+  and window_pattern (the shortest period of the layers' l/g string)."""
+  if layer_types is None:
+    return {"sliding_window": 0}
+  kinds = {"sliding_attention": "l", "full_attention": "g"}
+  unknown = sorted(set(layer_types) - set(kinds))
+  if unknown or len(layer_types) != num_layers:
+    raise ConfigError(f"{fields.where}: layer_types={layer_types!r}: expected "
+                      f"num_hidden_layers={num_layers} entries of {sorted(kinds)}")
+  letters = "".join(kinds[k] for k in layer_types)
+  if "l" not in letters:
+    return {"sliding_window": 0}
+  window = fields.get("sliding_window")
+  if not isinstance(window, int) or window < 1:
+    raise ConfigError(f"{fields.where}: sliding_window={window!r}, but layer_types has "
+                      "sliding layers; expected an integer >= 1")
+  # Both conventions agree: a query sees its own key and the window - 1 before it
+  # (transformers' sliding_window_overlay: kv_idx > q_idx - sliding_window).
+  period = next(p for p in range(1, len(letters) + 1)
+                if all(letters[i] == letters[i % p] for i in range(len(letters))))
+  return {"sliding_window": window, "window_pattern": letters[:period]}
+
+
+def eos_id(fields: common.Fields) -> int:
+  """eos_token_id; a list (Llama 3 Instruct) gives its first, and says so."""
+  eos = fields.get("eos_token_id")
+  if isinstance(eos, list):
+    if not eos:
+      raise ConfigError(f"{fields.where}: eos_token_id=[]; expected an id")
+    if len(eos) > 1:
+      logging.warning("%s: eos_token_id=%s: decoding here stops at the first, %d, only",
+                      fields.where, eos, eos[0])
+    eos = eos[0]
+  if eos is None:
+    raise ConfigError(f"{fields.where}: eos_token_id is not set; decoding needs one")
+  return int(eos)
+
+
+def decoder_params(t: common.Tensors, *, num_layers: int, heads: int, kv_heads: int,
+                   vocab: common.VocabularyMap, tied: bool, norm_names: dict[str, str],
+                   qkv_bias: bool = False, qk_norm: bool = False,
+                   query_scale: np.float32 | None = None,
+                   query_norm_offset: bool = False) -> dict[str, Any]:
+  """The parameter tree of a Llama-shaped decoder folder (unrolled blocks).
+
+  Args:
+    t: the folder's tensors, "model." stripped.
+    num_layers, heads, kv_heads: the sizes.
+    vocab: the renumbering of the embedding (and lm_head) rows.
+    tied: lm_head is the embedding (a saved copy must equal it).
+    norm_names: this codebase's block norm name -> the folder's, e.g.
+      {"self_attention_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"}.
+    qkv_bias: q/k/v carry biases (Qwen2).
+    qk_norm: per-head q_norm / k_norm (Qwen3, Gemma 3).
+    query_scale: multiplies the queries (Gemma's query_pre_attn_scalar against this
+      codebase's 1/sqrt(head_dim)); folded into the query kernel, or into q_norm's
+      scale when QK-norm would undo a kernel scale.
+    query_norm_offset: q_norm multiplies by (1 + scale) (Gemma 3), which the folded
+      query_scale must respect.
+
+  Returns:
+    Nested dicts of float32 arrays.
+  """
+  params: dict[str, Any] = {"embedder": {"token_embed": {
+      "embedding": vocab.rows(t.take("embed_tokens.weight"))}}}
+
+  def projection(name, count, bias):
+    kernel = t.take(f"{name}.weight").T
+    return common.split_heads(kernel, count), (t.take(f"{name}.bias").reshape(count, -1)
+                                                if bias else None)
+
+  for i in range(num_layers):
+    p = f"layers.{i}."
+    attention = {}
+    for ours, hf in (("query", "q_proj"), ("key", "k_proj"), ("value", "v_proj")):
+      kernel, bias = projection(p + f"self_attn.{hf}", heads if ours == "query" else
+                                kv_heads, qkv_bias)
+      attention[ours] = {"kernel": kernel, **({"bias": bias} if bias is not None else {})}
+    out = t.take(p + "self_attn.o_proj.weight").T
+    attention["out"] = {"kernel": out.reshape(heads, -1, out.shape[-1])}
+    if qk_norm:
+      attention["query_norm"] = {"scale": t.take(p + "self_attn.q_norm.weight")}
+      attention["key_norm"] = {"scale": t.take(p + "self_attn.k_norm.weight")}
+    if query_scale is not None:
+      if qk_norm:  # The norm would undo a scaled kernel: scale its output instead.
+        scale = attention["query_norm"]["scale"]
+        attention["query_norm"]["scale"] = ((1 + scale) * query_scale - 1
+                                            if query_norm_offset else scale * query_scale)
+      else:
+        attention["query"] = {k: v * query_scale for k, v in attention["query"].items()}
+    block = {"self_attention": attention,
+             "mlp": {"wi": {"kernel": t.take(p + "mlp.gate_proj.weight").T},
+                     "wi_gate": {"kernel": t.take(p + "mlp.up_proj.weight").T},
+                     "wo": {"kernel": t.take(p + "mlp.down_proj.weight").T}}}
+    for ours, hf in norm_names.items():
+      block[ours] = {"scale": t.take(p + f"{hf}.weight")}
+    params[f"block_{i}"] = block
+  params["final_norm"] = {"scale": t.take("norm.weight")}
+  if tied:
+    if t.has("lm_head.weight"):
+      t.take_tied("embed_tokens.weight", "lm_head.weight")
+  else:
+    params["lm_head"] = {"kernel": vocab.rows(t.take("lm_head.weight")).T}
+  # Older Llama checkpoints saved RoPE's inverse frequencies, which are recomputed here.
+  t.skip(lambda n: n.endswith("rotary_emb.inv_freq"), "RoPE's inverse frequencies, "
+         "recomputed from rope_theta")
+  return params
+
+
+# ---------------------------------------------------------------- import
+
+
+def convert(fields: common.Fields, t: common.Tensors, files: dict[str, str]) -> common.Converted:
+  """LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM folders."""
+  del files  # The tokenizer files are read by importer.tokenizer_bundle.
+  family = fields.get("model_type")
+  d_model, heads = fields.get("hidden_size"), fields.get("num_attention_heads")
+  kv_heads = fields.get("num_key_value_heads") or heads
+  num_layers = fields.get("num_hidden_layers")
+  head_dim = fields.get("head_dim") or d_model // heads
+  # Biases: Llama and Qwen3's attention_bias would bias o_proj too, which has no place
+  # here; Qwen2 always biases q/k/v (and never o_proj).
+  if family in ("llama", "qwen3"):
+    fields.require("attention_bias", False, (False,),
+                   "biases on q/k/v and o_proj; model.qkv_bias has q/k/v only")
+  fields.require("mlp_bias", False, (False,), "biases in the MLP of a bias-free model")
+  # Splitting the matmuls over pretraining_tp ranks changes no value (transformers
+  # ignores it too).
+  fields.ignore("pretraining_tp")
+  if family == "mistral":
+    window = fields.get("sliding_window")
+    layer_types = None if window is None else ["sliding_attention"] * num_layers
+  elif family in ("qwen2", "qwen3"):
+    # layer_types already says which layers slide (transformers derives it from these).
+    fields.ignore("use_sliding_window", "max_window_layers")
+    layer_types = fields.get("layer_types")
+  else:
+    layer_types = None
+  window = window_fields(fields, layer_types, num_layers)
+  if not window["sliding_window"]:
+    fields.get("sliding_window")  # Read only by sliding layers; there are none.
+  tied = bool(fields.get("tie_word_embeddings", TIED_BY_DEFAULT[family]))
+  vocab = common.vocabulary_map(fields.get("vocab_size"), {
+      "pad": fields.get("pad_token_id"), "eos": eos_id(fields),
+      "bos": fields.get("bos_token_id"), "unk": None})
+  qkv_bias, qk_norm = family == "qwen2", family == "qwen3"
+  model = dict(
+      arch="decoder", head="lm", vocab_size=len(vocab.internal_to_hf), d_model=d_model,
+      num_layers=num_layers, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+      mlp_dim=fields.get("intermediate_size"), max_len=fields.get("max_position_embeddings"),
+      position="rope", **rope_fields(fields), **window, norm="pre", norm_type="rmsnorm",
+      norm_epsilon=fields.get("rms_norm_eps", 1e-6), qk_norm=qk_norm,
+      activation=gated_activation(fields, "hidden_act", "silu"), use_bias=False,
+      qkv_bias=qkv_bias, tie_embeddings=tied, scale_embeddings=False, embed_norm=False,
+      init="gpt2", embed_dropout=0.0, residual_dropout=0.0, mlp_dropout=0.0,
+      never_predict=vocab.added,
+      **common.attention_dropout(fields.get("attention_dropout", 0.0)))
+  params = decoder_params(
+      t, num_layers=num_layers, heads=heads, kv_heads=kv_heads, vocab=vocab, tied=tied,
+      norm_names={"self_attention_norm": "input_layernorm",
+                  "mlp_norm": "post_attention_layernorm"},
+      qkv_bias=qkv_bias, qk_norm=qk_norm)
+  return common.Converted(family, model, params, vocab)
