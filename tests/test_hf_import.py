@@ -24,6 +24,7 @@ from transformer.workdir import checkpointing
 from transformer.inference import loaded
 from transformer.inference import decoding
 from transformer.interop.hf import common as hf_common
+from transformer.cli import hf_export
 from transformer.interop.hf import gpt2
 from transformer.interop.hf import importer
 from transformer.model import layers
@@ -390,4 +391,35 @@ def test_only_gpt2_shaped_models_export(tmp_path):
   importer.import_folder(folder, workdir)
   with pytest.raises(ConfigError, match="model.arch='encoder'"):
     gpt2.export_gpt2(workdir, str(tmp_path / "out"))
+  assert not os.path.exists(tmp_path / "out")
+
+
+@pytest.mark.parametrize("family", ["llama2", "llama3", "mistral", "qwen2", "qwen3"])
+def test_llama_family_import_export_import_is_lossless(tmp_path, family):
+  """--mode=export picks the Llama family by the model's shape; the folder it writes
+  holds the source's tensors exactly and imports to the same model and parameters."""
+  folder, _ = _fixture(family)
+  workdir = str(tmp_path / "run")
+  importer.import_folder(folder, workdir)
+  exported = str(tmp_path / "exported")
+  hf_export.export(workdir, exported)
+  _, original_tensors = hf_common.read_folder(folder)
+  _, exported_tensors = hf_common.read_folder(exported)
+  assert original_tensors.keys() == exported_tensors.keys()
+  for name, value in original_tensors.items():
+    np.testing.assert_array_equal(exported_tensors[name], value, err_msg=name)
+  original, again = importer.convert_folder(folder), importer.convert_folder(exported)
+  assert again.family == original.family and again.model == original.model
+  assert _flat(again.params).keys() == _flat(original.params).keys()
+  for path, value in _flat(original.params).items():
+    np.testing.assert_array_equal(_flat(again.params)[path], value, err_msg=path)
+
+
+def test_a_model_no_family_expresses_stops_naming_the_fields(tmp_path):
+  folder, _ = _fixture("gemma2")
+  workdir = str(tmp_path / "gemma2")
+  importer.import_folder(folder, workdir)
+  with pytest.raises(ConfigError, match=r"GPT-2: model.position='rope'.*Llama: "
+                                        r"model.norm='sandwich'"):
+    hf_export.export(workdir, str(tmp_path / "out"))
   assert not os.path.exists(tmp_path / "out")

@@ -6,7 +6,7 @@ codebase implements, or listed as irrelevant) and `Tensors` for every tensor (ta
 a known buffer, or a head with no place here): anything left over stops the import,
 naming it. `VocabularyMap` renumbers a vocabulary to the ids every pipeline here
 assumes (pad 0, eos 1, bos 2, unk 3). The family modules (gpt2.py, bert.py,
-marian.py, t5.py) build a `Converted` from these.
+marian.py, t5.py, llama.py, gemma.py) build a `Converted` from these.
 """
 
 from __future__ import annotations

@@ -90,8 +90,8 @@ def convert(fields: common.Fields, t: common.Tensors, files: dict[str, str]) -> 
 _GPT2_ACTIVATIONS = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "silu"}
 
 
-def _gpt2_shaped(model: ml_collections.ConfigDict, where: str) -> None:
-  """Stops, naming the field, unless the model is a GPT-2 up to sizes."""
+def gpt2_shape_problem(model: ml_collections.ConfigDict) -> str:
+  """Why `model` has no GPT-2 folder, naming the first field ("" when it has one)."""
   expected = dict(arch="decoder", head="lm", position="learned", norm="pre",
                   norm_type="layernorm", use_bias=True, scale_embeddings=False,
                   embed_norm=False, num_token_types=0, logits_bias=False, pooler=False,
@@ -99,18 +99,24 @@ def _gpt2_shaped(model: ml_collections.ConfigDict, where: str) -> None:
                   sliding_window=0, parallel_block=False, qkv_bias=False)
   for key, value in expected.items():
     if model[key] != value:
-      raise ConfigError(f"{where}: model.{key}={model[key]!r}, but a GPT-2 folder needs "
-                        f"{value!r}; only GPT-2-shaped decoders export")
+      return f"model.{key}={model[key]!r}, but a GPT-2 folder needs {value!r}"
   if model.activation not in _GPT2_ACTIVATIONS:
-    raise ConfigError(f"{where}: model.activation={model.activation!r} has no GPT-2 "
-                      f"equivalent; exportable: {sorted(_GPT2_ACTIVATIONS)}")
+    return (f"model.activation={model.activation!r} has no GPT-2 equivalent; exportable: "
+            f"{sorted(_GPT2_ACTIVATIONS)}")
   if model.num_kv_heads not in (0, model.num_heads):
-    raise ConfigError(f"{where}: model.num_kv_heads={model.num_kv_heads} (grouped-query "
-                      "attention) has no GPT-2 equivalent")
+    return (f"model.num_kv_heads={model.num_kv_heads} (grouped-query attention) has no "
+            "GPT-2 equivalent")
   if model.head_dim not in (0, model.d_model // model.num_heads) or (
       model.d_model % model.num_heads):
-    raise ConfigError(f"{where}: model.head_dim={model.head_dim} must be d_model / num_heads "
-                      "in GPT-2")
+    return f"model.head_dim={model.head_dim} must be d_model / num_heads in GPT-2"
+  return ""
+
+
+def _gpt2_shaped(model: ml_collections.ConfigDict, where: str) -> None:
+  """Stops, naming the field, unless the model is a GPT-2 up to sizes."""
+  problem = gpt2_shape_problem(model)
+  if problem:
+    raise ConfigError(f"{where}: {problem}; only GPT-2-shaped decoders export as GPT-2")
 
 
 def export_gpt2(workdir: str, hf_dir: str, *, checkpoint_step: int | None = None) -> str:

@@ -6,7 +6,8 @@
 common.py), and writes a workdir that --mode=generate / translate / evaluate and
 config.init_from read: config.json, the tokenizer (data/hf_tokenizer.py) and
 checkpoints/0/state holding only the parameters (as --mode=average writes).
-Export is per family (gpt2.py's `export_gpt2`).
+Export is per family (gpt2.py's `export_gpt2`, llama.py's `export_llama`; cli/hf_export.py
+picks by the model's shape).
 """
 
 from __future__ import annotations

@@ -243,3 +243,153 @@ def convert(fields: common.Fields, t: common.Tensors, files: dict[str, str]) -> 
                   "mlp_norm": "post_attention_layernorm"},
       qkv_bias=qkv_bias, qk_norm=qk_norm)
   return common.Converted(family, model, params, vocab)
+
+
+# ---------------------------------------------------------------- export
+
+
+def _family_of(model: ml_collections.ConfigDict) -> tuple[str | None, str]:
+  """(model_type, "") for a Llama-shaped model, or (None, the first field that is not)."""
+  expected = dict(arch="decoder", head="lm", position="rope", norm="pre",
+                  norm_type="rmsnorm", norm_scale_plus_one=False, use_bias=False,
+                  activation="swiglu", scale_embeddings=False, embed_norm=False,
+                  num_token_types=0, logits_bias=False, pooler=False, attention_softcap=0.0,
+                  final_logit_softcap=0.0, parallel_block=False, rope_fraction=1.0)
+  for key, value in expected.items():
+    if model[key] != value:
+      return None, f"model.{key}={model[key]!r}, but a Llama folder needs {value!r}"
+  if model.qkv_bias and model.qk_norm:
+    return None, ("model.qkv_bias=True with model.qk_norm=True: Qwen2 has no q/k norm "
+                  "and Qwen3's attention_bias also biases o_proj")
+  if model.sliding_window:
+    if set(model.window_pattern) != {"l"} or model.qkv_bias or model.qk_norm or (
+        model.rope_scaling != "none"):
+      return None, (f"model.sliding_window={model.sliding_window} exports as Mistral only: "
+                    "every layer local (window_pattern='l'), no qkv_bias, qk_norm or "
+                    "rope_scaling")
+    return "mistral", ""
+  return ("qwen3" if model.qk_norm else "qwen2" if model.qkv_bias else "llama"), ""
+
+
+def llama_shape_problem(model: ml_collections.ConfigDict) -> str:
+  """Why `model` has no Llama-family folder ("" when it has one)."""
+  return _family_of(model)[1]
+
+
+_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                  "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
+def _rope_scaling(model: ml_collections.ConfigDict) -> dict[str, Any] | None:
+  if model.rope_scaling == "none":
+    return None
+  scaling = {"rope_type": model.rope_scaling, "factor": float(model.rope_scaling_factor)}
+  if model.rope_scaling == "llama3":
+    scaling.update(low_freq_factor=float(model.rope_low_freq_factor),
+                   high_freq_factor=float(model.rope_high_freq_factor),
+                   original_max_position_embeddings=int(model.rope_original_max_len))
+  return scaling
+
+
+def export_llama(workdir: str, hf_dir: str, *, checkpoint_step: int | None = None) -> str:
+  """Writes a trained Llama-shaped decoder as a Hugging Face Llama-family folder.
+
+  A Llama folder (LlamaForCausalLM names), or Qwen2 with q/k/v biases, Qwen3 with
+  QK-norm, Mistral with a sliding window on every layer: config.json +
+  model.safetensors, and tokenizer.json when the workdir was imported from a folder
+  that had one. An imported model gets its source vocabulary order back (the rows the
+  import added are dropped); any other run keeps its own ids (pad 0, eos 1, bos 2).
+
+  Args:
+    workdir: a run or import workdir.
+    hf_dir: the folder to write (must not exist or be empty).
+    checkpoint_step: the checkpoint to export; None: the newest.
+
+  Returns:
+    hf_dir.
+
+  Raises:
+    ConfigError: naming the first field no Llama-family folder can express.
+  """
+  run = loaded.load_run(workdir, checkpoint_step=checkpoint_step)
+  model = run.config.model
+  family, problem = _family_of(model)
+  if family is None:
+    raise ConfigError(f"{os.path.join(workdir, common.CONFIG)}: {problem}; only "
+                      "Llama-shaped decoders export as Llama")
+  params = jax.tree.map(lambda x: np.asarray(jax.device_get(x), np.float32), run.params)
+  if model.scan_layers:
+    params = layers.scanned_to_unrolled(params)
+  bundle_path = os.path.join(workdir, layout.HF_TOKENIZER)
+  bundle = None
+  if os.path.isfile(bundle_path):
+    with open(bundle_path, encoding="utf-8") as f:
+      bundle = json.load(f)
+    vocab = common.VocabularyMap(bundle["hf_vocab_size"], tuple(bundle["internal_to_hf"]),
+                                 tuple(bundle["added"]))
+  else:
+    vocab = common.VocabularyMap(model.vocab_size, tuple(range(model.vocab_size)), ())
+
+  def special(internal: int) -> int | None:  # A role the source vocabulary lacked: None.
+    return None if internal in vocab.added else int(vocab.internal_to_hf[internal])
+
+  heads, kv_heads = model.num_heads, model.num_kv_heads or model.num_heads
+  head_dim = model.head_dim or model.d_model // heads
+  tensors = {"model.embed_tokens.weight": vocab.unrows(
+      params["embedder"]["token_embed"]["embedding"])}
+  for i in range(model.num_layers):
+    block, p = params[f"block_{i}"], f"model.layers.{i}."
+    attention = block["self_attention"]
+    for ours, hf in (("query", "q_proj"), ("key", "k_proj"), ("value", "v_proj")):
+      kernel = attention[ours]["kernel"]
+      tensors[p + f"self_attn.{hf}.weight"] = kernel.reshape(kernel.shape[0], -1).T
+      if model.qkv_bias:
+        tensors[p + f"self_attn.{hf}.bias"] = attention[ours]["bias"].reshape(-1)
+    out = attention["out"]["kernel"]
+    tensors[p + "self_attn.o_proj.weight"] = out.reshape(-1, out.shape[-1]).T
+    if model.qk_norm:
+      tensors[p + "self_attn.q_norm.weight"] = attention["query_norm"]["scale"]
+      tensors[p + "self_attn.k_norm.weight"] = attention["key_norm"]["scale"]
+    tensors[p + "input_layernorm.weight"] = block["self_attention_norm"]["scale"]
+    tensors[p + "post_attention_layernorm.weight"] = block["mlp_norm"]["scale"]
+    for ours, hf in (("wi", "gate_proj"), ("wi_gate", "up_proj"), ("wo", "down_proj")):
+      tensors[p + f"mlp.{hf}.weight"] = block["mlp"][ours]["kernel"].T
+  tensors["model.norm.weight"] = params["final_norm"]["scale"]
+  if not model.tie_embeddings:
+    tensors["lm_head.weight"] = vocab.unrows(params["lm_head"]["kernel"].T)
+  hf_config = {
+      "architectures": [_ARCHITECTURES[family]], "model_type": family,
+      "vocab_size": vocab.hf_vocab_size, "hidden_size": model.d_model,
+      "intermediate_size": model.mlp_dim, "num_hidden_layers": model.num_layers,
+      "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": head_dim,
+      "hidden_act": "silu", "max_position_embeddings": model.max_len,
+      "rms_norm_eps": model.norm_epsilon, "rope_theta": model.rope_max_wavelength,
+      "tie_word_embeddings": bool(model.tie_embeddings),
+      "attention_dropout": model.attention_dropout, "initializer_range": 0.02,
+      "use_cache": True, "torch_dtype": "float32",
+      "bos_token_id": special(tokenizers.BOS_ID), "eos_token_id": special(tokenizers.EOS_ID),
+      "pad_token_id": special(tokenizers.PAD_ID)}
+  if family == "mistral":
+    hf_config["sliding_window"] = model.sliding_window
+  else:
+    hf_config["rope_scaling"] = _rope_scaling(model)
+  if family in ("llama", "qwen3"):
+    hf_config["attention_bias"] = False
+  if family == "llama":
+    hf_config.update(mlp_bias=False, pretraining_tp=1)
+  if family in ("qwen2", "qwen3"):
+    hf_config.update(use_sliding_window=False, sliding_window=None,
+                     layer_types=["full_attention"] * model.num_layers)
+  target = common.empty_directory(hf_dir, "--hf_dir")
+  if jax.process_index() == 0:
+    from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+    save_file({k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items()},
+              os.path.join(target, common.SAFETENSORS), metadata={"format": "pt"})
+    with open(os.path.join(target, common.CONFIG), "w", encoding="utf-8") as f:
+      json.dump(hf_config, f, indent=2)
+    if bundle and bundle.get("tokenizer_json") is not None:
+      with open(os.path.join(target, "tokenizer.json"), "w", encoding="utf-8") as f:
+        json.dump(bundle["tokenizer_json"], f)
+    print(f"Exported {run.checkpoint_label()} of {workdir} to {target} ({family})",
+          flush=True)
+  return target
