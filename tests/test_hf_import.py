@@ -128,6 +128,33 @@ def test_decoder_family_logits_match_transformers(family):
   assert error <= TOLERANCES.get(family, TOLERANCE), error
 
 
+@pytest.mark.parametrize("family", ["gemma2", "gemma3"])
+def test_gemma_query_pre_attn_scalar_other_than_head_dim(tmp_path, family):
+  """query_pre_attn_scalar 12 on head_dim 8: folded into the query kernel (Gemma 2) or
+  into q_norm's (1 + scale) (Gemma 3, where a norm follows the kernel)."""
+  folder = _copy(family, tmp_path)
+  path = os.path.join(folder, "config.json")
+  with open(path, encoding="utf-8") as f:
+    config = json.load(f)
+  assert config["query_pre_attn_scalar"] == config["head_dim"] == 8
+  config["query_pre_attn_scalar"] = 12
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(config, f)
+  converted = importer.convert_folder(folder)
+  model_config = dataclasses.replace(
+      ModelConfig.from_config(importer.imported_config(converted).model), deterministic=True)
+  vocab = converted.vocabulary
+  to_internal = np.asarray([vocab.internal(h) for h in range(vocab.hf_vocab_size)])
+  expected = np.load(os.path.join(folder, "expected.npz"))
+  reference = np.load(os.path.join(folder, "expected_query_scalar_12.npz"))["logits"][:1]
+  ids, real = to_internal[expected["input_ids"][:1]], expected["attention_mask"][:1]
+  assert real.all()  # Row 0: unpadded, finite.
+  logits = make_model(model_config).apply({"params": converted.params}, ids, real,
+                                          _positions(ids))
+  error = _max_error(logits, reference, to_internal, real)
+  assert error <= TOLERANCES.get(family, TOLERANCE), error
+
+
 @pytest.mark.parametrize("family", DECODERS)
 def test_decoder_family_greedy_generation_matches_transformers(family):
   _check_greedy_generation(family)
