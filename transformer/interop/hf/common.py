@@ -43,7 +43,9 @@ _GENERIC = frozenset((
     "encoder_no_repeat_ngram_size", "num_return_sequences", "output_scores",
     "return_dict_in_generate", "forced_bos_token_id", "forced_eos_token_id",
     "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens",
-    "begin_suppress_tokens", "tie_encoder_decoder", "is_encoder_decoder"))
+    "begin_suppress_tokens", "tie_encoder_decoder", "is_encoder_decoder",
+    # transformers' choice of key/value cache class for generate (Gemma 2 / 3: "hybrid").
+    "cache_implementation"))
 
 
 # ---------------------------------------------------------------- reading a folder

@@ -64,6 +64,8 @@ def convert(fields: common.Fields, t: common.Tensors, files: dict[str, str]) -> 
   else:
     activation = llama.gated_activation(fields, "hidden_activation", "gelu_pytorch_tanh")
     fields.ignore("hidden_act")  # Not read by Gemma 2 / 3's modeling code.
+    # An older name of sliding_window that transformers no longer reads.
+    fields.ignore("sliding_window_size")
   if family == "gemma3_text":
     fields.require("use_bidirectional_attention", False, (False,),
                    "bidirectional attention in a Gemma 3 decoder")

@@ -213,9 +213,16 @@ def convert(fields: common.Fields, t: common.Tensors, files: dict[str, str]) -> 
     window = fields.get("sliding_window")
     layer_types = None if window is None else ["sliding_attention"] * num_layers
   elif family in ("qwen2", "qwen3"):
-    # layer_types already says which layers slide (transformers derives it from these).
-    fields.ignore("use_sliding_window", "max_window_layers")
+    # layer_types says which layers slide; folders written before it existed derive it
+    # as transformers does: layers from max_window_layers on, if use_sliding_window.
+    sliding = fields.get("use_sliding_window", False)
+    first_local = fields.get("max_window_layers", num_layers)
+    # Qwen2-VL's multimodal RoPE, which Qwen2.5 text configs switch off.
+    fields.require("use_mrope", False, (False,), "multimodal RoPE sections")
     layer_types = fields.get("layer_types")
+    if layer_types is None:
+      layer_types = ["sliding_attention" if sliding and i >= first_local else
+                     "full_attention" for i in range(num_layers)]
   else:
     layer_types = None
   window = window_fields(fields, layer_types, num_layers)
