@@ -128,6 +128,17 @@ def test_decoder_family_logits_match_transformers(family):
   assert error <= TOLERANCES.get(family, TOLERANCE), error
 
 
+def test_a_scanned_gemma3_matches_transformers():
+  """Scanned, the per-layer window and RoPE base (local-local-global) are traced flags."""
+  converted, model_config, expected, to_internal = _converted("gemma3")
+  scanned = dataclasses.replace(model_config, scan_layers=True)
+  ids, real = to_internal[expected["input_ids"][:1]], expected["attention_mask"][:1]
+  logits = make_model(scanned).apply(
+      {"params": layers.unrolled_to_scanned(converted.params)}, ids, real, _positions(ids))
+  error = _max_error(logits, expected["logits"][:1], to_internal, real)
+  assert error <= TOLERANCES["gemma3"], error
+
+
 @pytest.mark.parametrize("family", ["gemma2", "gemma3"])
 def test_gemma_query_pre_attn_scalar_other_than_head_dim(tmp_path, family):
   """query_pre_attn_scalar 12 on head_dim 8: folded into the query kernel (Gemma 2) or
