@@ -413,6 +413,19 @@ def test_an_unsupported_config_field_stops_naming_it(tmp_path, family, key, valu
     importer.convert_folder(folder)
 
 
+def test_a_decoder_whose_pad_is_its_eos_still_predicts_eos(tmp_path):
+  folder = _copy("llama2", tmp_path)
+  path = os.path.join(folder, "config.json")
+  with open(path, encoding="utf-8") as f:
+    config = json.load(f)
+  config["pad_token_id"] = config["eos_token_id"]
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(config, f)
+  converted = importer.convert_folder(folder)
+  assert converted.vocabulary.internal(config["eos_token_id"]) == 1
+  assert converted.model["never_predict"] == (0, 3)  # Added zero rows: pad and unk.
+
+
 def test_a_tensor_without_a_place_stops_naming_it(tmp_path):
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
   folder = _copy("gpt2", tmp_path)

@@ -89,9 +89,7 @@ def convert(fields: common.Fields, t: common.Tensors, files: dict[str, str]) -> 
   else:
     fields.ignore("rope_local_base_freq")  # Gemma 3 without local layers.
   tied = bool(fields.get("tie_word_embeddings", llama.TIED_BY_DEFAULT[family]))
-  vocab = common.vocabulary_map(fields.get("vocab_size"), {
-      "pad": fields.get("pad_token_id"), "eos": llama.eos_id(fields),
-      "bos": fields.get("bos_token_id"), "unk": None})
+  vocab = llama.vocabulary(fields)
   qk_norm = family == "gemma3_text"
   sandwich = family != "gemma"
   model = dict(

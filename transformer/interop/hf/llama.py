@@ -118,6 +118,20 @@ def eos_id(fields: common.Fields) -> int:
   return int(eos)
 
 
+def vocabulary(fields: common.Fields) -> common.VocabularyMap:
+  """The renumbering of a decoder's vocabulary: pad, eos, bos to 0..2, unk an added row.
+
+  A pad_token_id equal to eos or bos (set so by some folders) gets a row of zeros of
+  its own instead: given the shared row, eos would become an added copy, which
+  decoding never predicts.
+  """
+  eos, bos, pad = eos_id(fields), fields.get("bos_token_id"), fields.get("pad_token_id")
+  if pad is not None and pad in (eos, bos):
+    pad = None
+  return common.vocabulary_map(fields.get("vocab_size"),
+                               {"pad": pad, "eos": eos, "bos": bos, "unk": None})
+
+
 def decoder_params(t: common.Tensors, *, num_layers: int, heads: int, kv_heads: int,
                    vocab: common.VocabularyMap, tied: bool, norm_names: dict[str, str],
                    qkv_bias: bool = False, qk_norm: bool = False,
@@ -229,9 +243,7 @@ def convert(fields: common.Fields, t: common.Tensors, files: dict[str, str]) -> 
   if not window["sliding_window"]:
     fields.get("sliding_window")  # Read only by sliding layers; there are none.
   tied = bool(fields.get("tie_word_embeddings", TIED_BY_DEFAULT[family]))
-  vocab = common.vocabulary_map(fields.get("vocab_size"), {
-      "pad": fields.get("pad_token_id"), "eos": eos_id(fields),
-      "bos": fields.get("bos_token_id"), "unk": None})
+  vocab = vocabulary(fields)
   qkv_bias, qk_norm = family == "qwen2", family == "qwen3"
   model = dict(
       arch="decoder", head="lm", vocab_size=len(vocab.internal_to_hf), d_model=d_model,
