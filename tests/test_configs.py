@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import jax
+import numpy as np
 import pytest
 
 from transformer import sharding
@@ -23,7 +24,7 @@ PRESET_ARGS = {
     "bert_base": ["", "local", "sst2", "sst2_local", "sst2_local_mlm"],
     "transformer_base": ["", "local", "multi30k"],
     "transformer_big": ["", "local"],
-    "shakespeare_char": ["", "cpu"],
+    "shakespeare_char": ["", "cpu", "cpu15", "cpu_2024"],
     "llama": ["1b", "7b"],
 }
 # Presets whose dataset is read from data.path: validation needs a path to be set.
@@ -158,3 +159,20 @@ def test_unknown_dataset_fails_before_compiling(tiny_config, tmp_path):
   tiny_config.data.name = "no_such_dataset_xyz"
   with pytest.raises(ConfigError, match=r"config\.data\.name='no_such_dataset_xyz' is not a TFDS dataset"):
     loop.train_and_evaluate(tiny_config, str(tmp_path / "w"))
+
+
+def _parameter_count(config) -> int:
+  config.model.vocab_size = 128  # The character tokenizer's 70 ids, rounded up.
+  model_config = ModelConfig.from_config(config.model)
+  objective = objective_of(model_config.arch, model_config.head)
+  batch = objectives.init_batch(objective, 1, config.data.seq_len)
+  shapes = jax.eval_shape(make_model(model_config).init, jax.random.PRNGKey(0),
+                          *objectives.model_inputs(objective, batch))
+  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes["params"]))
+
+
+def test_the_2024_shakespeare_recipe_has_the_2019_recipes_parameters():
+  """The README's 2019-vs-2024 comparison is at equal parameter count (within 0.1%)."""
+  module = _load(os.path.join(ROOT, "configs", "shakespeare_char.py"))
+  old, new = (_parameter_count(module.get_config(arg)) for arg in ("cpu", "cpu_2024"))
+  assert (old, new) == (812_160, 811_392)

@@ -1,10 +1,11 @@
 """Hugging Face import/export: logit parity with the tiny fixture models, no torch needed.
 
 The folders under tests/fixtures/hf were written by `make_fixtures.py` beside them
-(transformers 4.57.6, torch 2.13.0): tiny random GPT-2, BERT and Marian models and
-their outputs on fixed inputs, padding included. Every comparison maps the source
-ids to this codebase's renumbered ids (pad 0, eos 1, bos 2, unk 3) and the logits
-back, and allows 1e-5 in float32.
+(transformers 4.57.6, torch 2.13.0): tiny random GPT-2, BERT, Marian, T5 (v1.0 and
+v1.1), Llama 2 / 3, Mistral, Qwen2 / 3 and Gemma 1 / 2 / 3 models and their outputs on
+fixed inputs, padding included. Every comparison maps the source ids to this
+codebase's renumbered ids (pad 0, eos 1, bos 2, unk 3) and the logits back, and
+allows 1e-5 in float32 (Gemma 3: 2e-5, see TOLERANCES).
 """
 
 import dataclasses
@@ -23,6 +24,7 @@ from transformer.workdir import checkpointing
 from transformer.inference import loaded
 from transformer.inference import decoding
 from transformer.interop.hf import common as hf_common
+from transformer.cli import hf_export
 from transformer.interop.hf import gpt2
 from transformer.interop.hf import importer
 from transformer.model import layers
@@ -36,6 +38,13 @@ from transformer.workdir import layout
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "hf")
 TOLERANCE = 1e-5
+# Issue 20's decoders (make_fixtures.py modern_decoders).
+DECODERS = ("llama2", "llama3", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3")
+# Gemma 3's fixture (three layers, QK-norm and sandwich norms on weights drawn wide) is
+# beyond float32's reach at 1e-5: transformers' own float32 forward of it is 2.7e-5
+# from the float64 reference the fixture holds (measured with torch 2.13, 4.57.6);
+# this codebase's is 1.2e-5. Every other family stays at 1e-5.
+TOLERANCES = {"gemma3": 2e-5}
 
 
 def _fixture(family: str) -> tuple[str, dict]:
@@ -109,8 +118,13 @@ def test_gpt2_evaluation_nll_equals_transformers():
 
 
 def test_gpt2_greedy_generation_matches_transformers():
-  """Right-padded prompts decoded together, each equal to HF's decoding it alone."""
-  converted, model_config, expected, to_internal = _converted("gpt2")
+  _check_greedy_generation("gpt2")
+
+
+def _check_greedy_generation(family: str) -> None:
+  """Right-padded prompts decoded together (the cached decode path), each equal to HF's
+  `generate` decoding it alone."""
+  converted, model_config, expected, to_internal = _converted(family)
   prompts = [to_internal[expected[f"prompt_{i}"]] for i in range(3)]
   width = max(len(p) for p in prompts)
   prompts_BP = np.zeros((len(prompts), width), np.int32)  # PAD_ID 0 is an added row.
@@ -120,7 +134,76 @@ def test_gpt2_greedy_generation_matches_transformers():
   out = np.asarray(decoding.generate(model_config, converted.params, prompts_BP, steps))
   for i in range(3):
     wanted = to_internal[expected[f"generated_{i}"]]
-    assert out[i, :len(wanted)].tolist() == wanted.tolist()
+    assert out[i, :len(wanted)].tolist() == wanted.tolist(), (family, i)
+
+
+@pytest.mark.parametrize("family", DECODERS)
+def test_decoder_family_logits_match_transformers(family):
+  """Teacher-forced logits of a right-padded batch.
+
+  With sliding windows (Mistral, Gemma 2 / 3) transformers' reference is NaN on the
+  padded rows: a padded query past the window sees no key at all, its softmax is
+  NaN, and the next layer's 0 x NaN spreads it over the row. Those rows are not
+  compared; the full row 0 (30 tokens, past every window of 4) is.
+  """
+  converted, model_config, expected, to_internal = _converted(family)
+  ids, real = to_internal[expected["input_ids"]], expected["attention_mask"]
+  reference = expected["logits"]
+  finite_rows = ~np.isnan(reference).any(axis=(1, 2))
+  assert not real[~finite_rows].all(axis=1).any()  # Only padded rows are NaN there.
+  assert finite_rows[0] and real[0].all() and not real.all()
+  if model_config.sliding_window:
+    assert real[0].sum() > model_config.sliding_window
+  else:
+    assert finite_rows.all()
+  logits = make_model(model_config).apply({"params": converted.params}, ids, real,
+                                          _positions(ids))
+  error = _max_error(np.asarray(logits)[finite_rows], reference[finite_rows], to_internal,
+                     real[finite_rows])
+  assert error <= TOLERANCES.get(family, TOLERANCE), error
+
+
+def test_a_scanned_gemma3_matches_transformers():
+  """Scanned, the per-layer window and RoPE base (local-local-global) are traced flags."""
+  converted, model_config, expected, to_internal = _converted("gemma3")
+  scanned = dataclasses.replace(model_config, scan_layers=True)
+  ids, real = to_internal[expected["input_ids"][:1]], expected["attention_mask"][:1]
+  logits = make_model(scanned).apply(
+      {"params": layers.unrolled_to_scanned(converted.params)}, ids, real, _positions(ids))
+  error = _max_error(logits, expected["logits"][:1], to_internal, real)
+  assert error <= TOLERANCES["gemma3"], error
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3"])
+def test_gemma_query_pre_attn_scalar_other_than_head_dim(tmp_path, family):
+  """query_pre_attn_scalar 12 on head_dim 8: folded into the query kernel (Gemma 2) or
+  into q_norm's (1 + scale) (Gemma 3, where a norm follows the kernel)."""
+  folder = _copy(family, tmp_path)
+  path = os.path.join(folder, "config.json")
+  with open(path, encoding="utf-8") as f:
+    config = json.load(f)
+  assert config["query_pre_attn_scalar"] == config["head_dim"] == 8
+  config["query_pre_attn_scalar"] = 12
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(config, f)
+  converted = importer.convert_folder(folder)
+  model_config = dataclasses.replace(
+      ModelConfig.from_config(importer.imported_config(converted).model), deterministic=True)
+  vocab = converted.vocabulary
+  to_internal = np.asarray([vocab.internal(h) for h in range(vocab.hf_vocab_size)])
+  expected = np.load(os.path.join(folder, "expected.npz"))
+  reference = np.load(os.path.join(folder, "expected_query_scalar_12.npz"))["logits"][:1]
+  ids, real = to_internal[expected["input_ids"][:1]], expected["attention_mask"][:1]
+  assert real.all()  # Row 0: unpadded, finite.
+  logits = make_model(model_config).apply({"params": converted.params}, ids, real,
+                                          _positions(ids))
+  error = _max_error(logits, reference, to_internal, real)
+  assert error <= TOLERANCES.get(family, TOLERANCE), error
+
+
+@pytest.mark.parametrize("family", DECODERS)
+def test_decoder_family_greedy_generation_matches_transformers(family):
+  _check_greedy_generation(family)
 
 
 def test_bert_mlm_logits_and_pooler_match_transformers():
@@ -149,7 +232,7 @@ def _decoder_inputs(expected, to_internal):
   return ids
 
 
-@pytest.mark.parametrize("family", ["marian", "t5"])
+@pytest.mark.parametrize("family", ["marian", "t5", "t5_v1_1"])
 def test_encoder_decoder_logits_match_transformers_including_padding(family):
   converted, model_config, expected, to_internal = _converted(family)
   inputs, real = to_internal[expected["input_ids"]], expected["attention_mask"]
@@ -162,7 +245,7 @@ def test_encoder_decoder_logits_match_transformers_including_padding(family):
   assert not real.all() and not target_real.all()
 
 
-@pytest.mark.parametrize("family", ["marian", "t5"])
+@pytest.mark.parametrize("family", ["marian", "t5", "t5_v1_1"])
 def test_cached_decoding_matches_transformers_step_by_step(family):
   """Decode mode: encode once, then one token per call against the key/value cache."""
   converted, model_config, expected, to_internal = _converted(family)
@@ -245,6 +328,14 @@ def test_tokenizers_encode_like_transformers(tmp_path):
   assert internal[-1] == 1  # T5's </s> (1) stays eos.
   assert t5.encode("Time flies.").tolist() == internal[:-1].tolist()
   assert t5.decode(internal) == "Time flies."
+
+  # Issue 20's decoders share one byte-level BPE tokenizer.json; prompts start with <s>.
+  _, expected = _fixture("llama2")
+  llama = _bundle("llama2", tmp_path)
+  prompt = llama.hf_to_internal[expected["prompt_0"]]
+  assert prompt[0] == 2  # <s> is bos here.
+  assert llama.encode("The quick brown fox jumps over the lazy dog").tolist() == prompt[
+      1:].tolist()
 
 
 # ---------------------------------------------------------------- workdirs
@@ -338,7 +429,14 @@ def test_a_pickle_only_folder_stops_with_the_conversion_command(tmp_path):
     ("gpt2", "scale_attn_by_inverse_layer_idx", True, "scale_attn_by_inverse_layer_idx=True"),
     ("bert", "position_embedding_type", "relative_key", "position_embedding_type"),
     ("marian", "decoder_ffn_dim", 128, "decoder_ffn_dim=128"),
-    ("gpt2", "model_type", "llama", "model_type='llama'"),
+    ("gpt2", "model_type", "falcon", "model_type='falcon'"),
+    ("llama2", "attention_bias", True, "attention_bias=True"),
+    ("llama2", "hidden_act", "relu", "hidden_act='relu'"),
+    ("llama3", "rope_scaling", {"rope_type": "yarn", "factor": 4.0}, "rope_type='yarn'"),
+    ("qwen3", "layer_types", ["full_attention", "chunked_attention"], "layer_types="),
+    ("gemma2", "sliding_window", None, "sliding_window=None"),
+    ("gemma3", "use_bidirectional_attention", True, "use_bidirectional_attention=True"),
+    ("t5_v1_1", "feed_forward_proj", "gated-relu", "feed_forward_proj='gated-relu'"),
 ])
 def test_an_unsupported_config_field_stops_naming_it(tmp_path, family, key, value, message):
   folder = _copy(family, tmp_path)
@@ -350,6 +448,19 @@ def test_an_unsupported_config_field_stops_naming_it(tmp_path, family, key, valu
     json.dump(config, f)
   with pytest.raises(ConfigError, match=message):
     importer.convert_folder(folder)
+
+
+def test_a_decoder_whose_pad_is_its_eos_still_predicts_eos(tmp_path):
+  folder = _copy("llama2", tmp_path)
+  path = os.path.join(folder, "config.json")
+  with open(path, encoding="utf-8") as f:
+    config = json.load(f)
+  config["pad_token_id"] = config["eos_token_id"]
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(config, f)
+  converted = importer.convert_folder(folder)
+  assert converted.vocabulary.internal(config["eos_token_id"]) == 1
+  assert converted.model["never_predict"] == (0, 3)  # Added zero rows: pad and unk.
 
 
 def test_a_tensor_without_a_place_stops_naming_it(tmp_path):
@@ -387,4 +498,35 @@ def test_only_gpt2_shaped_models_export(tmp_path):
   importer.import_folder(folder, workdir)
   with pytest.raises(ConfigError, match="model.arch='encoder'"):
     gpt2.export_gpt2(workdir, str(tmp_path / "out"))
+  assert not os.path.exists(tmp_path / "out")
+
+
+@pytest.mark.parametrize("family", ["llama2", "llama3", "mistral", "qwen2", "qwen3"])
+def test_llama_family_import_export_import_is_lossless(tmp_path, family):
+  """--mode=export picks the Llama family by the model's shape; the folder it writes
+  holds the source's tensors exactly and imports to the same model and parameters."""
+  folder, _ = _fixture(family)
+  workdir = str(tmp_path / "run")
+  importer.import_folder(folder, workdir)
+  exported = str(tmp_path / "exported")
+  hf_export.export(workdir, exported)
+  _, original_tensors = hf_common.read_folder(folder)
+  _, exported_tensors = hf_common.read_folder(exported)
+  assert original_tensors.keys() == exported_tensors.keys()
+  for name, value in original_tensors.items():
+    np.testing.assert_array_equal(exported_tensors[name], value, err_msg=name)
+  original, again = importer.convert_folder(folder), importer.convert_folder(exported)
+  assert again.family == original.family and again.model == original.model
+  assert _flat(again.params).keys() == _flat(original.params).keys()
+  for path, value in _flat(original.params).items():
+    np.testing.assert_array_equal(_flat(again.params)[path], value, err_msg=path)
+
+
+def test_a_model_no_family_expresses_stops_naming_the_fields(tmp_path):
+  folder, _ = _fixture("gemma2")
+  workdir = str(tmp_path / "gemma2")
+  importer.import_folder(folder, workdir)
+  with pytest.raises(ConfigError, match=r"GPT-2: model.position='rope'.*Llama: "
+                                        r"model.norm='sandwich'"):
+    hf_export.export(workdir, str(tmp_path / "out"))
   assert not os.path.exists(tmp_path / "out")

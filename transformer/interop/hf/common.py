@@ -6,7 +6,7 @@ codebase implements, or listed as irrelevant) and `Tensors` for every tensor (ta
 a known buffer, or a head with no place here): anything left over stops the import,
 naming it. `VocabularyMap` renumbers a vocabulary to the ids every pipeline here
 assumes (pad 0, eos 1, bos 2, unk 3). The family modules (gpt2.py, bert.py,
-marian.py, t5.py) build a `Converted` from these.
+marian.py, t5.py, llama.py, gemma.py) build a `Converted` from these.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ import numpy as np
 from absl import logging
 
 from transformer.configuration import ConfigError
+from transformer.data import sources
+from transformer.workdir import files
 
 CONFIG = "config.json"
 SAFETENSORS = "model.safetensors"
@@ -43,7 +45,9 @@ _GENERIC = frozenset((
     "encoder_no_repeat_ngram_size", "num_return_sequences", "output_scores",
     "return_dict_in_generate", "forced_bos_token_id", "forced_eos_token_id",
     "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens",
-    "begin_suppress_tokens", "tie_encoder_decoder", "is_encoder_decoder"))
+    "begin_suppress_tokens", "tie_encoder_decoder", "is_encoder_decoder",
+    # transformers' choice of key/value cache class for generate (Gemma 2 / 3: "hybrid").
+    "cache_implementation"))
 
 
 # ---------------------------------------------------------------- reading a folder
@@ -299,4 +303,52 @@ def empty_directory(path: str, flag: str) -> str:
       raise ConfigError(f"{flag}={path!r} exists and is not an empty directory; choose a "
                         "new one (nothing is overwritten)")
     os.makedirs(target, exist_ok=True)
+  return target
+
+
+HF_TOKENIZER_FILE = "tokenizer.json"  # A `tokenizers` tokenizer, as transformers reads it.
+
+
+def write_folder(hf_dir: str, tensors: dict[str, np.ndarray], hf_config: dict[str, Any],
+                 bundle: dict[str, Any] | None, run: Any, family: str) -> str:
+  """Writes an exported model: model.safetensors, config.json and, when the run has one,
+  tokenizer.json; returns the folder. One way for every family.
+
+  Every file goes through the one atomic write: whole files, readable by everyone
+  (0644), as safetensors' own save_file (0600 temporary files) would not leave them. A
+  run without a Hugging Face tokenizer (its vocabulary was trained here) exports the
+  weights alone, with a warning that says why.
+
+  Args:
+    hf_dir: the folder to write; must not exist or be empty.
+    tensors: Hugging Face tensor names -> float32 arrays.
+    hf_config: the folder's config.json.
+    bundle: the run's hf_tokenizer.json contents, or None.
+    run: the inference.loaded.LoadedRun exported (for messages and its tokenizer kind).
+    family: the family's name, for the closing line.
+  """
+  target = empty_directory(hf_dir, "--hf_dir")
+  if jax.process_index() != 0:
+    return target
+  from safetensors.numpy import save  # pylint: disable=g-import-not-at-top
+  files.write_atomically(os.path.join(target, SAFETENSORS),
+                         save({k: np.ascontiguousarray(v, np.float32)
+                               for k, v in tensors.items()}, metadata={"format": "pt"}))
+  files.write_atomically(os.path.join(target, CONFIG), json.dumps(hf_config, indent=2))
+  has_tokenizer = bool(bundle and bundle.get("tokenizer_json") is not None)
+  if has_tokenizer:
+    files.write_atomically(os.path.join(target, HF_TOKENIZER_FILE),
+                           json.dumps(bundle["tokenizer_json"]))
+  print(f"Exported {run.checkpoint_label()} of {run.workdir} to {target} ({family})",
+        flush=True)
+  if not has_tokenizer:
+    kind = sources.tokenizer_kind(run.tokenizer)
+    why = (f"its {kind} vocabulary was trained here and has no Hugging Face "
+           "tokenizer.json form that this export writes" if kind != "huggingface" else
+           "the folder it was imported from had no tokenizer.json")
+    logging.warning("NO TOKENIZER EXPORTED: %s has no %s because %s. The weights load, "
+                    "but text cannot be encoded with this folder alone (re-importing it "
+                    "gives a model that cannot generate from text); encode with the run "
+                    "itself (--mode=generate --workdir=%s)", target, HF_TOKENIZER_FILE, why,
+                    run.workdir)
   return target

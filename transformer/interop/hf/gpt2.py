@@ -8,23 +8,17 @@ import json
 import os
 from typing import Any
 
+import jax
+import ml_collections
 import numpy as np
 
 from transformer.configuration import ConfigError
-from transformer.interop.hf import common
-
-import jax
-import ml_collections
-from absl import logging
-
-from transformer.data import sources
 from transformer.data import tokenizers
 from transformer.inference import loaded
+from transformer.interop.hf import common
 from transformer.model import layers
-from transformer.workdir import files
 from transformer.workdir import layout
 
-HF_TOKENIZER_FILE = "tokenizer.json"  # A `tokenizers` tokenizer, as transformers reads it.
 PREFIXES = ("transformer.",)  # Tensor-name prefixes a headless checkpoint lacks.
 
 
@@ -94,8 +88,8 @@ def convert(fields: common.Fields, t: common.Tensors, files: dict[str, str]) -> 
 _GPT2_ACTIVATIONS = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "silu"}
 
 
-def _gpt2_shaped(model: ml_collections.ConfigDict, where: str) -> None:
-  """Stops, naming the field, unless the model is a GPT-2 up to sizes."""
+def gpt2_shape_problem(model: ml_collections.ConfigDict) -> str:
+  """Why `model` has no GPT-2 folder, naming the first field ("" when it has one)."""
   expected = dict(arch="decoder", head="lm", position="learned", norm="pre",
                   norm_type="layernorm", use_bias=True, scale_embeddings=False,
                   embed_norm=False, num_token_types=0, logits_bias=False, pooler=False,
@@ -103,18 +97,24 @@ def _gpt2_shaped(model: ml_collections.ConfigDict, where: str) -> None:
                   sliding_window=0, parallel_block=False, qkv_bias=False)
   for key, value in expected.items():
     if model[key] != value:
-      raise ConfigError(f"{where}: model.{key}={model[key]!r}, but a GPT-2 folder needs "
-                        f"{value!r}; only GPT-2-shaped decoders export")
+      return f"model.{key}={model[key]!r}, but a GPT-2 folder needs {value!r}"
   if model.activation not in _GPT2_ACTIVATIONS:
-    raise ConfigError(f"{where}: model.activation={model.activation!r} has no GPT-2 "
-                      f"equivalent; exportable: {sorted(_GPT2_ACTIVATIONS)}")
+    return (f"model.activation={model.activation!r} has no GPT-2 equivalent; exportable: "
+            f"{sorted(_GPT2_ACTIVATIONS)}")
   if model.num_kv_heads not in (0, model.num_heads):
-    raise ConfigError(f"{where}: model.num_kv_heads={model.num_kv_heads} (grouped-query "
-                      "attention) has no GPT-2 equivalent")
+    return (f"model.num_kv_heads={model.num_kv_heads} (grouped-query attention) has no "
+            "GPT-2 equivalent")
   if model.head_dim not in (0, model.d_model // model.num_heads) or (
       model.d_model % model.num_heads):
-    raise ConfigError(f"{where}: model.head_dim={model.head_dim} must be d_model / num_heads "
-                      "in GPT-2")
+    return f"model.head_dim={model.head_dim} must be d_model / num_heads in GPT-2"
+  return ""
+
+
+def _gpt2_shaped(model: ml_collections.ConfigDict, where: str) -> None:
+  """Stops, naming the field, unless the model is a GPT-2 up to sizes."""
+  problem = gpt2_shape_problem(model)
+  if problem:
+    raise ConfigError(f"{where}: {problem}; only GPT-2-shaped decoders export as GPT-2")
 
 
 def export_gpt2(workdir: str, hf_dir: str, *, checkpoint_step: int | None = None) -> str:
@@ -187,28 +187,4 @@ def export_gpt2(workdir: str, hf_dir: str, *, checkpoint_step: int | None = None
       "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
       "reorder_and_upcast_attn": False, "tie_word_embeddings": bool(model.tie_embeddings),
       "initializer_range": 0.02, "use_cache": True, **specials}
-  target = common.empty_directory(hf_dir, "--hf_dir")
-  if jax.process_index() == 0:
-    from safetensors.numpy import save  # pylint: disable=g-import-not-at-top
-    # Through the one atomic write: whole files, readable by everyone (0644), as
-    # save_file's temporary-file permissions (0600) would not be.
-    files.write_atomically(os.path.join(target, common.SAFETENSORS),
-                           save({k: np.ascontiguousarray(v, np.float32)
-                                 for k, v in tensors.items()}, metadata={"format": "pt"}))
-    files.write_atomically(os.path.join(target, common.CONFIG), json.dumps(hf_config, indent=2))
-    has_tokenizer = bool(bundle and bundle.get("tokenizer_json") is not None)
-    if has_tokenizer:
-      files.write_atomically(os.path.join(target, HF_TOKENIZER_FILE),
-                             json.dumps(bundle["tokenizer_json"]))
-    print(f"Exported {run.checkpoint_label()} of {workdir} to {target} (GPT-2)", flush=True)
-    if not has_tokenizer:
-      kind = sources.tokenizer_kind(run.tokenizer)
-      why = (f"its {kind} vocabulary was trained here and has no Hugging Face "
-             "tokenizer.json form that this export writes" if kind != "huggingface" else
-             "the folder it was imported from had no tokenizer.json")
-      logging.warning("NO TOKENIZER EXPORTED: %s has no %s because %s. The weights load, "
-                      "but text cannot be encoded with this folder alone (re-importing "
-                      "it gives a model that cannot generate from text); encode with the "
-                      "run itself (--mode=generate --workdir=%s)", target,
-                      HF_TOKENIZER_FILE, why, workdir)
-  return target
+  return common.write_folder(hf_dir, tensors, hf_config, bundle, run, "GPT-2")

@@ -6,7 +6,8 @@
 common.py), and writes a workdir that --mode=generate / translate / evaluate and
 config.init_from read: config.json, the tokenizer (data/hf_tokenizer.py) and
 checkpoints/0/state holding only the parameters (as --mode=average writes).
-Export is per family (gpt2.py's `export_gpt2`).
+Export is per family (gpt2.py's `export_gpt2`, llama.py's `export_llama`; cli/hf_export.py
+picks by the model's shape).
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ from transformer.data import sources
 from transformer.inference import loaded
 from transformer.interop.hf import bert
 from transformer.interop.hf import common
+from transformer.interop.hf import gemma
 from transformer.interop.hf import gpt2
+from transformer.interop.hf import llama
 from transformer.interop.hf import marian
 from transformer.interop.hf import t5
 from transformer.model import layers
@@ -39,7 +42,9 @@ from transformer.workdir import layout
 # The model fields an import takes from --config (how to run it), not from the folder.
 RUNTIME_FIELDS = ("scan_layers", "remat", "dtype", "param_dtype", "attention_impl")
 # config.json's model_type -> the module that maps that family.
-FAMILIES = {"gpt2": gpt2, "bert": bert, "marian": marian, "t5": t5}
+FAMILIES = {"gpt2": gpt2, "bert": bert, "marian": marian, "t5": t5, "mt5": t5,
+            "llama": llama, "mistral": llama, "qwen2": llama, "qwen3": llama,
+            "gemma": gemma, "gemma2": gemma, "gemma3_text": gemma}
 
 
 def _family(config: dict[str, Any], where: str) -> Any:

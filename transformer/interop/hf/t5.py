@@ -1,5 +1,6 @@
-"""T5 folders (T5ForConditionalGeneration): v1.0 and gated-SiLU feed-forwards,
-relative position buckets.
+"""T5 folders (T5ForConditionalGeneration; model_type "t5" and "mt5"): v1.0 (ReLU, tied),
+v1.1 / Flan-T5 / mT5 (gated GELU in its tanh form, untied lm_head) and gated-SiLU
+feed-forwards; relative position buckets.
 """
 
 from __future__ import annotations
@@ -11,21 +12,22 @@ import numpy as np
 from transformer.configuration import ConfigError
 from transformer.interop.hf import common
 
-_T5_ACTIVATIONS = {"relu": "relu", "gated-silu": "swiglu"}
+# T5 v1.1's "gated-gelu" is gelu_new (tanh) on wi_0 times wi_1: geglu_tanh here.
+_T5_ACTIVATIONS = {"relu": "relu", "gated-silu": "swiglu", "gated-gelu": "geglu_tanh"}
 PREFIXES = ()  # Tensor-name prefixes a headless checkpoint lacks.
 
 
 def convert(fields: common.Fields, t: common.Tensors, files: dict[str, str]) -> common.Converted:
-  """T5 v1.0 (ReLU, tied) and gated-SiLU variants; relative position buckets, RMSNorm."""
+  """T5 v1.0 (ReLU, tied), v1.1 / Flan-T5 / mT5 (gated GELU, untied) and gated-SiLU
+  variants; relative position buckets, RMSNorm."""
   del files  # The tokenizer files are read by importer.tokenizer_bundle.
   d_model, heads = fields.get("d_model", 512), fields.get("num_heads", 8)
   head_dim = fields.get("d_kv", 64)
   projection = fields.get("feed_forward_proj", "relu")
   if projection not in _T5_ACTIVATIONS:
-    raise ConfigError(f"{fields.where}: feed_forward_proj={projection!r} is not supported "
-                      f"(T5 v1.1's gated-gelu is model.activation='geglu_tanh', whose "
-                      f"import is not written yet); this import implements "
-                      f"{sorted(_T5_ACTIVATIONS)}")
+    raise ConfigError(f"{fields.where}: feed_forward_proj={projection!r} is not supported; "
+                      f"this import implements {sorted(_T5_ACTIVATIONS)}")
+  # transformers derives dense_act_fn and is_gated_act from feed_forward_proj.
   fields.ignore("dense_act_fn", "is_gated_act", "initializer_factor")
   tie = fields.get("tie_word_embeddings", True)
   pad, eos = fields.get("pad_token_id", 0), fields.get("eos_token_id", 1)
@@ -90,4 +92,4 @@ def convert(fields: common.Fields, t: common.Tensors, files: dict[str, str]) -> 
     params["decoder"]["final_norm"]["scale"] *= np.float32(d_model ** -0.5)
   else:
     params["lm_head"] = {"kernel": vocab.rows(t.take("lm_head.weight")).T}
-  return common.Converted("t5", model, params, vocab)
+  return common.Converted(fields.get("model_type"), model, params, vocab)
