@@ -159,8 +159,9 @@ def test_evaluate_an_lm_gives_the_training_eval_loss(lm_run):
   assert "loss" in out.getvalue() and path in out.getvalue()
   after = _snapshot(workdir)
   assert {k: v for k, v in after.items() if k != os.path.basename(path)} == before
-  with pytest.raises(ConfigError, match=r"eval_validation_step4\.json' exists; pass "
-                     r"--overwrite"):
+  # The default path: no word of an --output the user never gave.
+  with pytest.raises(ConfigError, match=r"eval_validation_step4\.json exists: an earlier run "
+                     r"of this command wrote this result; read it, pass --overwrite"):
     evaluate_mode.evaluate(workdir)
   assert evaluate_mode.result_path("w", "test", [2, 4], 10) == "w/eval_test_step4_avg2_first10.json"
 

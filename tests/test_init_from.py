@@ -188,13 +188,13 @@ def test_fine_tune_starts_from_the_source_params_at_step_0(source_run, tfds_data
   counts = [v for k, v in _flat(state["opt_state"]).items() if k.endswith("count")]
   assert counts and all(int(c) == 1 for c in counts)
 
-  # Rerunning the (finished) command resumes the run's own checkpoint, ignoring init_from.
+  # Rerunning the (finished) command loads nothing from init_from: the run is complete.
   caplog.clear()
   with caplog.at_level("INFO"):
     loop.train_and_evaluate(_fine_tune_config(tfds_data_dir, source_run, num_steps=1),
                              workdir)
-  assert "Resumed from checkpoint 1" in caplog.text
-  assert "Ignoring config.init_from" in caplog.text and "parameters loaded" not in caplog.text
+  assert f"{workdir} is already complete: its checkpoint 1" in caplog.text
+  assert "parameters loaded" not in caplog.text
   assert _train_steps(workdir) == [1]
 
 
