@@ -551,10 +551,11 @@ def test_a_failed_resume_leaves_every_file_as_it_was(finished_run, tiny_config, 
   workdir = _copy(finished_run, tmp_path)
   before = _file_digests(workdir)
   tiny_config.model.mlp_dim = 128  # Allowed by the policy, but the arrays do not fit.
+  tiny_config.train.num_steps = 8  # A resume (the run is complete at 6).
   tiny_config.checkpoint.on_config_change = "allow"
   with pytest.raises(ConfigError, match="do not match"):
     loop.train_and_evaluate(tiny_config, workdir)
   assert _file_digests(workdir) == before
   tiny_config.model.mlp_dim = 64
   tiny_config.checkpoint.on_config_change = "stop"
-  loop.train_and_evaluate(tiny_config, workdir)  # The original command still resumes.
+  loop.train_and_evaluate(tiny_config, workdir)  # The command with the run's model resumes.

@@ -218,6 +218,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   dataset = sources.dataset_record(data_sources.builder)
   _check_config_change(config, workdir, dataset)
   complete = checkpointing.newest_complete_step(workdir)
+  # Only a checkpoint whose file sizes were recorded when its save finished is known
+  # whole without reading it; any other one goes through the restore, which checks it.
+  if complete is not None and not os.path.exists(
+      os.path.join(workdir, layout.CHECKPOINTS, str(complete), layout.FILE_SIZES)):
+    complete = None
   if complete is not None and complete >= config.train.num_steps:
     # Nothing to train: say so without building (and compiling) the model.
     logging.info("%s is already complete: its checkpoint %d reaches train.num_steps=%d, so "
