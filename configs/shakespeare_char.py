@@ -40,6 +40,21 @@ evaluation here covers the whole validation split (111,540 characters).
   windows of 4096 1.906, packed rows in document order 1.946; `model.vocab_size=70`
   (no padding to 128), three seeds: 1.911 / 1.890 / 1.899 (mean 1.900).
 
+`:cpu_2024`: `:cpu` with the 2024 decoder's choices (Llama / Qwen3): RMSNorm, SwiGLU
+(MLP 346, for :cpu's parameter count), RoPE instead of the position table, QK-norm, no
+biases (as :cpu); 811,392 parameters against :cpu's 812,160.
+  Three seeds each, 2026-11-25, commit a62a37d, the machine shared (other engineers'
+  jobs, and a second sweep of mine beside these: wall times are upper bounds):
+    python launch.py --mode=sweep --config=configs/shakespeare_char.py:cpu_2024 \
+      --config.data.path=../shared/data/tiny_shakespeare/input.txt \
+      --workdir=/tmp/r20b/sweep2024 --sweep='seed=0,1,2'
+  44m17s wall for the three (12m16s-16m29s of training each); validation loss
+  1.645 / 1.642 / 1.652 (mean 1.646, sample std 0.005). The same sweep of :cpu
+  (--workdir=/tmp/r20b/sweep2019): 1.898 / 1.879 / 1.887 (mean 1.888, sample std 0.010; 32m17s wall), the
+  same numbers as at commit 3d062a4 above.
+  One axis at a time on :cpu, seed 0, one run each (README "The 2019 recipe against
+  the 2024 recipe"): RMSNorm 1.891, SwiGLU at MLP 341 1.790, RoPE 1.771, QK-norm 1.878.
+
 `:cpu15`: the best validation loss we reached within 15 minutes of training on the 2
 cores: 4 layers, 192 wide, RoPE instead of a learned position table, context 128,
 batch 32, 1300 steps at learning rate 2e-3 (cosine to 2e-4), random windows
