@@ -323,17 +323,22 @@ def _tfds_disk_full(monkeypatch, paths: Paths) -> None:
 
 
 def _no_new_files_in_workdir(monkeypatch, paths: Paths) -> None:
-  """A patch: the one atomic write cannot create files in the workdir (a read-only run)."""
-  from transformer.workdir import files  # pylint: disable=g-import-not-at-top
-  real_mkstemp = files.tempfile.mkstemp
+  """A patch: no new file can be created in the workdir (a read-only run).
+
+  The one atomic write creates its temporary file with open(..., "xb") beside the
+  target; creating it is refused as a read-only directory refuses it, while files that
+  exist stay readable.
+  """
+  real_open = builtins.open
   root = os.path.abspath(paths.workdir)
 
-  def mkstemp(*args, dir=None, **kwargs):  # pylint: disable=redefined-builtin
-    if dir and os.path.abspath(dir).startswith(root):
-      raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), dir)
-    return real_mkstemp(*args, dir=dir, **kwargs)
+  def fake_open(file, mode="r", *args, **kwargs):
+    path = os.path.abspath(os.fspath(file)) if isinstance(file, (str, os.PathLike)) else ""
+    if path.startswith(root + os.sep) and "x" in mode:
+      raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+    return real_open(file, mode, *args, **kwargs)
 
-  monkeypatch.setattr(files.tempfile, "mkstemp", mkstemp)
+  monkeypatch.setattr(builtins, "open", fake_open)
 
 
 def _failing_writes(error: int):
@@ -369,21 +374,8 @@ def _failing_writes(error: int):
         return buffered if "b" in mode else io.TextIOWrapper(buffered)
       return real_open(file, mode, *args, **kwargs)
 
+    # Also the one atomic write's temporary file (workdir/files.py opens it with "xb").
     monkeypatch.setattr(builtins, "open", fake_open)
-    real_fdopen = os.fdopen
-
-    def fake_fdopen(fd, mode="r", *args, **kwargs):
-      # The one atomic write (workdir/files.py) opens its temporary file with os.fdopen.
-      path = os.path.realpath(f"/proc/self/fd/{fd}") if isinstance(fd, int) else ""
-      if path.startswith(os.path.realpath(root) + os.sep) and any(c in mode for c in "wax+"):
-        os.close(fd)
-        if error == errno.EACCES:
-          raise PermissionError(error, os.strerror(error), path)
-        buffered = io.BufferedWriter(FailingFile(path))
-        return buffered if "b" in mode else io.TextIOWrapper(buffered)
-      return real_fdopen(fd, mode, *args, **kwargs)
-
-    monkeypatch.setattr(os, "fdopen", fake_fdopen)
 
   return patch
 

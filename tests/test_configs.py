@@ -25,7 +25,7 @@ PRESET_ARGS = {
     "transformer_base": ["", "local", "multi30k"],
     "transformer_big": ["", "local"],
     "shakespeare_char": ["", "cpu", "cpu15", "cpu_2024"],
-    "llama": ["1b", "7b"],
+    "llama": ["1b", "7b", "local"],
 }
 # Presets whose dataset is read from data.path: validation needs a path to be set.
 NEEDS_PATH = ("local_text", "local_parallel", "local_tsv")

@@ -171,7 +171,9 @@ def test_fine_tune_starts_from_the_source_params_at_step_0(source_run, tfds_data
   config = _fine_tune_config(tfds_data_dir, source_run, num_steps=1)
   config.train.eval_at_start = True
   workdir = str(tmp_path / "fine_tune")
-  with caplog.at_level("INFO"):
+  # At absl's logger too: a level another test in this worker left on it must not hide
+  # the INFO lines checked below.
+  with caplog.at_level("INFO"), caplog.at_level("INFO", logger="absl"):
     loop.train_and_evaluate(config, workdir)
 
   source = _flat(_restore_raw(source_run, 2)["params"])  # The newest: step 2.

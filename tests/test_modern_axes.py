@@ -409,7 +409,9 @@ def test_train_step_adds_the_z_loss_to_the_gradient():
   logits = rng.normal(size=(1, 3, 8)).astype(np.float32) + 2.0
   targets, weights = np.array([[1, 2, 3]]), np.ones((1, 3), np.float32)
   forward = lambda params, batch, rngs=None: (params["logits"], targets, weights)
-  tx = optax.sgd(1.0)
+  # train_step logs the schedule at the optimizer's own update count (a ScaleBySchedule
+  # state, as optim.make_optimizer builds); scale 1.0 leaves SGD's update as it is.
+  tx = optax.chain(optax.sgd(1.0), optax.scale_by_schedule(lambda count: 1.0))
   updates = {}
   for coef in (0.0, 0.1):
     state = trainer_lib.TrainState(step=jnp.zeros((), jnp.int32), params={"logits": logits},
