@@ -15,8 +15,12 @@ over every chip (fsdp=-1). No training run has used them: they exist to ask
   :local  the same recipe (RMSNorm, SwiGLU, RoPE, GQA, no biases, plus QK-norm) at
        gpt_small.py:local's size on the offline corpus with the byte tokenizer:
        d_model 256, 4 layers, 4 heads / 2 kv heads, MLP 683, context 128, 400 steps,
-       float32, unscanned; trains on 2 CPU cores in minutes, offline. Not yet recorded
-       here: the first run's command, time and loss go in this docstring.
+       float32, unscanned; 2,985,728 parameters; trains offline on a CPU.
+       `python launch.py --config=configs/llama.py:local --workdir=/tmp/llama_local`
+       on the reference machine (2 CPU cores, shared with the test suite, so the time
+       is an upper bound), 2026-11-25: eval loss 5.601 at step 0, 2.544 at 100, 1.965
+       nats/byte at 400 (accuracy 0.491), 18m36s. gpt_small.py:local (GPT-2 recipe,
+       3.3M parameters) reaches 2.38 at step 400 on the same data.
 
   python launch.py --mode=compile --config=configs/llama.py:7b --topology=v5p:2x4x4
   python launch.py --config=configs/llama.py:local

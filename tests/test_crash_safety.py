@@ -370,7 +370,7 @@ def test_corrupt_newest_checkpoint_is_set_aside(corruption, finished_run, tiny_c
   damage, reason = CORRUPTIONS[corruption]
   workdir = _copy(finished_run, tmp_path)
   damage(os.path.join(workdir, "checkpoints", "6"))
-  with caplog.at_level("INFO"):
+  with caplog.at_level("INFO"), caplog.at_level("INFO", logger="absl"):
     loop.train_and_evaluate(tiny_config, workdir)
   assert "Skipping checkpoint 6" in caplog.text
   assert "Resumed from checkpoint 3" in caplog.text
@@ -427,7 +427,7 @@ def test_resume_applies_cadence_changes_and_lists_them(finished_run, tiny_config
   workdir = _copy(finished_run, tmp_path)
   tiny_config.train.update(num_steps=8, log_every=2, eval_batches=1)
   tiny_config.decode.beam_size = 2
-  with caplog.at_level("INFO"):
+  with caplog.at_level("INFO"), caplog.at_level("INFO", logger="absl"):
     loop.train_and_evaluate(tiny_config, workdir)
   assert ("Resuming with changed settings (applied): decode.beam_size: 4 -> 2; "
           "train.eval_batches: 2 -> 1; train.log_every: 1 -> 2; train.num_steps: 6 -> 8"
@@ -461,7 +461,7 @@ def test_on_config_change_allow_resumes_anyway(finished_run, tiny_config, tmp_pa
   tiny_config.optimizer.learning_rate = 1e-3
   tiny_config.train.num_steps = 7
   tiny_config.checkpoint.on_config_change = "allow"
-  with caplog.at_level("INFO"):
+  with caplog.at_level("INFO"), caplog.at_level("INFO", logger="absl"):
     loop.train_and_evaluate(tiny_config, workdir)
   assert "on_config_change='allow'" in caplog.text
   assert "optimizer.learning_rate: 0.003 -> 0.001" in caplog.text
@@ -483,7 +483,7 @@ def test_resolved_vocab_size_is_not_a_change(finished_run, tiny_config, tmp_path
     raise AssertionError("a finished run built a Trainer")
 
   monkeypatch.setattr(trainer_lib.Trainer, "create", no_compiling)
-  with caplog.at_level("INFO"):
+  with caplog.at_level("INFO"), caplog.at_level("INFO", logger="absl"):
     result = loop.train_and_evaluate(tiny_config, workdir)
   assert f"{workdir} is already complete: its checkpoint 6 reaches train.num_steps=6" in (
       caplog.text)
@@ -498,7 +498,7 @@ def test_config_json_without_a_checkpoint_is_not_a_resume(finished_run, tiny_con
   os.makedirs(workdir)
   shutil.copy(os.path.join(finished_run, "config.json"), workdir)
   tiny_config.model.mlp_dim = 128
-  with caplog.at_level("INFO"):
+  with caplog.at_level("INFO"), caplog.at_level("INFO", logger="absl"):
     loop._check_config_change(tiny_config, workdir)  # pylint: disable=protected-access
   assert "not a resume" in caplog.text
   tiny_config.checkpoint.on_config_change = "sometimes"

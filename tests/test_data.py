@@ -375,7 +375,7 @@ def test_sentencepiece_tokenizer_rejects_other_special_ids(tmp_path):
 
 def test_sentencepiece_trainer_lines_go_to_the_log_not_the_console(tmp_path, capfd, caplog):
   """Its C++ trainer writes on file descriptor 2 itself: those lines become log records."""
-  with caplog.at_level("INFO"):
+  with caplog.at_level("INFO"), caplog.at_level("INFO", logger="absl"):
     tokenizers.train_sentencepiece(_code_lines(2000), 400, str(tmp_path / "spm.model"),
                                    max_sentences=10_000)
   _, stderr = capfd.readouterr()

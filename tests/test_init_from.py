@@ -192,7 +192,7 @@ def test_fine_tune_starts_from_the_source_params_at_step_0(source_run, tfds_data
 
   # Rerunning the (finished) command loads nothing from init_from: the run is complete.
   caplog.clear()
-  with caplog.at_level("INFO"):
+  with caplog.at_level("INFO"), caplog.at_level("INFO", logger="absl"):
     loop.train_and_evaluate(_fine_tune_config(tfds_data_dir, source_run, num_steps=1),
                              workdir)
   assert f"{workdir} is already complete: its checkpoint 1" in caplog.text
