@@ -117,6 +117,8 @@ def test_too_large_is_reported_not_fitting(tmp_path, capsys):
   assert result["topology"] == TOPOLOGY and result["chips"] == 4
   assert result["chip_kind"] == "TPU v5 lite" and result["mesh"] == {
       "data": 4, "fsdp": 1, "tensor": 1}
+  assert result["config"]["batch_size"] == config.data.batch_size  # What was compiled.
+  assert result["config"]["seq_len"] == config.data.seq_len
   train = result["steps"]["train"]
   assert train["fits"] is False and train["total_bytes"] > train["chip_bytes"]
   for key in ("arguments_bytes", "temp_bytes", "output_bytes", "flops_per_chip",
