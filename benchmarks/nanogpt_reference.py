@@ -31,6 +31,7 @@ Needs torch (not a requirement of this repository; any recent CPU wheel):
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import time
 
@@ -125,8 +126,13 @@ def random_batch(data: np.ndarray, context: int, batch: int,
   return torch.from_numpy(x), torch.from_numpy(y)
 
 
-def train(text: str, seed: int, args: argparse.Namespace) -> float:
-  """One run; returns the whole-split validation loss after the last step."""
+def train(text: str, seed: int, args: argparse.Namespace) -> dict[str, float]:
+  """One run; returns its whole-split validation loss after the last step and its speed.
+
+  The speed is of the training loop alone (batch drawing, learning rate, forward,
+  backward, clipping, the update), evaluations excluded, as launch.py's
+  `tokens_per_second` is.
+  """
   chars = sorted(set(text))
   index = {c: i for i, c in enumerate(chars)}
   ids = np.array([index[c] for c in text], np.int64)
@@ -151,6 +157,7 @@ def train(text: str, seed: int, args: argparse.Namespace) -> float:
         f"{len(train_ids):,} / {len(val_ids):,} characters",
         flush=True)
   started = time.monotonic()
+  training_seconds = 0.0  # The loop without its evaluations.
   whole = float("nan")
   for it in range(args.steps + 1):
     if it % args.eval_every == 0 or it == args.steps:
@@ -161,6 +168,7 @@ def train(text: str, seed: int, args: argparse.Namespace) -> float:
             f"[{time.monotonic() - started:.0f} s]", flush=True)
     if it == args.steps:
       break
+    step_start = time.perf_counter()
     for group in optimizer.param_groups:
       group["lr"] = learning_rate(it, args.lr, args.min_lr, args.warmup, args.steps)
     x, y = random_batch(train_ids, args.context, args.batch, generator)
@@ -169,7 +177,16 @@ def train(text: str, seed: int, args: argparse.Namespace) -> float:
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimizer.step()
-  return whole
+    training_seconds += time.perf_counter() - step_start
+  result = {"seed": seed, "val_loss": whole, "steps": args.steps,
+            "ms_per_step": 1e3 * training_seconds / max(args.steps, 1),
+            "tokens_per_second": args.steps * args.batch * args.context
+                                 / max(training_seconds, 1e-9)}
+  print(f"seed {seed}: {result['ms_per_step']:.1f} ms per iteration, "
+        f"{result['tokens_per_second']:,.0f} tokens/s (training loop, evaluations "
+        f"excluded; {args.threads} threads)", flush=True)
+  print("RESULT " + json.dumps(result), flush=True)
+  return result
 
 
 def main() -> None:
@@ -194,7 +211,7 @@ def main() -> None:
   torch.set_num_threads(args.threads)
   with open(args.data, encoding="utf-8") as f:
     text = f.read()
-  results = [train(text, int(s), args) for s in args.seeds.split(",")]
+  results = [train(text, int(s), args)["val_loss"] for s in args.seeds.split(",")]
   print(f"whole-split validation loss at step {args.steps}: "
         + ", ".join(f"{r:.4f}" for r in results)
         + f"; mean {np.mean(results):.4f}" + (f", sample std {np.std(results, ddof=1):.4f}"
