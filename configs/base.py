@@ -75,6 +75,22 @@ def get_config() -> ml_collections.ConfigDict:
   model.dtype = "auto"  # Compute dtype: "auto" (bfloat16 on GPU/TPU, float32 on CPU) | float32 | bfloat16.
   model.param_dtype = "float32"  # Storage dtype of parameters and optimizer state.
   model.attention_impl = "xla"  # "xla" | "cudnn" (jax.nn.dot_product_attention) | "einsum" (reference).
+  # Mixture of experts (README "Mixture of experts"): the moe_* keys apply with mlp="moe".
+  model.mlp = "dense"  # Feed-forward of a block: "dense" (one MLP) | "moe" (routed experts on the layers moe_every picks).
+  model.num_experts = 8  # Routed experts per MoE layer (Mixtral 8, OLMoE 64, Switch-base 8..256).
+  model.experts_per_token = 2  # Experts each token goes to, top-k (Mixtral 2, OLMoE 8, Switch 1).
+  model.moe_mlp_dim = 0  # Hidden width of each routed expert; 0 = mlp_dim.
+  model.moe_router = "softmax"  # Router scores: "softmax" over all experts (Mixtral, OLMoE, Qwen-MoE, Switch) | "sigmoid" per expert (DeepSeek-V3).
+  model.moe_renormalize = True  # Divide the top-k scores by their sum (Mixtral: True; OLMoE, Qwen2-MoE, Switch: False).
+  model.moe_shared_mlp_dim = 0  # Hidden width of a dense shared expert every token also goes through (Qwen2-MoE, DeepSeek); 0 = none.
+  model.moe_shared_gate = False  # Scale the shared expert by sigmoid(x . w), a learned per-token gate (Qwen2-MoE's shared_expert_gate).
+  model.moe_every = 1  # Every moe_every-th layer of a stack is MoE, the others dense (Switch, GShard: 2).
+  model.moe_offset = 0  # The MoE layers are those with index % moe_every == moe_offset (Switch: 1, the second of each pair).
+  model.moe_dispatch = "dropless"  # "dropless" (sort by expert, grouped matmul) | "capacity" (one-hot dispatch, drops overflow).
+  model.moe_capacity_factor = 1.25  # moe_dispatch="capacity": slots per expert per sequence = ceil(factor * length * k / num_experts).
+  model.moe_aux_loss = 0.01  # Coefficient of the load-balancing loss, E * sum_e f_e * p_e (Switch 0.01, Mixtral 0.02).
+  model.moe_z_loss = 0.001  # Coefficient of the router z-loss, mean logsumexp(router logits)^2 (ST-MoE 0.001).
+  model.moe_router_jitter = 0.0  # Training only: router inputs times uniform noise in [1 - j, 1 + j] (Switch 0.01); 0 = off.
 
   # ---- data.* : dataset, tokenizer and input pipeline ----
   data = config.data = ml_collections.ConfigDict()
@@ -154,10 +170,16 @@ def get_config() -> ml_collections.ConfigDict:
   # ---- mesh.* : device mesh and logical-to-mesh sharding rules ----
   mesh = config.mesh = ml_collections.ConfigDict()
   # Mesh axes as (name, size); one size may be -1 to take the remaining devices.
-  mesh.shape = (("data", -1), ("fsdp", 1), ("tensor", 1))
+  # "expert" (expert parallelism for mlp="moe") is optional; left out, it counts as 1.
+  mesh.shape = (("data", -1), ("fsdp", 1), ("tensor", 1), ("expert", 1))
   # Logical axis name -> mesh axis (or axes, or None for replicated). Data, not code.
+  # The first rule for a name whose mesh axes are still free wins (flax), so a name may
+  # have fallbacks: an array with both "expert" and "batch" (MoE's capacity buffers
+  # [experts, batch, slots, embed]) puts the experts on "expert", its rows on the rest.
   mesh.rules = (
-      ("batch", ("data", "fsdp")),
+      ("expert", "expert"),  # The [num_experts] axis of the stacked expert kernels.
+      ("batch", ("data", "fsdp", "expert")),  # Expert-parallel devices take batch rows too.
+      ("batch", ("data", "fsdp")),  # Beside an "expert" axis (the fallback above).
       ("length", None),
       ("embed", "fsdp"),
       ("heads", "tensor"),

@@ -55,6 +55,21 @@ biases (as :cpu); 811,392 parameters against :cpu's 812,160.
   One axis at a time on :cpu, seed 0, one run each (README "The 2019 recipe against
   the 2024 recipe"): RMSNorm 1.891, SwiGLU at MLP 341 1.790, RoPE 1.771, QK-norm 1.878.
 
+`:cpu_moe`: `:cpu` with every MLP a mixture of experts at :cpu's ACTIVE size: 8 experts
+of half the width (mlp_dim 256), each token sent to 2 of them (top-2, softmax then
+renormalised, as Mixtral), so a token passes through 2 x 256 = 512 hidden units as in
+:cpu's dense MLP: the same matmul FLOPs plus a 128 x 8 router per layer. 8 half-width
+experts rather than 4 full ones at top-1 hold the same total parameters (4 x the dense
+MLP) but routing to 2 finer experts is the choice OLMoE and DeepSeekMoE found better,
+and top-2 keeps the router's gradient (a renormalised top-1 weight is always 1).
+Dropless dispatch (no token dropped: the comparison is about the experts, not the
+capacity), load-balancing loss 0.01, router z-loss 0.001 (the base defaults).
+816,256 active parameters of 2,389,120 (:cpu 812,160).
+  Not trained to the end yet; the 3-seed comparison with :cpu is to be run:
+    python launch.py --mode=sweep --config=configs/shakespeare_char.py:cpu_moe \
+      --config.data.path=../shared/data/tiny_shakespeare/input.txt \
+      --workdir=runs/shakespeare_moe --sweep='seed=0,1,2'
+
 `:cpu15`: the best validation loss we reached within 15 minutes of training on the 2
 cores: 4 layers, 192 wide, RoPE instead of a learned position table, context 128,
 batch 32, 1300 steps at learning rate 2e-3 (cosine to 2e-4), random windows
@@ -78,8 +93,9 @@ from configs import base
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
-  """nanoGPT's baby GPT on characters; `arg`: "cpu" (nanoGPT's CPU recipe), "cpu15" or
-  "cpu_2024" (:cpu with RMSNorm, SwiGLU, RoPE and QK-norm at equal parameters)."""
+  """nanoGPT's baby GPT on characters; `arg`: "cpu" (nanoGPT's CPU recipe), "cpu15",
+  "cpu_2024" (:cpu with RMSNorm, SwiGLU, RoPE and QK-norm at equal parameters) or
+  "cpu_moe" (:cpu with 8 experts, top-2, at :cpu's active parameters)."""
   config = base.get_config()
   config.model.update(
       arch="decoder", head="lm", vocab_size=0, d_model=384, num_layers=6, num_heads=6,
@@ -95,12 +111,16 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                       eval_at_start=True)
   config.checkpoint.update(every=1000)
 
-  if arg == "cpu":
+  if arg in ("cpu", "cpu_moe"):
     config.model.update(d_model=128, num_layers=4, num_heads=4, mlp_dim=4 * 128, max_len=64,
                         embed_dropout=0.0, residual_dropout=0.0)
     config.data.update(seq_len=64, batch_size=12)
     config.train.update(num_steps=2000, log_every=100, eval_every=250, eval_batches=-1)
     config.checkpoint.update(every=500)
+    if arg == "cpu_moe":  # Half-width experts, two per token: :cpu's active MLP.
+      config.model.update(mlp="moe", num_experts=8, experts_per_token=2, mlp_dim=2 * 128,
+                          moe_router="softmax", moe_renormalize=True,
+                          moe_dispatch="dropless")
   elif arg == "cpu15":
     # The best validation loss we could reach within 15 minutes of 2-core CPU training:
     # wider and longer-context than :cpu, RoPE (the position ablation's winner), trained
@@ -124,5 +144,5 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.checkpoint.update(every=500)
   elif arg:
     raise ValueError(f"configs/shakespeare_char.py: unknown argument {arg!r}; "
-                     "valid: '', 'cpu', 'cpu15' or 'cpu_2024'")
+                     "valid: '', 'cpu', 'cpu15', 'cpu_2024' or 'cpu_moe'")
   return config

@@ -13,6 +13,7 @@ import pytest
 from transformer import sharding
 from transformer.model import objectives
 from transformer.configuration import ConfigError, ModelConfig, objective_of, validate
+from transformer.model import moe
 from transformer.model.models import make_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -24,7 +25,7 @@ PRESET_ARGS = {
     "bert_base": ["", "local", "sst2", "sst2_local", "sst2_local_mlm"],
     "transformer_base": ["", "local", "multi30k"],
     "transformer_big": ["", "local"],
-    "shakespeare_char": ["", "cpu", "cpu15", "cpu_2024"],
+    "shakespeare_char": ["", "cpu", "cpu15", "cpu_2024", "cpu_moe"],
     "llama": ["1b", "7b", "local"],
 }
 # Presets whose dataset is read from data.path: validation needs a path to be set.
@@ -161,14 +162,18 @@ def test_unknown_dataset_fails_before_compiling(tiny_config, tmp_path):
     loop.train_and_evaluate(tiny_config, str(tmp_path / "w"))
 
 
-def _parameter_count(config) -> int:
+def _parameter_shapes(config):
   config.model.vocab_size = 128  # The character tokenizer's 70 ids, rounded up.
   model_config = ModelConfig.from_config(config.model)
   objective = objective_of(model_config.arch, model_config.head)
   batch = objectives.init_batch(objective, 1, config.data.seq_len)
   shapes = jax.eval_shape(make_model(model_config).init, jax.random.PRNGKey(0),
                           *objectives.model_inputs(objective, batch))
-  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes["params"]))
+  return model_config, shapes["params"]
+
+
+def _parameter_count(config) -> int:
+  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(_parameter_shapes(config)[1]))
 
 
 def test_the_2024_shakespeare_recipe_has_the_2019_recipes_parameters():
@@ -176,3 +181,13 @@ def test_the_2024_shakespeare_recipe_has_the_2019_recipes_parameters():
   module = _load(os.path.join(ROOT, "configs", "shakespeare_char.py"))
   old, new = (_parameter_count(module.get_config(arg)) for arg in ("cpu", "cpu_2024"))
   assert (old, new) == (812_160, 811_392)
+
+
+def test_the_moe_shakespeare_recipe_has_the_2019_recipes_active_parameters():
+  """:cpu_moe (8 half-width experts, top-2) is :cpu's size per token plus the routers."""
+  module = _load(os.path.join(ROOT, "configs", "shakespeare_char.py"))
+  model_config, shapes = _parameter_shapes(module.get_config("cpu_moe"))
+  total = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
+  routers = 4 * 128 * 8  # Layers x d_model x experts.
+  assert moe.active_parameter_count(shapes, model_config) == 812_160 + routers
+  assert total == 812_160 + routers + 4 * 3 * (2 * 128 * 512)  # 4 x the dense MLPs.

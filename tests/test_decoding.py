@@ -112,11 +112,16 @@ DECODER_CASES = [dict(position=p) for p in ("learned", "sinusoidal", "rope", "re
                                             "alibi", "none")] + [
     dict(position="rope", scan_layers=True), dict(position="relative", scan_layers=True),
     dict(position="learned", num_kv_heads=2), dict(position="alibi", norm="post"),
+    # Mixture of experts (dropless: a token's output depends on no other token's).
+    dict(position="rope", mlp="moe", num_experts=4, experts_per_token=2),
+    dict(position="rope", mlp="moe", num_experts=4, experts_per_token=2, scan_layers=True,
+         moe_every=2, moe_offset=1, moe_shared_mlp_dim=16, moe_shared_gate=True),
 ]
 ENCODER_DECODER_CASES = [dict(position=p) for p in ("learned", "sinusoidal", "rope",
                                                     "relative", "alibi", "none")] + [
     dict(position="rope", scan_layers=True),
     dict(position="relative", scan_layers=True, num_kv_heads=2),
+    dict(position="rope", mlp="moe", num_experts=4, experts_per_token=2, scan_layers=True),
 ]
 
 

@@ -535,7 +535,7 @@ def _logits_and_grads(scan_layers: bool, remat: str):
   params = random_params(model, batch)
 
   def loss(params):
-    logits, targets, weights = forward(params, batch, rngs={"dropout": jax.random.key(3)})
+    logits, targets, weights, _ = forward(params, batch, rngs={"dropout": jax.random.key(3)})
     return metrics.loss_sums(logits, targets, weights)["objective_sum"], logits
 
   (_, logits), grads = compile_fast(jax.value_and_grad(loss, has_aux=True), params)(params)
@@ -630,7 +630,7 @@ def test_every_axis_value_trains(arch, overrides):
 
   def train(flat):
     def loss_fn(flat, rng):
-      sums = metrics.loss_sums(*forward(unravel(flat), batch, rngs={"dropout": rng}))
+      sums = metrics.loss_sums(*forward(unravel(flat), batch, rngs={"dropout": rng})[:3])
       return sums["objective_sum"] / sums["weight_sum"]
 
     def step(carry, rng):

@@ -38,8 +38,13 @@ DECODE_ERRORS = ("strict", "replace")
 LOCAL_DATASETS = ("local_text", "local_parallel", "local_tsv")
 SCHEDULES = ("warmup_rsqrt", "noam", "cosine", "constant")
 MESH_AXES = ("data", "fsdp", "tensor")
+# Mesh axes a mesh.shape may leave out (a rule naming one maps to None then).
+OPTIONAL_MESH_AXES = ("expert",)
 LOGICAL_AXES = ("batch", "length", "embed", "heads", "kv_heads", "head_dim", "mlp",
-                "vocab", "layers")
+                "vocab", "layers", "expert")
+MLPS = ("dense", "moe")
+MOE_ROUTERS = ("softmax", "sigmoid")
+MOE_DISPATCHES = ("dropless", "capacity")
 
 
 class ConfigError(ValueError):
@@ -128,6 +133,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   model = config.model
   _validate_topology(model)
   _validate_modern_axes(model)
+  _validate_moe(config)
   if not model.norm_epsilon > 0:
     _fail(m + "norm_epsilon", model.norm_epsilon, "expected a positive float")
   if model.head_dim == 0 and model.d_model % model.num_heads:
@@ -200,6 +206,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     _fail("init_from", config.init_from, "expected '' or the path of a run's workdir or of "
           "one of its checkpoints/<step> directories")
   _validate_mesh(config)
+  _validate_expert_mesh(config)
 
 
 DECODE_OVERLONG = ("truncate", "error")
@@ -430,6 +437,69 @@ def _validate_modern_axes(model: ml_collections.ConfigDict) -> None:
           "even number of features to rotate in pairs")
 
 
+def _validate_moe(config: ml_collections.ConfigDict) -> None:
+  """The mixture-of-experts fields (mlp="moe"): each value, then the layer pattern."""
+  m, model = "model.", config.model
+  _check_choice(config, m + "mlp", MLPS)
+  _check_choice(config, m + "moe_router", MOE_ROUTERS)
+  _check_choice(config, m + "moe_dispatch", MOE_DISPATCHES)
+  for key in ("num_experts", "experts_per_token", "moe_every"):
+    _check_int(config, m + key, 1)
+  for key in ("moe_mlp_dim", "moe_shared_mlp_dim", "moe_offset"):
+    _check_int(config, m + key, 0)
+  for key in ("moe_renormalize", "moe_shared_gate"):
+    if not isinstance(model[key], bool):
+      _fail(m + key, model[key], "expected True or False")
+  for key in ("moe_aux_loss", "moe_z_loss"):
+    _check_float(config, m + key, 0.0)
+  _check_rate(config, m + "moe_router_jitter")
+  factor = model.moe_capacity_factor
+  if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
+    _fail(m + "moe_capacity_factor", factor, "expected a float > 0 (tokens an expert takes, "
+          "as a multiple of its even share)")
+  if model.experts_per_token > model.num_experts:
+    _fail(m + "experts_per_token", model.experts_per_token,
+          f"expected at most model.num_experts={model.num_experts}")
+  if model.moe_shared_gate and not model.moe_shared_mlp_dim:
+    _fail(m + "moe_shared_gate", True, "gates the shared expert: set "
+          "model.moe_shared_mlp_dim > 0")
+  if model.moe_offset >= model.moe_every:
+    _fail(m + "moe_offset", model.moe_offset, f"selects no layer: MoE layers are those with "
+          f"index % model.moe_every == model.moe_offset, so expected < moe_every="
+          f"{model.moe_every}")
+  if model.mlp != "moe":
+    return
+  depths = {"model.num_layers": model.num_layers}
+  if model.arch == "encoder_decoder":
+    depths["model.num_decoder_layers"] = model.num_decoder_layers or model.num_layers
+  for key, depth in depths.items():
+    if depth <= model.moe_offset:
+      _fail(m + "moe_offset", model.moe_offset, f"selects no layer of the {depth} of "
+            f"{key}; expected < {depth}")
+    if model.scan_layers and depth % model.moe_every:
+      _fail(m + "moe_every", model.moe_every, f"with model.scan_layers=True the scan runs "
+            f"over groups of moe_every layers, so it must divide {key}={depth}; pick a "
+            "divisor or set model.scan_layers=False")
+
+
+def _validate_expert_mesh(config: ml_collections.ConfigDict) -> None:
+  """num_experts splits evenly over the mesh axes the "expert" rule names (fixed sizes)."""
+  if config.model.mlp != "moe":
+    return
+  sizes = dict(config.mesh.shape)
+  for logical, mesh_axes in config.mesh.rules:
+    if logical != "expert":
+      continue
+    targets = mesh_axes if isinstance(mesh_axes, (tuple, list)) else (mesh_axes,)
+    ways = 1
+    for target in targets:
+      ways *= max(sizes.get(target, 1), 1)  # -1 (the remaining devices) is checked by JAX.
+    if config.model.num_experts % ways:
+      _fail("model.num_experts", config.model.num_experts,
+            f"must divide evenly over the {ways} devices of mesh axes {tuple(targets)} "
+            "that mesh.rules maps 'expert' to")
+
+
 def _validate_mesh(config: ml_collections.ConfigDict) -> None:
   shape = config.mesh.shape
   # Shape first: ('data', 2) is what (("data", 2)) parses to (one pair, no outer tuple).
@@ -440,8 +510,10 @@ def _validate_mesh(config: ml_collections.ConfigDict) -> None:
     _fail("mesh.shape", shape, "expected a tuple of (name, size) pairs, one for each of "
           f"{MESH_AXES}, e.g. ((\"data\", -1), (\"fsdp\", 1), (\"tensor\", 1))")
   names = [axis[0] for axis in shape]
-  if sorted(names) != sorted(MESH_AXES):
-    _fail("mesh.shape", shape, f"expected one (name, size) pair for each of {MESH_AXES}")
+  optional = [n for n in names if n in OPTIONAL_MESH_AXES]
+  if sorted(set(names) - set(optional)) != sorted(MESH_AXES) or len(set(names)) != len(names):
+    _fail("mesh.shape", shape, f"expected one (name, size) pair for each of {MESH_AXES}, "
+          f"and optionally one for {OPTIONAL_MESH_AXES}")
   sizes = [axis[1] for axis in shape]
   if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
     _fail("mesh.shape", shape, "sizes must be positive, with at most one -1")
@@ -454,8 +526,9 @@ def _validate_mesh(config: ml_collections.ConfigDict) -> None:
       _fail("mesh.rules", logical, f"logical axes are {LOGICAL_AXES}")
     targets = mesh_axes if isinstance(mesh_axes, (tuple, list)) else (mesh_axes,)
     for target in targets:
-      if target is not None and target not in MESH_AXES:
-        _fail("mesh.rules", (logical, mesh_axes), f"mesh axes are {MESH_AXES} or None")
+      if target is not None and target not in MESH_AXES + OPTIONAL_MESH_AXES:
+        _fail("mesh.rules", (logical, mesh_axes),
+              f"mesh axes are {MESH_AXES + OPTIONAL_MESH_AXES} or None")
 
 
 def resolve_dtype(name: str) -> jnp.dtype:
@@ -525,6 +598,19 @@ class ModelConfig:
   dtype: Any
   param_dtype: Any
   attention_impl: str
+  mlp: str
+  num_experts: int
+  experts_per_token: int
+  moe_mlp_dim: int
+  moe_router: str
+  moe_renormalize: bool
+  moe_shared_mlp_dim: int
+  moe_shared_gate: bool
+  moe_every: int
+  moe_offset: int
+  moe_dispatch: str
+  moe_capacity_factor: float
+  moe_router_jitter: float
   deterministic: bool = False  # True for evaluation: no dropout.
   # True for autoregressive decoding: causal self-attention appends its keys and values
   # to a "cache" collection of max_len slots, slot = token position (see decoding.py).
@@ -542,11 +628,18 @@ class ModelConfig:
     values["head_dim"] = model.head_dim or model.d_model // model.num_heads
     values["num_decoder_layers"] = model.num_decoder_layers or model.num_layers
     values["never_predict"] = tuple(model.never_predict)
+    values["moe_mlp_dim"] = model.moe_mlp_dim or model.mlp_dim
     values["rope_local_max_wavelength"] = (model.rope_local_max_wavelength
                                            or model.rope_max_wavelength)
     values["dtype"] = resolve_dtype(model.dtype)
     values["param_dtype"] = resolve_dtype(model.param_dtype)
     return cls(**values)
+
+  def moe_layers(self, num_layers: int) -> tuple[bool, ...]:
+    """Which of a stack's `num_layers` blocks have a mixture of experts (mlp="moe")."""
+    if self.mlp != "moe":
+      return (False,) * num_layers
+    return tuple(i % self.moe_every == self.moe_offset for i in range(num_layers))
 
   def local_layers(self, num_layers: int) -> tuple[bool, ...]:
     """Which of a stack's `num_layers` blocks use the sliding window (window_pattern tiled)."""

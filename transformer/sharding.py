@@ -1,8 +1,8 @@
 """The device mesh and the logical-axis rules that map weights and batches onto it.
 
 Every weight names its axes logically ("embed", "heads", ...); `config.mesh.rules`
-maps those names to mesh axes ("data", "fsdp", "tensor"). Changing parallelism is a
-config change, never a code change.
+maps those names to mesh axes ("data", "fsdp", "tensor", and the optional "expert").
+Changing parallelism is a config change, never a code change.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def mesh_shape(shape: Sequence[tuple[str, int]], num_devices: int) -> dict[str, 
 
 def make_mesh(mesh_config: ml_collections.ConfigDict,
               devices: Sequence[jax.Device] | None = None) -> Mesh:
-  """Builds the (data, fsdp, tensor) mesh from `config.mesh.shape`.
+  """Builds the (data, fsdp, tensor[, expert]) mesh from `config.mesh.shape`.
 
   With all devices, `mesh_utils.create_device_mesh` orders them by the physical
   topology (TPU/GPU interconnect); an explicit subset (tests) is reshaped as given.
@@ -57,9 +57,20 @@ def make_mesh(mesh_config: ml_collections.ConfigDict,
 
 
 def rules_of(mesh_config: ml_collections.ConfigDict) -> tuple[tuple[str, Any], ...]:
-  """The logical rules as hashable tuples (lists from a CLI override become tuples)."""
-  return tuple((name, tuple(axes) if isinstance(axes, list) else axes)
-               for name, axes in mesh_config.rules)
+  """The logical rules as hashable tuples (lists from a CLI override become tuples).
+
+  A mesh axis that `mesh_config.shape` leaves out (the optional "expert") is dropped
+  from every rule, so a three-axis shape keeps working with the base rules.
+  """
+  present = {name for name, _ in mesh_config.shape}
+
+  def kept(axes):
+    if isinstance(axes, (tuple, list)):
+      axes = tuple(a for a in axes if a in present)
+      return axes or None
+    return axes if axes in present else None
+
+  return tuple((name, kept(axes)) for name, axes in mesh_config.rules)
 
 
 def logical_to_shardings(logical_specs: Any, mesh: Mesh, rules: Rules) -> Any:

@@ -4,7 +4,9 @@
   attention.py     make_attention_mask, MultiHeadAttention, the einsum reference
   positions.py     RoPE (scaled, partial), T5 relative bias, ALiBi
   norms.py         LayerNorm / RMSNorm / Gemma's (1 + scale) RMSNorm, one make_norm
-  layers.py        norms, MLP, sinusoidal table, the shared Block, scan/remat stacks
+  mlp.py           the dense MLP and the activation table
+  moe.py           mixture of experts: router, dropless / capacity dispatch, aux losses
+  layers.py        the shared Block (dense or MoE MLP), sinusoidal table, scan/remat stacks
   models.py        Decoder, Encoder, EncoderDecoder, heads, the ARCHITECTURES registry
   objectives.py    which batch fields feed the model and which it predicts
 

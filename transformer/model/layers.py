@@ -10,23 +10,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from transformer.configuration import GATED_ACTIVATIONS, ModelConfig
-from transformer.model import initializers
+from transformer.configuration import ModelConfig
 from transformer.model import positions as positions_lib
 from transformer.model.attention import MultiHeadAttention
-from transformer.model.norms import make_norm  # Re-exported: models.py and tests import it here.
-
-ACTIVATION_FNS = {
-    "relu": jax.nn.relu,
-    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
-    "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),  # GPT-2's GELU.
-    "silu": jax.nn.silu,
-    "swiglu": jax.nn.silu,  # Gated: silu(x W) * (x V).
-    "geglu": lambda x: jax.nn.gelu(x, approximate=False),  # Gated: gelu(x W) * (x V).
-    # Gated with the tanh GELU: T5 v1.1's "gated-gelu", Gemma's GeGLU.
-    "geglu_tanh": lambda x: jax.nn.gelu(x, approximate=True),
-}
-
+from transformer.model.moe import MoeMLP
+from transformer.model.mlp import MLP
+from transformer.model.norms import make_norm
 
 def activation_constraint(x_BLE: jax.Array) -> jax.Array:
   """Pins the residual stream's layout at block boundaries (batch over data/fsdp)."""
@@ -48,35 +37,6 @@ def sinusoidal_table(max_len: int, d_model: int, layout: str = "interleaved") ->
   else:
     table[:, 0::2], table[:, 1::2] = sines, cosines
   return table
-
-
-def _dense(config: ModelConfig, features: int, axes: tuple[str, str], name: str,
-           residual_adds: int = 0) -> nn.Dense:
-  kernel_init = initializers.dense_kernel(config, residual_adds=residual_adds)
-  return nn.Dense(
-      features, use_bias=config.use_bias, dtype=config.dtype, param_dtype=config.param_dtype,
-      name=name,
-      kernel_init=nn.with_logical_partitioning(kernel_init, axes),
-      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, axes[1:]))
-
-
-class MLP(nn.Module):
-  """Position-wise feed-forward: wo(act(wi x)), or wo(act(wi x) * wi_gate x) when gated."""
-
-  config: ModelConfig
-  residual_adds: int = 0  # Of this block's stack, for the init of `wo` (initializers.py).
-
-  @nn.compact
-  def __call__(self, x_BLE: jax.Array) -> jax.Array:
-    cfg = self.config
-    # Tokens on one axis (N = B * L): see EinsumDense for why this is faster on CPU.
-    x_NE = x_BLE.reshape(-1, x_BLE.shape[-1])
-    h_NF = ACTIVATION_FNS[cfg.activation](_dense(cfg, cfg.mlp_dim, ("embed", "mlp"), "wi")(x_NE))
-    if cfg.activation in GATED_ACTIVATIONS:
-      h_NF = h_NF * _dense(cfg, cfg.mlp_dim, ("embed", "mlp"), "wi_gate")(x_NE)
-    h_NF = nn.Dropout(cfg.mlp_dropout, deterministic=cfg.deterministic)(h_NF)
-    y_NE = _dense(cfg, cfg.d_model, ("mlp", "embed"), "wo", self.residual_adds)(h_NF)
-    return y_NE.reshape(x_BLE.shape)
 
 
 def _per_layer(is_local: bool | jax.Array, local, global_):
@@ -119,6 +79,7 @@ class Block(nn.Module):
   # Residual additions in this block's whole stack (GPT-2's init scales the projections
   # into the residual stream by 1/sqrt of it): 2 per block, 3 with cross-attention.
   residual_adds: int = 0
+  moe: bool = False  # A mixture of experts (moe.py) in place of the dense MLP.
 
   @nn.compact
   def __call__(self, x_BLE: jax.Array, self_mask_B1LL: jax.Array,
@@ -144,7 +105,8 @@ class Block(nn.Module):
           cfg, cache="cross" if cfg.decode else None, residual_adds=self.residual_adds,
           name="cross_attention")(
               h, encoded_BSE, cross_mask_B1LS)))
-    sublayers.append(("mlp", lambda h: MLP(cfg, self.residual_adds, name="mlp")(h)))
+    feed_forward = MoeMLP if self.moe else MLP
+    sublayers.append(("mlp", lambda h: feed_forward(cfg, self.residual_adds, name="mlp")(h)))
     # A Dropout per residual add, created where it is used: its auto-name (Dropout_0, ...)
     # picks its rng stream, which a checkpointed run's resumption depends on.
     dropout = lambda: nn.Dropout(cfg.residual_dropout, deterministic=cfg.deterministic)
@@ -176,6 +138,30 @@ REMAT_POLICIES = {
 }
 
 
+class BlockGroup(nn.Module):
+  """`len(moe)` consecutive Blocks (`block_0`, ...): the body of a scan whose layers differ.
+
+  With model.moe_every = k > 1 the layers repeat with period k (one MoE, k - 1 dense),
+  so the scan runs over groups of k; `is_local` then holds the group's k flags.
+  """
+
+  config: ModelConfig
+  cross_attention: bool
+  causal: bool
+  residual_adds: int
+  moe: tuple[bool, ...]
+
+  @nn.compact
+  def __call__(self, x_BLE: jax.Array, *args) -> tuple[jax.Array, None]:
+    for j, moe in enumerate(self.moe):
+      per_layer = args
+      if self.config.sliding_window:  # The last argument holds the k local flags.
+        per_layer = args[:-1] + (args[-1][j],)
+      x_BLE, _ = Block(self.config, self.cross_attention, self.causal, self.residual_adds,
+                       moe, name=f"block_{j}")(x_BLE, *per_layer)
+    return x_BLE, None
+
+
 def run_blocks(config: ModelConfig, num_layers: int, x_BLE: jax.Array, *args,
                local_mask_B1LL: jax.Array | None = None,
                cross_attention: bool = False, causal: bool = False,
@@ -188,11 +174,14 @@ def run_blocks(config: ModelConfig, num_layers: int, x_BLE: jax.Array, *args,
   of the layers `config.local_layers` marks local; a scanned stack receives those
   flags as a [num_layers] array scanned with the parameters.
   With `config.scan_layers` the parameters gain a leading "layers" axis; see
-  `scanned_to_unrolled` / `unrolled_to_scanned` for converting checkpoints.
+  `scanned_to_unrolled` / `unrolled_to_scanned` for converting checkpoints. When the
+  MoE layers (`config.moe_layers`) are every k-th, the scan runs over groups of k
+  (`blocks/block_0`, ..., `blocks/block_{k-1}`, each with a leading [num_layers / k]).
   """
-  block = Block
   residual_adds = num_layers * (3 if cross_attention else 2)
   local_flags = config.local_layers(num_layers)
+  moe_flags = config.moe_layers(num_layers)
+  group = config.moe_every if config.mlp == "moe" and config.moe_every > 1 else 1
   in_axes = (nn.broadcast,) * len(args)
   if config.sliding_window:
     if local_mask_B1LL is None:
@@ -200,27 +189,49 @@ def run_blocks(config: ModelConfig, num_layers: int, x_BLE: jax.Array, *args,
     # Block's positional order: the two cross-attention inputs (None without) come first.
     args = args + (None,) * (5 - len(args)) + (local_mask_B1LL,)
     in_axes = (nn.broadcast,) * len(args) + (0,)
-  if config.remat != "none" and not config.decode:  # Decoding has no backward pass.
-    # prevent_cse only matters outside scan, where XLA could merge the recomputation away.
-    block = nn.remat(Block, policy=REMAT_POLICIES[config.remat],
-                     prevent_cse=not config.scan_layers)
   if config.scan_layers:
+    if num_layers % group:  # configuration.validate says so first, naming the keys.
+      raise ValueError(f"model.moe_every={group} must divide the {num_layers} layers to scan")
+    body, attributes = Block, (moe_flags[0],)
+    if group > 1:
+      body, attributes = BlockGroup, (moe_flags[:group],)
+    body = _remat(config, body)
     # The cache stacks its layers on axis 1, so that every cache array has the batch on
-    # axis 0, scanned or not: decoding expands and reorders beams along that axis.
+    # axis 0, scanned or not: decoding expands and reorders beams along that axis. The
+    # MoE statistics ("moe", sown) stack on axis 0 like the parameters.
     stack = nn.scan(
-        block, variable_axes={"params": 0, "cache": 1},
+        body, variable_axes={"params": 0, "cache": 1, "moe": 0},
         split_rngs={"params": True, "dropout": True},
-        in_axes=in_axes, length=num_layers,
+        in_axes=in_axes, length=num_layers // group,
         metadata_params={nn.PARTITION_NAME: "layers"})
-    scanned = (jnp.asarray(local_flags),) if config.sliding_window else ()
-    x_BLE, _ = stack(config, cross_attention, causal, residual_adds,
+    scanned = ()
+    if config.sliding_window:
+      flags = jnp.asarray(local_flags)
+      scanned = (flags.reshape(-1, group) if group > 1 else flags,)
+    x_BLE, _ = stack(config, cross_attention, causal, residual_adds, *attributes,
                      name=f"{name}s")(x_BLE, *args, *scanned)
     return x_BLE
+  block = _remat(config, Block)
   for i in range(num_layers):
     per_layer = (local_flags[i],) if config.sliding_window else ()
-    x_BLE, _ = block(config, cross_attention, causal, residual_adds,
+    x_BLE, _ = block(config, cross_attention, causal, residual_adds, moe_flags[i],
                      name=f"{name}_{i}")(x_BLE, *args, *per_layer)
   return x_BLE
+
+
+def _remat(config: ModelConfig, module: type[nn.Module]) -> type[nn.Module]:
+  """`module` rematerialised with model.remat's policy (not when decoding: no backward)."""
+  if config.remat == "none" or config.decode:
+    return module
+  # prevent_cse only matters outside scan, where XLA could merge the recomputation away.
+  return nn.remat(module, policy=REMAT_POLICIES[config.remat],
+                  prevent_cse=not config.scan_layers)
+
+
+def _group_of(stack: dict, name: str) -> list[dict]:
+  """The per-position subtrees of a scanned stack: [stack], or a BlockGroup's k blocks."""
+  keys = [f"{name}_{j}" for j in range(len(stack))]
+  return [stack[k] for k in keys] if set(stack) == set(keys) else [stack]
 
 
 def scanned_to_unrolled(params: dict, num_layers: int | None = None,
@@ -228,7 +239,9 @@ def scanned_to_unrolled(params: dict, num_layers: int | None = None,
   """Splits every `<name>s` subtree (leading layers axis) into `<name>_0`, `<name>_1`, ...
 
   Each stack is split by its own depth (the leading axis), so an encoder-decoder with
-  different encoder and decoder depths converts in one call.
+  different encoder and decoder depths converts in one call. A stack scanned in groups
+  of k (`<name>s/<name>_0..k-1`, model.moe_every = k) gives layer g * k + j from group
+  g's block j.
 
   Raises:
     ValueError: if `num_layers` is given and a stack has another depth (a checkpoint
@@ -237,12 +250,14 @@ def scanned_to_unrolled(params: dict, num_layers: int | None = None,
   out = {}
   for key, value in params.items():
     if key == f"{name}s":
-      depths = {x.shape[0] for x in jax.tree.leaves(value)}
+      group = _group_of(value, name)
+      depths = {x.shape[0] * len(group) for x in jax.tree.leaves(value)}
       if len(depths) != 1 or (num_layers is not None and depths != {num_layers}):
         raise ValueError(f"stack {key!r} has {sorted(depths)} layers; expected "
                          f"{num_layers if num_layers is not None else 'one depth'}")
       for i in range(depths.pop()):
-        out[f"{name}_{i}"] = jax.tree.map(lambda x, i=i: x[i], value)
+        g, j = divmod(i, len(group))
+        out[f"{name}_{i}"] = jax.tree.map(lambda x, g=g: x[g], group[j])
     elif isinstance(value, dict):
       out[key] = scanned_to_unrolled(value, num_layers, name)
     else:
@@ -250,15 +265,21 @@ def scanned_to_unrolled(params: dict, num_layers: int | None = None,
   return out
 
 
-def unrolled_to_scanned(params: dict, name: str = "block") -> dict:
-  """Stacks `<name>_0`, `<name>_1`, ... subtrees into one `<name>s` subtree."""
+def unrolled_to_scanned(params: dict, name: str = "block", group: int = 1) -> dict:
+  """Stacks `<name>_0`, `<name>_1`, ... subtrees into one `<name>s` subtree.
+
+  With `group` = k > 1 (model.moe_every) layer i goes to `<name>s/<name>_{i % k}`.
+  """
   prefix = f"{name}_"
   layers = sorted((int(k[len(prefix):]), v) for k, v in params.items()
                   if k.startswith(prefix) and k[len(prefix):].isdigit())
-  out = {k: (unrolled_to_scanned(v, name) if isinstance(v, dict) else v)
+  out = {k: (unrolled_to_scanned(v, name, group) if isinstance(v, dict) else v)
          for k, v in params.items() if not (k.startswith(prefix) and k[len(prefix):].isdigit())}
   if layers:
     if [i for i, _ in layers] != list(range(len(layers))):
       raise ValueError(f"layers {[i for i, _ in layers]} are not 0..{len(layers) - 1}")
-    out[f"{name}s"] = jax.tree.map(lambda *xs: jnp.stack(xs), *[v for _, v in layers])
+    stacked = [jax.tree.map(lambda *xs: jnp.stack(xs), *[v for _, v in layers[j::group]])
+               for j in range(group)]
+    out[f"{name}s"] = stacked[0] if group == 1 else {
+        f"{name}_{j}": tree for j, tree in enumerate(stacked)}
   return out

@@ -12,6 +12,8 @@ from typing import Callable
 import jax
 import numpy as np
 
+from transformer.model import moe
+
 Batch = dict[str, jax.Array]
 
 # Batch fields passed to `model.apply`, in order.
@@ -47,10 +49,18 @@ def init_batch(objective: str, batch_size: int, seq_len: int) -> dict[str, np.nd
   return batch
 
 
-def make_forward(model, objective: str) -> Callable[..., tuple[jax.Array, jax.Array, jax.Array]]:
-  """forward(params, batch, rngs) -> (logits, targets, weights)."""
+Forward = Callable[..., tuple[jax.Array, jax.Array, jax.Array, dict[str, jax.Array]]]
+
+
+def make_forward(model, objective: str) -> Forward:
+  """forward(params, batch, rngs) -> (logits, targets, weights, moe statistics).
+
+  The statistics are `moe.moe_metrics` of the MoE layers (aux_loss, z_loss,
+  dropped_fraction, load), averaged over them; {} for a model without MoE layers.
+  """
   def forward(params, batch: Batch, rngs=None):
-    logits = model.apply({"params": params}, *model_inputs(objective, batch), rngs=rngs)
+    logits, sown = model.apply({"params": params}, *model_inputs(objective, batch),
+                               rngs=rngs, mutable=[moe.COLLECTION])
     targets, weights = targets_and_weights(objective, batch)
-    return logits, targets, weights
+    return logits, targets, weights, moe.moe_metrics(sown)
   return forward

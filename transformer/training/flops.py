@@ -13,7 +13,10 @@ and the weighted sum of values. Conventions, as in PaLM:
     counts as tokens, and rematerialised work does not count (it is MFU, not HFU);
   - a local (sliding-window) layer's context is the keys its window holds: the
     window (causal) or 2 x window - 1 (bidirectional), at most the sequence;
-  - a parallel block (model.parallel_block) does the same matmuls as a sequential one.
+  - a parallel block (model.parallel_block) does the same matmuls as a sequential one;
+  - a mixture-of-experts layer (model.mlp="moe") counts its active weights: the router,
+    experts_per_token experts (not the dispatch einsums, nor capacity's empty slots),
+    the shared expert and its gate.
 
 The peak is the device's published dense bfloat16 rate (`PEAK_BF16_FLOPS`) on GPUs and
 TPUs, and on CPU (or an accelerator missing from the table) the rate of a large matmul
@@ -141,9 +144,24 @@ def _attention_flops(cfg: ModelConfig, q_tokens: int, kv_tokens: int, *,
   return projections + scores_and_values
 
 
-def _mlp_flops(cfg: ModelConfig, tokens: int) -> int:
+def _mlp_flops(cfg: ModelConfig, tokens: int, mlp_dim: int | None = None) -> int:
   matrices = 3 if cfg.activation in GATED_ACTIVATIONS else 2
-  return 2 * tokens * matrices * cfg.d_model * cfg.mlp_dim
+  return 2 * tokens * matrices * cfg.d_model * (cfg.mlp_dim if mlp_dim is None else mlp_dim)
+
+
+def _mlp_stack_flops(cfg: ModelConfig, num_layers: int, tokens: int) -> int:
+  """Forward FLOPs of a stack's feed-forward sublayers, MoE layers at their active size:
+  the router, experts_per_token routed experts, the shared expert and its gate."""
+  total = 0
+  for moe in cfg.moe_layers(num_layers):
+    if not moe:
+      total += _mlp_flops(cfg, tokens)
+      continue
+    total += 2 * tokens * cfg.d_model * cfg.num_experts  # The router.
+    total += cfg.experts_per_token * _mlp_flops(cfg, tokens, cfg.moe_mlp_dim)
+    total += _mlp_flops(cfg, tokens, cfg.moe_shared_mlp_dim)  # 0 without a shared expert.
+    total += 2 * tokens * cfg.d_model if cfg.moe_shared_gate else 0
+  return total
 
 
 def _self_attention_stack_flops(cfg: ModelConfig, num_layers: int, length: int, *,
@@ -173,17 +191,17 @@ def forward_flops_per_sequence(cfg: ModelConfig, seq_len: int,
     head = 2 * L * E * V
   if cfg.arch in ("decoder", "encoder"):
     return (_self_attention_stack_flops(cfg, cfg.num_layers, L, causal=cfg.arch == "decoder")
-            + cfg.num_layers * _mlp_flops(cfg, L) + head)
+            + _mlp_stack_flops(cfg, cfg.num_layers, L) + head)
   if cfg.arch != "encoder_decoder":
     raise ValueError(f"model.arch={cfg.arch!r}; valid: 'decoder', 'encoder', "
                      "'encoder_decoder'")
   S = source_len or seq_len
   encoder = (_self_attention_stack_flops(cfg, cfg.num_layers, S, causal=False)
-             + cfg.num_layers * _mlp_flops(cfg, S))
-  decoder_block = (_attention_flops(cfg, L, S, kv_projection_tokens=S)  # Cross: k, v of S.
-                   + _mlp_flops(cfg, L))
+             + _mlp_stack_flops(cfg, cfg.num_layers, S))
+  cross = _attention_flops(cfg, L, S, kv_projection_tokens=S)  # Cross: k, v of S.
   decoder = (_self_attention_stack_flops(cfg, cfg.num_decoder_layers, L, causal=True)
-             + cfg.num_decoder_layers * decoder_block)
+             + cfg.num_decoder_layers * cross
+             + _mlp_stack_flops(cfg, cfg.num_decoder_layers, L))
   return encoder + decoder + head
 
 

@@ -312,7 +312,8 @@ def _train_loop(config, workdir, trainer, checkpointer, writer, train_iter, eval
     kept_rows = writer.resume(start_step if restored is not None else -1)
     guard = _NonFiniteGuard(config.optimizer.skip_nonfinite,
                             total=int(sum(row.get("skipped_updates", 0) for row in kept_rows)))
-    record.update(start_step, parameters=metrics_lib.log_parameter_count(state.params))
+    record.update(start_step, parameters=metrics_lib.log_parameter_count(state.params,
+                                                                           trainer.model_config))
     # Tokens the model reads per step (both sides for seq2seq).
     sides = 2 if objective == "seq2seq" else 1
     model_flops = flops.train_flops_per_step(trainer.model_config, config.data.batch_size,

@@ -18,6 +18,8 @@ import numpy as np
 import optax
 from absl import logging
 
+from transformer.configuration import ModelConfig
+from transformer.model import moe
 from transformer.workdir import layout
 
 # Keys that are sums to be divided by `weight_sum` when reported.
@@ -84,12 +86,46 @@ def summarize(sums: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
     out[prefix + "loss"] = loss
     out[prefix + "perplexity"] = math.exp(min(loss, 50.0))
     out[prefix + "accuracy"] = float(sums["correct_sum"]) / weight
-    if "z_loss_sum" in sums:  # The term the objective adds, per target token.
-      out[prefix + "z_loss"] = float(sums["z_loss_sum"]) / weight
+    # Other token-weighted sums (z_loss_sum, moe_*_sum) are reported as per-token means.
+    for key, value in sums.items():
+      if key.endswith("_sum") and key not in SUM_KEYS + ("weight_sum", "objective_sum"):
+        out[prefix + key[:-len("_sum")]] = float(value) / weight
   out[prefix + "tokens"] = weight
   for key, value in sums.items():
-    if key not in SUM_KEYS + ("weight_sum", "objective_sum", "z_loss_sum"):
+    if not key.endswith("_sum"):
       out[prefix + key] = float(value)
+  return out
+
+
+def add_moe_sums(sums: dict[str, jax.Array], stats: Mapping[str, jax.Array],
+                 aux_loss: float = 0.0, z_loss: float = 0.0,
+                 per_expert: bool = True) -> dict[str, jax.Array]:
+  """Adds a forward's MoE statistics (objectives.make_forward) to a batch's `sums`.
+
+  Each statistic is a mean over the batch's tokens and the MoE layers; it enters as
+  that mean times `weight_sum`, so that `summarize` reports it (as moe_aux_loss,
+  moe_z_loss, moe_dropped_fraction, moe_load_<e>) exactly across batches and steps.
+  The objective gains aux_loss * load-balancing loss + z_loss * router z-loss per
+  target token; train_step's division by the token count leaves the batch's means.
+
+  Args:
+    sums: loss_sums' output (with `objective_sum` and `weight_sum`).
+    stats: {} without MoE layers (then `sums` is returned unchanged).
+    aux_loss: coefficient of the load-balancing loss (model.moe_aux_loss).
+    z_loss: coefficient of the router z-loss (model.moe_z_loss).
+    per_expert: also each expert's share of the assignments (training's rows).
+  """
+  if not stats:
+    return sums
+  weight = sums["weight_sum"]
+  out = dict(sums)
+  out["objective_sum"] = sums["objective_sum"] + weight * (
+      aux_loss * stats["aux_loss"] + z_loss * stats["z_loss"])
+  for name in ("aux_loss", "z_loss", "dropped_fraction"):
+    out[f"moe_{name}_sum"] = weight * stats[name]
+  if per_expert:
+    for e in range(stats["load"].shape[0]):
+      out[f"moe_load_{e}_sum"] = weight * stats["load"][e]
   return out
 
 
@@ -316,8 +352,13 @@ class TrainProgress:
             f"grad_norm {metrics.get('grad_norm', float('nan')):.3f} | {rate}{mfu} | ETA {eta}")
 
 
-def log_parameter_count(params: Any) -> int:
-  """Logs and returns the number of parameters."""
+def log_parameter_count(params: Any, model_config: ModelConfig | None = None) -> int:
+  """Logs and returns the number of parameters; with MoE layers also the active ones."""
   count = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(params))
   logging.info("Model parameters: %s (%.1fM)", f"{count:,}", count / 1e6)
+  if model_config is not None and model_config.mlp == "moe":
+    active = moe.active_parameter_count(params, model_config)
+    logging.info("Active parameters per token: %s (%.1fM; %d of %d experts in each MoE "
+                 "layer)", f"{active:,}", active / 1e6, model_config.experts_per_token,
+                 model_config.num_experts)
   return count

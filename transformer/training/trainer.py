@@ -47,7 +47,9 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, forward: Calla
                label_smoothing: float, microbatches: int = 1,
                skip_nonfinite: bool = False,
                z_loss: float = 0.0,
-               never_predict: tuple[int, ...] = ()) -> tuple[TrainState, dict[str, jax.Array]]:
+               never_predict: tuple[int, ...] = (),
+               moe_aux_loss: float = 0.0,
+               moe_z_loss: float = 0.0) -> tuple[TrainState, dict[str, jax.Array]]:
   """One optimizer update; returns the new state and metric sums for this batch.
 
   With `microbatches` = k > 1 the batch is processed as k sequential slices whose
@@ -62,14 +64,18 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, forward: Calla
 
   `z_loss` > 0 adds PaLM's z-loss to the objective (metrics.loss_sums), logged as `z_loss`.
   `never_predict` rows are left out of the softmax (see metrics.loss_sums).
+  With MoE layers the objective adds `moe_aux_loss` x the load-balancing loss and
+  `moe_z_loss` x the router z-loss (metrics.add_moe_sums), logged as moe_* metrics.
   """
   rng = jax.random.fold_in(state.rng, state.step)
 
   def sums_and_grads(micro: dict[str, jax.Array], micro_rng: jax.Array):
     def objective(params):
-      logits, targets, weights = forward(params, micro, rngs={"dropout": micro_rng})
+      logits, targets, weights, moe_stats = forward(params, micro,
+                                                    rngs={"dropout": micro_rng})
       sums = metrics_lib.loss_sums(logits, targets, weights, label_smoothing, z_loss,
                                    never_predict)
+      sums = metrics_lib.add_moe_sums(sums, moe_stats, moe_aux_loss, moe_z_loss)
       return sums["objective_sum"], sums
 
     (_, sums), grads = jax.value_and_grad(objective, has_aux=True)(state.params)
@@ -119,8 +125,13 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, forward: Calla
 
 def eval_step(params: Any, batch: dict[str, jax.Array], *, forward: Callable,
               never_predict: tuple[int, ...] = ()) -> dict[str, jax.Array]:
-  """Metric sums of one evaluation batch (the forward of a deterministic model)."""
-  sums = metrics_lib.loss_sums(*forward(params, batch), never_predict=never_predict)
+  """Metric sums of one evaluation batch (the forward of a deterministic model).
+
+  MoE statistics are reported without the per-expert loads (training logs those).
+  """
+  logits, targets, weights, moe_stats = forward(params, batch)
+  sums = metrics_lib.loss_sums(logits, targets, weights, never_predict=never_predict)
+  sums = metrics_lib.add_moe_sums(sums, moe_stats, per_expert=False)
   del sums["objective_sum"]
   return sums
 
@@ -236,7 +247,9 @@ class Trainer(Scorer):
                           microbatches=config.train.microbatches,
                           skip_nonfinite=config.optimizer.skip_nonfinite > 0,
                           z_loss=config.optimizer.z_loss,
-                          never_predict=predicted_rows_excluded(model_config)),
+                          never_predict=predicted_rows_excluded(model_config),
+                          moe_aux_loss=config.model.moe_aux_loss,
+                          moe_z_loss=config.model.moe_z_loss),
         in_shardings=(state_shardings, batch_sharding),
         out_shardings=(state_shardings, replicated), donate_argnums=(0,))
     return cls(config=config, mesh=mesh, rules=rules, model_config=model_config,

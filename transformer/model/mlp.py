@@ -1,0 +1,56 @@
+"""The position-wise feed-forward (dense MLP) and the activation table it shares with moe.py.
+
+Shape legend as in layers.py: N tokens (B * L), E embed, F mlp hidden.
+"""
+
+from __future__ import annotations
+
+import jax
+from flax import linen as nn
+
+from transformer.configuration import GATED_ACTIVATIONS, ModelConfig
+from transformer.model import initializers
+
+ACTIVATION_FNS = {
+    "relu": jax.nn.relu,
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+    "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),  # GPT-2's GELU.
+    "silu": jax.nn.silu,
+    "swiglu": jax.nn.silu,  # Gated: silu(x W) * (x V).
+    "geglu": lambda x: jax.nn.gelu(x, approximate=False),  # Gated: gelu(x W) * (x V).
+    # Gated with the tanh GELU: T5 v1.1's "gated-gelu", Gemma's GeGLU.
+    "geglu_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+}
+
+
+def _dense(config: ModelConfig, features: int, axes: tuple[str, str], name: str,
+           residual_adds: int = 0) -> nn.Dense:
+  kernel_init = initializers.dense_kernel(config, residual_adds=residual_adds)
+  return nn.Dense(
+      features, use_bias=config.use_bias, dtype=config.dtype, param_dtype=config.param_dtype,
+      name=name,
+      kernel_init=nn.with_logical_partitioning(kernel_init, axes),
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, axes[1:]))
+
+
+class MLP(nn.Module):
+  """Position-wise feed-forward: wo(act(wi x)), or wo(act(wi x) * wi_gate x) when gated."""
+
+  config: ModelConfig
+  residual_adds: int = 0  # Of this block's stack, for the init of `wo` (initializers.py).
+  mlp_dim: int = 0  # Hidden width; 0 = config.mlp_dim (moe.py's shared expert sets its own).
+
+  @nn.compact
+  def __call__(self, x_BLE: jax.Array) -> jax.Array:
+    cfg = self.config
+    width = self.mlp_dim or cfg.mlp_dim
+    # Tokens on one axis (N = B * L): see EinsumDense for why this is faster on CPU.
+    x_NE = x_BLE.reshape(-1, x_BLE.shape[-1])
+    h_NF = ACTIVATION_FNS[cfg.activation](_dense(cfg, width, ("embed", "mlp"), "wi")(x_NE))
+    if cfg.activation in GATED_ACTIVATIONS:
+      h_NF = h_NF * _dense(cfg, width, ("embed", "mlp"), "wi_gate")(x_NE)
+    h_NF = nn.Dropout(cfg.mlp_dropout, deterministic=cfg.deterministic)(h_NF)
+    y_NE = _dense(cfg, cfg.d_model, ("mlp", "embed"), "wo", self.residual_adds)(h_NF)
+    return y_NE.reshape(x_BLE.shape)
+
+
