@@ -183,3 +183,19 @@ def test_heads_not_divisible_by_tensor_names_the_field(devices):
   with pytest.raises(ConfigError, match=r"model.num_(kv_)?heads=1 does not divide over mesh "
                                         r"axes \('tensor',\) of size 2"):
     plan_lib.make_plan(config, topo, devs, steps=("train",))
+
+
+def test_moe_experts_spread_over_the_expert_axis_move_tokens_all_to_all(devices):
+  """Capacity dispatch with experts on their own mesh axis: the report shows the
+  all-to-all that carries tokens to their experts, and each chip holds half the experts."""
+  from transformer.planning import plan as plan_lib  # pylint: disable=g-import-not-at-top
+  topo, devs = devices
+  config = tiny()
+  config.model.update(mlp="moe", num_experts=4, experts_per_token=2, moe_dispatch="capacity")
+  config.mesh.shape = (("data", 1), ("fsdp", 2), ("tensor", 1), ("expert", 2))
+  plan = plan_lib.make_plan(config, topo, devs, ("train",))
+  assert plan.all_fit and plan.mesh["expert"] == 2
+  assert plan.costs["train"].collective_bytes["all-to-all"] > 0
+  # Expert kernels [4, 256, 512] x 2 and [4, 512, 256] per layer split over expert x fsdp.
+  expert_params = 2 * 3 * 4 * 256 * 512
+  assert plan.breakdown["params"] < (expert_params // 2) * 4  # Not whole on any chip.
