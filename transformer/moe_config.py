@@ -48,6 +48,14 @@ def validate_moe(config: ml_collections.ConfigDict) -> None:
           f"{model.moe_every}")
   if model.mlp != "moe":
     return
+  if model.num_experts > 1 and model.experts_per_token == 1 and model.moe_renormalize:
+    # The one chosen weight divided by itself is 1 for every token, so the main loss
+    # sends the router no gradient (only the auxiliary losses train it): an error, not a
+    # warning, since nothing a run wants needs it (Switch multiplies by the probability).
+    fail(m + "moe_renormalize", True, "with model.experts_per_token=1 the chosen expert's "
+         "weight is always 1 and the router learns nothing from the loss; set "
+         "model.moe_renormalize=False (Switch: the output times the router probability) "
+         "or experts_per_token >= 2")
   depths = {"model.num_layers": model.num_layers}
   if model.arch == "encoder_decoder":
     depths["model.num_decoder_layers"] = model.num_decoder_layers or model.num_layers
