@@ -2,7 +2,8 @@
 
 The folders under tests/fixtures/hf were written by `make_fixtures.py` beside them
 (transformers 4.57.6, torch 2.13.0): tiny random GPT-2, BERT, Marian, T5 (v1.0 and
-v1.1), Llama 2 / 3, Mistral, Qwen2 / 3 and Gemma 1 / 2 / 3 models and their outputs on
+v1.1), Llama 2 / 3, Mistral, Qwen2 / 3, Gemma 1 / 2 / 3 and the mixture-of-experts Mixtral,
+Qwen2-MoE and Switch Transformers models and their outputs on
 fixed inputs, padding included. Every comparison maps the source ids to this
 codebase's renumbered ids (pad 0, eos 1, bos 2, unk 3) and the logits back, and
 allows 1e-5 in float32 (Gemma 3: 2e-5, see TOLERANCES).
@@ -38,8 +39,11 @@ from transformer.workdir import layout
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "hf")
 TOLERANCE = 1e-5
-# Issue 20's decoders (make_fixtures.py modern_decoders).
-DECODERS = ("llama2", "llama3", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3")
+# Issue 20's decoders (make_fixtures.py modern_decoders) and issue 21's
+# mixture-of-experts decoders (moe_families).
+DECODERS = ("llama2", "llama3", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3",
+            "mixtral", "qwen2_moe")
+ENCODER_DECODERS = ("marian", "t5", "t5_v1_1", "switch")
 # Gemma 3's fixture (three layers, QK-norm and sandwich norms on weights drawn wide) is
 # beyond float32's reach at 1e-5: transformers' own float32 forward of it is 2.7e-5
 # from the float64 reference the fixture holds (measured with torch 2.13, 4.57.6);
@@ -232,7 +236,7 @@ def _decoder_inputs(expected, to_internal):
   return ids
 
 
-@pytest.mark.parametrize("family", ["marian", "t5", "t5_v1_1"])
+@pytest.mark.parametrize("family", ENCODER_DECODERS)
 def test_encoder_decoder_logits_match_transformers_including_padding(family):
   converted, model_config, expected, to_internal = _converted(family)
   inputs, real = to_internal[expected["input_ids"]], expected["attention_mask"]
@@ -245,7 +249,7 @@ def test_encoder_decoder_logits_match_transformers_including_padding(family):
   assert not real.all() and not target_real.all()
 
 
-@pytest.mark.parametrize("family", ["marian", "t5", "t5_v1_1"])
+@pytest.mark.parametrize("family", ENCODER_DECODERS)
 def test_cached_decoding_matches_transformers_step_by_step(family):
   """Decode mode: encode once, then one token per call against the key/value cache."""
   converted, model_config, expected, to_internal = _converted(family)
@@ -437,6 +441,14 @@ def test_a_pickle_only_folder_stops_with_the_conversion_command(tmp_path):
     ("gemma2", "sliding_window", None, "sliding_window=None"),
     ("gemma3", "use_bidirectional_attention", True, "use_bidirectional_attention=True"),
     ("t5_v1_1", "feed_forward_proj", "gated-relu", "feed_forward_proj='gated-relu'"),
+    ("mixtral", "num_experts_per_tok", 1, "num_experts_per_tok=1 with renormalised"),
+    # Layer 1 made dense by the config: its dense MLP's tensors are missing, named.
+    ("qwen2_moe", "mlp_only_layers", [1], r"no tensor 'layers\.1\.mlp\.gate_proj\.weight'"),
+    ("qwen2_moe", "use_sliding_window", True, "use_sliding_window=True"),
+    ("switch", "router_dtype", "bfloat16", "router_dtype='bfloat16'"),
+    ("switch", "dense_act_fn", "gelu_fast", "dense_act_fn='gelu_fast'"),
+    ("switch", "decoder_sparse_step", 1, r"decoder_sparse_step make layers .*'decoder': "
+     r"\[0, 1\]"),
 ])
 def test_an_unsupported_config_field_stops_naming_it(tmp_path, family, key, value, message):
   folder = _copy(family, tmp_path)

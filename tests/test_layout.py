@@ -21,7 +21,9 @@ PACKAGE = ROOT / "transformer"
 # From the ground up. `configs` (the presets package beside `transformer/`) is not
 # checked: configs/base.py is the one declaration of every key.
 ALLOWED: dict[str, set[str]] = {
-    "configuration": set(),
+    "config_checks": set(),
+    "moe_config": {"config_checks"},
+    "configuration": {"config_checks", "moe_config"},
     "distributed": set(),
     "hardware": set(),
     "sharding": {"configuration"},

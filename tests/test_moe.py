@@ -91,8 +91,8 @@ def test_one_expert_at_top_1_is_the_dense_mlp():
 def test_capacity_drops_the_overflow_and_counts_it():
   """5 tokens of a sequence pick expert 0 with 2 slots: 3 dropped (the later ones)."""
   cfg = model_config("decoder", mlp="moe", num_experts=4, experts_per_token=1,
-                     moe_dispatch="capacity", moe_capacity_factor=1.0, d_model=8,
-                     use_bias=False)
+                     moe_renormalize=False, moe_dispatch="capacity",
+                     moe_capacity_factor=1.0, d_model=8, use_bias=False)
   assert moe.capacity(cfg, 8) == 2  # ceil(1.0 * 8 tokens * top-1 / 4 experts).
   choice = [0, 0, 0, 0, 0, 1, 2, 3]  # Token t's expert: embed feature t's router row.
   x_BSE = jnp.asarray(np.eye(8, dtype=np.float32)[choice][None] + 0.01)
@@ -133,8 +133,8 @@ def test_dropless_equals_capacity_when_nothing_is_dropped(arch):
 def test_aux_and_z_loss_equal_their_closed_forms(case):
   """E * sum_e f_e p_e and mean logsumexp^2 on hand-made router logits (top-1)."""
   X, N, c = 4, 8, 30.0
-  cfg = model_config("decoder", mlp="moe", num_experts=X, experts_per_token=1, d_model=8,
-                     use_bias=False)
+  cfg = model_config("decoder", mlp="moe", num_experts=X, experts_per_token=1,
+                     moe_renormalize=False, d_model=8, use_bias=False)
   if case == "uniform":  # Zero logits: p_e = 1/E; ties go to expert 0, so f_0 = 1.
     kernel, expected_aux, logit = np.zeros((8, X), np.float32), 1.0, 0.0
   elif case == "balanced_one_hot":  # Token t -> expert t % E, confidently: f_e = p_e = 1/E.
@@ -254,6 +254,9 @@ def test_flops_and_parameters_count_the_active_experts():
     (dict(moe_dispatch="sparse"), r"model\.moe_dispatch='sparse' .*'dropless', 'capacity'"),
     (dict(mlp="sparse"), r"model\.mlp='sparse' .*'dense', 'moe'"),
     (dict(moe_shared_gate=True), r"model\.moe_shared_gate=True .*moe_shared_mlp_dim"),
+    # Top-1 renormalised: the weight is always 1 and the router gets no gradient.
+    (dict(experts_per_token=1), r"model\.moe_renormalize=True .*experts_per_token=1 .*"
+     r"router learns nothing"),
 ])
 def test_bad_moe_values_name_the_key(overrides, expected):
   config = experiment_config("decoder", **{**MOE, **overrides})

@@ -1,5 +1,6 @@
-"""--mode=import: a local Hugging Face folder (--hf_dir: GPT-2, BERT, Marian, T5) -> a new
---workdir that the other modes and config.init_from read (interop/hf/importer.py)."""
+"""--mode=import: a local Hugging Face folder (--hf_dir: any family of importer.FAMILIES,
+GPT-2 to Mixtral and Switch) -> a new --workdir that the other modes and
+config.init_from read (interop/hf/importer.py)."""
 
 from __future__ import annotations
 

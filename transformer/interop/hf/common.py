@@ -277,6 +277,47 @@ def attention_params(q, k, v, out, heads: int) -> dict[str, Any]:
   return params
 
 
+def expert_params(t: Tensors, count: int, name: Callable[[int, str], str],
+                  projections: dict[str, str]) -> dict[str, Any]:
+  """A MoE layer's routed experts: each expert's torch weight [out, in], transposed and
+  stacked as this codebase's `experts/<ours>/kernel` [experts, in, out].
+
+  Args:
+    count: the number of experts.
+    name: (expert, the folder's projection name) -> the tensor's name.
+    projections: ours ("wi", "wi_gate", "wo") -> the folder's projection name.
+  """
+  return {ours: {"kernel": np.stack([t.take(name(e, hf)).T for e in range(count)])}
+          for ours, hf in projections.items()}
+
+
+def moe_layer_fields(where: str, sparse: dict[str, list[bool]], source: str) -> dict[str, Any]:
+  """Which layers are MoE, as model.mlp / moe_every / moe_offset.
+
+  Args:
+    where: config.json's path, for the error.
+    sparse: each stack's (e.g. "decoder") per-layer flags, as the folder's code sets them.
+    source: the config.json keys that set them, for the error.
+
+  Raises:
+    ConfigError: the flags are no `index % moe_every == moe_offset` pattern shared by
+      every stack.
+  """
+  flags = [f for stack in sparse.values() for f in stack]
+  if not any(flags):
+    return {"mlp": "dense"}
+  longest = max(len(stack) for stack in sparse.values())
+  for every in range(1, longest + 1):
+    for offset in range(every):
+      if all(stack == [i % every == offset for i in range(len(stack))]
+             for stack in sparse.values()):
+        return {"mlp": "moe", "moe_every": every, "moe_offset": offset}
+  layers = {k: [i for i, f in enumerate(v) if f] for k, v in sparse.items()}
+  raise ConfigError(f"{where}: {source} make layers {layers} sparse, which is no "
+                    "pattern of this codebase (the MoE layers of every stack are those "
+                    "with index % model.moe_every == model.moe_offset)")
+
+
 def norm(t: Tensors, name: str) -> dict[str, np.ndarray]:
   return {"scale": t.take(f"{name}.weight"), "bias": t.take(f"{name}.bias")}
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import ml_collections
@@ -39,7 +39,10 @@ _ROPE_SCALINGS = ("default", "linear", "llama3")
 # Each model_type's tie_word_embeddings when config.json leaves it out (transformers'
 # own defaults).
 TIED_BY_DEFAULT = {"llama": False, "mistral": False, "qwen2": False, "qwen3": False,
-                   "gemma": True, "gemma2": True, "gemma3_text": True}
+                   "gemma": True, "gemma2": True, "gemma3_text": True, "mixtral": False,
+                   "qwen2_moe": False}
+# One block's `mlp` parameters from the tensors under its prefix ("layers.<i>."); layer i.
+MlpMapping = Callable[[common.Tensors, str, int], dict[str, Any]]
 
 
 # ---------------------------------------------------------------- shared with gemma.py
@@ -136,7 +139,8 @@ def decoder_params(t: common.Tensors, *, num_layers: int, heads: int, kv_heads: 
                    vocab: common.VocabularyMap, tied: bool, norm_names: dict[str, str],
                    qkv_bias: bool = False, qk_norm: bool = False,
                    query_scale: np.float32 | None = None,
-                   query_norm_offset: bool = False) -> dict[str, Any]:
+                   query_norm_offset: bool = False,
+                   mlp: MlpMapping | None = None) -> dict[str, Any]:
   """The parameter tree of a Llama-shaped decoder folder (unrolled blocks).
 
   Args:
@@ -153,6 +157,8 @@ def decoder_params(t: common.Tensors, *, num_layers: int, heads: int, kv_heads: 
       scale when QK-norm would undo a kernel scale.
     query_norm_offset: q_norm multiplies by (1 + scale) (Gemma 3), which the folded
       query_scale must respect.
+    mlp: maps a block's feed-forward (mixtral.py's experts); None: the dense SwiGLU
+      gate_proj / up_proj / down_proj.
 
   Returns:
     Nested dicts of float32 arrays.
@@ -185,9 +191,7 @@ def decoder_params(t: common.Tensors, *, num_layers: int, heads: int, kv_heads: 
       else:
         attention["query"] = {k: v * query_scale for k, v in attention["query"].items()}
     block = {"self_attention": attention,
-             "mlp": {"wi": {"kernel": t.take(p + "mlp.gate_proj.weight").T},
-                     "wi_gate": {"kernel": t.take(p + "mlp.up_proj.weight").T},
-                     "wo": {"kernel": t.take(p + "mlp.down_proj.weight").T}}}
+             "mlp": (mlp or dense_mlp)(t, p, i)}
     for ours, hf in norm_names.items():
       block[ours] = {"scale": t.take(p + f"{hf}.weight")}
     params[f"block_{i}"] = block
@@ -203,12 +207,29 @@ def decoder_params(t: common.Tensors, *, num_layers: int, heads: int, kv_heads: 
   return params
 
 
+def dense_mlp(t: common.Tensors, prefix: str, layer: int, mlp: str = "mlp") -> dict[str, Any]:
+  """A SwiGLU MLP's gate_proj (the activated half), up_proj and down_proj under
+  `prefix + mlp`, as this codebase's wi / wi_gate / wo."""
+  del layer  # Every layer's MLP has the same names.
+  return {ours: {"kernel": t.take(f"{prefix}{mlp}.{hf}.weight").T}
+          for ours, hf in (("wi", "gate_proj"), ("wi_gate", "up_proj"), ("wo", "down_proj"))}
+
+
 # ---------------------------------------------------------------- import
 
 
 def convert(fields: common.Fields, t: common.Tensors, files: dict[str, str]) -> common.Converted:
   """LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM folders."""
   del files  # The tokenizer files are read by importer.tokenizer_bundle.
+  return convert_decoder(fields, t)
+
+
+def convert_decoder(fields: common.Fields, t: common.Tensors, *,
+                    moe: dict[str, Any] | None = None,
+                    mlp: MlpMapping | None = None) -> common.Converted:
+  """A Llama-shaped decoder; mixtral.py adds its experts as `moe` (model fields) and
+  `mlp` (the blocks' feed-forward mapping), Mixtral taking Mistral's window and
+  Qwen2-MoE Qwen2's window and biases."""
   family = fields.get("model_type")
   d_model, heads = fields.get("hidden_size"), fields.get("num_attention_heads")
   kv_heads = fields.get("num_key_value_heads") or heads
@@ -223,10 +244,10 @@ def convert(fields: common.Fields, t: common.Tensors, files: dict[str, str]) -> 
   # Splitting the matmuls over pretraining_tp ranks changes no value (transformers
   # ignores it too).
   fields.ignore("pretraining_tp")
-  if family == "mistral":
+  if family in ("mistral", "mixtral"):
     window = fields.get("sliding_window")
     layer_types = None if window is None else ["sliding_attention"] * num_layers
-  elif family in ("qwen2", "qwen3"):
+  elif family in ("qwen2", "qwen3", "qwen2_moe"):
     # layer_types says which layers slide; folders written before it existed derive it
     # as transformers does: layers from max_window_layers on, if use_sliding_window.
     sliding = fields.get("use_sliding_window", False)
@@ -234,6 +255,11 @@ def convert(fields: common.Fields, t: common.Tensors, files: dict[str, str]) -> 
     # Qwen2-VL's multimodal RoPE, which Qwen2.5 text configs switch off.
     fields.require("use_mrope", False, (False,), "multimodal RoPE sections")
     layer_types = fields.get("layer_types")
+    if family == "qwen2_moe" and sliding:
+      # Its eager and flash attentions disagree on which layers slide.
+      raise ConfigError(f"{fields.where}: use_sliding_window=True is not supported for "
+                        "qwen2_moe (its attention implementations disagree on which "
+                        "layers slide); this codebase imports use_sliding_window=False")
     if layer_types is None:
       layer_types = ["sliding_attention" if sliding and i >= first_local else
                      "full_attention" for i in range(num_layers)]
@@ -244,7 +270,10 @@ def convert(fields: common.Fields, t: common.Tensors, files: dict[str, str]) -> 
     fields.get("sliding_window")  # Read only by sliding layers; there are none.
   tied = bool(fields.get("tie_word_embeddings", TIED_BY_DEFAULT[family]))
   vocab = vocabulary(fields)
-  qkv_bias, qk_norm = family == "qwen2", family == "qwen3"
+  # Qwen2-MoE's q/k/v biases are a field of its config (default on).
+  qkv_bias = family == "qwen2" or (family == "qwen2_moe" and
+                                   bool(fields.get("qkv_bias", True)))
+  qk_norm = family == "qwen3"
   model = dict(
       arch="decoder", head="lm", vocab_size=len(vocab.internal_to_hf), d_model=d_model,
       num_layers=num_layers, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
@@ -254,13 +283,13 @@ def convert(fields: common.Fields, t: common.Tensors, files: dict[str, str]) -> 
       activation=gated_activation(fields, "hidden_act", "silu"), use_bias=False,
       qkv_bias=qkv_bias, tie_embeddings=tied, scale_embeddings=False, embed_norm=False,
       init="gpt2", embed_dropout=0.0, residual_dropout=0.0, mlp_dropout=0.0,
-      never_predict=vocab.added,
+      never_predict=vocab.added, **(moe or {}),
       **common.attention_dropout(fields.get("attention_dropout", 0.0)))
   params = decoder_params(
       t, num_layers=num_layers, heads=heads, kv_heads=kv_heads, vocab=vocab, tied=tied,
       norm_names={"self_attention_norm": "input_layernorm",
                   "mlp_norm": "post_attention_layernorm"},
-      qkv_bias=qkv_bias, qk_norm=qk_norm)
+      qkv_bias=qkv_bias, qk_norm=qk_norm, mlp=mlp)
   return common.Converted(family, model, params, vocab)
 
 
