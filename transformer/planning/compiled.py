@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import glob
+import os
 import re
+import tempfile
 import time
 from typing import Any
 
@@ -154,23 +157,34 @@ def _out_of_memory(name: str, error: Exception, start: float, arguments_bytes: i
 def _collect(name: str, lowered, start: float, arguments_bytes: int = 0,
              **extra) -> StepCost:
   """Compiles `lowered` and reads XLA's memory and cost analyses of the result."""
-  try:
-    compiled = lowered.compile()
-  except jax.errors.JaxRuntimeError as e:
-    if "RESOURCE_EXHAUSTED" not in str(e):
-      raise
-    return _out_of_memory(name, e, start, arguments_bytes, **extra)
-  seconds = time.perf_counter() - start
+  with tempfile.TemporaryDirectory() as dump:
+    try:
+      # XLA writes the optimised HLO as text itself: `compiled.as_text()` rebuilds it
+      # from a proto, which libtpu 0.0.52 refuses for some steps (RET_CHECK ... "async-
+      # update instruction should have 1 operands but sees 3": gpt_small on v5p and
+      # v6e, the 7B on v5p), and the collective count would be lost.
+      compiled = lowered.compile(compiler_options={"xla_dump_to": dump,
+                                                   "xla_dump_hlo_as_text": True})
+    except jax.errors.JaxRuntimeError as e:
+      if "RESOURCE_EXHAUSTED" not in str(e):
+        raise
+      return _out_of_memory(name, e, start, arguments_bytes, **extra)
+    seconds = time.perf_counter() - start
+    dumped = sorted(glob.glob(os.path.join(dump, "*.after_optimizations.txt")))
+    hlo_text = None
+    if len(dumped) == 1:
+      with open(dumped[0], encoding="utf-8") as f:
+        hlo_text = f.read()
   memory = compiled.memory_analysis()
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost  # Older JAX: one per program.
   collective_bytes, collective_error = {}, None
   try:
-    collective_bytes = collectives.collective_bytes(compiled.as_text())
+    collective_bytes = collectives.collective_bytes(hlo_text or compiled.as_text())
   except jax.errors.JaxRuntimeError as e:
-    # Seen with libtpu 0.0.52 on a 7B step: printing the optimised HLO fails a check on
-    # its async instructions. The step compiled; only the collective count is missing,
-    # and the report says so instead of pricing the network at zero silently.
+    # No dump and the proto route failed (above): the step compiled; only the
+    # collective count is missing, and the report says so instead of pricing the
+    # network at zero silently.
     collective_error = str(e).splitlines()[0]
   return StepCost(
       name=name, arguments_bytes=int(memory.argument_size_in_bytes),
