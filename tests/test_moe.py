@@ -298,3 +298,24 @@ def test_expert_sharded_training_compiles_on_8_devices(dispatch, tiny_config):
   # Capacity's buffers are constrained to the experts' devices: tokens travel (all-to-all).
   # Dropless' grouped matmul is left to XLA, which gathers the expert kernels instead.
   assert ("all-to-all" if dispatch == "capacity" else "all-gather") in found, found
+
+
+def test_expert_load_is_a_tensorboard_histogram(tmp_path):
+  """moe_load_<e> rows also become one histogram whose bucket e holds expert e's share."""
+  from test_crash_safety import _events  # pylint: disable=g-import-not-at-top
+  writer = metrics.MetricWriter(str(tmp_path))
+  writer.write(5, {"loss": 1.0, "moe_load_0": 0.5, "moe_load_1": 0.125,
+                   "moe_load_2": 0.25, "moe_load_3": 0.125})
+  writer.write(6, {"loss": 0.9})  # No MoE statistics: no histogram.
+  writer.close()
+  histograms = {}
+  for path in (tmp_path / "tensorboard").glob("events.out.tfevents.*"):
+    for event in _events(str(path)):
+      for value in event.summary.value:
+        if value.tag == "moe_expert_load":
+          histograms[event.step] = value.histo
+  assert list(histograms) == [5]
+  histo = histograms[5]
+  assert list(histo.bucket) == [0.5, 0.125, 0.25, 0.125]
+  assert list(histo.bucket_limit) == [0.5, 1.5, 2.5, 3.5]
+  assert histo.num == 1.0 and histo.sum == 0.125 + 0.5 + 0.375

@@ -97,6 +97,10 @@ def summarize(sums: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
   return out
 
 
+# Metric name prefix of each expert's share of the assignments: moe_load_0, moe_load_1, ...
+MOE_LOAD_PREFIX = "moe_load_"
+
+
 def add_moe_sums(sums: dict[str, jax.Array], stats: Mapping[str, jax.Array],
                  aux_loss: float = 0.0, z_loss: float = 0.0,
                  per_expert: bool = True) -> dict[str, jax.Array]:
@@ -125,7 +129,7 @@ def add_moe_sums(sums: dict[str, jax.Array], stats: Mapping[str, jax.Array],
     out[f"moe_{name}_sum"] = weight * stats[name]
   if per_expert:
     for e in range(stats["load"].shape[0]):
-      out[f"moe_load_{e}_sum"] = weight * stats["load"][e]
+      out[f"{MOE_LOAD_PREFIX}{e}_sum"] = weight * stats["load"][e]
   return out
 
 
@@ -249,7 +253,25 @@ class MetricWriter:
     self._jsonl.flush()
     for name, value in metrics.items():
       self._tb.add_scalar(name, value, int(step))
+    self._expert_load_histogram(step, metrics)
     self._tb.flush()
+
+  def _expert_load_histogram(self, step: int, metrics: Mapping[str, float]) -> None:
+    """`moe_load_<e>` rows (a MoE model's share of assignments per expert) also as one
+    TensorBoard histogram, `moe_expert_load`: bucket e holds expert e's share, so the
+    Histograms tab shows the load spreading or collapsing over the steps."""
+    loads = sorted((int(name[len(MOE_LOAD_PREFIX):]), float(value))
+                   for name, value in metrics.items() if name.startswith(MOE_LOAD_PREFIX))
+    if not loads:
+      return
+    experts = [e for e, _ in loads]
+    shares = [share for _, share in loads]
+    self._tb.add_histogram_raw(
+        "moe_expert_load", min=experts[0], max=experts[-1], num=sum(shares),
+        sum=sum(e * share for e, share in loads),
+        sum_squares=sum(e * e * share for e, share in loads),
+        bucket_limits=[e + 0.5 for e in experts], bucket_counts=shares,
+        global_step=int(step))
 
   def write_text(self, step: int, tag: str, text: str) -> None:
     """Adds `text` (Markdown) under `tag` to TensorBoard's Text tab; metrics.jsonl stays numeric."""
