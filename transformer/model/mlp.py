@@ -5,19 +5,35 @@ Shape legend as in layers.py: N tokens (B * L), E embed, F mlp hidden.
 
 from __future__ import annotations
 
+import math
+
 import jax
 from flax import linen as nn
 
 from transformer.configuration import GATED_ACTIVATIONS, ModelConfig
 from transformer.model import initializers
 
+
+def gelu_exact(x: jax.Array) -> jax.Array:
+  """The exact GELU, x * Phi(x) = x / 2 * (1 + erf(x / sqrt(2))).
+
+  The same function as `jax.nn.gelu(x, approximate=False)`, which writes it with erfc
+  (within 1e-6 of it in float32 over [-10, 10], gradients within 3e-7); XLA:CPU
+  computes erf as one rational polynomial but erfc with an exponential and selects
+  for the tails: on a [768, 512] float32 input, forward and backward took 1.72 ms
+  against 2.40 ms, and the whole train step of nanoGPT's CPU shape about 5% less
+  (README, Performance).
+  """
+  return 0.5 * x * (1.0 + jax.lax.erf(x * (1.0 / math.sqrt(2.0))).astype(x.dtype))
+
+
 ACTIVATION_FNS = {
     "relu": jax.nn.relu,
-    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+    "gelu": gelu_exact,
     "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),  # GPT-2's GELU.
     "silu": jax.nn.silu,
     "swiglu": jax.nn.silu,  # Gated: silu(x W) * (x V).
-    "geglu": lambda x: jax.nn.gelu(x, approximate=False),  # Gated: gelu(x W) * (x V).
+    "geglu": gelu_exact,  # Gated: gelu(x W) * (x V).
     # Gated with the tanh GELU: T5 v1.1's "gated-gelu", Gemma's GeGLU.
     "geglu_tanh": lambda x: jax.nn.gelu(x, approximate=True),
 }
