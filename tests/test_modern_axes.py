@@ -408,7 +408,8 @@ def test_train_step_adds_the_z_loss_to_the_gradient():
   rng = np.random.default_rng(0)
   logits = rng.normal(size=(1, 3, 8)).astype(np.float32) + 2.0
   targets, weights = np.array([[1, 2, 3]]), np.ones((1, 3), np.float32)
-  forward = lambda params, batch, rngs=None: (params["logits"], targets, weights)
+  # (logits, targets, weights, MoE statistics: none here), as objectives.make_forward.
+  forward = lambda params, batch, rngs=None: (params["logits"], targets, weights, {})
   # train_step logs the schedule at the optimizer's own update count (a ScaleBySchedule
   # state, as optim.make_optimizer builds); scale 1.0 leaves SGD's update as it is.
   tx = optax.chain(optax.sgd(1.0), optax.scale_by_schedule(lambda count: 1.0))

@@ -187,3 +187,19 @@ def test_accumulation_equals_one_large_batch_step(tiny_config):
   acc_losses, acc_params, _ = _train(config, jax.devices()[:2], steps=2, batch=batch)
   np.testing.assert_allclose(acc_losses, big_losses, rtol=2e-5)
   _assert_trees_close(acc_params, big_params)
+
+
+def test_rules_drop_axes_the_mesh_lacks_even_when_the_config_names_them():
+  """A mesh built by hand (or a saved config with a newer base) without the optional
+  'expert' axis: rules_of(config, mesh) leaves 'expert' out of the batch rule."""
+  from configs import base as base_config  # pylint: disable=g-import-not-at-top
+  config = base_config.get_config()
+  assert "expert" in [name for name, _ in config.mesh.shape]
+  mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1, 1),
+                           ("data", "fsdp", "tensor"))
+  first_batch_rule = lambda rules: next(axes for name, axes in rules if name == "batch")
+  rules = sharding.rules_of(config.mesh, mesh)
+  assert first_batch_rule(rules) == ("data", "fsdp")
+  assert sharding.batch_sharding(mesh, rules).spec[0] == ("data", "fsdp")
+  # From the config's shape alone the rule keeps it.
+  assert first_batch_rule(sharding.rules_of(config.mesh)) == ("data", "fsdp", "expert")

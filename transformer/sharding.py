@@ -56,13 +56,17 @@ def make_mesh(mesh_config: ml_collections.ConfigDict,
   return Mesh(array, names)
 
 
-def rules_of(mesh_config: ml_collections.ConfigDict) -> tuple[tuple[str, Any], ...]:
+def rules_of(mesh_config: ml_collections.ConfigDict,
+             mesh: Mesh | None = None) -> tuple[tuple[str, Any], ...]:
   """The logical rules as hashable tuples (lists from a CLI override become tuples).
 
-  A mesh axis that `mesh_config.shape` leaves out (the optional "expert") is dropped
-  from every rule, so a three-axis shape keeps working with the base rules.
+  A mesh axis the mesh lacks (the optional "expert") is dropped from every rule, so a
+  three-axis mesh keeps working with the base rules. The axes are those of `mesh`
+  when given (a mesh built by hand, or a run's saved config with a newer base), else
+  those `mesh_config.shape` names.
   """
-  present = {name for name, _ in mesh_config.shape}
+  present = (set(mesh.axis_names) if mesh is not None
+             else {name for name, _ in mesh_config.shape})
 
   def kept(axes):
     if isinstance(axes, (tuple, list)):

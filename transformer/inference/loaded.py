@@ -201,7 +201,7 @@ def abstract_params(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) 
       lambda rng: model.init({"params": rng}, *objectives.model_inputs(objective, batch)),
       jax.random.PRNGKey(0))["params"]
   shardings = sharding.logical_to_shardings(nn.get_partition_spec(boxed), mesh,
-                                            sharding.rules_of(config.mesh))
+                                            sharding.rules_of(config.mesh, mesh))
   return checkpointing.abstract_like(nn.meta.unbox(boxed), shardings)
 
 
@@ -235,7 +235,8 @@ class LoadedRun:
   @contextlib.contextmanager
   def context(self):
     """Mesh + logical rules in scope, needed while tracing the activation constraints."""
-    with jax.set_mesh(self.mesh), nn.logical_axis_rules(sharding.rules_of(self.config.mesh)):
+    rules = sharding.rules_of(self.config.mesh, self.mesh)
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(rules):
       yield
 
   def require(self, arch: str, head: str, mode: str, instead: str) -> None:
@@ -301,7 +302,7 @@ def load_run(workdir: str, *, config: ml_collections.ConfigDict | None = None,
                         "another one with --checkpoint_step=N"
                         + (f" (the others: {', '.join(map(str, others))})" if others else
                            " (there is no other)"))
-  with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.rules_of(config.mesh)):
+  with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.rules_of(config.mesh, mesh)):
     params = checkpointing.average_params(
         [os.path.join(directory, str(step), layout.STATE) for step in steps],
         abstract, os.path.join(workdir, layout.CONFIG))

@@ -96,7 +96,7 @@ def check_divisible(config: ml_collections.ConfigDict, mesh) -> None:
     ConfigError: naming the model field, its value, the logical axis, the mesh axes
       and their size.
   """
-  rules = sharding.rules_of(config.mesh)
+  rules = sharding.rules_of(config.mesh, mesh)
   objective = objective_of(config.model.arch, config.model.head)
   batch = objectives.init_batch(objective, 1, config.data.seq_len)
   boxed = jax.eval_shape(make_model(ModelConfig.from_config(config.model)).init, jax.random.PRNGKey(0),

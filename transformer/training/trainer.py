@@ -170,7 +170,7 @@ class Scorer:
   def create(cls, config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
              param_shardings: Any) -> "Scorer":
     """The jitted eval step of `config.model` for parameters placed as `param_shardings`."""
-    rules = sharding.rules_of(config.mesh)
+    rules = sharding.rules_of(config.mesh, mesh)
     model_config = ModelConfig.from_config(config.model)
     return cls(config=config, mesh=mesh, rules=rules, model_config=model_config,
                eval_step=_jit_eval_step(model_config, mesh, rules, param_shardings),
@@ -224,7 +224,7 @@ class Trainer(Scorer):
   @classmethod
   def create(cls, config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> "Trainer":
     """Builds the model, optimizer and the jitted, explicitly sharded functions."""
-    rules = sharding.rules_of(config.mesh)
+    rules = sharding.rules_of(config.mesh, mesh)
     model_config = ModelConfig.from_config(config.model)
     model = make_model(model_config)
     objective = objective_of(model_config.arch, model_config.head)
@@ -265,7 +265,7 @@ class Trainer(Scorer):
 
 def check_batch_size(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> int:
   """Returns this process's rows per batch; the global batch must split evenly."""
-  rules = sharding.rules_of(config.mesh)
+  rules = sharding.rules_of(config.mesh, mesh)
   ways = sharding.data_parallel_size(mesh, rules)
   batch, micro = config.data.batch_size, config.train.microbatches
   # Each micro-batch is itself split over the data-parallel devices.
