@@ -22,7 +22,9 @@ from absl import logging
 
 from transformer.configuration import ConfigError
 from transformer.data import sources
+from transformer.model import layers
 from transformer.workdir import files
+from transformer.workdir import layout
 
 CONFIG = "config.json"
 SAFETENSORS = "model.safetensors"
@@ -217,6 +219,31 @@ class VocabularyMap:
       if hf == hf_id and internal not in self.added:
         return internal
     raise ValueError(f"source id {hf_id} has no row")
+
+
+def export_inputs(workdir: str, run: Any) -> tuple[dict, dict | None, VocabularyMap]:
+  """What every exporter starts from: a loaded run's parameters, bundle and vocabulary map.
+
+  Args:
+    workdir: the run's workdir (its tokenizer bundle, if imported, lies there).
+    run: `inference.loaded.load_run(workdir, ...)`.
+
+  Returns:
+    (parameters as unrolled float32 NumPy arrays, the imported tokenizer bundle or None
+    for a vocabulary trained here, the map from internal ids to source rows: the
+    identity without a bundle).
+  """
+  params = jax.tree.map(lambda x: np.asarray(jax.device_get(x), np.float32), run.params)
+  if run.config.model.scan_layers:
+    params = layers.scanned_to_unrolled(params)
+  bundle_path = os.path.join(workdir, layout.HF_TOKENIZER)
+  if not os.path.isfile(bundle_path):
+    size = run.config.model.vocab_size
+    return params, None, VocabularyMap(size, tuple(range(size)), ())
+  with open(bundle_path, encoding="utf-8") as f:
+    bundle = json.load(f)
+  return params, bundle, VocabularyMap(bundle["hf_vocab_size"],
+                                       tuple(bundle["internal_to_hf"]), tuple(bundle["added"]))
 
 
 def vocabulary_map(hf_vocab_size: int, roles: dict[str, int | None]) -> VocabularyMap:

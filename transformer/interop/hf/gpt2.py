@@ -4,11 +4,9 @@ of a GPT-2-shaped decoder back to a Hugging Face folder.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
-import jax
 import ml_collections
 import numpy as np
 
@@ -16,8 +14,6 @@ from transformer.configuration import ConfigError
 from transformer.data import tokenizers
 from transformer.inference import loaded
 from transformer.interop.hf import common
-from transformer.model import layers
-from transformer.workdir import layout
 
 PREFIXES = ("transformer.",)  # Tensor-name prefixes a headless checkpoint lacks.
 
@@ -137,20 +133,11 @@ def export_gpt2(workdir: str, hf_dir: str, *, checkpoint_step: int | None = None
   run = loaded.load_run(workdir, checkpoint_step=checkpoint_step)
   model = run.config.model
   _gpt2_shaped(model, os.path.join(workdir, common.CONFIG))
-  params = jax.tree.map(lambda x: np.asarray(jax.device_get(x), np.float32), run.params)
-  if model.scan_layers:
-    params = layers.scanned_to_unrolled(params)
-  bundle_path = os.path.join(workdir, layout.HF_TOKENIZER)
-  bundle = None
-  if os.path.isfile(bundle_path):
-    with open(bundle_path, encoding="utf-8") as f:
-      bundle = json.load(f)
-    vocab = common.VocabularyMap(bundle["hf_vocab_size"], tuple(bundle["internal_to_hf"]),
-                          tuple(bundle["added"]))
+  params, bundle, vocab = common.export_inputs(workdir, run)
+  if bundle is not None:
     eos = int(vocab.internal_to_hf[tokenizers.EOS_ID])
     specials = {"bos_token_id": eos, "eos_token_id": eos}
   else:
-    vocab = common.VocabularyMap(model.vocab_size, tuple(range(model.vocab_size)), ())
     specials = {"bos_token_id": tokenizers.BOS_ID, "eos_token_id": tokenizers.EOS_ID,
                 "pad_token_id": tokenizers.PAD_ID}
   heads, d_model = model.num_heads, model.d_model

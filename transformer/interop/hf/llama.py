@@ -15,11 +15,9 @@ model has that family's one extra.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Callable
 
-import jax
 import ml_collections
 import numpy as np
 from absl import logging
@@ -28,8 +26,6 @@ from transformer.configuration import ConfigError
 from transformer.data import tokenizers
 from transformer.inference import loaded
 from transformer.interop.hf import common
-from transformer.model import layers
-from transformer.workdir import layout
 
 PREFIXES = ("model.",)  # LlamaForCausalLM saves "model.layers.0...", LlamaModel "layers.0...".
 # hidden_act -> the gated activation it makes with up_proj.
@@ -365,18 +361,7 @@ def export_llama(workdir: str, hf_dir: str, *, checkpoint_step: int | None = Non
   if family is None:
     raise ConfigError(f"{os.path.join(workdir, common.CONFIG)}: {problem}; only "
                       "Llama-shaped decoders export as Llama")
-  params = jax.tree.map(lambda x: np.asarray(jax.device_get(x), np.float32), run.params)
-  if model.scan_layers:
-    params = layers.scanned_to_unrolled(params)
-  bundle_path = os.path.join(workdir, layout.HF_TOKENIZER)
-  bundle = None
-  if os.path.isfile(bundle_path):
-    with open(bundle_path, encoding="utf-8") as f:
-      bundle = json.load(f)
-    vocab = common.VocabularyMap(bundle["hf_vocab_size"], tuple(bundle["internal_to_hf"]),
-                                 tuple(bundle["added"]))
-  else:
-    vocab = common.VocabularyMap(model.vocab_size, tuple(range(model.vocab_size)), ())
+  params, bundle, vocab = common.export_inputs(workdir, run)
 
   def special(internal: int) -> int | None:  # A role the source vocabulary lacked: None.
     return None if internal in vocab.added else int(vocab.internal_to_hf[internal])
