@@ -31,7 +31,6 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRESET = "configs/shakespeare_char.py:cpu"
-TOKENS_PER_STEP = 12 * 64  # The recipe's batch x context, the same on both sides.
 
 
 def run_torch(args: argparse.Namespace, seed: int, log_path: str) -> dict[str, float]:
@@ -56,6 +55,9 @@ def run_jax(args: argparse.Namespace, seed: int, workdir: str,
   _run(argv, log_path)
   with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
     rows = [json.loads(line) for line in f if line.strip()]
+  with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
+    data = json.load(f)["data"]  # The run's own batch and context, as trained.
+  tokens_per_step = data["batch_size"] * data["seq_len"]
   train_rows = [r for r in rows if "seconds_per_step" in r]
   eval_rows = [r for r in rows if "eval_loss" in r]
   if not train_rows or not eval_rows:
@@ -69,7 +71,7 @@ def run_jax(args: argparse.Namespace, seed: int, workdir: str,
     previous = row["step"]
   return {"seed": seed, "val_loss": eval_rows[-1]["eval_loss"], "steps": args.steps,
           "ms_per_step": 1e3 * seconds / steps,
-          "tokens_per_second": TOKENS_PER_STEP * steps / seconds}
+          "tokens_per_second": tokens_per_step * steps / seconds}
 
 
 def _run(argv: list[str], log_path: str) -> str:
