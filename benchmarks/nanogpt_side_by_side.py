@@ -13,6 +13,8 @@ and the whole-split validation loss after the last step.
       --data=../shared/data/tiny_shakespeare/input.txt --torch_python=/path/to/python \
       --seeds=0,1,2 --out=/tmp/side_by_side
 
+`--set KEY=VALUE` (repeatable) overrides a key of the JAX runs' config, e.g.
+`--set train.steps_per_call=1` for the loop without several steps per call.
 `--torch_python` is an interpreter with torch installed (torch is not a requirement of
 this repository); by default this one. The JAX runs' workdirs go under `--out`, one per
 seed; a workdir that exists is refused (nothing is overwritten): give a new `--out`.
@@ -52,6 +54,7 @@ def run_jax(args: argparse.Namespace, seed: int, workdir: str,
   argv = [sys.executable, os.path.join(ROOT, "launch.py"), f"--config={PRESET}",
           f"--config.data.path={args.data}", f"--config.seed={seed}",
           f"--config.train.num_steps={args.steps}", f"--workdir={workdir}"]
+  argv += [f"--config.{override}" for override in args.set]
   _run(argv, log_path)
   with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
     rows = [json.loads(line) for line in f if line.strip()]
@@ -59,11 +62,14 @@ def run_jax(args: argparse.Namespace, seed: int, workdir: str,
     data = json.load(f)["data"]  # The run's own batch and context, as trained.
   tokens_per_step = data["batch_size"] * data["seq_len"]
   train_rows = [r for r in rows if "seconds_per_step" in r]
+  # The first call (its first step, or its train.steps_per_call steps) compiles and is
+  # not timed: its row, the first with a loss, is where the timed steps start.
+  untimed = min((r["step"] for r in rows if "loss" in r), default=1)
   eval_rows = [r for r in rows if "eval_loss" in r]
   if not train_rows or not eval_rows:
     raise SystemExit(f"{workdir}/metrics.jsonl has no timed or no evaluation rows")
   # Each row's seconds_per_step averages the steps since the row before it.
-  seconds, steps, previous = 0.0, 0, 1  # Step 1 compiles: rates start after it.
+  seconds, steps, previous = 0.0, 0, untimed
   for row in sorted(train_rows, key=lambda r: r["step"]):
     count = row["step"] - previous
     seconds += row["seconds_per_step"] * count
@@ -102,7 +108,13 @@ def main() -> None:
   parser.add_argument("--steps", type=int, default=2000)
   parser.add_argument("--threads", type=int, default=2, help="PyTorch's intra-op threads")
   parser.add_argument("--out", required=True, help="a new folder for workdirs and logs")
+  parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                      help="a config override of the JAX runs, repeatable, passed to "
+                      "launch.py as --config.KEY=VALUE (e.g. train.steps_per_call=1)")
   args = parser.parse_args()
+  for override in args.set:
+    if "=" not in override or override.startswith("="):
+      parser.error(f"--set {override!r}: expected KEY=VALUE, e.g. train.steps_per_call=1")
   if not os.path.isfile(args.data):
     parser.error(f"--data={args.data}: no such file (Tiny Shakespeare's input.txt)")
   args.data = os.path.abspath(args.data)
@@ -126,7 +138,8 @@ def main() -> None:
             f"{results[side]['tokens_per_second']:,.0f} tokens/s, val loss "
             f"{results[side]['val_loss']:.4f}", flush=True)
     rows.append(results)
-  print(f"\nnanoGPT's CPU recipe ({args.steps} steps, batch 12 x 64), "
+  overrides = f"; JAX overrides: {', '.join(args.set)}" if args.set else ""
+  print(f"\nnanoGPT's CPU recipe ({args.steps} steps, batch 12 x 64{overrides}), "
         f"{(time.perf_counter() - start) / 60:.1f} min in all:\n")
   print("| seed | PyTorch ms/step | this project ms/step | PyTorch tokens/s "
         "| this project tokens/s | ratio | PyTorch val loss | this project val loss |")

@@ -14,6 +14,11 @@ benchmarks/compile_time.py).
   python benchmarks/train_step.py                       # tiny, local, gpt_small
   python benchmarks/train_step.py --shapes tiny,local --rounds 9
   python benchmarks/train_step.py --shapes tiny --set model.attention_impl=einsum
+  python benchmarks/train_step.py --shapes tiny --set train.steps_per_call=10
+
+With `--set train.steps_per_call=K` the timed call is `Trainer.train_steps`, K steps in
+one compiled call as the training loop then runs them (on K copies of the batch); the
+step time is the call's over K.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import statistics
 import time
 
 import jax
+import numpy as np
 
 import shapes  # benchmarks/shapes.py; pylint: disable=g-bad-import-order
 from transformer.training import flops
@@ -33,25 +39,31 @@ def measure_shape(name: str, rounds: int, round_seconds: float, overrides: list[
   config = shapes.SHAPES[name]()
   shapes.apply_overrides(config, overrides)
   trainer = shapes.make_trainer(config)
+  per_call = config.train.steps_per_call
   with trainer.context():
     state = trainer.init(jax.random.PRNGKey(0))
-    batch = trainer.global_batch(shapes.random_batch(config))
+    host_batch = shapes.random_batch(config)
+    if per_call == 1:
+      step, batch = trainer.train_step, trainer.global_batch(host_batch)
+    else:  # train.steps_per_call=K: K steps a call (lax.scan), as the training loop runs them.
+      step, batch = trainer.train_steps, trainer.global_batch(
+          {k: np.stack([v] * per_call) for k, v in host_batch.items()}, stacked=True)
     start = time.perf_counter()
-    _, state = shapes.run_steps(trainer.train_step, state, batch, 1)
+    _, state = shapes.run_steps(step, state, batch, 1)
     first_step = time.perf_counter() - start
-    warm, state = shapes.run_steps(trainer.train_step, state, batch, 1)
-    steps = max(1, min(100, round(round_seconds / warm)))
+    warm, state = shapes.run_steps(step, state, batch, 1)
+    calls = max(1, min(100, round(round_seconds / warm)))
     step_times, matmul_rates = [], []
     for _ in range(rounds):
       matmul_rates.append(shapes.measure_matmul())
-      seconds, state = shapes.run_steps(trainer.train_step, state, batch, steps)
-      step_times.append(seconds)
+      seconds, state = shapes.run_steps(step, state, batch, calls)
+      step_times.append(seconds / per_call)
   model_flops = shapes.model_flops_per_step(config, trainer)
   best = min(step_times)
   return dict(
       name=name, describe=shapes.describe(config),
       params=sum(x.size for x in jax.tree.leaves(state.params)),
-      tokens=config.data.batch_size * config.data.seq_len, steps=steps,
+      tokens=config.data.batch_size * config.data.seq_len, steps=calls * per_call,
       first_step=first_step, best=best, median=statistics.median(step_times),
       model_flops=model_flops, matmul=max(matmul_rates),
       fraction=model_flops / best / max(matmul_rates),

@@ -142,6 +142,7 @@ def get_config() -> ml_collections.ConfigDict:
   train.num_steps = 1000  # Optimizer steps in total (a resumed run continues to this).
   train.microbatches = 1  # Gradient accumulation: split each batch into this many slices.
   train.log_every = 10  # Steps between progress lines / metrics.jsonl rows.
+  train.steps_per_call = 1  # Optimizer steps per compiled call (lax.scan; Keras's steps_per_execution): the same updates, less per-call overhead; must divide log_every, eval_every and checkpoint.every.
   train.eval_every = 200  # Steps between evaluations (and after the last step).
   train.eval_batches = 20  # Batches per evaluation; -1 means the whole eval split.
   train.eval_at_start = True  # Evaluate the untrained model first (the baseline at step 0).

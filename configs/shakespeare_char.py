@@ -39,6 +39,16 @@ evaluation here covers the whole validation split (111,540 characters).
   16384 (`--config.data.lm_windows=packed --config.data.shuffle_rows=16384`) 1.886,
   windows of 4096 1.906, packed rows in document order 1.946; `model.vocab_size=70`
   (no padding to 128), three seeds: 1.911 / 1.890 / 1.899 (mean 1.900).
+  Speed, 2026-11-25 (`train.steps_per_call=10`, set here since: ten steps per compiled
+  call, the same updates bit for bit), against the PyTorch reference side by side,
+  three seeds, another 2-core machine with nothing else running:
+    python benchmarks/nanogpt_side_by_side.py \
+      --data=../shared/data/tiny_shakespeare/input.txt --torch_python=PYTHON_WITH_TORCH \
+      --seeds=0,1,2 --out=/tmp/side_by_side
+  1.33 +- 0.10x PyTorch's tokens/s (21.1-24.8 against 29.8-30.7 ms a step); with
+  `--set train.steps_per_call=1` 0.89 +- 0.03x (31.6-32.5 ms). Validation losses in both:
+  1.8979 / 1.8788 / 1.8866 (PyTorch 1.8915 / 1.8987 / 1.8829); the 1.898 / 1.879 / 1.887
+  above, unchanged.
 
 `:cpu_2024`: `:cpu` with the 2024 decoder's choices (Llama / Qwen3): RMSNorm, SwiGLU
 (MLP 346, for :cpu's parameter count), RoPE instead of the position table, QK-norm, no
@@ -123,7 +133,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.model.update(d_model=128, num_layers=4, num_heads=4, mlp_dim=4 * 128, max_len=64,
                         embed_dropout=0.0, residual_dropout=0.0)
     config.data.update(seq_len=64, batch_size=12)
-    config.train.update(num_steps=2000, log_every=100, eval_every=250, eval_batches=-1)
+    # Ten steps per compiled call: the same updates, without most of XLA:CPU's
+    # per-call overhead, which is a third of this small step (README, Performance).
+    config.train.update(num_steps=2000, log_every=100, eval_every=250, eval_batches=-1,
+                        steps_per_call=10)
     config.checkpoint.update(every=500)
     if arg == "cpu_moe":  # Half-width experts, two per token: :cpu's active MLP.
       config.model.update(mlp="moe", num_experts=8, experts_per_token=2, mlp_dim=2 * 128,
@@ -148,7 +161,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                         embed_dropout=0.0, residual_dropout=0.0, norm_type="rmsnorm",
                         activation="swiglu", position="rope", qk_norm=True)
     config.data.update(seq_len=64, batch_size=12)
-    config.train.update(num_steps=2000, log_every=100, eval_every=250, eval_batches=-1)
+    config.train.update(num_steps=2000, log_every=100, eval_every=250, eval_batches=-1,
+                        steps_per_call=10)
     config.checkpoint.update(every=500)
   elif arg:
     raise ValueError(f"configs/shakespeare_char.py: unknown argument {arg!r}; "

@@ -98,6 +98,11 @@ def _base():
     ("data.source_language", "en", r"config\.data\.target_language='' is invalid: translation needs both"),
     ("data.spm_model_type", "wordpiece", r"config\.data\.spm_model_type='wordpiece'"),
     ("model.vocab_size", -1, r"config\.model\.vocab_size=-1 is invalid: expected an integer >= 0"),
+    ("train.steps_per_call", 0, r"config\.train\.steps_per_call=0 is invalid: expected an integer >= 1"),
+    # base: log_every=10, eval_every=200, checkpoint.every=1000.
+    ("train.steps_per_call", 4, r"config\.train\.steps_per_call=4 is invalid: train\.log_every=10 is "
+     r"not a multiple of it.*a divisor of 10 \(1, 2, 5, 10\)"),
+    ("train.steps_per_call", 20, r"steps_per_call=20 is invalid: train\.log_every=10 is not"),
     ("decode.top_p", 0.0, r"config\.decode\.top_p=0\.0 is invalid: expected a probability in \(0, 1\]"),
     ("decode.top_k", 5, r"config\.decode\.top_k=5 is invalid: top_k and top_p only apply when sampling"),
     ("decode.overlong", "cut", r"config\.decode\.overlong='cut' is invalid: valid values are 'truncate', 'error'"),

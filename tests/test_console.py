@@ -68,6 +68,7 @@ def test_launch_console_has_no_prefix_or_library_noise(tmp_path):
        "--config.model.d_model=32", "--config.model.num_layers=1",
        "--config.model.num_heads=2", "--config.model.mlp_dim=64",
        "--config.train.num_steps=2", "--config.train.log_every=1",
+       "--config.train.steps_per_call=1",
        "--config.train.eval_at_start=False", "--config.train.eval_batches=1",
        "--config.checkpoint.every=100"],
       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)

@@ -78,6 +78,74 @@ def test_resume_is_exact(tiny_config, tmp_path):
   assert "process_0-of-1.json" in os.listdir(data_dir)
 
 
+def _final_state_leaves(workdir, step):
+  return jax.tree.leaves(_restore_raw(workdir, step))
+
+
+def test_several_steps_per_call_make_the_same_run(tiny_config, tmp_path):
+  """train.steps_per_call=3 (one lax.scan call per 3 steps): the same updates bit for bit,
+  the same rows, evaluations and checkpoints; a resumed run may change it, even from a
+  step that is not a multiple of it (a shorter first call)."""
+  tiny_config.train.update(num_steps=7, log_every=3, eval_every=3)
+  tiny_config.checkpoint.every = 3
+  runs = {}
+  for name, per_call in (("one", 1), ("three", 3)):
+    tiny_config.train.steps_per_call = per_call
+    runs[name] = str(tmp_path / name)
+    loop.train_and_evaluate(tiny_config, runs[name])
+  # Resumed: steps 1-4 one per call, then 5-6 in one call of 2 and 7 alone.
+  runs["resumed"] = str(tmp_path / "resumed")
+  tiny_config.train.update(num_steps=4, steps_per_call=1)
+  loop.train_and_evaluate(tiny_config, runs["resumed"])
+  tiny_config.train.update(num_steps=7, steps_per_call=3)
+  loop.train_and_evaluate(tiny_config, runs["resumed"])
+
+  for name, workdir in runs.items():
+    steps = sorted(int(s) for s in os.listdir(os.path.join(workdir, "checkpoints"))
+                   if s.isdigit())
+    assert steps[-1] == 7 and 6 in steps and 3 in steps, (name, steps)
+    for x, y in zip(_final_state_leaves(runs["one"], 7), _final_state_leaves(workdir, 7)):
+      np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=name)
+  rows = {}
+  for name, workdir in runs.items():  # A step's training and evaluation rows, merged.
+    rows[name] = {}
+    for row in _read_metrics(workdir):
+      rows[name].setdefault(row["step"], {}).update(row)
+  # Rows at 3, 6 and 7 (the last step), evaluations at 0, 3, 6 and 7 in every run; the
+  # one-step run also shows its first two steps.
+  assert sorted(s for s, r in rows["three"].items() if "loss" in r) == [3, 6, 7]
+  assert sorted(s for s, r in rows["one"].items() if "loss" in r) == [1, 2, 3, 6, 7]
+  assert sorted(s for s, r in rows["resumed"].items() if "loss" in r) == [1, 2, 3, 4, 6, 7]
+  for name, evaluated in (("one", [0, 3, 6, 7]), ("three", [0, 3, 6, 7]),
+                          ("resumed", [0, 3, 4, 6, 7])):  # 4: where its first run ended.
+    assert sorted(s for s, r in rows[name].items() if "eval_loss" in r) == evaluated
+  for name, step in (("three", 6), ("three", 7), ("resumed", 7)):  # The same steps averaged.
+    for key in ("loss", "grad_norm", "eval_loss"):
+      assert rows[name][step][key] == rows["one"][step][key], (name, step, key)
+  # The clock runs per call: the first call (which compiles) is not timed, as step 1 of
+  # a one-step run is not; the second call's steps share its time.
+  assert "seconds_per_step" not in rows["three"][3] and "seconds_per_step" not in rows["one"][1]
+  assert rows["three"][6]["seconds_per_step"] > 0
+  assert np.isclose(rows["three"][6]["tokens_per_second"],
+                    8 * 32 / rows["three"][6]["seconds_per_step"])
+
+
+def test_a_non_finite_step_inside_a_call_is_named(tiny_config):
+  """A call's metrics have a leading axis of its steps; the guard checks each in order."""
+  ok = {"loss_sum": 20.0, "weight_sum": 10.0, "objective_sum": 20.0, "correct_sum": 5.0,
+        "learning_rate": 1e-3, "grad_norm": 1.0, "param_norm": 3.0, "update_norm": 0.1}
+  call = {k: np.array([v, v, v], np.float32) for k, v in ok.items()}
+  call["loss_sum"][1] = np.nan  # The second of steps 4, 5, 6.
+  progress = loop.metrics_lib.TrainProgress(3, 6, 256)
+  written = []
+  writer = type("Writer", (), {"write": lambda self, step, row: written.append(step)})()
+  tiny_config.train.log_every = 1
+  with pytest.raises(FloatingPointError, match="at step 5"):
+    loop._report_call((6, 3, call, False), None, progress, writer, tiny_config,  # pylint: disable=protected-access
+                      loop._NonFiniteGuard(0))  # pylint: disable=protected-access
+  assert written == [4]  # Step 4 was fine and logged; nothing after step 5.
+
+
 def test_non_finite_loss_names_the_step(tiny_config):
   pending = (7, {"loss_sum": np.float32(np.nan), "weight_sum": np.float32(10.0)})
   progress = None
@@ -127,6 +195,7 @@ def test_sigint_saves_and_the_same_command_resumes(tfds_data_dir, tmp_path):
              f"--config.data.data_dir={tfds_data_dir}", "--config.model.d_model=32",
              "--config.model.num_layers=1", "--config.model.num_heads=2",
              "--config.model.mlp_dim=64", "--config.train.log_every=1",
+             "--config.train.steps_per_call=1",
              "--config.train.eval_at_start=False", "--config.train.eval_every=100000",
              "--config.checkpoint.every=100000"]
   env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")

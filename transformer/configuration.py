@@ -167,12 +167,29 @@ def validate(config: ml_collections.ConfigDict) -> None:
     check_int(config, t + "eval_batches", 1)
   check_int(config, "checkpoint.every", 1)
   check_int(config, "checkpoint.keep", 1)
+  check_int(config, t + "steps_per_call", 1)
+  _check_steps_per_call(config)
   # Only the type here: whether the path holds a usable checkpoint is checked when loading.
   if not isinstance(config.init_from, str):
     fail("init_from", config.init_from, "expected '' or the path of a run's workdir or of "
           "one of its checkpoints/<step> directories")
   _validate_mesh(config)
   moe_config.validate_expert_mesh(config)
+
+
+def _check_steps_per_call(config: ml_collections.ConfigDict) -> None:
+  """Rows, evaluations and checkpoints fall between calls: each cadence is a multiple."""
+  per_call = config.train.steps_per_call
+  for key in ("train.log_every", "train.eval_every", "checkpoint.every"):
+    every = lookup(config, key)
+    if every % per_call:
+      divisors = [d for d in range(1, every + 1) if every % d == 0]
+      fail("train.steps_per_call", per_call,
+           f"{key}={every} is not a multiple of it: a call runs its steps without a "
+           "stop in between, so every logged row, evaluation and checkpoint falls "
+           f"between calls; use a divisor of {every} (" + ", ".join(map(str, divisors[:12]))
+           + (", ..." if len(divisors) > 12 else "") + f") or make {key} a multiple of "
+           f"{per_call}")
 
 
 DECODE_OVERLONG = ("truncate", "error")

@@ -1,7 +1,8 @@
 """Training: the compiled runtime apart from the loop that drives it.
 
   trainer.py          TrainState, train_step, eval_step, Scorer (eval step alone) and
-                      Trainer (init, train and eval steps, sharded), evaluate_split
+                      Trainer (init, train and eval steps, sharded; train_steps runs
+                      several steps a call), evaluate_split
   loop.py             train_and_evaluate: restore or init, train, evaluate, save, signals,
                       the non-finite guard and resume checks
   fault_injection.py  test-only crash injection (TRANSFORMER_TEST_KILL_AT)

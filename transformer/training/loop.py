@@ -109,10 +109,11 @@ def _resolve_vocab_size(config: ml_collections.ConfigDict,
 
 
 # Keys a resumed run may change: for how long, how often to log, evaluate and save,
-# decoding, and the mesh (placement only: the checkpoint is restored into the new
+# how many steps a compiled call runs, decoding, and the mesh (placement only: the checkpoint is restored into the new
 # mesh's shardings, and no rule changes an array's shape). Every other key shapes the
 # model, the data order or the updates.
 RESUME_SAFE_KEYS = ("train.num_steps", "train.log_every", "train.eval_every",
+                    "train.steps_per_call",
                     "train.eval_batches", "train.eval_at_start", "train.bleu_examples",
                     "train.sample_prompt", "checkpoint.every", "checkpoint.keep",
                     "checkpoint.async_save", "checkpoint.on_config_change", "data.num_threads")
@@ -321,6 +322,7 @@ def _train_loop(config, workdir, trainer, checkpointer, writer, train_iter, eval
     peak, peak_source = flops.peak_flops(workdir)
     logging.info("Model FLOPs per step %.4g (flops.py); MFU is against %.4g FLOP/s, the %s",
                  model_flops, peak, peak_source)
+    _hint_steps_per_call(config)
     progress = metrics_lib.TrainProgress(start_step, num_steps,
                                     sides * config.data.batch_size * config.data.seq_len,
                                     model_flops, peak)
@@ -330,26 +332,44 @@ def _train_loop(config, workdir, trainer, checkpointer, writer, train_iter, eval
       logging.info("eval at step 0: %s", _format(eval_metrics))
       writer.write(0, eval_metrics)
 
-    pending = None  # (step, device metrics) of the previous step, fetched one step late.
+    # train.steps_per_call steps run as one compiled call (the same updates; less
+    # per-call overhead, which dominates small models on a CPU). A call ends at the next
+    # multiple of steps_per_call, which every cadence is (configuration.py), or at
+    # num_steps. `pending` is the previous call (its last step, its step count, its
+    # metrics on the device, whether it is among the first two calls of this (re)start),
+    # fetched while the next call runs, so logging never stalls the device.
+    per_call = config.train.steps_per_call
+    pending = None
     train_sums = None
     interrupted = None
+    calls = 0
+    done = start_step
+
+    def flush():
+      nonlocal train_sums, last_metrics, pending
+      train_sums, summary = _report_call(pending, train_sums, progress, writer, config, guard)
+      last_metrics = summary or last_metrics
+      pending = None
+
     with _StopRequest() as stop:
-      for step in range(start_step, num_steps):
-        batch = trainer.global_batch(next(train_iter))
-        state, step_metrics = trainer.train_step(state, batch)
-        # Fetch step t-1's metrics while step t runs, so logging never stalls the device.
+      while done < num_steps:
+        count = min(per_call - done % per_call, num_steps - done)
+        if count == 1:
+          state, call_metrics = trainer.train_step(
+              state, trainer.global_batch(next(train_iter)))
+        else:
+          rows = [next(train_iter) for _ in range(count)]
+          batches = {k: np.stack([row[k] for row in rows]) for k in rows[0]}
+          state, call_metrics = trainer.train_steps(
+              state, trainer.global_batch(batches, stacked=True))
+        done += count
+        calls += 1
         if pending is not None:
-          # The first two steps after a (re)start are always shown: the second has an ETA.
-          train_sums, summary = _report(pending, train_sums, progress, writer, config,
-                                        force=pending[0] - start_step <= 2, guard=guard)
-          last_metrics = summary or last_metrics
-        pending = (step + 1, step_metrics)
-        done = step + 1
+          flush()
+        # The first two calls after a (re)start are always shown: the second has an ETA.
+        pending = (done, count, call_metrics, calls <= 2)
         if done % config.train.eval_every == 0 or done == num_steps:
-          train_sums, summary = _report(pending, train_sums, progress, writer, config,
-                                        force=done - start_step <= 2, guard=guard)
-          last_metrics = summary or last_metrics
-          pending = None
+          flush()
           eval_metrics = evaluate_split(trainer, state.params, eval_data, local_batch_size)
           # train.bleu_examples / train.sample_prompt: eval_bleu, logged translations, a sample.
           eval_metrics.update(decode_hook.decode_at_evaluation(
@@ -362,10 +382,7 @@ def _train_loop(config, workdir, trainer, checkpointer, writer, train_iter, eval
         stopping = stop.should_stop(done, config.train.log_every)
         if done % config.checkpoint.every == 0 or done == num_steps or stopping:
           if pending is not None:  # Checked first: a non-finite step is never saved.
-            train_sums, summary = _report(pending, train_sums, progress, writer, config,
-                                          force=done - start_step <= 2, guard=guard)
-            last_metrics = summary or last_metrics
-            pending = None
+            flush()
           writer.sync()  # Rows up to `done` are not rewritten after a resume from it.
           checkpointer.save(done, state, train_iter)
           record.update(done)
@@ -376,13 +393,28 @@ def _train_loop(config, workdir, trainer, checkpointer, writer, train_iter, eval
           interrupted = Interrupted(done, stop.signum) if done < num_steps else None
           break
         kill_at("after_step", done)
-    if pending is not None:
-      _, summary = _report(pending, train_sums, progress, writer, config, force=True,
-                           guard=guard)
+    if pending is not None:  # The last step is always shown.
+      _, summary = _report_call(pending[:3] + (True,), train_sums, progress, writer, config,
+                                guard)
       last_metrics = {**last_metrics, **(summary or {})}
   if interrupted is not None:
     raise interrupted
   return last_metrics
+
+
+def _hint_steps_per_call(config: ml_collections.ConfigDict) -> None:
+  """On a CPU, says when several steps per call would run the same updates faster.
+
+  XLA:CPU allocates a step's temporaries at every call (fresh pages from the OS above
+  glibc's mmap threshold); a call of k steps pays that once (README, Performance).
+  """
+  if config.train.steps_per_call != 1 or jax.devices()[0].platform != "cpu":
+    return
+  cadence = math.gcd(config.train.log_every, config.train.eval_every, config.checkpoint.every)
+  per_call = max(d for d in range(1, 11) if cadence % d == 0)
+  if per_call > 1:
+    logging.info("On a CPU, --config.train.steps_per_call=%d runs the same updates faster "
+                 "(%d steps per compiled call; README, Performance)", per_call, per_call)
 
 
 def _logged_metrics(workdir: str) -> dict[str, float]:
@@ -436,13 +468,32 @@ class _NonFiniteGuard:
           "learning rate, or set optimizer.skip_nonfinite=N to skip such updates.")
 
 
+def _report_call(pending, train_sums, progress, writer, config, guard):
+  """Fetches one call's metrics and reports each of its steps in order (see `_report`)."""
+  last, count, device_metrics, shown = pending
+  host = jax.device_get(device_metrics)
+  # The clock is per call: its steps share its time (the first call only starts it).
+  progress.update(last)
+  summary = None
+  for i in range(count):
+    # A call of several steps returns each metric with a leading axis of its steps.
+    one = host if count == 1 else {k: v[i] for k, v in host.items()}
+    step = last - count + 1 + i
+    train_sums, row = _report((step, one), train_sums, progress, writer, config,
+                              force=shown and step == last, guard=guard)
+    summary = row or summary
+  return train_sums, summary
+
+
 def _report(pending, train_sums, progress, writer, config, force=False, guard=None):
-  """Checks a finished step's loss and gradient norm; logs every `train.log_every` steps."""
+  """Checks a finished step's loss and gradient norm; logs every `train.log_every` steps.
+
+  `progress` is updated by the caller (`_report_call`), once per call.
+  """
   step, device_metrics = pending
   host = jax.device_get(device_metrics)
   guard = guard or _NonFiniteGuard(config.optimizer.skip_nonfinite)
   guard.check(step, host)
-  progress.update(step)
   # Norms and the learning rate are per-step values: keep the latest, not a sum.
   per_step = {k: host.pop(k) for k in ("learning_rate", "grad_norm", "param_norm",
                                        "update_norm")}

@@ -1,7 +1,8 @@
 """The compiled runtime of training: the state, the jitted steps, and their shardings.
 
 `Trainer.create(config, mesh)` builds the model, the optimizer and the explicitly
-sharded `init`, `train_step` and `eval_step` once; `training/loop.py` drives them.
+sharded `init`, `train_step` (and `train_steps`, several of them in one call) and
+`eval_step` once; `training/loop.py` drives them.
 `Scorer` is the evaluation half alone (a model's parameters and the eval step), which
 `--mode=evaluate` builds without an optimizer.
 """
@@ -21,6 +22,7 @@ import numpy as np
 import optax
 from flax import linen as nn
 from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding, PartitionSpec
 
 from transformer import sharding
 from transformer.configuration import ConfigError, DataError, ModelConfig, objective_of
@@ -182,14 +184,22 @@ class Scorer:
     with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
       yield
 
-  def global_batch(self, local_batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-    """Assembles the global batch from this process's rows."""
+  def global_batch(self, local_batch: dict[str, np.ndarray],
+                   stacked: bool = False) -> dict[str, jax.Array]:
+    """Assembles the global batch from this process's rows.
+
+    With `stacked`, every array has a leading axis of consecutive batches ([n, B, ...],
+    the input of `Trainer.train_steps`), which stays whole on every device.
+    """
+    placement = self.batch_sharding
+    if stacked:
+      placement = NamedSharding(self.mesh, PartitionSpec(None, *placement.spec))
     if jax.process_count() == 1:
       # This process's rows are the whole batch: one device_put of the dict (half the
       # host time of an array-by-array assembly, which the next step's compute shares
       # the cores with on a CPU).
-      return jax.device_put(local_batch, self.batch_sharding)
-    return {k: jax.make_array_from_process_local_data(self.batch_sharding, v)
+      return jax.device_put(local_batch, placement)
+    return {k: jax.make_array_from_process_local_data(placement, v)
             for k, v in local_batch.items()}
 
 
@@ -220,6 +230,9 @@ class Trainer(Scorer):
   abstract_state: Any
   init: Callable
   train_step: Callable
+  # (state, batches with a leading axis of n) -> (state, metrics with that axis): n
+  # train_steps in one compiled call (lax.scan), the same updates bit for bit.
+  train_steps: Callable
 
   @classmethod
   def create(cls, config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> "Trainer":
@@ -245,22 +258,25 @@ class Trainer(Scorer):
                                    abstract_state.opt_state, state_shardings.opt_state, mesh)
 
     jit_init = jax.jit(lambda rng: nn.meta.unbox(init(rng)), out_shardings=state_shardings)
-    jit_train = jax.jit(
-        functools.partial(train_step, forward=objectives.make_forward(model, objective),
-                          tx=tx, schedule=schedule,
-                          label_smoothing=config.optimizer.label_smoothing,
-                          microbatches=config.train.microbatches,
-                          skip_nonfinite=config.optimizer.skip_nonfinite > 0,
-                          z_loss=config.optimizer.z_loss,
-                          never_predict=predicted_rows_excluded(model_config),
-                          moe_aux_loss=config.model.moe_aux_loss,
-                          moe_z_loss=config.model.moe_z_loss),
-        in_shardings=(state_shardings, batch_sharding),
+    one_step = functools.partial(
+        train_step, forward=objectives.make_forward(model, objective), tx=tx,
+        schedule=schedule, label_smoothing=config.optimizer.label_smoothing,
+        microbatches=config.train.microbatches,
+        skip_nonfinite=config.optimizer.skip_nonfinite > 0, z_loss=config.optimizer.z_loss,
+        never_predict=predicted_rows_excluded(model_config),
+        moe_aux_loss=config.model.moe_aux_loss, moe_z_loss=config.model.moe_z_loss)
+    jit_train = jax.jit(one_step, in_shardings=(state_shardings, batch_sharding),
+                        out_shardings=(state_shardings, replicated), donate_argnums=(0,))
+    stacked_sharding = NamedSharding(mesh, PartitionSpec(None, *batch_sharding.spec))
+    jit_train_steps = jax.jit(
+        lambda state, batches: jax.lax.scan(one_step, state, batches),
+        in_shardings=(state_shardings, stacked_sharding),
         out_shardings=(state_shardings, replicated), donate_argnums=(0,))
     return cls(config=config, mesh=mesh, rules=rules, model_config=model_config,
                eval_step=_jit_eval_step(model_config, mesh, rules, state_shardings.params),
                batch_sharding=batch_sharding, state_shardings=state_shardings,
-               abstract_state=abstract_state, init=jit_init, train_step=jit_train)
+               abstract_state=abstract_state, init=jit_init, train_step=jit_train,
+               train_steps=jit_train_steps)
 
 
 def check_batch_size(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> int:
