@@ -34,6 +34,8 @@ def main():
   parser.add_argument("--heartbeat_timeout_seconds", type=int, default=10)
   parser.add_argument("--eval_batches", type=int, default=0, help="0: the tiny config's")
   parser.add_argument("--text_path", default="", help="train on local_text files here")
+  parser.add_argument("--steps_per_call", type=int, default=1,
+                      help="train.steps_per_call (a row every such many steps)")
   args = parser.parse_args()
   logging.set_verbosity(logging.INFO)  # As under absl.app: the progress lines show.
 
@@ -43,11 +45,12 @@ def main():
   seen = {"metrics": [], "rows": []}
   global_batch, write = trainer_lib.Trainer.global_batch, metrics.MetricWriter.write
 
-  def recording_global_batch(self, local):
+  def recording_global_batch(self, local, stacked=False):
     if len(seen["rows"]) == args.fail_at_batch:
       raise RuntimeError(f"injected failure in process {args.process_id}")
-    seen["rows"].append([hashlib.sha1(row.tobytes()).hexdigest() for row in local["inputs"]])
-    return global_batch(self, local)
+    rows = local["inputs"].reshape(-1, local["inputs"].shape[-1])  # Stacked or not.
+    seen["rows"].append([hashlib.sha1(row.tobytes()).hexdigest() for row in rows])
+    return global_batch(self, local, stacked=stacked)
 
   def recording_write(self, step, values):
     seen["metrics"].append({"step": int(step), **values})
@@ -64,6 +67,8 @@ def main():
     config.train.eval_batches = args.eval_batches
   if args.text_path:
     config.data.update(name="local_text", path=args.text_path)
+  if args.steps_per_call > 1:  # Stacked batches: [k, rows, length] from each process.
+    config.train.update(steps_per_call=args.steps_per_call, log_every=args.steps_per_call)
   with distributed.fail_together():  # As launch.py does.
     loop.train_and_evaluate(config, args.workdir)
   with open(args.out, "w", encoding="utf-8") as f:

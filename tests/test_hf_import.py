@@ -6,7 +6,7 @@ v1.1), Llama 2 / 3, Mistral, Qwen2 / 3, Gemma 1 / 2 / 3 and the mixture-of-exper
 Qwen2-MoE and Switch Transformers models and their outputs on
 fixed inputs, padding included. Every comparison maps the source ids to this
 codebase's renumbered ids (pad 0, eos 1, bos 2, unk 3) and the logits back, and
-allows 1e-5 in float32 (Gemma 3: 2e-5, see TOLERANCES).
+allows 1e-5 in float32 (Gemma 3: 3e-5, see TOLERANCES).
 """
 
 import dataclasses
@@ -45,10 +45,12 @@ DECODERS = ("llama2", "llama3", "mistral", "qwen2", "qwen3", "gemma", "gemma2", 
             "mixtral", "qwen2_moe")
 ENCODER_DECODERS = ("marian", "t5", "t5_v1_1", "switch")
 # Gemma 3's fixture (three layers, QK-norm and sandwich norms on weights drawn wide) is
-# beyond float32's reach at 1e-5: transformers' own float32 forward of it is 2.7e-5
-# from the float64 reference the fixture holds (measured with torch 2.13, 4.57.6);
-# this codebase's is 1.2e-5. Every other family stays at 1e-5.
-TOLERANCES = {"gemma3": 2e-5}
+# beyond float32's reach at 1e-5: transformers' own float32 forward of it is 2.67e-5
+# from the float64 reference the fixture holds (torch 2.13, transformers 4.57.6, on both
+# machines it was measured on). This codebase's float32 forward was 1.2e-5 on one and
+# 2.3e-5 on the other (2026-11-25: XLA:CPU rounds differently per CPU), so the bound is
+# "no further than transformers' own float32", 3e-5. Every other family stays at 1e-5.
+TOLERANCES = {"gemma3": 3e-5}
 
 
 def _fixture(family: str) -> tuple[str, dict]:

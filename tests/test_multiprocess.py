@@ -85,11 +85,17 @@ def test_two_processes_train_checkpoint_and_resume(tmp_path, prepared_data_dir):
   with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
     assert len([line for line in f if '"loss"' in line]) == 4
 
-  codes, logs, seen = _run_pair(tmp_path, prepared_data_dir, workdir, 6, "resumed")
+  # Resumed with train.steps_per_call=2: steps 5 and 6 in one call, each process
+  # contributing its rows of both batches to the stacked global batch.
+  codes, logs, seen = _run_pair(tmp_path, prepared_data_dir, workdir, 6, "resumed",
+                                extra=("--steps_per_call=2",))
   assert codes == [0, 0], logs
   assert all("Resumed from checkpoint 4" in log for log in logs)
-  assert sorted(_train_losses(seen[0])) == [5, 6]
+  assert sorted(_train_losses(seen[0])) == [6]  # One row for the call (log_every=2).
   assert _train_losses(seen[0]) == _train_losses(seen[1])
+  # The call's input first (2 batches x 4 rows of each process), then the evaluation's.
+  assert [len(batch) for batch in seen[0]["rows"]] == [8, 4, 4]
+  assert not set(seen[0]["rows"][0]) & set(seen[1]["rows"][0])
 
 
 def test_a_failing_process_ends_the_whole_run(tmp_path, prepared_data_dir):
