@@ -75,7 +75,7 @@ def sst2_local(config: ml_collections.ConfigDict, head: str) -> None:
   config.optimizer.update(schedule="warmup_rsqrt", learning_rate=5e-4, warmup_steps=300,
                           b2=0.98, weight_decay=0.01)
   config.train.update(num_steps=2000 if head == "classification" else 1000, log_every=50,
-                      eval_every=500, eval_batches=-1, eval_at_start=True)
+                      eval_every=500, eval_batches=-1, eval_at_start=True, steps_per_call=10)
   config.checkpoint.update(every=500)
 
 
@@ -102,7 +102,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.data.update(tokenizer="bytes", seq_len=128, batch_size=16)
     config.optimizer.update(learning_rate=1e-3, warmup_steps=50, b2=0.98)
     config.train.update(num_steps=400, log_every=20, eval_every=100, eval_batches=10,
-                        eval_at_start=True)
+                        eval_at_start=True, steps_per_call=10)
     config.checkpoint.update(every=100)
   elif arg == "sst2":
     config.model.update(head="classification", pooling="cls", num_classes=2)

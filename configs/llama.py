@@ -61,7 +61,7 @@ def get_config(arg: str = "1b") -> ml_collections.ConfigDict:
     config.data.update(name="python_stdlib", tokenizer="bytes", seq_len=128, batch_size=16)
     config.optimizer.update(learning_rate=2e-3, min_learning_rate=2e-4, warmup_steps=50)
     config.train.update(num_steps=400, log_every=20, eval_every=100, eval_batches=10,
-                        eval_at_start=True)
+                        eval_at_start=True, steps_per_call=10)
     config.checkpoint.update(every=100)
     config.mesh.shape = (("data", -1), ("fsdp", 1), ("tensor", 1))
   else:

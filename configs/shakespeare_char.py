@@ -150,7 +150,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                         position="rope", embed_dropout=0.0, residual_dropout=0.0)
     config.data.update(seq_len=128, batch_size=32)
     config.optimizer.update(learning_rate=2e-3, min_learning_rate=2e-4)
-    config.train.update(num_steps=1300, log_every=50, eval_every=325, eval_batches=-1)
+    config.train.update(num_steps=1300, log_every=50, eval_every=325, eval_batches=-1,
+                        steps_per_call=5)
     config.checkpoint.update(every=650)
   elif arg == "cpu_2024":
     # :cpu with the 2024 decoder's choices (Llama / Qwen3): RMSNorm, SwiGLU, RoPE, no

@@ -78,7 +78,7 @@ def shrink_for_cpu(config: ml_collections.ConfigDict) -> None:
                      tokenizer="bytes", seq_len=128, batch_size=16, continuation_chars=120)
   config.optimizer.update(warmup_steps=100, noam_scale=0.5)
   config.train.update(num_steps=400, log_every=20, eval_every=100, eval_batches=10,
-                      eval_at_start=True)
+                      eval_at_start=True, steps_per_call=10)
   config.checkpoint.update(every=100)
 
 
@@ -92,7 +92,7 @@ def multi30k(config: ml_collections.ConfigDict) -> None:
                      spm_vocab_size=8000, seq_len=64, batch_size=32, packing="pack")
   config.optimizer.update(schedule="warmup_rsqrt", learning_rate=1e-3, warmup_steps=400)
   config.train.update(num_steps=2500, log_every=50, eval_every=500, eval_batches=-1,
-                      eval_at_start=True)
+                      eval_at_start=True, steps_per_call=10)
   config.checkpoint.update(every=500, keep=5)
 
 

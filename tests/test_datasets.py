@@ -35,7 +35,7 @@ def tiny(config, data_dir, **data):
   config.data.update(data_dir=data_dir, seq_len=32, batch_size=8, num_threads=1, **data)
   config.optimizer.update(schedule="warmup_rsqrt", warmup_steps=2, learning_rate=3e-3)
   config.train.update(num_steps=4, log_every=1, eval_every=2, eval_batches=2,
-                      eval_at_start=True)
+                      eval_at_start=True, steps_per_call=1)
   config.checkpoint.update(every=2, keep=2)
   return config
 

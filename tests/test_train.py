@@ -171,7 +171,8 @@ def test_other_topologies_train_end_to_end(preset, tiny_config, tmp_path):
                       mlp_dim=64, max_len=32)
   config.data.update(data_dir=tiny_config.data.data_dir, seq_len=32, batch_size=8,
                      num_threads=1, continuation_chars=30)
-  config.train.update(num_steps=6, log_every=1, eval_every=6, eval_batches=2)
+  config.train.update(num_steps=6, log_every=1, eval_every=6, eval_batches=2,
+                      steps_per_call=1)
   config.optimizer.update(warmup_steps=2)
   workdir = str(tmp_path / preset)
   result = loop.train_and_evaluate(config, workdir)
