@@ -436,6 +436,11 @@ CASES = [
          2, ("config.train.num_steps=40 is invalid: with optimizer.schedule='cosine' and "
              "optimizer.decay_steps=0", "expected > optimizer.warmup_steps=100",
              "--config.optimizer.warmup_steps=4"), creates_nothing=True),
+    Case("steps_per_call_not_dividing_a_cadence",
+         (TINY, WORKDIR, "--config.train.log_every=2", "--config.train.steps_per_call=2"), 2,
+         ("config.train.steps_per_call=2 is invalid: train.eval_every=3 is not a multiple of "
+          "it", "use a divisor of 3 (1, 3) or make train.eval_every a multiple of 2"),
+         creates_nothing=True),
     Case("unknown_dataset", (TINY, WORKDIR, "--config.data.name=no_such_dataset"), 2,
          ("config.data.name='no_such_dataset' is not a TFDS dataset", "python_stdlib")),
     Case("unknown_split", (TINY, WORKDIR, "--config.data.eval_split=dev"), 2,
