@@ -29,7 +29,7 @@ Quick run:  python launch.py --config=configs/gpt_small.py:local
   dataset build; eval loss 5.83 nats/byte at step 0 -> 2.74 (step 100) -> 2.38 (step 400).
   With `train.steps_per_call=10` (set here since 2026-11-25; the same updates, ten steps
   per compiled call), on another 2-core machine with nothing else running: 1m12s of
-  training (run.json) at 160-170 ms/step against 207-221 ms/step with one step per call
+  training (run.json) at 159-167 ms/step against 207-221 ms/step with one step per call
   (`--config.train.steps_per_call=1`); eval losses 5.827 / 2.739 / 2.573 / 2.562 / 2.379
   at steps 0-400 in both, equal to the last digit.
 """

@@ -109,9 +109,9 @@ def _resolve_vocab_size(config: ml_collections.ConfigDict,
 
 
 # Keys a resumed run may change: for how long, how often to log, evaluate and save,
-# how many steps a compiled call runs, decoding, and the mesh (placement only: the checkpoint is restored into the new
-# mesh's shardings, and no rule changes an array's shape). Every other key shapes the
-# model, the data order or the updates.
+# how many steps a compiled call runs, decoding, and the mesh (placement only: the
+# checkpoint is restored into the new mesh's shardings, and no rule changes an array's
+# shape). Every other key shapes the model, the data order or the updates.
 RESUME_SAFE_KEYS = ("train.num_steps", "train.log_every", "train.eval_every",
                     "train.steps_per_call",
                     "train.eval_batches", "train.eval_at_start", "train.bleu_examples",
@@ -488,10 +488,11 @@ def _report_call(pending, train_sums, progress, writer, config, guard):
 def _report(pending, train_sums, progress, writer, config, force=False, guard=None):
   """Checks a finished step's loss and gradient norm; logs every `train.log_every` steps.
 
-  `progress` is updated by the caller (`_report_call`), once per call.
+  `pending` is (step, that step's metrics on the host); `_report_call` fetches them and
+  updates `progress`, once per call.
   """
-  step, device_metrics = pending
-  host = jax.device_get(device_metrics)
+  step, host = pending
+  host = dict(host)  # Popped below; the caller's dict stays whole.
   guard = guard or _NonFiniteGuard(config.optimizer.skip_nonfinite)
   guard.check(step, host)
   # Norms and the learning rate are per-step values: keep the latest, not a sum.

@@ -191,9 +191,7 @@ class Scorer:
     With `stacked`, every array has a leading axis of consecutive batches ([n, B, ...],
     the input of `Trainer.train_steps`), which stays whole on every device.
     """
-    placement = self.batch_sharding
-    if stacked:
-      placement = NamedSharding(self.mesh, PartitionSpec(None, *placement.spec))
+    placement = stacked_sharding(self.batch_sharding) if stacked else self.batch_sharding
     if jax.process_count() == 1:
       # This process's rows are the whole batch: one device_put of the dict (half the
       # host time of an array-by-array assembly, which the next step's compute shares
@@ -267,16 +265,20 @@ class Trainer(Scorer):
         moe_aux_loss=config.model.moe_aux_loss, moe_z_loss=config.model.moe_z_loss)
     jit_train = jax.jit(one_step, in_shardings=(state_shardings, batch_sharding),
                         out_shardings=(state_shardings, replicated), donate_argnums=(0,))
-    stacked_sharding = NamedSharding(mesh, PartitionSpec(None, *batch_sharding.spec))
     jit_train_steps = jax.jit(
         lambda state, batches: jax.lax.scan(one_step, state, batches),
-        in_shardings=(state_shardings, stacked_sharding),
+        in_shardings=(state_shardings, stacked_sharding(batch_sharding)),
         out_shardings=(state_shardings, replicated), donate_argnums=(0,))
     return cls(config=config, mesh=mesh, rules=rules, model_config=model_config,
                eval_step=_jit_eval_step(model_config, mesh, rules, state_shardings.params),
                batch_sharding=batch_sharding, state_shardings=state_shardings,
                abstract_state=abstract_state, init=jit_init, train_step=jit_train,
                train_steps=jit_train_steps)
+
+
+def stacked_sharding(batch_sharding: NamedSharding) -> NamedSharding:
+  """The placement of consecutive batches stacked on a leading axis: that axis whole."""
+  return NamedSharding(batch_sharding.mesh, PartitionSpec(None, *batch_sharding.spec))
 
 
 def check_batch_size(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> int:
