@@ -6,8 +6,8 @@ One table row per input. Most rows run in this process through the entry point o
 rows marked `subprocess` run `python launch.py` itself. Before a row runs, its
 workdir is snapshotted (every file's sha256, mtime and size); afterwards every file
 must still be there, unchanged (log.txt: only appended to; the lock file: holds the PID of
-the last command that held the workdir). README.md's
-"Troubleshooting" section lists the same cases.
+the last command that held the workdir). docs/troubleshooting.md
+lists the same cases.
 """
 
 from __future__ import annotations

@@ -63,14 +63,51 @@ def test_every_preset_is_listed():
   assert names == set(PRESET_ARGS)
 
 
-def test_readme_cites_only_existing_configs():
-  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-    readme = f.read()
+def _documentation() -> dict[str, str]:
+  """README.md and every page under docs/, by path relative to the repository."""
+  paths = ["README.md"] + sorted(
+      os.path.join("docs", n) for n in os.listdir(os.path.join(ROOT, "docs")) if n.endswith(".md"))
+  texts = {}
+  for path in paths:
+    with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+      texts[path] = f.read()
+  return texts
+
+
+def test_documentation_cites_only_existing_configs():
   import re  # pylint: disable=g-import-not-at-top
-  cited = set(re.findall(r"configs/(\w+)\.py", readme))
-  assert cited, "README cites no config"
-  for name in cited:
-    assert os.path.exists(os.path.join(ROOT, "configs", f"{name}.py")), name
+  cited = set()
+  for path, text in _documentation().items():
+    cited |= {(path, name) for name in re.findall(r"configs/(\w+)\.py", text)}
+  assert {name for _, name in cited}, "the documentation cites no config"
+  for path, name in cited:
+    assert os.path.exists(os.path.join(ROOT, "configs", f"{name}.py")), (path, name)
+
+
+def test_documentation_links_resolve():
+  """Every relative link of README.md and docs/*.md names a file that exists (and an anchor
+  that is one of the target's headings), so the README's map never points nowhere."""
+  import re  # pylint: disable=g-import-not-at-top
+  texts = _documentation()
+
+  def anchors(text: str) -> set[str]:
+    # GitHub's rule: lower case, punctuation other than '-' and '_' dropped, spaces -> '-'.
+    heads = re.findall(r"^#+ (.+)$", re.sub(r"```.*?```", "", text, flags=re.S), flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in heads}
+
+  links = 0
+  for path, text in texts.items():
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+      if re.match(r"^[a-z]+://", target):
+        continue
+      file_part, _, anchor = target.partition("#")
+      resolved = os.path.normpath(os.path.join(os.path.dirname(path), file_part)) if file_part else path
+      assert os.path.exists(os.path.join(ROOT, resolved)), (path, target)
+      if anchor and resolved.endswith(".md"):
+        target_text = texts.get(resolved) or open(os.path.join(ROOT, resolved), encoding="utf-8").read()
+        assert anchor in anchors(target_text), (path, target)
+      links += 1
+  assert links > 20, links  # The README's map alone links every page.
 
 
 def _base():

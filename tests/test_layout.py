@@ -4,8 +4,8 @@
 the parts it may import. A module that imports a part not listed for its own (for
 example `model/` importing `training/`, or the training loop importing `reports/`)
 fails here, naming the file and the import. A new subpackage must be added to the
-table, which is also the place to read the layout from (the README's "Layout"
-section draws the same picture).
+table, which is also the place to read the layout from (docs/layout.md
+draws the same picture).
 """
 
 from __future__ import annotations
