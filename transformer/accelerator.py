@@ -131,3 +131,14 @@ def local_device_ids(num_processes: int | None, environ: Mapping[str, str] = os.
       if rank < len(gpus):
         return [rank]
   return None
+
+
+def platform_of_mesh() -> str:
+  """The platform the computation being traced is for: the current mesh's devices (the
+  compile-only devices of a deviceless TPU/GPU compile too), else JAX's default backend.
+  "cpu", "gpu" (or "cuda"/"rocm"), "tpu"."""
+  import jax  # pylint: disable=g-import-not-at-top  (this module is read before JAX starts)
+  mesh = jax.sharding.get_abstract_mesh()
+  if not mesh.empty:
+    return mesh.abstract_device.platform
+  return jax.default_backend()

@@ -1,0 +1,147 @@
+"""The attention kernels against the einsum reference, the kernel choice, and dropout.
+
+Splash attention (a Pallas TPU kernel) runs here through Pallas's interpreter; cuDNN
+cannot run on a CPU, so its test checks what it is given (no dense mask, causality as
+the kernel's mask type, packed documents as segment lengths and offsets).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen as nn
+
+from transformer.model import attention_ops as ops
+from transformer.model import dropout as dropout_lib
+
+
+def _qkv(L=128, H=4, K=2, D=32, B=2, seed=0):
+  rng = np.random.default_rng(seed)
+  q = jnp.asarray(rng.normal(size=(B, L, H, D)), jnp.float32)
+  k = jnp.asarray(rng.normal(size=(B, L, K, D)), jnp.float32)
+  v = jnp.asarray(rng.normal(size=(B, L, K, D)), jnp.float32)
+  return q, k, v
+
+
+def _segments(B=2, L=128, packed=True):
+  seg = np.ones((B, L), np.int32)
+  if packed:
+    seg[0, 50:] = 2
+    seg[0, 100:] = 0  # Padding.
+  seg[1, 120:] = 0
+  return jnp.asarray(seg)
+
+
+@pytest.mark.parametrize("causal,window,packed,kv_heads", [
+    (True, 0, True, 2),      # Packed causal GQA (a decoder LM's training row).
+    (False, 0, True, 4),     # Packed bidirectional (an encoder's).
+    (True, 16, False, 1),    # A sliding window, multi-query.
+])
+def test_splash_equals_the_reference_forward_and_gradient(causal, window, packed, kv_heads):
+  q, k, v = _qkv(K=kv_heads)
+  seg = _segments(packed=packed)
+  mask = ops.make_attention_mask(seg, seg, causal=causal, window=window)
+  real = (np.asarray(seg) != 0)[:, :, None, None]  # Padded queries' rows are undefined.
+
+  def loss(fn):
+    return lambda q, k, v: jnp.sum(jnp.where(real, fn(q, k, v), 0.0) ** 2)
+
+  splash = lambda q, k, v: ops.splash_attention(q, k, v, ops.Segments(seg, seg), causal=causal,
+                                                 window=window, interpret=True)
+  reference = lambda q, k, v: ops.einsum_attention(q, k, v, mask)
+  np.testing.assert_allclose(np.where(real, splash(q, k, v), 0),
+                             np.where(real, reference(q, k, v), 0), atol=2e-5)
+  for got, want in zip(jax.grad(loss(splash), argnums=(0, 1, 2))(q, k, v),
+                       jax.grad(loss(reference), argnums=(0, 1, 2))(q, k, v)):
+    np.testing.assert_allclose(got, want, atol=2e-4, rtol=1e-4)
+
+
+def test_segment_lengths_and_offsets_by_hand():
+  seg = jnp.asarray([[1, 1, 1, 2, 2, 3, 0, 0], [1, 1, 1, 1, 1, 1, 1, 1], [0] * 8])
+  lengths, offsets = ops.segment_lengths_and_offsets(seg)
+  assert lengths.shape == (3, 8) and offsets.shape == (3, 9)
+  np.testing.assert_array_equal(lengths[:, :4], [[3, 2, 1, -1], [8, -1, -1, -1],
+                                                 [-1, -1, -1, -1]])
+  np.testing.assert_array_equal(offsets[:, :4], [[0, 3, 5, -1], [0, -1, -1, -1],
+                                                 [-1, -1, -1, -1]])
+  assert (np.asarray(offsets)[:, 4:] == -1).all()
+
+
+def test_cudnn_gets_the_mask_as_the_kernels_own(monkeypatch):
+  from jax._src.cudnn import fused_attention_stablehlo as cudnn  # pylint: disable=g-import-not-at-top
+  seen = {}
+
+  def fake(query, key, value, bias=None, mask=None, q_seqlen=None, kv_seqlen=None,
+           q_offsets=None, kv_offsets=None, **kwargs):
+    seen.update(bias=bias, mask=mask, q_seqlen=q_seqlen, q_offsets=q_offsets,
+                kv_offsets=kv_offsets, **kwargs)
+    return query
+
+  monkeypatch.setattr(cudnn, "dot_product_attention", fake)
+  q, k, v = (x.astype(jnp.bfloat16) for x in _qkv())
+  seg = _segments()
+  ops.cudnn_attention(q, k, v, ops.Segments(seg, seg), causal=True, window=8)
+  assert seen["bias"] is None and seen["mask"] is None  # No dense [B, 1, L, S], no dbias.
+  assert seen["mask_type"] == cudnn.MaskType.PADDING_CAUSAL
+  assert seen["sliding_window_length"] == 8 and seen["qkv_layout"] == "BTNH"
+  np.testing.assert_array_equal(seen["q_seqlen"][0, :3], [50, 50, -1])
+  np.testing.assert_array_equal(seen["q_offsets"][0, :3], [0, 50, -1])
+  ops.cudnn_attention(q, k, v, ops.Segments(seg, seg), causal=False, window=0)
+  assert seen["mask_type"] == cudnn.MaskType.PADDING and seen["sliding_window_length"] is None
+
+
+def test_auto_picks_the_platforms_fused_kernel_and_falls_back_per_layer_kind(caplog):
+  choose = lambda kind, platform, dtype=jnp.bfloat16, head_dim=64, length=2048: (
+      ops.choose_kernel("auto", kind, platform=platform, dtype=dtype, head_dim=head_dim,
+                        q_len=length, kv_len=length))
+  causal = ops.LayerKind(causal=True)
+  assert choose(causal, "gpu") == "cudnn" and choose(causal, "cuda") == "cudnn"
+  assert choose(causal, "tpu") == "splash"
+  assert choose(causal, "cpu") == "xla"
+  # What a kernel cannot serve falls back, per layer kind, and says why once.
+  ops._FALLBACKS_SAID.clear()  # pylint: disable=protected-access
+  with caplog.at_level("WARNING"):
+    assert choose(causal, "gpu", dtype=jnp.float32) == "xla"
+    assert choose(causal, "gpu", dtype=jnp.float32) == "xla"
+  assert caplog.text.count("bfloat16 or float16") == 1
+  assert choose(causal, "gpu", head_dim=256) == "xla"
+  assert choose(ops.LayerKind(causal=True, has_bias=True), "tpu") == "xla"  # T5 / ALiBi.
+  assert choose(ops.LayerKind(causal=True, softcap=50.0), "gpu") == "einsum"  # Gemma 2.
+  assert choose(ops.LayerKind(causal=True, softcap=50.0), "tpu") == "splash"  # Splash caps.
+  assert choose(ops.LayerKind(causal=False, dropout=True), "tpu") == "einsum"
+  assert choose(ops.LayerKind(causal=True, decoding=True), "gpu") == "xla"
+  assert choose(causal, "tpu", length=100) == "xla"  # Not a multiple of splash's block.
+  assert choose(ops.LayerKind(causal=False, window=8), "gpu") == "xla"
+
+
+def test_an_explicit_kernel_that_cannot_serve_is_refused_before_compiling():
+  text = ops.check_explicit("cudnn", [ops.LayerKind(causal=True)], dtype=jnp.float32,
+                            head_dim=64, seq_len=128)
+  assert text.startswith("config.model.attention_impl='cudnn' is invalid")
+  assert "bfloat16" in text and "'auto'" in text
+  assert ops.check_explicit("cudnn", [ops.LayerKind(causal=True)], dtype=jnp.bfloat16,
+                            head_dim=64, seq_len=128) is None
+  assert "blocks of 128" in ops.check_explicit(
+      "splash", [ops.LayerKind(causal=True)], dtype=jnp.bfloat16, head_dim=64, seq_len=100)
+  # A decoding step falls back whatever the choice (it is not a kernel call).
+  assert ops.check_explicit("splash", [ops.LayerKind(causal=True, decoding=True)],
+                            dtype=jnp.float32, head_dim=64, seq_len=100) is None
+  with pytest.raises(ValueError, match="cannot compute this attention"):
+    ops.choose_kernel("cudnn", ops.LayerKind(causal=True), platform="gpu", dtype=jnp.float32,
+                      head_dim=64, q_len=128, kv_len=128)
+
+
+def test_dropout_is_flax_dropout_on_cpu_and_draws_hardware_bits_elsewhere():
+  x = jnp.ones((4, 64, 32))
+  rngs = {"dropout": jax.random.PRNGKey(3)}
+  ours = dropout_lib.Dropout(0.3, deterministic=False).apply({}, x, rngs=rngs)
+  flax = nn.Dropout(0.3, deterministic=False).apply({}, x, rngs=rngs)
+  np.testing.assert_array_equal(ours, flax)  # Same class name, same stream, same numbers.
+  assert dropout_lib.Dropout(0.3, deterministic=True).apply({}, x) is x
+  key = dropout_lib.hardware_key(jax.random.PRNGKey(3))
+  assert jax.random.key_impl(key) == jax.random.key_impl(
+      jax.random.key(0, impl="unsafe_rbg"))
+  kept = jax.random.bernoulli(key, 0.7, (100_000,)).mean()
+  assert abs(float(kept) - 0.7) < 0.01

@@ -1,0 +1,358 @@
+"""The attention kernels: which one computes softmax(Q K^T / sqrt(D) + bias) V, and how.
+
+`attention.py` owns the projections, RoPE, norms and the KV cache; this module owns the
+product itself (MaxText's AttentionOp / Attention split). Each kernel gets the mask the
+way it wants it, so that a fused kernel skips what is masked instead of computing and
+discarding it:
+
+  einsum  plain einsums, float32 softmax: the reference; any bias, softcap, dropout
+  xla     jax.nn.dot_product_attention(implementation="xla") with the dense boolean mask
+  cudnn   cuDNN flash attention on NVIDIA GPUs: causality as the kernel's mask type,
+          padding and packed documents as per-segment lengths and offsets, a sliding
+          window as its window, grouped-query k/v passed as they are
+  splash  Pallas splash attention on TPUs (jax.experimental.pallas.ops.tpu): causal and
+          local masks as mask objects (fully masked blocks are skipped), packed
+          documents as segment ids, grouped-query k/v as one MQA kernel per k/v head;
+          in `jax.shard_map` over the batch and head axes of the mesh
+  auto    cudnn on GPUs, splash on TPUs, xla elsewhere; where the chosen kernel cannot
+          serve a layer kind (a T5/ALiBi bias, softcapping, attention dropout, a decoding
+          step, a head size, length or dtype it rejects) that layer kind falls back to
+          xla (einsum where only einsum can) and the reason is logged once
+
+An explicit `cudnn` or `splash` that cannot serve the config is a ConfigError before
+anything compiles (`check_explicit`), naming the field and what would work.
+
+Shape letters: B batch, L query length, S key length, H query heads, K key/value heads,
+G query heads per key/value head (H // K), D head dim.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+from flax import linen as nn
+
+from transformer import accelerator
+
+IMPLEMENTATIONS = ("auto", "xla", "einsum", "cudnn", "splash")
+# The fused kernels' limits (cuDNN 9 flash attention; splash's block tiling).
+CUDNN_DTYPES = ("bfloat16", "float16")
+CUDNN_MAX_HEAD_DIM = 128
+SPLASH_BLOCK = 128  # Query and key lengths must be multiples of it.
+_FUSED_PLATFORM = {"gpu": "cudnn", "cuda": "cudnn", "rocm": None, "tpu": "splash"}
+
+
+class Segments(NamedTuple):
+  """What a fused kernel needs instead of a dense mask: integer segment ids per token
+  (0 padding; packed documents 1, 2, ...). Causality and the window are static."""
+  q_BL: jax.Array
+  kv_BS: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerKind:
+  """The static facts of one attention call that decide which kernel can serve it."""
+  causal: bool
+  window: int = 0
+  has_bias: bool = False
+  softcap: float = 0.0
+  dropout: bool = False
+  decoding: bool = False  # A KV-cache call: queries are not the keys' positions.
+  cross: bool = False
+
+
+def unsupported_reason(kernel: str, kind: LayerKind, *, dtype, head_dim: int,
+                       q_len: int | None, kv_len: int | None) -> str | None:
+  """Why `kernel` cannot compute this call, or None when it can."""
+  if kernel in ("einsum",):
+    return None
+  if kernel == "xla":
+    if kind.softcap or kind.dropout:
+      return "only the einsum attention applies softcapping and attention dropout"
+    return None
+  if kind.softcap and kernel == "cudnn":
+    return "cuDNN attention has no logit softcapping"
+  if kind.dropout:
+    return f"{kernel} attention draws no dropout from this model's rng"
+  if kind.has_bias:
+    return f"{kernel} attention takes no additive bias (T5 relative positions, ALiBi)"
+  if kind.decoding:
+    return f"a decoding step with a KV cache is not a {kernel} attention call"
+  dtype_name = jnp.dtype(dtype).name
+  if kernel == "cudnn":
+    if dtype_name not in CUDNN_DTYPES:
+      return (f"cuDNN flash attention needs bfloat16 or float16 (model.dtype is "
+              f"{dtype_name})")
+    if head_dim > CUDNN_MAX_HEAD_DIM or head_dim % 8:
+      return (f"cuDNN flash attention needs a head size that is a multiple of 8, at most "
+              f"{CUDNN_MAX_HEAD_DIM} (model.head_dim is {head_dim})")
+    if kind.window and not kind.causal:
+      return "cuDNN's sliding window is causal only"
+    return None
+  if kernel == "splash":
+    for name, length in (("query", q_len), ("key", kv_len)):
+      if length is not None and length % SPLASH_BLOCK:
+        return (f"splash attention tiles the sequence in blocks of {SPLASH_BLOCK}; the "
+                f"{name} length {length} is not a multiple of it")
+    return None
+  raise ValueError(f"unknown attention kernel {kernel!r}; valid: {IMPLEMENTATIONS}")
+
+
+_FALLBACKS_SAID: set[tuple[str, str]] = set()
+
+
+def choose_kernel(impl: str, kind: LayerKind, *, platform: str, dtype, head_dim: int,
+                  q_len: int | None, kv_len: int | None) -> str:
+  """The kernel that computes a call: `impl` itself, or for "auto" the platform's fused
+  kernel where it can serve `kind`, else xla (einsum where only einsum can). An explicit
+  kernel that cannot serve raises ValueError (check_explicit says it before compiling)."""
+  if impl != "auto":
+    reason = unsupported_reason(impl, kind, dtype=dtype, head_dim=head_dim, q_len=q_len,
+                                kv_len=kv_len)
+    if reason:
+      raise ValueError(f"model.attention_impl={impl!r} cannot compute this attention: "
+                       f"{reason}")
+    return impl
+  fused = _FUSED_PLATFORM.get(platform)
+  if fused is None:
+    return "xla" if unsupported_reason("xla", kind, dtype=dtype, head_dim=head_dim,
+                                       q_len=q_len, kv_len=kv_len) is None else "einsum"
+  reason = unsupported_reason(fused, kind, dtype=dtype, head_dim=head_dim, q_len=q_len,
+                              kv_len=kv_len)
+  if reason is None:
+    return fused
+  fallback = "xla" if unsupported_reason("xla", kind, dtype=dtype, head_dim=head_dim,
+                                         q_len=q_len, kv_len=kv_len) is None else "einsum"
+  said = (f"{'cross' if kind.cross else 'self'}-{'causal' if kind.causal else 'bidir'}"
+          f"{'-decode' if kind.decoding else ''}", reason)
+  if said not in _FALLBACKS_SAID:  # Once per layer kind and reason, not once per layer.
+    _FALLBACKS_SAID.add(said)
+    logging.warning("model.attention_impl='auto': %s attention uses %s, not %s: %s",
+                    said[0], fallback, fused, reason)
+  return fallback
+
+
+def check_explicit(impl: str, kinds: list[LayerKind], *, dtype, head_dim: int,
+                   seq_len: int | None) -> str | None:
+  """The ConfigError text for an explicit fused kernel that cannot serve one of the
+  model's attention kinds (training and evaluation calls; decoding falls back), or None."""
+  if impl not in ("cudnn", "splash"):
+    return None
+  for kind in kinds:
+    if kind.decoding:
+      continue
+    reason = unsupported_reason(impl, kind, dtype=dtype, head_dim=head_dim, q_len=seq_len,
+                                kv_len=seq_len)
+    if reason:
+      return (f"config.model.attention_impl={impl!r} is invalid for this model: {reason}; "
+              f"use model.attention_impl='auto' (falls back per layer kind) or 'xla'")
+  return None
+
+
+def make_attention_mask(q_segment_ids: jax.Array, kv_segment_ids: jax.Array, *,
+                        causal: bool, q_positions: jax.Array | None = None,
+                        kv_positions: jax.Array | None = None, window: int = 0) -> jax.Array:
+  """Builds a boolean [B, 1, L, S] mask: True where a query may attend to a key.
+
+  Segment ids are integers: 0 is padding, packed documents are 1, 2, ... A query
+  attends only to keys of its own segment, so packed documents never see each
+  other and real tokens never see padding. With `causal`, a query also sees only
+  keys at positions <= its own (positions default to the array index). With a
+  `window` > 0 (local attention) a query sees only keys less than `window` positions
+  away: its own and the window - 1 before it when causal (Mistral, Gemma 2), either
+  side otherwise.
+
+  Args:
+    q_segment_ids: [B, L] segment ids of the queries.
+    kv_segment_ids: [B, S] segment ids of the keys.
+    causal: whether to forbid attending to later positions.
+    q_positions: optional [B, L] positions of the queries.
+    kv_positions: optional [B, S] positions of the keys.
+    window: the sliding window in positions; 0 = no window.
+
+  Returns:
+    A [B, 1, L, S] boolean mask (the 1 broadcasts over heads).
+  """
+  mask_BLS = q_segment_ids[:, :, None] == kv_segment_ids[:, None, :]
+  if causal or window:
+    if q_positions is None:
+      q_positions = jnp.broadcast_to(jnp.arange(q_segment_ids.shape[1]), q_segment_ids.shape)
+    if kv_positions is None:
+      kv_positions = jnp.broadcast_to(jnp.arange(kv_segment_ids.shape[1]), kv_segment_ids.shape)
+    distance_BLS = q_positions[:, :, None] - kv_positions[:, None, :]
+    if causal:
+      mask_BLS &= distance_BLS >= 0
+    if window:
+      mask_BLS &= (distance_BLS if causal else jnp.abs(distance_BLS)) < window
+  return mask_BLS[:, None, :, :]
+
+
+def einsum_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array,
+                     mask_B1LS: jax.Array, *, bias_BHLS: jax.Array | None = None,
+                     softcap: float = 0.0, dropout_rate: float = 0.0,
+                     dropout_rng: jax.Array | None = None) -> jax.Array:
+  """Reference softmax(QK^T / sqrt(D) + bias + mask) V in plain einsums, softmax in float32.
+
+  With `softcap` > 0 the scaled scores become softcap * tanh(scores / softcap) before
+  the bias and the mask (Gemma 2).
+  """
+  B, L, H, D = q_BLHD.shape
+  K = k_BSKD.shape[2]
+  # Grouped-query attention: each of the K kv heads serves H // K query heads.
+  q_BLKGD = q_BLHD.reshape(B, L, K, H // K, D)
+  logits_BKGLS = jnp.einsum("blkgd,bskd->bkgls", q_BLKGD, k_BSKD).astype(jnp.float32)
+  logits_BKGLS = logits_BKGLS / jnp.sqrt(jnp.float32(D))
+  if softcap:
+    logits_BKGLS = softcap * jnp.tanh(logits_BKGLS / softcap)
+  if bias_BHLS is not None:
+    bias_BKGLS = jnp.broadcast_to(bias_BHLS, (B, H) + bias_BHLS.shape[2:]).reshape(
+        B, K, H // K, L, bias_BHLS.shape[-1])  # Not -1: L may be 0 (a cache-filling call).
+    logits_BKGLS = logits_BKGLS + bias_BKGLS.astype(jnp.float32)
+  mask_B11LS = mask_B1LS[:, :, None, :, :]
+  logits_BKGLS = jnp.where(mask_B11LS, logits_BKGLS, jnp.finfo(jnp.float32).min)
+  probs_BKGLS = jax.nn.softmax(logits_BKGLS, axis=-1)
+  if dropout_rate > 0.0:
+    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs_BKGLS.shape)
+    probs_BKGLS = jnp.where(keep, probs_BKGLS / (1.0 - dropout_rate), 0.0)
+  out_BLKGD = jnp.einsum("bkgls,bskd->blkgd", probs_BKGLS.astype(v_BSKD.dtype), v_BSKD)
+  return out_BLKGD.reshape(B, L, H, D)
+
+
+def segment_lengths_and_offsets(segment_ids_BL: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """cuDNN's packed layout from segment ids: per row, each segment's length [B, M] and
+  start [B, M + 1], -1 past the row's last segment; M = L, so no row can overflow.
+
+  Segments are the runs of equal non-zero ids (packing writes each document as one
+  run); padding (0) belongs to no segment.
+  """
+  B, L = segment_ids_BL.shape
+  real_BL = segment_ids_BL != 0
+  previous_BL = jnp.pad(segment_ids_BL, ((0, 0), (1, 0)))[:, :-1]
+  starts_BL = real_BL & (segment_ids_BL != previous_BL)
+  # The k-th start of a row goes to slot k; the other slots stay -1.
+  slot_BL = jnp.where(starts_BL, jnp.cumsum(starts_BL, axis=1) - 1, L + 1)  # L + 1: dropped.
+  index_BL = jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L))
+  rows_BL = jnp.broadcast_to(jnp.arange(B)[:, None], (B, L))
+  offsets_BM = jnp.full((B, L + 1), -1, jnp.int32).at[rows_BL, slot_BL].set(
+      index_BL, mode="drop")
+  # A segment's length: its real tokens (a run's ids are equal; later ids start later).
+  lengths_BM = jnp.zeros((B, L + 1), jnp.int32).at[
+      rows_BL, jnp.where(real_BL, jnp.cumsum(starts_BL, axis=1) - 1, L)].add(
+          1, mode="drop")[:, :L]
+  lengths_BM = jnp.where(offsets_BM[:, :L] >= 0, lengths_BM, -1)
+  return lengths_BM, offsets_BM
+
+
+def cudnn_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array,
+                    segments: Segments, *, causal: bool, window: int) -> jax.Array:
+  """cuDNN flash attention with the mask as the kernel's own: causal as its mask type,
+  padding and packed documents as per-segment lengths and offsets, the window as its
+  sliding window. No dense [B, 1, L, S] array exists, so no bias gradient either."""
+  # pylint: disable-next=g-import-not-at-top
+  from jax._src.cudnn import fused_attention_stablehlo as cudnn
+  q_lengths, q_offsets = segment_lengths_and_offsets(segments.q_BL)
+  kv_lengths, kv_offsets = segment_lengths_and_offsets(segments.kv_BS)
+  mask_type = cudnn.MaskType.PADDING_CAUSAL if causal else cudnn.MaskType.PADDING
+  return cudnn.dot_product_attention(
+      q_BLHD, k_BSKD, v_BSKD, q_seqlen=q_lengths, kv_seqlen=kv_lengths,
+      q_offsets=q_offsets, kv_offsets=kv_offsets,
+      scale=float(1.0 / np.sqrt(q_BLHD.shape[-1])), mask_type=mask_type,
+      qkv_layout="BTNH", sliding_window_length=window or None)
+
+
+def _splash_mask(causal: bool, window: int, q_len: int, kv_len: int, heads: int):
+  # pylint: disable-next=g-import-not-at-top
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
+  shape = (q_len, kv_len)
+  if window:
+    one = masks.LocalMask(shape, window_size=(window - 1, 0 if causal else window - 1),
+                          offset=0)
+  elif causal:
+    one = masks.CausalMask(shape)
+  else:
+    one = masks.FullMask(shape)
+  return masks.MultiHeadMask([one] * heads)
+
+
+def splash_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array,
+                     segments: Segments, *, causal: bool, window: int, softcap: float = 0.0,
+                     interpret: bool = False) -> jax.Array:
+  """Pallas splash attention, in shard_map over the mesh's batch and head shards.
+
+  The kernel takes one row [H, L, D] at a time (vmapped over the row's batch shard) and
+  its mask as an object, so blocks the causal or local mask rules out are never loaded.
+  Grouped-query attention: one MQA kernel per k/v head over its G query heads, so k/v
+  are never repeated. `interpret` runs the kernel through Pallas's interpreter (CPU tests).
+  """
+  # pylint: disable-next=g-import-not-at-top
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+  from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
+  q_spec = nn.logical_to_mesh_axes(("batch", "length", "heads", "head_dim"))
+  kv_spec = nn.logical_to_mesh_axes(("batch", "length", "kv_heads", "head_dim"))
+  seg_spec = P(q_spec[0], q_spec[1])
+  kv_seg_spec = P(kv_spec[0], kv_spec[1])
+  scale = 1.0 / np.sqrt(q_BLHD.shape[-1])
+
+  def local(q_BLHD, k_BSKD, v_BSKD, q_seg_BL, kv_seg_BS):
+    _, L, H, D = q_BLHD.shape
+    S, K = k_BSKD.shape[1], k_BSKD.shape[2]
+    G = H // K
+    block = sk.BlockSizes(
+        block_q=min(512, L), block_kv_compute=min(512, S), block_kv=min(512, S),
+        block_q_dkv=min(512, L), block_kv_dkv=min(512, S),
+        block_kv_dkv_compute=min(512, S), block_q_dq=min(512, L), block_kv_dq=min(512, S))
+    kernel = sk.make_splash_mqa(
+        _splash_mask(causal, window, L, S, G), block_sizes=block, head_shards=1,
+        q_seq_shards=1, attn_logits_soft_cap=softcap or None, interpret=interpret)
+
+    def row(q_LHD, k_SKD, v_SKD, q_seg_L, kv_seg_S):
+      q_KGLD = (q_LHD * scale).astype(q_LHD.dtype).reshape(L, K, G, D).transpose(1, 2, 0, 3)
+      k_KSD, v_KSD = k_SKD.transpose(1, 0, 2), v_SKD.transpose(1, 0, 2)
+      ids = sk.SegmentIds(q=q_seg_L, kv=kv_seg_S)
+      out_KGLD = jax.vmap(lambda q, k, v: kernel(q, k, v, segment_ids=ids))(
+          q_KGLD, k_KSD, v_KSD)
+      return out_KGLD.transpose(2, 0, 1, 3).reshape(L, H, D)
+
+    return jax.vmap(row)(q_BLHD, k_BSKD, v_BSKD, q_seg_BL, kv_seg_BS)
+
+  if jax.sharding.get_abstract_mesh().empty:
+    return local(q_BLHD, k_BSKD, v_BSKD, segments.q_BL, segments.kv_BS)
+  return jax.shard_map(local, in_specs=(q_spec, kv_spec, kv_spec, seg_spec, kv_seg_spec),
+                       out_specs=q_spec, check_vma=False)(
+                           q_BLHD, k_BSKD, v_BSKD, segments.q_BL, segments.kv_BS)
+
+
+def dot_product_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array, *,
+                          impl: str, kind: LayerKind, mask_B1LS: jax.Array | None,
+                          segments: Segments | None, bias_BHLS: jax.Array | None = None,
+                          dropout_rate: float = 0.0,
+                          dropout_rng: jax.Array | None = None) -> jax.Array:
+  """softmax(Q K^T / sqrt(D) + bias) V over what the mask allows, by the kernel that
+  `choose_kernel` picks for `impl` on the current mesh's platform."""
+  platform = accelerator.platform_of_mesh()
+  kernel = choose_kernel(impl, kind, platform=platform, dtype=q_BLHD.dtype,
+                         head_dim=q_BLHD.shape[-1], q_len=q_BLHD.shape[1],
+                         kv_len=k_BSKD.shape[1])
+  if kernel in ("cudnn", "splash") and segments is None:
+    raise ValueError(f"the {kernel} attention needs the segment ids of its queries and keys")
+  if kernel == "cudnn":
+    return cudnn_attention(q_BLHD, k_BSKD, v_BSKD, segments, causal=kind.causal,
+                           window=kind.window)
+  if kernel == "splash":
+    return splash_attention(q_BLHD, k_BSKD, v_BSKD, segments, causal=kind.causal,
+                            window=kind.window, softcap=kind.softcap,
+                            interpret=platform == "cpu")
+  if kernel == "einsum":
+    return einsum_attention(q_BLHD, k_BSKD, v_BSKD, mask_B1LS, bias_BHLS=bias_BHLS,
+                            softcap=kind.softcap, dropout_rate=dropout_rate,
+                            dropout_rng=dropout_rng)
+  if bias_BHLS is not None:
+    bias_BHLS = bias_BHLS.astype(q_BLHD.dtype)
+  return jax.nn.dot_product_attention(q_BLHD, k_BSKD, v_BSKD, bias=bias_BHLS,
+                                      mask=mask_B1LS, implementation="xla")

@@ -1,0 +1,44 @@
+"""Dropout whose random bits come from the hardware generator on accelerators.
+
+The same arithmetic as `flax.linen.Dropout` (and the same class name, so the auto-names
+`Dropout_0`, ... and the rng streams they fold in are unchanged). On CPUs the mask is
+drawn from the module's threefry key as flax draws it, so CPU runs keep their numbers.
+On GPUs and TPUs threefry costs a counter-mode hash per element, with large u32
+buffers in the step; there the module's key seeds XLA's RngBitGenerator
+("unsafe_rbg": the hardware's own generator, not splittable like threefry, which
+dropout never needs) and draws the mask from it.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+from jax import lax
+
+from transformer import accelerator
+
+
+def hardware_key(key: jax.Array) -> jax.Array:
+  """An "unsafe_rbg" key seeded from a threefry `key` (one 4-word threefry draw)."""
+  return jax.random.wrap_key_data(jax.random.bits(key, (4,), jnp.uint32), impl="unsafe_rbg")
+
+
+class Dropout(nn.Module):
+  """flax.linen.Dropout's inputs * mask / keep_prob; the mask's bits by platform."""
+
+  rate: float
+  deterministic: bool | None = None
+
+  @nn.compact
+  def __call__(self, inputs: jax.Array) -> jax.Array:
+    if self.rate == 0.0 or self.deterministic:
+      return inputs
+    if self.rate == 1.0:  # As flax: no NaN gradients at the edge.
+      return jnp.zeros_like(inputs)
+    keep_prob = 1.0 - self.rate
+    key = self.make_rng("dropout")
+    if accelerator.platform_of_mesh() != "cpu":
+      key = hardware_key(key)
+    mask = jax.random.bernoulli(key, p=keep_prob, shape=inputs.shape)
+    return lax.select(mask, inputs / keep_prob, jnp.zeros_like(inputs))
