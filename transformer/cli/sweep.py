@@ -57,7 +57,8 @@ import ml_collections
 from absl import flags
 
 from transformer.cli import common
-from transformer.configuration import ConfigError, validate
+from transformer.config.errors import ConfigError
+from transformer.config.validation import validate
 from transformer.reports import compare
 from transformer.reports import plots
 from transformer.training.metrics import format_duration

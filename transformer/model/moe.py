@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from transformer.configuration import GATED_ACTIVATIONS, ModelConfig
+from transformer.config.model import GATED_ACTIVATIONS, ModelConfig
 from transformer.model import initializers
 from transformer.model.mlp import ACTIVATION_FNS, MLP
 

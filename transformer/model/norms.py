@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from transformer.configuration import ModelConfig
+from transformer.config.model import ModelConfig
 
 
 class OffsetRMSNorm(nn.Module):
