@@ -46,7 +46,8 @@ INITS = ("gpt2", "bert", "xavier")
 SINUSOIDAL_LAYOUTS = ("interleaved", "halves")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh")  # mlp.py's
 GATED_ACTIVATIONS = ("swiglu", "geglu", "geglu_tanh")
-ATTENTION_IMPLS = ("xla", "cudnn", "einsum")  # model/attention.py's ATTENTION_IMPLS.
+# "einsum": attention.py's reference; the others are jax.nn.dot_product_attention's.
+ATTENTION_IMPLS = ("xla", "cudnn", "einsum")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
