@@ -30,6 +30,7 @@ from transformer.config import moe as moe_config
 from transformer.config import train as train_config
 from transformer.config.errors import ConfigError
 from transformer.config.validation import validate
+from transformer.data import catalog
 from transformer.model import layers
 from transformer.model import mlp
 from transformer.model import models
@@ -89,6 +90,11 @@ def test_objectives_table_covers_the_topologies_and_the_objective_code():
   assert archs == model_config.ARCHS
   assert heads == set(model_config.HEADS) == set(_rejected_listing("model.head"))
   assert set(model_config.OBJECTIVES.values()) == set(objectives.MODEL_INPUTS)
+
+
+def test_local_datasets_are_the_catalog_builders():
+  """data.name's local datasets (which read data.path) are catalog.LOCAL_BUILDERS' keys."""
+  assert data_config.LOCAL_DATASETS == tuple(catalog.LOCAL_BUILDERS)
 
 
 def test_attention_impls_are_einsum_or_what_jax_implements():

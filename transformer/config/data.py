@@ -18,6 +18,7 @@ PACKINGS = ("pack", "pad")
 LM_WINDOWS = ("packed", "random")
 OVERLONG_POLICIES = ("truncate", "drop")
 DECODE_ERRORS = ("strict", "replace")
+# The datasets built from data.path: data/catalog.py's LOCAL_BUILDERS (held equal by a test).
 LOCAL_DATASETS = ("local_text", "local_parallel", "local_tsv")
 
 

@@ -8,8 +8,8 @@ decode variants come from `dataclasses.replace` (Flax wmt style).
 
 The valid values of each choice key are the tuples below. REMAT_POLICIES is the
 implementing table itself (jax's policies: data, so it lives at the ground, and
-model/layers.py and planning/search.py read it); the others name code in model/
-(activation functions, architecture classes, ...) that this ground module may not
+model/layers.py and planning/search.py read it); ARCHS and ACTIVATIONS name code in
+model/ (architecture classes, activation functions) that this ground module may not
 import, and tests/test_config_registries.py holds each equal to its table.
 """
 
@@ -29,10 +29,15 @@ from transformer.config.checks import (check_bool, check_choice, check_int, chec
                                        check_rate, is_int)
 from transformer.config.errors import fail
 
-ARCHS = ("decoder", "encoder", "encoder_decoder")  # model/models.py's ARCHITECTURES.
+# The valid values of each model.* choice key, each in the order its error lists them.
+# Tables in model/ the names must equal (tests/test_config_registries.py): ARCHS is
+# models.py's ARCHITECTURES (and OBJECTIVES' topologies), ACTIVATIONS mlp.py's
+# ACTIVATION_FNS. The others are branches of model/ code, tied by the modules' tests.
+ARCHS = ("decoder", "encoder", "encoder_decoder")
 HEADS = ("lm", "mlm", "classification")
 POOLINGS = ("cls", "mean", "last")
-# model.remat: the policy nn.remat saves activations by; "none" does not rematerialise.
+# model.remat -> the policy nn.remat saves activations by; "none" does not rematerialise.
+# The table itself: model/layers.py and planning/search.py read it from here.
 REMAT_POLICIES: dict[str, Any] = {
     "none": None,
     "full": jax.checkpoint_policies.nothing_saveable,
@@ -44,8 +49,8 @@ NORMS = ("pre", "post", "sandwich")
 NORM_TYPES = ("layernorm", "rmsnorm")
 INITS = ("gpt2", "bert", "xavier")
 SINUSOIDAL_LAYOUTS = ("interleaved", "halves")
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh")  # mlp.py's
-GATED_ACTIVATIONS = ("swiglu", "geglu", "geglu_tanh")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh")
+GATED_ACTIVATIONS = ("swiglu", "geglu", "geglu_tanh")  # silu/gelu(x W) * (x V) in mlp.py.
 # "einsum": attention.py's reference; the others are jax.nn.dot_product_attention's.
 ATTENTION_IMPLS = ("xla", "cudnn", "einsum")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
