@@ -2,7 +2,7 @@
 
 config/ is the ground of the package and may not import model/ or training/, so
 where the implementing table holds their code (activation functions, architecture
-classes, schedule builders, routers) validation keeps the names and this file holds
+classes, norms, schedule builders, routers) validation keeps the names and this file holds
 the two equal. REMAT_POLICIES is the table itself, read by every user. A new value
 is one entry in the implementing table plus its name in config/: forgetting either
 fails here, naming the key.
@@ -35,6 +35,7 @@ from transformer.model import layers
 from transformer.model import mlp
 from transformer.model import models
 from transformer.model import moe
+from transformer.model import norms
 from transformer.model import objectives
 from transformer.planning import search
 from transformer.training import optim
@@ -59,6 +60,7 @@ REGISTRIES = [
     ("model.activation", model_config.ACTIVATIONS, tuple(mlp.ACTIVATION_FNS)),
     ("model.arch", model_config.ARCHS, tuple(models.ARCHITECTURES)),
     ("model.moe_router", moe_config.MOE_ROUTERS, tuple(moe.ROUTERS)),
+    ("model.norm_type", model_config.NORM_TYPES, tuple(norms.NORM_TYPES)),
     ("optimizer.schedule", train_config.SCHEDULES, tuple(optim.SCHEDULES)),
 ]
 

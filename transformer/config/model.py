@@ -8,9 +8,10 @@ decode variants come from `dataclasses.replace` (Flax wmt style).
 
 The valid values of each choice key are the tuples below. REMAT_POLICIES is the
 implementing table itself (jax's policies: data, so it lives at the ground, and
-model/layers.py and planning/search.py read it); ARCHS and ACTIVATIONS name code in
-model/ (architecture classes, activation functions) that this ground module may not
-import, and tests/test_config_registries.py holds each equal to its table.
+model/layers.py and planning/search.py read it); ARCHS, ACTIVATIONS and NORM_TYPES
+name code in model/ (architecture classes, activation functions, norm modules) that
+this ground module may not import, and tests/test_config_registries.py holds each
+equal to its table.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from transformer.config.errors import fail
 # The valid values of each model.* choice key, each in the order its error lists them.
 # Tables in model/ the names must equal (tests/test_config_registries.py): ARCHS is
 # models.py's ARCHITECTURES (and OBJECTIVES' topologies), ACTIVATIONS mlp.py's
-# ACTIVATION_FNS. The others are branches of model/ code, tied by the modules' tests.
+# ACTIVATION_FNS, NORM_TYPES norms.py's NORM_TYPES. The others are branches of model/
+# code, tied by the modules' tests.
 ARCHS = ("decoder", "encoder", "encoder_decoder")
 HEADS = ("lm", "mlm", "classification")
 POOLINGS = ("cls", "mean", "last")
