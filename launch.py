@@ -116,7 +116,7 @@ def main(argv):
     raise app.UsageError("--mode=sweep needs --sweep='model.norm=pre,post;...' or a JSON file")
   from transformer.workdir import console  # pylint: disable=g-import-not-at-top
   console.setup_console()  # Project INFO and all warnings, without absl's prefix.
-  from transformer.configuration import ConfigError, DataError  # pylint: disable=g-import-not-at-top
+  from transformer.config.errors import ConfigError, DataError  # pylint: disable=g-import-not-at-top
   from transformer.workdir import lock  # pylint: disable=g-import-not-at-top
   if not MODES[mode].STARTS_JAX:
     # Before JAX starts: these read files, and a sweep's runs are launch.py processes of

@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from configs import base, gpt_small
 from transformer.inference import decoding
-from transformer.configuration import ModelConfig
+from transformer.config.model import ModelConfig
 from transformer.data import tokenizers
 from transformer.model.models import make_model
 # pylint: enable=g-import-not-at-top,wrong-import-position

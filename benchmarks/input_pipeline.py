@@ -30,7 +30,7 @@ import tensorflow_datasets as tfds
 
 import shapes  # benchmarks/shapes.py; pylint: disable=g-bad-import-order
 from configs import base
-from transformer.configuration import objective_of
+from transformer.config.model import objective_of
 from transformer.data import pipeline
 from transformer.data import sources
 

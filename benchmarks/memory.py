@@ -27,7 +27,7 @@ import sys
 import jax
 
 import shapes  # benchmarks/shapes.py; pylint: disable=g-bad-import-order
-from transformer.configuration import REMAT_POLICIES
+from transformer.config.model import REMAT_POLICIES
 
 
 def measure_policy(shape: str, policy: str, scan: bool, steps: int) -> dict:

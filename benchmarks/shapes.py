@@ -30,7 +30,7 @@ from transformer.training import flops
 from transformer.model import objectives
 from transformer import sharding
 from transformer.training import trainer as trainer_lib
-from transformer.configuration import objective_of
+from transformer.config.model import objective_of
 from transformer.data import tokenizers
 # pylint: enable=g-import-not-at-top,wrong-import-position
 

@@ -3,7 +3,7 @@
 Presets (`gpt_small.py`, ...) are short diffs of `get_config()`. The returned
 ConfigDict is locked, so a preset or a `--config.x=...` override that names a key
 which does not exist fails instead of being silently ignored.
-Values are checked by `transformer.configuration.validate` before anything compiles.
+Values are checked by `transformer.config.validation.validate` before anything compiles.
 """
 
 import ml_collections

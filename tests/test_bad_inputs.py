@@ -643,7 +643,7 @@ def _flat_keys(config, prefix=""):
 def test_stdin_that_is_not_utf8_names_the_line_and_byte():
   """Piped input is read as bytes, so the bad byte is named (not a UnicodeDecodeError)."""
   from transformer.cli import common  # pylint: disable=g-import-not-at-top
-  from transformer.configuration import ConfigError  # pylint: disable=g-import-not-at-top
+  from transformer.config.errors import ConfigError  # pylint: disable=g-import-not-at-top
   stdin = io.TextIOWrapper(io.BytesIO(b"ok\nline two \xff\n"), encoding="utf-8")
   with pytest.raises(ConfigError, match=r"^stdin:2: undecodable UTF-8 at byte 10 of the "
                      r"line \(0xff, byte offset 12\)"):

@@ -9,7 +9,7 @@ import pytest
 from tiny import make_tiny_config
 from transformer.cli import classify
 from transformer.cli import evaluate
-from transformer.configuration import ConfigError
+from transformer.config.errors import ConfigError
 from transformer.training import loop
 
 POSITIVE = ("good", "great", "fine", "lovely", "superb")

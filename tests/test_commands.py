@@ -37,7 +37,7 @@ from transformer.inference import decoding
 from transformer.inference import text
 from transformer.training import metrics as metrics_lib
 from transformer.training import loop
-from transformer.configuration import ConfigError
+from transformer.config.errors import ConfigError
 from transformer.data import tokenizers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -13,7 +13,7 @@ from absl import flags
 
 import launch  # pylint: disable=unused-import  (defines --output, --mode)
 from configs import gpt_small
-from transformer.configuration import ConfigError
+from transformer.config.errors import ConfigError
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("libtpu") is None,

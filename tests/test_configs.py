@@ -12,7 +12,9 @@ import pytest
 
 from transformer import sharding
 from transformer.model import objectives
-from transformer.configuration import ConfigError, ModelConfig, objective_of, validate
+from transformer.config.errors import ConfigError
+from transformer.config.model import ModelConfig, objective_of
+from transformer.config.validation import validate
 from transformer.model import moe
 from transformer.model.models import make_model
 

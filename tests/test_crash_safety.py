@@ -31,7 +31,8 @@ from transformer.training import fault_injection
 from transformer.training import loop
 from transformer.training import optim
 from transformer.training import trainer as trainer_lib
-from transformer.configuration import ConfigError, validate
+from transformer.config.errors import ConfigError
+from transformer.config.validation import validate
 from transformer.workdir import layout
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

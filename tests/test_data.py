@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from configs import base
-from transformer.configuration import ConfigError
+from transformer.config.errors import ConfigError
 from transformer.data import catalog
 from transformer.data import lm
 from transformer.data import packing

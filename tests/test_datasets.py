@@ -16,7 +16,7 @@ import tensorflow_datasets as tfds
 
 from configs import base
 from transformer.training import loop
-from transformer.configuration import ConfigError, DataError
+from transformer.config.errors import ConfigError, DataError
 from transformer.data import catalog
 from transformer.data import classification
 from transformer.data import seq2seq

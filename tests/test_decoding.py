@@ -18,7 +18,8 @@ from flax import linen as nn
 
 from configs import base
 from transformer.inference import decoding
-from transformer.configuration import ModelConfig, validate
+from transformer.config.model import ModelConfig
+from transformer.config.validation import validate
 from transformer.data.tokenizers import BOS_ID, EOS_ID, PAD_ID
 from transformer.model.models import make_model
 

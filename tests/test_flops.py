@@ -9,7 +9,7 @@ from flax import linen as nn
 
 from configs import base
 from transformer.training import flops
-from transformer.configuration import ModelConfig
+from transformer.config.model import ModelConfig
 from transformer.model.models import make_model
 from transformer.workdir import layout
 

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from transformer import sharding
-from transformer.configuration import objective_of
+from transformer.config.model import objective_of
 from transformer.model import objectives
 from transformer.training.trainer import Trainer
 

@@ -29,7 +29,8 @@ from transformer.cli import hf_export
 from transformer.interop.hf import gpt2
 from transformer.interop.hf import importer
 from transformer.model import layers
-from transformer.configuration import ConfigError, ModelConfig, objective_of
+from transformer.config.errors import ConfigError
+from transformer.config.model import ModelConfig, objective_of
 from transformer.data import hf_tokenizer
 from transformer.data import sources
 from transformer.model.models import make_model

@@ -13,7 +13,7 @@ from flax import linen as nn
 from flax import traverse_util
 
 from configs import base
-from transformer.configuration import ModelConfig
+from transformer.config.model import ModelConfig
 from transformer.model.models import make_model
 
 E, F = 64, 256

@@ -17,7 +17,9 @@ from transformer.model import objectives
 from transformer import sharding
 from transformer.training import loop
 from transformer.training import trainer as trainer_lib
-from transformer.configuration import ConfigError, ModelConfig, objective_of, validate
+from transformer.config.errors import ConfigError
+from transformer.config.model import ModelConfig, objective_of
+from transformer.config.validation import validate
 from transformer.model.models import make_model
 
 

@@ -21,23 +21,21 @@ PACKAGE = ROOT / "transformer"
 # From the ground up. `configs` (the presets package beside `transformer/`) is not
 # checked: configs/base.py is the one declaration of every key.
 ALLOWED: dict[str, set[str]] = {
-    "config_checks": set(),
-    "moe_config": {"config_checks"},
-    "configuration": {"config_checks", "moe_config"},
+    "config": set(),
     "distributed": set(),
     "hardware": set(),
-    "sharding": {"configuration"},
-    "workdir": {"configuration"},
-    "model": {"configuration"},
-    "data": {"configuration", "distributed", "workdir"},
-    "inference": {"configuration", "sharding", "model", "data", "workdir"},
-    "training": {"configuration", "distributed", "hardware", "sharding", "model", "data",
+    "sharding": {"config"},
+    "workdir": {"config"},
+    "model": {"config"},
+    "data": {"config", "distributed", "workdir"},
+    "inference": {"config", "sharding", "model", "data", "workdir"},
+    "training": {"config", "distributed", "hardware", "sharding", "model", "data",
                  "inference", "workdir"},
-    "reports": {"configuration", "workdir", "training"},
-    "interop": {"configuration", "sharding", "model", "data", "inference", "workdir"},
-    "planning": {"configuration", "distributed", "hardware", "sharding", "model", "data",
+    "reports": {"config", "workdir", "training"},
+    "interop": {"config", "sharding", "model", "data", "inference", "workdir"},
+    "planning": {"config", "distributed", "hardware", "sharding", "model", "data",
                  "inference", "training", "workdir"},
-    "cli": {"configuration", "distributed", "hardware", "sharding", "model", "data",
+    "cli": {"config", "distributed", "hardware", "sharding", "model", "data",
             "inference", "training", "reports", "interop", "planning", "workdir"},
 }
 
@@ -107,4 +105,4 @@ def test_each_package_docstring_is_its_map():
 def test_launch_dispatches_through_the_cli_package():
   """launch.py is thin: it imports the mode modules and the package's ground, no more."""
   imported = {part for _, part in _imported_parts(ROOT / "launch.py")}
-  assert imported <= {"cli", "workdir", "configuration", "distributed"}, imported
+  assert imported <= {"cli", "workdir", "config", "distributed"}, imported

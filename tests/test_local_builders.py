@@ -15,8 +15,8 @@ import grain
 import pytest
 
 from configs import base
-from transformer.configuration import ConfigError
-from transformer.configuration import DataError
+from transformer.config.errors import ConfigError
+from transformer.config.errors import DataError
 from transformer.data import local_parallel
 from transformer.data import local_text
 from transformer.data import local_tsv

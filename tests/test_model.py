@@ -19,7 +19,8 @@ from flax import linen as nn
 from configs import base
 from configs import gpt_small
 from transformer.model import attention
-from transformer.configuration import LOGICAL_AXES, ModelConfig
+from transformer.config.mesh import LOGICAL_AXES
+from transformer.config.model import ModelConfig
 from transformer.model.layers import sinusoidal_table
 from transformer.model.models import Embedder, make_model
 

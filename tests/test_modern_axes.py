@@ -31,7 +31,8 @@ from transformer.training import metrics
 from transformer.model import positions
 from transformer.training import trainer as trainer_lib
 from transformer.model.attention import MultiHeadAttention, einsum_attention, make_attention_mask
-from transformer.configuration import ConfigError, validate
+from transformer.config.errors import ConfigError
+from transformer.config.validation import validate
 from transformer.model.layers import MLP, Block, make_norm, unrolled_to_scanned
 from transformer.model.models import make_model
 from transformer.model.norms import OffsetRMSNorm

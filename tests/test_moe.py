@@ -25,7 +25,9 @@ from test_modern_axes import SEGMENTS, batch_of
 from test_topologies import (close, compile_fast, experiment_config, logits_fn, model_config,
                              random_params, training_batch)
 from transformer import sharding
-from transformer.configuration import ConfigError, ModelConfig, objective_of, validate
+from transformer.config.errors import ConfigError
+from transformer.config.model import ModelConfig, objective_of
+from transformer.config.validation import validate
 from transformer.model import moe, objectives
 from transformer.model.layers import scanned_to_unrolled, unrolled_to_scanned
 from transformer.model.mlp import MLP

@@ -19,7 +19,8 @@ import sentencepiece as spm
 
 from configs import base
 from test_data import _code_lines, assert_batches_equal, no_network, spm_tokenizer, take  # pylint: disable=unused-import
-from transformer.configuration import ConfigError, validate
+from transformer.config.errors import ConfigError
+from transformer.config.validation import validate
 from transformer.data import classification
 from transformer.data import lm as lm_data
 from transformer.data import pipeline
@@ -388,7 +389,7 @@ def test_classification_label_out_of_range_is_named():
 ])
 def test_make_dataset_picks_the_objective_pipeline(arch, head, keys):
   from configs import base  # pylint: disable=g-import-not-at-top
-  from transformer.configuration import objective_of  # pylint: disable=g-import-not-at-top
+  from transformer.config.model import objective_of  # pylint: disable=g-import-not-at-top
   config = base.get_config()
   config.model.update(arch=arch, head=head, pooling="cls")
   config.data.update(seq_len=SEQ_LEN, label_key="label", continuation_chars=20)

@@ -13,7 +13,9 @@ from flax import linen as nn
 
 from configs import base
 from transformer.training import optim
-from transformer.configuration import ConfigError, ModelConfig, validate
+from transformer.config.errors import ConfigError
+from transformer.config.model import ModelConfig
+from transformer.config.validation import validate
 from transformer.model.models import make_model
 
 jax.config.update("jax_numpy_rank_promotion", "raise")

@@ -11,7 +11,7 @@ import pytest
 
 from transformer.reports import plots
 from transformer.workdir import run_record
-from transformer.configuration import ConfigError
+from transformer.config.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -16,7 +16,7 @@ import pytest
 from flax import linen as nn
 
 from transformer.model import positions
-from transformer.configuration import LOGICAL_AXES
+from transformer.config.mesh import LOGICAL_AXES
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 

@@ -18,7 +18,8 @@ from configs import bert_base
 from configs import transformer_base
 from configs import transformer_big
 from transformer.model import objectives
-from transformer.configuration import ModelConfig, objective_of, validate
+from transformer.config.model import ModelConfig, objective_of
+from transformer.config.validation import validate
 from transformer.model.models import make_model
 
 

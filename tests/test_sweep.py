@@ -13,7 +13,7 @@ from tiny import make_tiny_config
 from transformer.reports import compare
 from transformer.reports import plots
 from transformer.cli import sweep
-from transformer.configuration import ConfigError
+from transformer.config.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

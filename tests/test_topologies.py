@@ -26,8 +26,9 @@ from jax.flatten_util import ravel_pytree
 from configs import base
 from transformer.training import metrics
 from transformer.model import objectives
-from transformer.configuration import (ACTIVATIONS, POSITIONS, ConfigError, ModelConfig,
-                                       objective_of, validate)
+from transformer.config.errors import ConfigError
+from transformer.config.model import ACTIVATIONS, ModelConfig, POSITIONS, objective_of
+from transformer.config.validation import validate
 from transformer.model.layers import scanned_to_unrolled, unrolled_to_scanned
 from transformer.model.models import ARCHITECTURES, ClassificationHead, Embedder, make_model
 

@@ -155,7 +155,7 @@ def test_non_finite_loss_names_the_step(tiny_config):
 
 def test_batch_must_split_over_data_parallel_devices(tiny_config):
   from transformer import sharding  # pylint: disable=g-import-not-at-top
-  from transformer.configuration import ConfigError  # pylint: disable=g-import-not-at-top
+  from transformer.config.errors import ConfigError  # pylint: disable=g-import-not-at-top
   tiny_config.data.batch_size = 12
   mesh = sharding.make_mesh(tiny_config.mesh)  # 8 simulated devices on the data axis.
   with pytest.raises(ConfigError, match=r"config\.data\.batch_size=12.*8 data-parallel"):

@@ -3,9 +3,8 @@
 From the ground up (each part imports only those above it in this list;
 tests/test_layout.py holds the table and enforces it):
 
-  config_checks.py  ConfigError and the field checks validation is built from
-  moe_config.py     validation of the mixture-of-experts fields (model.mlp="moe")
-  configuration.py  validate(config), the frozen ModelConfig, errors a user can act on
+  config/           validate(config) by concern (model, moe, data, decode, train, mesh),
+                    the choice registries, ConfigError, the frozen ModelConfig
   distributed.py    jax.distributed start, barriers, failing together
   hardware.py       the one table of accelerator chips: memory, peaks, bandwidths
   sharding.py       the device mesh, logical-axis rules, the sharding report

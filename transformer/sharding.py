@@ -18,7 +18,7 @@ from flax import linen as nn
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from transformer.configuration import ConfigError
+from transformer.config.errors import ConfigError
 
 Rules = Sequence[tuple[str, Any]]
 

@@ -11,7 +11,7 @@ import ml_collections
 from absl import logging
 
 from transformer.cli import common
-from transformer.configuration import ConfigError
+from transformer.config.errors import ConfigError
 from transformer.inference import loaded
 from transformer.workdir import checkpointing
 from transformer.workdir import files

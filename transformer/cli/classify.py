@@ -24,7 +24,7 @@ from absl import flags
 from absl import logging
 
 from transformer.cli import common
-from transformer.configuration import ConfigError
+from transformer.config.errors import ConfigError
 from transformer.data import packing
 from transformer.data import tokenizers
 from transformer.inference import loaded

@@ -13,7 +13,7 @@ from typing import Any, Sequence, TextIO
 
 from absl import flags
 
-from transformer.configuration import ConfigError
+from transformer.config.errors import ConfigError
 
 CHECKPOINT_STEP = flags.DEFINE_integer(
     "checkpoint_step", None, "evaluate, translate, generate, average, export: the "

@@ -73,7 +73,7 @@ def run(config: ml_collections.ConfigDict) -> int:
   # The compile runs on this host's CPU whatever accelerators it has.
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   from transformer.workdir import files  # pylint: disable=g-import-not-at-top
-  from transformer.configuration import ConfigError  # pylint: disable=g-import-not-at-top
+  from transformer.config.errors import ConfigError  # pylint: disable=g-import-not-at-top
   from transformer.planning import plan as plan_lib  # pylint: disable=g-import-not-at-top
   from transformer.planning import report  # pylint: disable=g-import-not-at-top
   from transformer.planning import search  # pylint: disable=g-import-not-at-top

@@ -18,7 +18,8 @@ import ml_collections
 from absl import flags
 
 from transformer.cli import common
-from transformer.configuration import ConfigError, objective_of
+from transformer.config.errors import ConfigError
+from transformer.config.model import objective_of
 from transformer.data import catalog
 from transformer.data import pipeline
 from transformer.data import sources

@@ -10,7 +10,7 @@ import ml_collections
 from absl import app
 
 from transformer.cli import common
-from transformer.configuration import ConfigError
+from transformer.config.errors import ConfigError
 from transformer.inference import loaded
 from transformer.interop.hf import gpt2
 from transformer.interop.hf import llama

@@ -17,7 +17,7 @@ import re
 import ml_collections
 
 from configs import base
-from transformer.configuration import ConfigError
+from transformer.config.errors import ConfigError
 
 STARTS_JAX = False
 BASE = os.path.abspath(base.__file__)

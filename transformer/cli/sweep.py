@@ -57,7 +57,9 @@ import ml_collections
 from absl import flags
 
 from transformer.cli import common
-from transformer.configuration import ConfigError, validate
+from transformer.config.checks import is_int, is_number
+from transformer.config.errors import ConfigError
+from transformer.config.validation import validate
 from transformer.reports import compare
 from transformer.reports import plots
 from transformer.training.metrics import format_duration
@@ -187,13 +189,13 @@ def _typed(key: str, value: Any, current: Any) -> Any:
       return text.lower() in _TRUE
     raise wrong("true or false")
   if isinstance(current, int):
-    if isinstance(value, int) and not isinstance(value, bool):
+    if is_int(value):
       return value
     if text is not None and re.fullmatch(r"[+-]?\d+", text.replace("_", "")):
       return int(text)
     raise wrong("an integer")
   if isinstance(current, float):
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+    if is_number(value):
       return float(value)
     try:
       return float(text)

@@ -20,7 +20,8 @@ import ml_collections
 from absl import logging
 
 from transformer import sharding
-from transformer.configuration import ConfigError, validate
+from transformer.config.errors import ConfigError
+from transformer.config.validation import validate
 from transformer.reports import plots
 from transformer.training import loop
 from transformer.training.metrics import format_duration

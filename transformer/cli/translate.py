@@ -15,7 +15,7 @@ import ml_collections
 from absl import logging
 
 from transformer.cli import common
-from transformer.configuration import ConfigError
+from transformer.config.errors import ConfigError
 from transformer.inference import loaded
 from transformer.inference import text
 from transformer.workdir import files

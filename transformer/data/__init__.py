@@ -13,5 +13,5 @@
   classification.py  one labelled example per row
   pipeline.py        objective -> pipeline
 
-May import: configuration, distributed, workdir.
+May import: config, distributed, workdir.
 """

@@ -17,7 +17,7 @@ import ml_collections
 import tensorflow_datasets as tfds
 from absl import logging
 
-from transformer.configuration import ConfigError
+from transformer.config.errors import ConfigError
 from transformer.data import local_parallel
 from transformer.data import local_text
 from transformer.data import local_tsv

@@ -10,7 +10,7 @@ from typing import Any
 import grain
 import numpy as np
 
-from transformer.configuration import DataError
+from transformer.config.errors import DataError
 from transformer.data import lm
 from transformer.data import packing
 from transformer.data import tokenizers

@@ -28,7 +28,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from transformer.configuration import ConfigError
+from transformer.config.errors import ConfigError
 from transformer.data import tokenizers as base_tokenizers
 
 

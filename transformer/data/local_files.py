@@ -21,8 +21,8 @@ import ml_collections
 import tensorflow_datasets as tfds
 from absl import logging
 
-from transformer.configuration import ConfigError
-from transformer.configuration import DataError
+from transformer.config.errors import ConfigError
+from transformer.config.errors import DataError
 
 DECODE_ERRORS = ("strict", "replace")
 # TFDS split names are used as file and proto names: keep them to word characters.

@@ -25,8 +25,8 @@ import numpy as np
 import tensorflow_datasets as tfds
 from absl import logging
 
-from transformer.configuration import ConfigError
-from transformer.configuration import DataError
+from transformer.config.errors import ConfigError
+from transformer.config.errors import DataError
 from transformer.data import local_files
 
 BLOCK_CHARS = 2048

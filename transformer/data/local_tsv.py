@@ -22,8 +22,8 @@ import ml_collections
 import tensorflow_datasets as tfds
 from absl import logging
 
-from transformer.configuration import ConfigError
-from transformer.configuration import DataError
+from transformer.config.errors import ConfigError
+from transformer.config.errors import DataError
 from transformer.data import local_files
 
 _DIALECTS = {".tsv": {"delimiter": "\t", "quoting": csv.QUOTE_NONE}, ".csv": {}}

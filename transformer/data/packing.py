@@ -17,7 +17,8 @@ import grain
 import numpy as np
 from absl import logging
 
-from transformer.configuration import OVERLONG_POLICIES, DataError
+from transformer.config.data import OVERLONG_POLICIES
+from transformer.config.errors import DataError
 
 Batch = dict[str, np.ndarray]
 

@@ -33,7 +33,7 @@ def make_dataset(config: ml_collections.ConfigDict, objective: str, source: Any,
 
   Args:
     config: the experiment config; `config.model.vocab_size` must be resolved (> 0).
-    objective: from `configuration.objective_of`.
+    objective: from `config.model.objective_of`.
     source: a random-access split, e.g. `builder.as_data_source(split)`.
     tokenizer: from `sources.load_sources`.
     train: training (repeat, shuffle rows, drop the last partial batch) or evaluation.

@@ -18,7 +18,7 @@ import grain
 import grain.experimental
 import numpy as np
 
-from transformer.configuration import PACKINGS
+from transformer.config.data import PACKINGS
 from transformer.data import packing
 from transformer.data import tokenizers
 

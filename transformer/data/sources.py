@@ -20,7 +20,8 @@ import tensorflow_datasets as tfds
 from absl import logging
 
 from transformer import distributed
-from transformer.configuration import ConfigError, objective_of
+from transformer.config.errors import ConfigError
+from transformer.config.model import objective_of
 from transformer.data import catalog
 from transformer.data import hf_tokenizer
 from transformer.data import packing

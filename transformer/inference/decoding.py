@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from transformer.configuration import ModelConfig
+from transformer.config.model import ModelConfig
 from transformer.data import tokenizers
 from transformer.model.models import make_model
 

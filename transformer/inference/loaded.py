@@ -35,8 +35,10 @@ from flax import linen as nn
 
 from configs import base
 from transformer import sharding
-from transformer.configuration import (ConfigError, ModelConfig, objective_of, validate,
-                                       validate_decode)
+from transformer.config.decode import validate_decode
+from transformer.config.errors import ConfigError
+from transformer.config.model import ModelConfig, objective_of
+from transformer.config.validation import validate
 from transformer.data import sources
 from transformer.data import tokenizers
 from transformer.model import objectives

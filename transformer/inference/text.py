@@ -26,7 +26,9 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
-from transformer.configuration import DECODE_OVERLONG, ConfigError, ModelConfig
+from transformer.config.decode import DECODE_OVERLONG
+from transformer.config.errors import ConfigError
+from transformer.config.model import ModelConfig
 from transformer.data import packing
 from transformer.data import tokenizers
 from transformer.inference import decoding

@@ -1,4 +1,4 @@
 """Other libraries' formats in and out; today Hugging Face folders (hf/).
 
-May import: configuration, sharding, model, data, inference, workdir.
+May import: config, sharding, model, data, inference, workdir.
 """

@@ -10,6 +10,6 @@
   models.py        Decoder, Encoder, EncoderDecoder, heads, the ARCHITECTURES registry
   objectives.py    which batch fields feed the model and which it predicts
 
-May import: transformer.configuration only (nothing of training, inference, data or the
+May import: transformer.config only (nothing of training, inference, data or the
 workdir). Parameter paths are a checkpoint API: keep them stable.
 """

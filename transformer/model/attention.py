@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from transformer.configuration import ModelConfig
+from transformer.config.model import ModelConfig
 from transformer.model import initializers
 from transformer.model import norms
 from transformer.model import positions

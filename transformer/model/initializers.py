@@ -23,7 +23,7 @@ from typing import Sequence
 
 from flax import linen as nn
 
-from transformer.configuration import ModelConfig
+from transformer.config.model import ModelConfig
 
 Initializer = nn.initializers.Initializer
 

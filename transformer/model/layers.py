@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from transformer.configuration import ModelConfig
+from transformer.config.model import REMAT_POLICIES, ModelConfig
 from transformer.model import positions as positions_lib
 from transformer.model.attention import MultiHeadAttention
 from transformer.model.moe import MoeMLP
@@ -131,13 +131,6 @@ class Block(nn.Module):
     return activation_constraint(x_BLE), None
 
 
-REMAT_POLICIES = {
-    "full": jax.checkpoint_policies.nothing_saveable,
-    "dots": jax.checkpoint_policies.checkpoint_dots,
-    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-}
-
-
 class BlockGroup(nn.Module):
   """`len(moe)` consecutive Blocks (`block_0`, ...): the body of a scan whose layers differ.
 
@@ -190,7 +183,7 @@ def run_blocks(config: ModelConfig, num_layers: int, x_BLE: jax.Array, *args,
     args = args + (None,) * (5 - len(args)) + (local_mask_B1LL,)
     in_axes = (nn.broadcast,) * len(args) + (0,)
   if config.scan_layers:
-    if num_layers % group:  # configuration.validate says so first, naming the keys.
+    if num_layers % group:  # config validation says so first, naming the keys.
       raise ValueError(f"model.moe_every={group} must divide the {num_layers} layers to scan")
     body, attributes = Block, (moe_flags[0],)
     if group > 1:

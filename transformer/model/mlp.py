@@ -10,7 +10,7 @@ import math
 import jax
 from flax import linen as nn
 
-from transformer.configuration import GATED_ACTIVATIONS, ModelConfig
+from transformer.config.model import GATED_ACTIVATIONS, ModelConfig
 from transformer.model import initializers
 
 

@@ -17,7 +17,7 @@ from flax import linen as nn
 from transformer.model import initializers
 from transformer.model import positions as positions_lib
 from transformer.model.attention import make_attention_mask
-from transformer.configuration import ModelConfig
+from transformer.config.model import ModelConfig
 from transformer.model.layers import (activation_constraint, make_norm, run_blocks,
                                       sinusoidal_table)
 from transformer.model.mlp import ACTIVATION_FNS

@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from transformer.configuration import GATED_ACTIVATIONS, ModelConfig
+from transformer.config.model import GATED_ACTIVATIONS, ModelConfig
 from transformer.model import initializers
 from transformer.model.mlp import ACTIVATION_FNS, MLP
 
@@ -109,6 +109,23 @@ class Experts(nn.Module):
         h, **route)
 
 
+def _softmax_scores(logits_NX: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Softmax over all experts, then top-k (Mixtral, OLMoE, Qwen-MoE, Switch)."""
+  probs_NX = jax.nn.softmax(logits_NX, axis=-1)
+  return probs_NX, probs_NX
+
+
+def _sigmoid_scores(logits_NX: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """DeepSeek-V3: independent per-expert scores; the balance loss reads them normalised."""
+  scores_NX = jax.nn.sigmoid(logits_NX)
+  return scores_NX, scores_NX / jnp.sum(scores_NX, axis=-1, keepdims=True)
+
+
+# model.moe_router -> (scores the top k is taken of, probabilities the balance loss reads);
+# the names config/moe.py's MOE_ROUTERS validates (tests/test_config_registries.py).
+ROUTERS = {"softmax": _softmax_scores, "sigmoid": _sigmoid_scores}
+
+
 def route(config: ModelConfig, logits_NX: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Top-k routing of float32 router logits.
 
@@ -117,11 +134,7 @@ def route(config: ModelConfig, logits_NX: jax.Array) -> tuple[jax.Array, jax.Arr
     the chosen experts' outputs are summed with; the probabilities (softmax, or the
     sigmoid scores divided by their sum) that the load-balancing loss reads.
   """
-  if config.moe_router == "sigmoid":  # DeepSeek-V3: independent per-expert scores.
-    scores_NX = jax.nn.sigmoid(logits_NX)
-    probs_NX = scores_NX / jnp.sum(scores_NX, axis=-1, keepdims=True)
-  else:  # Softmax over all experts, then top-k (Mixtral, OLMoE, Qwen-MoE, Switch).
-    scores_NX = probs_NX = jax.nn.softmax(logits_NX, axis=-1)
+  scores_NX, probs_NX = ROUTERS[config.moe_router](logits_NX)
   weights_NK, experts_NK = jax.lax.top_k(scores_NX, config.experts_per_token)
   if config.moe_renormalize:
     weights_NK = weights_NK / jnp.sum(weights_NK, axis=-1, keepdims=True)

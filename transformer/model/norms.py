@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from transformer.configuration import ModelConfig
+from transformer.config.model import ModelConfig
 
 
 class OffsetRMSNorm(nn.Module):
@@ -35,16 +35,28 @@ class OffsetRMSNorm(nn.Module):
     return normed * (1.0 + scale)
 
 
-def make_norm(config: ModelConfig, name: str, axis_name: str = "embed") -> nn.Module:
-  """LayerNorm or RMSNorm over the last axis (logical `axis_name`), computed in float32."""
-  if config.norm_type == "rmsnorm" and config.norm_scale_plus_one:
-    return OffsetRMSNorm(epsilon=config.norm_epsilon, param_dtype=config.param_dtype,
-                         axis_name=axis_name, name=name)
+def _layernorm(config: ModelConfig, name: str, axis_name: str) -> nn.Module:
   scale_init = nn.with_logical_partitioning(nn.initializers.ones, (axis_name,))
-  if config.norm_type == "rmsnorm":
-    return nn.RMSNorm(epsilon=config.norm_epsilon, dtype=jnp.float32,
-                      param_dtype=config.param_dtype, scale_init=scale_init, name=name)
   return nn.LayerNorm(
       epsilon=config.norm_epsilon, use_bias=config.use_bias, dtype=jnp.float32,
       param_dtype=config.param_dtype, scale_init=scale_init, name=name,
       bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (axis_name,)))
+
+
+def _rmsnorm(config: ModelConfig, name: str, axis_name: str) -> nn.Module:
+  if config.norm_scale_plus_one:
+    return OffsetRMSNorm(epsilon=config.norm_epsilon, param_dtype=config.param_dtype,
+                         axis_name=axis_name, name=name)
+  scale_init = nn.with_logical_partitioning(nn.initializers.ones, (axis_name,))
+  return nn.RMSNorm(epsilon=config.norm_epsilon, dtype=jnp.float32,
+                    param_dtype=config.param_dtype, scale_init=scale_init, name=name)
+
+
+# model.norm_type -> its module; the names config/model.py's NORM_TYPES validates
+# (tests/test_config_registries.py holds them equal).
+NORM_TYPES = {"layernorm": _layernorm, "rmsnorm": _rmsnorm}
+
+
+def make_norm(config: ModelConfig, name: str, axis_name: str = "embed") -> nn.Module:
+  """LayerNorm or RMSNorm over the last axis (logical `axis_name`), computed in float32."""
+  return NORM_TYPES[config.norm_type](config, name, axis_name)

@@ -1,7 +1,7 @@
 """Training objectives: which batch fields feed the model and which it must predict.
 
 The objective follows from (model.arch, model.head), see
-`configuration.OBJECTIVES`; the train and eval steps only call the functions here,
+`config.model.OBJECTIVES`; the train and eval steps only call the functions here,
 so a new objective is one entry in each table below.
 """
 

@@ -27,7 +27,9 @@ from flax import linen as nn
 from jax.sharding import PartitionSpec
 
 from transformer import sharding
-from transformer.configuration import ConfigError, ModelConfig, objective_of, validate
+from transformer.config.errors import ConfigError
+from transformer.config.model import ModelConfig, objective_of
+from transformer.config.validation import validate
 from transformer.inference import decoding
 from transformer.inference import text
 from transformer.model import objectives

@@ -9,7 +9,7 @@ from typing import Any
 import ml_collections
 
 from transformer import hardware
-from transformer.configuration import ConfigError
+from transformer.config.errors import ConfigError
 from transformer.planning import audit
 from transformer.planning import compiled
 from transformer.planning import estimate as estimate_lib

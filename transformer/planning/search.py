@@ -11,11 +11,11 @@ from typing import Any
 
 import ml_collections
 
-from transformer.configuration import ConfigError
+from transformer.config.errors import ConfigError
+from transformer.config.model import REMAT_POLICIES
 from transformer.planning import plan as plan_lib
 from transformer.planning import topology as topology_lib
 
-REMAT_POLICIES = ("none", "dots_no_batch", "dots", "full")
 
 
 @dataclasses.dataclass

@@ -19,7 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
-from transformer.configuration import ConfigError
+from transformer.config.errors import ConfigError
 
 INSTALL_HINT = "pip install libtpu"
 # Generation -> the chip_config_name libtpu wants (megacore: one device per chip).

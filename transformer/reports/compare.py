@@ -27,7 +27,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from transformer.configuration import ConfigError
+from transformer.config.errors import ConfigError
 from transformer.reports import plots
 from transformer.training.metrics import format_duration
 from transformer.workdir import layout

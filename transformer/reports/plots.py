@@ -24,7 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 from absl import logging
 
-from transformer.configuration import ConfigError
+from transformer.config.errors import ConfigError
 from transformer.training.metrics import read_rows
 from transformer.workdir import layout
 

@@ -16,7 +16,7 @@ import jax
 import ml_collections
 from absl import logging
 
-from transformer.configuration import ModelConfig, objective_of
+from transformer.config.model import ModelConfig, objective_of
 from transformer.data import catalog
 from transformer.data import sources
 from transformer.inference import text

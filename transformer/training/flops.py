@@ -40,7 +40,7 @@ import numpy as np
 from absl import logging
 
 from transformer import hardware
-from transformer.configuration import GATED_ACTIVATIONS, ModelConfig
+from transformer.config.model import GATED_ACTIVATIONS, ModelConfig
 from transformer.workdir import files
 from transformer.workdir import layout
 

@@ -22,7 +22,9 @@ from absl import logging
 from jax.experimental import multihost_utils
 
 from transformer import sharding
-from transformer.configuration import ConfigError, objective_of, validate
+from transformer.config.errors import ConfigError
+from transformer.config.model import objective_of
+from transformer.config.validation import validate
 from transformer.data import pipeline
 from transformer.data import sources
 from transformer.training import decode_hook
@@ -334,7 +336,7 @@ def _train_loop(config, workdir, trainer, checkpointer, writer, train_iter, eval
 
     # train.steps_per_call steps run as one compiled call (the same updates; less
     # per-call overhead, which dominates small models on a CPU). A call ends at the next
-    # multiple of steps_per_call, which every cadence is (configuration.py), or at
+    # multiple of steps_per_call, which every cadence is (config/train.py), or at
     # num_steps. `pending` is the previous call (its last step, its step count, its
     # metrics on the device, whether it is among the first two calls of this (re)start),
     # fetched while the next call runs, so logging never stalls the device.

@@ -18,7 +18,7 @@ import numpy as np
 import optax
 from absl import logging
 
-from transformer.configuration import ModelConfig
+from transformer.config.model import ModelConfig
 from transformer.model import moe
 from transformer.workdir import layout
 

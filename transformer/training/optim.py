@@ -40,9 +40,48 @@ def noam_peak(scale: float, d_model: int, warmup_steps: int) -> float:
   return scale * d_model ** -0.5 * warmup_steps ** -0.5
 
 
+def _noam(optimizer: ml_collections.ConfigDict, d_model: int, num_steps: int) -> optax.Schedule:
+  del num_steps  # The paper's schedule never ends.
+  peak = noam_peak(optimizer.noam_scale, d_model, optimizer.warmup_steps)
+  return warmup_rsqrt_schedule(peak, optimizer.warmup_steps)
+
+
+def _warmup_rsqrt(optimizer: ml_collections.ConfigDict, d_model: int,
+                  num_steps: int) -> optax.Schedule:
+  del d_model, num_steps  # The peak is optimizer.learning_rate; the decay never ends.
+  return warmup_rsqrt_schedule(optimizer.learning_rate, optimizer.warmup_steps)
+
+
+def _cosine(optimizer: ml_collections.ConfigDict, d_model: int, num_steps: int) -> optax.Schedule:
+  del d_model
+  # decay_steps counts the warmup too (optax's convention, nanoGPT's lr_decay_iters),
+  # so the floor is reached at the same step whatever the warmup.
+  return optax.warmup_cosine_decay_schedule(
+      init_value=0.0, peak_value=optimizer.learning_rate,
+      warmup_steps=optimizer.warmup_steps,
+      decay_steps=optimizer.decay_steps or num_steps,
+      end_value=optimizer.min_learning_rate)
+
+
+def _constant(optimizer: ml_collections.ConfigDict, d_model: int,
+              num_steps: int) -> optax.Schedule:
+  del d_model, num_steps
+  return optax.constant_schedule(optimizer.learning_rate)
+
+
+# optimizer.schedule -> its builder (optimizer block, d_model, train.num_steps); the names
+# config/train.py's SCHEDULES validates (tests/test_config_registries.py holds them equal).
+SCHEDULES = {
+    "warmup_rsqrt": _warmup_rsqrt,
+    "noam": _noam,
+    "cosine": _cosine,
+    "constant": _constant,
+}
+
+
 def make_schedule(optimizer: ml_collections.ConfigDict, d_model: int,
                   num_steps: int) -> optax.Schedule:
-  """The learning-rate schedule named by `optimizer.schedule`.
+  """The learning-rate schedule named by `optimizer.schedule`, from SCHEDULES.
 
   Args:
     optimizer: the `config.optimizer` block.
@@ -53,23 +92,10 @@ def make_schedule(optimizer: ml_collections.ConfigDict, d_model: int,
   Returns:
     A function from the optax step count (0 for the first update) to the rate.
   """
-  if optimizer.schedule == "noam":
-    peak = noam_peak(optimizer.noam_scale, d_model, optimizer.warmup_steps)
-    return warmup_rsqrt_schedule(peak, optimizer.warmup_steps)
-  if optimizer.schedule == "warmup_rsqrt":
-    return warmup_rsqrt_schedule(optimizer.learning_rate, optimizer.warmup_steps)
-  if optimizer.schedule == "cosine":
-    # decay_steps counts the warmup too (optax's convention, nanoGPT's lr_decay_iters),
-    # so the floor is reached at the same step whatever the warmup.
-    return optax.warmup_cosine_decay_schedule(
-        init_value=0.0, peak_value=optimizer.learning_rate,
-        warmup_steps=optimizer.warmup_steps,
-        decay_steps=optimizer.decay_steps or num_steps,
-        end_value=optimizer.min_learning_rate)
-  if optimizer.schedule == "constant":
-    return optax.constant_schedule(optimizer.learning_rate)
-  raise ValueError(f"config.optimizer.schedule={optimizer.schedule!r}; "
-                   "valid: 'warmup_rsqrt', 'noam', 'cosine', 'constant'")
+  if optimizer.schedule not in SCHEDULES:
+    raise ValueError(f"config.optimizer.schedule={optimizer.schedule!r}; "
+                     "valid: " + ", ".join(repr(name) for name in SCHEDULES))
+  return SCHEDULES[optimizer.schedule](optimizer, d_model, num_steps)
 
 
 # Parameter names that are weights (decayed); biases and norm scales are not, even

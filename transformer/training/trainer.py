@@ -25,7 +25,8 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
 from transformer import sharding
-from transformer.configuration import ConfigError, DataError, ModelConfig, objective_of
+from transformer.config.errors import ConfigError, DataError
+from transformer.config.model import ModelConfig, objective_of
 from transformer.data import packing
 from transformer.model import objectives
 from transformer.model.models import make_model

@@ -8,5 +8,5 @@
   run_record.py     run.json: parameter count, wall time of each session
   console.py        what the console shows; the full log in <workdir>/log.txt
 
-May import: transformer.configuration only.
+May import: transformer.config only.
 """

@@ -35,7 +35,7 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
-from transformer.configuration import ConfigError
+from transformer.config.errors import ConfigError
 from transformer.workdir import files
 from transformer.workdir import layout
 

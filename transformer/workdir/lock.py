@@ -30,7 +30,7 @@ from typing import Iterator
 
 from absl import logging
 
-from transformer.configuration import ConfigError
+from transformer.config.errors import ConfigError
 from transformer.workdir import layout
 
 # The file system cannot lock: warned about, not an error (see the module docstring).

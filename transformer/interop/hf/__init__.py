@@ -14,5 +14,5 @@
   mixtral.py   Mixtral and Qwen2-MoE in: llama.py's decoder with routed experts
 
 A family module has PREFIXES and convert(fields, tensors, files) -> common.Converted.
-May import: configuration, sharding, model, data, inference, workdir.
+May import: config, sharding, model, data, inference, workdir.
 """

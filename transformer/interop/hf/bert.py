@@ -9,7 +9,7 @@ from typing import Any
 
 from absl import logging
 
-from transformer.configuration import ConfigError
+from transformer.config.errors import ConfigError
 from transformer.interop.hf import common
 
 PREFIXES = ("bert.",)  # Tensor-name prefixes a headless checkpoint lacks.

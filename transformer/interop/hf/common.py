@@ -20,7 +20,7 @@ import jax
 import numpy as np
 from absl import logging
 
-from transformer.configuration import ConfigError
+from transformer.config.errors import ConfigError
 from transformer.data import sources
 from transformer.model import layers
 from transformer.workdir import files

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from transformer.configuration import ConfigError
+from transformer.config.errors import ConfigError
 from transformer.interop.hf import common
 from transformer.interop.hf import llama
 

@@ -10,7 +10,7 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from transformer.configuration import ConfigError
+from transformer.config.errors import ConfigError
 from transformer.data import tokenizers
 from transformer.inference import loaded
 from transformer.interop.hf import common

@@ -23,7 +23,8 @@ from absl import logging
 
 from configs import base
 from transformer import sharding
-from transformer.configuration import ConfigError, validate
+from transformer.config.errors import ConfigError
+from transformer.config.validation import validate
 from transformer.data import hf_tokenizer
 from transformer.data import sources
 from transformer.inference import loaded

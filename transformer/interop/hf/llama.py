@@ -22,7 +22,8 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from transformer.configuration import ConfigError
+from transformer.config.checks import is_int
+from transformer.config.errors import ConfigError
 from transformer.data import tokenizers
 from transformer.inference import loaded
 from transformer.interop.hf import common
@@ -92,7 +93,7 @@ def window_fields(fields: common.Fields, layer_types: list[str] | None,
   if "l" not in letters:
     return {"sliding_window": 0}
   window = fields.get("sliding_window")
-  if not isinstance(window, int) or window < 1:
+  if not is_int(window) or window < 1:
     raise ConfigError(f"{fields.where}: sliding_window={window!r}, but layer_types has "
                       "sliding layers; expected an integer >= 1")
   # Both conventions agree: a query sees its own key and the window - 1 before it

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from transformer.configuration import ConfigError
+from transformer.config.errors import ConfigError
 from transformer.interop.hf import common
 from transformer.model import layers
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from transformer.configuration import ConfigError
+from transformer.config.errors import ConfigError
 from transformer.interop.hf import common
 from transformer.interop.hf import llama
 

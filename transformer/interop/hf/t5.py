@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from absl import logging
 
-from transformer.configuration import ConfigError
+from transformer.config.errors import ConfigError
 from transformer.interop.hf import common
 
 # T5 v1.1's "gated-gelu" is gelu_new (tanh) on wi_0 times wi_1: geglu_tanh here.

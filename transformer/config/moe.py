@@ -1,18 +1,20 @@
 """Validation of the mixture-of-experts fields (model.mlp="moe"; README "Mixture of experts").
 
-`validate_moe` and `validate_expert_mesh` are steps of configuration.validate, in a
-module of their own to keep configuration.py within the project's module size;
-model/moe.py implements what they allow.
+`validate_moe` is a step of `model.validate_model`, `validate_expert_mesh` one of
+`validation.validate` (after the mesh is checked); model/moe.py implements what
+they allow, its `ROUTERS` table the names MOE_ROUTERS lists.
 """
 
 from __future__ import annotations
 
 import ml_collections
 
-from transformer.config_checks import check_choice, check_float, check_int, check_rate, fail
+from transformer.config.checks import (check_bool, check_choice, check_float, check_int,
+                                       check_rate, is_number)
+from transformer.config.errors import fail
 
 MLPS = ("dense", "moe")
-MOE_ROUTERS = ("softmax", "sigmoid")
+MOE_ROUTERS = ("softmax", "sigmoid")  # model/moe.py's ROUTERS (tests/test_config_registries.py).
 MOE_DISPATCHES = ("dropless", "capacity")
 
 
@@ -27,13 +29,12 @@ def validate_moe(config: ml_collections.ConfigDict) -> None:
   for key in ("moe_mlp_dim", "moe_shared_mlp_dim", "moe_offset"):
     check_int(config, m + key, 0)
   for key in ("moe_renormalize", "moe_shared_gate"):
-    if not isinstance(model[key], bool):
-      fail(m + key, model[key], "expected True or False")
+    check_bool(config, m + key)
   for key in ("moe_aux_loss", "moe_z_loss"):
     check_float(config, m + key, 0.0)
   check_rate(config, m + "moe_router_jitter")
   factor = model.moe_capacity_factor
-  if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
+  if not is_number(factor) or not factor > 0:
     fail(m + "moe_capacity_factor", factor, "expected a float > 0 (tokens an expert takes, "
           "as a multiple of its even share)")
   if model.experts_per_token > model.num_experts:

@@ -1,0 +1,75 @@
+"""Validation of the data.* fields: tokenizer, packing, local files, translation pairs.
+
+A step of `validation.validate`, after the model (some checks read model.arch,
+model.head and model.max_len). The data/ package implements what it allows.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from transformer.config.checks import check_choice, check_int, check_rate, is_number
+from transformer.config.errors import fail
+from transformer.config.model import objective_of
+
+TOKENIZERS = ("sentencepiece", "bytes", "char")
+SPM_MODEL_TYPES = ("unigram", "bpe")
+PACKINGS = ("pack", "pad")
+LM_WINDOWS = ("packed", "random")
+OVERLONG_POLICIES = ("truncate", "drop")
+DECODE_ERRORS = ("strict", "replace")
+# The datasets built from data.path: data/catalog.py's LOCAL_BUILDERS (held equal by a test).
+LOCAL_DATASETS = ("local_text", "local_parallel", "local_tsv")
+
+
+def validate_data(config: ml_collections.ConfigDict) -> None:
+  """The data.* fields, and how they fit the model (its objective, positions, vocabulary)."""
+  d, data, model = "data.", config.data, config.model
+  check_choice(config, d + "tokenizer", TOKENIZERS)
+  check_choice(config, d + "spm_model_type", SPM_MODEL_TYPES)
+  check_choice(config, d + "packing", PACKINGS)
+  check_choice(config, d + "lm_windows", LM_WINDOWS)
+  check_choice(config, d + "overlong", OVERLONG_POLICIES)
+  check_choice(config, d + "decode_errors", DECODE_ERRORS)
+  for key in ("seq_len", "batch_size", "num_threads", "spm_train_sentences",
+              "continuation_chars"):
+    check_int(config, d + key, 1)
+  for key in ("spm_vocab_size", "shuffle_rows"):
+    check_int(config, d + key, 0)
+  check_rate(config, d + "mask_rate")
+  if not is_number(data.val_fraction) or not 0.0 < data.val_fraction < 1.0:
+    fail(d + "val_fraction", data.val_fraction, "expected a fraction in (0, 1)")
+  if data.lm_windows == "random" and data.shuffle_rows:
+    fail(d + "shuffle_rows", data.shuffle_rows, "random LM windows (data.lm_windows="
+          "'random') are already drawn independently: set data.shuffle_rows=0, or "
+          "data.lm_windows='packed'")
+  if data.lm_windows == "random" and objective_of(model.arch, model.head) != "causal_lm":
+    fail(d + "lm_windows", "random", "random windows are a causal-LM sampling (model.arch="
+          f"'decoder', model.head='lm'), not for model.arch={model.arch!r}, "
+          f"model.head={model.head!r}; use 'packed'")
+  if model.head == "classification" and not data.label_key:
+    fail(d + "label_key", "", "a classification head needs the dataset's label feature "
+          "(e.g. 'label' for glue/sst2 and imdb_reviews)")
+  if not data.name:
+    fail(d + "name", data.name, "expected a TFDS dataset name such as 'python_stdlib', or "
+          f"one of {LOCAL_DATASETS} with data.path")
+  if data.name in LOCAL_DATASETS and not data.path:
+    fail(d + "path", data.path, f"data.name={data.name!r} builds a dataset from local "
+          "files: set data.path to the file or folder")
+  if data.path and data.name not in LOCAL_DATASETS:
+    fail(d + "path", data.path, f"only the local datasets {LOCAL_DATASETS} read "
+          f"data.path, and data.name={data.name!r}; set data.name or clear data.path")
+  if bool(data.source_language) != bool(data.target_language):
+    fail(d + "source_language" if not data.source_language else d + "target_language", "",
+          "translation needs both data.source_language and data.target_language "
+          f"(got {data.source_language!r} -> {data.target_language!r})")
+  if data.source_language and data.source_language == data.target_language:
+    fail(d + "target_language", data.target_language, "must differ from "
+          "data.source_language")
+  if model.vocab_size == 0 and data.tokenizer == "sentencepiece" and not data.spm_vocab_size:
+    fail(d + "spm_vocab_size", 0, "with model.vocab_size=0 (take the tokenizer's size), "
+          "SentencePiece needs its own size: set data.spm_vocab_size, e.g. 8000")
+  # Position tables have max_len rows; a lookup past the end returns NaN, not an error.
+  if data.seq_len > model.max_len and model.position in ("learned", "sinusoidal"):
+    fail(d + "seq_len", data.seq_len,
+          f"must be <= model.max_len={model.max_len} with {model.position} positions")

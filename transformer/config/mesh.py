@@ -1,0 +1,51 @@
+"""Validation of the mesh.* fields: the device mesh's axes and the logical-axis rules.
+
+A step of `validation.validate`; sharding.py builds the mesh and the rules from
+what it allows. LOGICAL_AXES is the vocabulary every weight and activation is
+labelled with (model/), MESH_AXES the axes a mesh.shape must name.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from transformer.config.checks import is_int
+from transformer.config.errors import fail
+
+MESH_AXES = ("data", "fsdp", "tensor")
+# Mesh axes a mesh.shape may leave out (a rule naming one maps to None then).
+OPTIONAL_MESH_AXES = ("expert",)
+LOGICAL_AXES = ("batch", "length", "embed", "heads", "kv_heads", "head_dim", "mlp",
+                "vocab", "layers", "expert")
+
+
+def validate_mesh(config: ml_collections.ConfigDict) -> None:
+  """mesh.shape names each mesh axis once with a valid size; mesh.rules map known axes."""
+  shape = config.mesh.shape
+  # Shape first: ('data', 2) is what (("data", 2)) parses to (one pair, no outer tuple).
+  pairs = isinstance(shape, (tuple, list)) and all(
+      isinstance(axis, (tuple, list)) and len(axis) == 2 and isinstance(axis[0], str)
+      and is_int(axis[1]) for axis in shape)
+  if not pairs:
+    fail("mesh.shape", shape, "expected a tuple of (name, size) pairs, one for each of "
+          f"{MESH_AXES}, e.g. ((\"data\", -1), (\"fsdp\", 1), (\"tensor\", 1))")
+  names = [axis[0] for axis in shape]
+  optional = [n for n in names if n in OPTIONAL_MESH_AXES]
+  if sorted(set(names) - set(optional)) != sorted(MESH_AXES) or len(set(names)) != len(names):
+    fail("mesh.shape", shape, f"expected one (name, size) pair for each of {MESH_AXES}, "
+          f"and optionally one for {OPTIONAL_MESH_AXES}")
+  sizes = [axis[1] for axis in shape]
+  if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
+    fail("mesh.shape", shape, "sizes must be positive, with at most one -1")
+  rules = config.mesh.rules
+  if not (isinstance(rules, (tuple, list))
+          and all(isinstance(r, (tuple, list)) and len(r) == 2 for r in rules)):
+    fail("mesh.rules", rules, "expected a tuple of (logical axis, mesh axes) pairs")
+  for logical, mesh_axes in rules:
+    if logical not in LOGICAL_AXES:
+      fail("mesh.rules", logical, f"logical axes are {LOGICAL_AXES}")
+    targets = mesh_axes if isinstance(mesh_axes, (tuple, list)) else (mesh_axes,)
+    for target in targets:
+      if target is not None and target not in MESH_AXES + OPTIONAL_MESH_AXES:
+        fail("mesh.rules", (logical, mesh_axes),
+              f"mesh axes are {MESH_AXES + OPTIONAL_MESH_AXES} or None")

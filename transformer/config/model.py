@@ -1,0 +1,231 @@
+"""Validation of the model.* fields, and the frozen ModelConfig the modules read.
+
+`validate_model` checks each model.* value, then the combinations the modules
+cannot build; the Llama/Gemma axes (modern.py) and mixture of experts (moe.py) are
+steps of it. `ModelConfig` is the one object the model modules see, generated from
+configs/base.py's model block (one field per key, never restated here); eval and
+decode variants come from `dataclasses.replace` (Flax wmt style).
+
+The valid values of each choice key are the tuples below. REMAT_POLICIES is the
+implementing table itself (jax's policies: data, so it lives at the ground, and
+model/layers.py and planning/search.py read it); ARCHS, ACTIVATIONS and NORM_TYPES
+name code in model/ (architecture classes, activation functions, norm modules) that
+this ground module may not import, and tests/test_config_registries.py holds each
+equal to its table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from configs import base
+from transformer.config import moe
+from transformer.config import modern
+from transformer.config.checks import (check_bool, check_choice, check_int, check_positive,
+                                       check_rate, is_int)
+from transformer.config.errors import fail
+
+# The valid values of each model.* choice key, each in the order its error lists them.
+# Tables in model/ the names must equal (tests/test_config_registries.py): ARCHS is
+# models.py's ARCHITECTURES (and OBJECTIVES' topologies), ACTIVATIONS mlp.py's
+# ACTIVATION_FNS, NORM_TYPES norms.py's NORM_TYPES. The others are branches of model/
+# code, tied by the modules' tests.
+ARCHS = ("decoder", "encoder", "encoder_decoder")
+HEADS = ("lm", "mlm", "classification")
+POOLINGS = ("cls", "mean", "last")
+# model.remat -> the policy nn.remat saves activations by; "none" does not rematerialise.
+# The table itself: model/layers.py and planning/search.py read it from here.
+REMAT_POLICIES: dict[str, Any] = {
+    "none": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.checkpoint_dots,
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+POSITIONS = ("learned", "sinusoidal", "rope", "relative", "alibi", "none")
+NORMS = ("pre", "post", "sandwich")
+NORM_TYPES = ("layernorm", "rmsnorm")
+INITS = ("gpt2", "bert", "xavier")
+SINUSOIDAL_LAYOUTS = ("interleaved", "halves")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh")
+GATED_ACTIVATIONS = ("swiglu", "geglu", "geglu_tanh")  # silu/gelu(x W) * (x V) in mlp.py.
+# "einsum": attention.py's reference; the others are jax.nn.dot_product_attention's.
+ATTENTION_IMPLS = ("xla", "cudnn", "einsum")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def validate_model(config: ml_collections.ConfigDict) -> None:
+  """Checks the model.* fields: each value, the topology, modern axes, MoE, then shapes.
+
+  Args:
+    config: the full experiment config (a few checks read other groups).
+
+  Raises:
+    ConfigError: naming the key, the offending value and what would be valid.
+  """
+  m = "model."
+  check_choice(config, m + "arch", ARCHS)
+  check_choice(config, m + "head", HEADS)
+  check_choice(config, m + "remat", tuple(REMAT_POLICIES))
+  for key in ("d_model", "num_layers", "num_heads", "mlp_dim", "max_len",
+              "num_classes", "relative_buckets", "relative_max_distance"):
+    check_int(config, m + key, 1)
+  for key in ("vocab_size", "num_kv_heads", "head_dim", "num_decoder_layers"):
+    check_int(config, m + key, 0)
+  check_choice(config, m + "position", POSITIONS)
+  check_choice(config, m + "norm", NORMS)
+  check_choice(config, m + "norm_type", NORM_TYPES)
+  check_choice(config, m + "activation", ACTIVATIONS)
+  check_choice(config, m + "init", INITS)
+  check_choice(config, m + "sinusoidal_layout", SINUSOIDAL_LAYOUTS)
+  check_int(config, m + "num_token_types", 0)
+  for key in ("pooler", "logits_bias"):
+    check_bool(config, m + key)
+  never = config.model.never_predict
+  if not isinstance(never, (tuple, list)) or not all(
+      is_int(i) and 0 <= i and
+      (config.model.vocab_size == 0 or i < config.model.vocab_size) for i in never):
+    fail(m + "never_predict", never, "expected a tuple of token ids in [0, model.vocab_size)")
+  check_bool(config, m + "embed_norm")
+  check_choice(config, m + "attention_impl", ATTENTION_IMPLS)
+  check_choice(config, m + "dtype", DTYPES)
+  check_choice(config, m + "param_dtype", DTYPES[1:])
+  for key in ("embed_dropout", "residual_dropout", "attention_dropout", "mlp_dropout"):
+    check_rate(config, m + key)
+  model = config.model
+  _validate_topology(model)
+  modern.validate_modern_axes(config)
+  moe.validate_moe(config)
+  check_positive(config, m + "norm_epsilon")
+  if model.head_dim == 0 and model.d_model % model.num_heads:
+    fail(m + "num_heads", model.num_heads,
+          f"must divide model.d_model={model.d_model} when model.head_dim=0; "
+          f"pick a divisor of {model.d_model} or set model.head_dim explicitly")
+  kv_heads = model.num_kv_heads or model.num_heads
+  if model.num_heads % kv_heads:
+    fail(m + "num_kv_heads", model.num_kv_heads,
+          f"must divide model.num_heads={model.num_heads} (0 means num_heads)")
+  if model.attention_dropout > 0 and model.attention_impl != "einsum":
+    fail(m + "attention_dropout", model.attention_dropout,
+          f"jax.nn.dot_product_attention (model.attention_impl={model.attention_impl!r}) "
+          "has no dropout on attention probabilities; set model.attention_dropout=0.0 "
+          "or model.attention_impl='einsum'")
+
+
+# Which heads each topology can carry, and the training objective each pair implies.
+OBJECTIVES = {
+    ("decoder", "lm"): "causal_lm",
+    ("decoder", "classification"): "classification",
+    ("encoder", "mlm"): "masked_lm",
+    ("encoder", "classification"): "classification",
+    ("encoder_decoder", "lm"): "seq2seq",
+}
+
+
+def objective_of(arch: str, head: str) -> str:
+  """The training objective of a (topology, head) pair; raises ConfigError if none."""
+  if (arch, head) not in OBJECTIVES:
+    valid = sorted(h for a, h in OBJECTIVES if a == arch)
+    fail("model.head", head, f"model.arch={arch!r} supports heads {valid}")
+  return OBJECTIVES[(arch, head)]
+
+
+def _validate_topology(model: ml_collections.ConfigDict) -> None:
+  objective_of(model.arch, model.head)
+  if model.head == "classification":
+    if model.pooling not in POOLINGS:
+      fail("model.pooling", model.pooling,
+            f"a classification head needs a pooling rule: one of {POOLINGS}")
+    if model.arch == "decoder" and model.pooling == "cls":
+      fail("model.pooling", "cls", "a causal decoder's first token sees nothing after "
+            "it; use 'last' or 'mean' on a decoder")
+    if model.arch == "encoder" and model.pooling == "last":
+      fail("model.pooling", "last", "on a bidirectional encoder use 'cls' or 'mean'")
+  if model.logits_bias and model.head != "lm":
+    fail("model.logits_bias", True, f"a bias on LM logits needs model.head='lm' (the mlm "
+          f"head has its own bias), not {model.head!r}")
+  if model.pooler and model.head == "lm":
+    fail("model.pooler", True, "the pooler feeds a classifier: use it with "
+          "model.head='classification' (or 'mlm', which keeps BERT's pooler for fine-tuning)")
+  if model.share_embeddings and model.arch != "encoder_decoder":
+    fail("model.share_embeddings", True, "source/target sharing needs "
+          "model.arch='encoder_decoder'")
+  head_dim = model.head_dim or model.d_model // model.num_heads
+  if model.position == "rope" and head_dim % 2:
+    fail("model.position", "rope",
+          f"rotary embeddings need an even head_dim, and head_dim={head_dim} (model.head_dim="
+          f"{model.head_dim}, else model.d_model={model.d_model} // model.num_heads="
+          f"{model.num_heads}); pick another model.head_dim or model.num_heads")
+
+
+def resolve_dtype(name: str) -> jnp.dtype:
+  """Maps a dtype name to a jnp dtype; "auto" is bfloat16 on GPU/TPU, float32 on CPU."""
+  if name == "auto":
+    return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
+  return jnp.dtype(name)
+
+
+# The model.* keys the modules never read: the MoE loss weights enter the train step's
+# loss (training/), so a change to them does not make a new model (nor a new jit key).
+NOT_MODEL_FIELDS = ("moe_aux_loss", "moe_z_loss")
+# Fields whose type after `from_config` is not the key's: names resolved to dtypes.
+_RESOLVED_TYPES = {"dtype": Any, "param_dtype": Any, "never_predict": tuple[int, ...]}
+
+
+class _ModelConfigMethods:
+  """The behaviour of ModelConfig; its fields are generated below from configs/base.py."""
+
+  @classmethod
+  def from_config(cls, model: ml_collections.ConfigDict) -> "ModelConfig":
+    """Builds the frozen config from `config.model`, filling the 0 = derived fields."""
+    if model.vocab_size == 0:
+      raise ValueError("config.model.vocab_size=0 must be resolved from the tokenizer first "
+                       "(transformer.data.sources.resolved_vocab_size)")
+    fields = {f.name for f in dataclasses.fields(cls)} - {"deterministic", "decode"}
+    values = {k: model[k] for k in fields}
+    values["num_kv_heads"] = model.num_kv_heads or model.num_heads
+    values["head_dim"] = model.head_dim or model.d_model // model.num_heads
+    values["num_decoder_layers"] = model.num_decoder_layers or model.num_layers
+    values["never_predict"] = tuple(model.never_predict)
+    values["moe_mlp_dim"] = model.moe_mlp_dim or model.mlp_dim
+    values["rope_local_max_wavelength"] = (model.rope_local_max_wavelength
+                                           or model.rope_max_wavelength)
+    values["dtype"] = resolve_dtype(model.dtype)
+    values["param_dtype"] = resolve_dtype(model.param_dtype)
+    return cls(**values)
+
+  def moe_layers(self, num_layers: int) -> tuple[bool, ...]:
+    """Which of a stack's `num_layers` blocks have a mixture of experts (mlp="moe")."""
+    if self.mlp != "moe":
+      return (False,) * num_layers
+    return tuple(i % self.moe_every == self.moe_offset for i in range(num_layers))
+
+  def local_layers(self, num_layers: int) -> tuple[bool, ...]:
+    """Which of a stack's `num_layers` blocks use the sliding window (window_pattern tiled)."""
+    if not self.sliding_window:
+      return (False,) * num_layers
+    pattern = self.window_pattern
+    return tuple(pattern[i % len(pattern)] == "l" for i in range(num_layers))
+
+
+def _fields() -> list[tuple[str, Any, dataclasses.Field]]:
+  """One field per configs/base.py model key (sorted), then the two mode flags."""
+  declared = base.get_config().model
+  fields = [(key, _RESOLVED_TYPES.get(key, type(value))) for key, value in declared.items()
+            if key not in NOT_MODEL_FIELDS]
+  return fields + [
+      ("deterministic", bool, dataclasses.field(default=False)),  # Evaluation: no dropout.
+      # Autoregressive decoding: causal self-attention appends its keys and values to a
+      # "cache" collection of max_len slots, slot = token position (see decoding.py).
+      ("decode", bool, dataclasses.field(default=False)),
+  ]
+
+
+ModelConfig = dataclasses.make_dataclass(
+    "ModelConfig", _fields(), bases=(_ModelConfigMethods,), frozen=True,
+    namespace={"__module__": __name__, "__doc__": "Everything the model modules read, "
+               "resolved and frozen (hashable for jit); fields: configs/base.py's model.*."})

@@ -1,0 +1,101 @@
+"""Validation of the optimizer.*, train.* and checkpoint.* fields, and init_from.
+
+Steps of `validation.validate`. training/optim.py's SCHEDULES table implements the
+names SCHEDULES lists (tests/test_config_registries.py holds them equal).
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from transformer.config.checks import (check_choice, check_float, check_int, check_positive,
+                                       check_rate, is_number, lookup)
+from transformer.config.errors import fail
+
+SCHEDULES = ("warmup_rsqrt", "noam", "cosine", "constant")
+
+
+def validate_optimizer(config: ml_collections.ConfigDict) -> None:
+  """The optimizer.* fields, and the schedule's length against the run's."""
+  o = "optimizer."
+  check_choice(config, o + "schedule", SCHEDULES)
+  check_int(config, o + "warmup_steps", 0)
+  if config.optimizer.schedule == "noam" and config.optimizer.warmup_steps == 0:
+    fail(o + "warmup_steps", 0, "the noam schedule divides by warmup; expected >= 1")
+  for key in ("learning_rate", "noam_scale", "eps"):
+    check_positive(config, o + key)
+  for key in ("b1", "b2", "label_smoothing"):
+    check_rate(config, o + key)
+  check_float(config, o + "z_loss", 0.0)
+  for key in ("weight_decay", "grad_clip_norm"):
+    check_float(config, o + key, 0)
+  check_int(config, o + "decay_steps", 0)
+  check_int(config, o + "skip_nonfinite", 0)
+  opt = config.optimizer
+  min_lr = opt.min_learning_rate
+  if not is_number(min_lr) or not 0 <= min_lr <= opt.learning_rate:
+    fail(o + "min_learning_rate", min_lr,
+          f"expected a float in [0, optimizer.learning_rate={opt.learning_rate}]")
+  if opt.schedule == "cosine":
+    check_int(config, "train.num_steps", 1)  # The decay length when decay_steps is 0.
+    decay_steps = opt.decay_steps or config.train.num_steps
+    if decay_steps <= opt.warmup_steps and opt.decay_steps == 0:
+      # The decay length is train.num_steps, the key a short run sets: name it first.
+      fail("train.num_steps", config.train.num_steps,
+            "with optimizer.schedule='cosine' and optimizer.decay_steps=0 the run is the "
+            "cosine's length, which must end after the warmup: expected > "
+            f"optimizer.warmup_steps={opt.warmup_steps}; set train.num_steps above "
+            f"{opt.warmup_steps}, or lower the warmup (e.g. --config.optimizer.warmup_steps="
+            f"{max(config.train.num_steps // 10, 0)})")
+    if decay_steps <= opt.warmup_steps:
+      fail(o + "decay_steps", opt.decay_steps,
+            "with optimizer.schedule='cosine' the decay must end after the warmup (it counts "
+            f"the warmup too): expected > optimizer.warmup_steps={opt.warmup_steps}")
+
+
+def validate_train(config: ml_collections.ConfigDict) -> None:
+  """The train.* and checkpoint.* cadences, and init_from's type."""
+  t = "train."
+  check_int(config, t + "num_steps", 1)
+  check_int(config, t + "microbatches", 1)
+  check_int(config, t + "log_every", 1)
+  check_int(config, t + "eval_every", 1)
+  if config.train.eval_batches != -1:
+    check_int(config, t + "eval_batches", 1)
+  check_int(config, "checkpoint.every", 1)
+  check_int(config, "checkpoint.keep", 1)
+  check_int(config, t + "steps_per_call", 1)
+  check_steps_per_call(config)
+  # Only the type here: whether the path holds a usable checkpoint is checked when loading.
+  if not isinstance(config.init_from, str):
+    fail("init_from", config.init_from, "expected '' or the path of a run's workdir or of "
+          "one of its checkpoints/<step> directories")
+
+
+def check_steps_per_call(config: ml_collections.ConfigDict) -> None:
+  """Rows, evaluations and checkpoints fall between calls: each cadence is a multiple."""
+  per_call = config.train.steps_per_call
+  for key in ("train.log_every", "train.eval_every", "checkpoint.every"):
+    every = lookup(config, key)
+    if every % per_call:
+      divisors = [d for d in range(1, every + 1) if every % d == 0]
+      fail("train.steps_per_call", per_call,
+           f"{key}={every} is not a multiple of it: a call runs its steps without a "
+           "stop in between, so every logged row, evaluation and checkpoint falls "
+           f"between calls; use a divisor of {every} (" + ", ".join(map(str, divisors[:12]))
+           + (", ..." if len(divisors) > 12 else "") + f") or make {key} a multiple of "
+           f"{per_call}")
+
+
+def validate_evaluation_hooks(config: ml_collections.ConfigDict) -> None:
+  """The train.* fields of the hooks that evaluate during training: BLEU, samples."""
+  t = "train."
+  check_int(config, t + "bleu_examples", 0)
+  if config.train.bleu_examples and not (config.data.source_language and
+                                         config.model.arch == "encoder_decoder"):
+    fail(t + "bleu_examples", config.train.bleu_examples, "BLEU is computed for "
+          "translation runs: model.arch='encoder_decoder' with data.source_language and "
+          "data.target_language set")
+  if config.train.sample_prompt and config.model.arch != "decoder":
+    fail(t + "sample_prompt", config.train.sample_prompt, "samples come from a decoder "
+          f"LM (model.arch='decoder'), not model.arch={config.model.arch!r}")
