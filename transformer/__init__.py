@@ -5,6 +5,8 @@ tests/test_layout.py holds the table and enforces it):
 
   config_checks.py  ConfigError and the field checks validation is built from
   moe_config.py     validation of the mixture-of-experts fields (model.mlp="moe")
+  objective.py      the training objectives, one Objective each, resolved from
+                    (model.arch, model.head): inputs, targets, sides, pipeline, modes
   configuration.py  validate(config), the frozen ModelConfig, errors a user can act on
   distributed.py    jax.distributed start, barriers, failing together
   hardware.py       the one table of accelerator chips: memory, peaks, bandwidths

@@ -17,6 +17,7 @@ import ml_collections
 
 from transformer import config_checks
 from transformer import moe_config
+from transformer import objective as objective_lib
 from transformer.config_checks import (check_choice, check_float, check_int, check_rate,
                                        fail, lookup)
 
@@ -254,7 +255,7 @@ def _validate_data(config: ml_collections.ConfigDict) -> None:
     fail(d + "shuffle_rows", data.shuffle_rows, "random LM windows (data.lm_windows="
           "'random') are already drawn independently: set data.shuffle_rows=0, or "
           "data.lm_windows='packed'")
-  if data.lm_windows == "random" and objective_of(model.arch, model.head) != "causal_lm":
+  if data.lm_windows == "random" and not objective_lib.resolve(model).generates:
     fail(d + "lm_windows", "random", "random windows are a causal-LM sampling (model.arch="
           f"'decoder', model.head='lm'), not for model.arch={model.arch!r}, "
           f"model.head={model.head!r}; use 'packed'")
@@ -286,26 +287,17 @@ def _validate_data(config: ml_collections.ConfigDict) -> None:
           f"must be <= model.max_len={model.max_len} with {model.position} positions")
 
 
-# Which heads each topology can carry, and the training objective each pair implies.
-OBJECTIVES = {
-    ("decoder", "lm"): "causal_lm",
-    ("decoder", "classification"): "classification",
-    ("encoder", "mlm"): "masked_lm",
-    ("encoder", "classification"): "classification",
-    ("encoder_decoder", "lm"): "seq2seq",
-}
-
-
 def objective_of(arch: str, head: str) -> str:
-  """The training objective of a (topology, head) pair; raises ConfigError if none."""
-  if (arch, head) not in OBJECTIVES:
-    valid = sorted(h for a, h in OBJECTIVES if a == arch)
-    fail("model.head", head, f"model.arch={arch!r} supports heads {valid}")
-  return OBJECTIVES[(arch, head)]
+  """The name of a (topology, head) pair's objective (objective.of has the entry).
+
+  Raises:
+    ConfigError: for a pair no objective trains, listing the topology's heads.
+  """
+  return objective_lib.of(arch, head).name
 
 
 def _validate_topology(model: ml_collections.ConfigDict) -> None:
-  objective_of(model.arch, model.head)
+  objective_lib.resolve(model)
   if model.head == "classification":
     if model.pooling not in POOLINGS:
       fail("model.pooling", model.pooling,

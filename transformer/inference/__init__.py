@@ -5,5 +5,5 @@
   decoding.py  KV-cached generation: greedy, sampling, beam search; decoder and enc-dec
   text.py      text -> ids -> length-sorted batches -> decoding -> text; sacreBLEU/chrF
 
-May import: configuration, sharding, model, data, workdir.
+May import: configuration, objective, sharding, model, data, workdir.
 """

@@ -11,7 +11,7 @@ What lives where (imports run downwards; nothing here imports transformer.cli):
   search.py       levers tried when a step does not fit; the mesh search
   report.py       console lines and the --output JSON
 
-May import: configuration, distributed, hardware, sharding, model, data, inference,
-training, workdir (tests/test_layout.py). jax is imported by these modules, so import the package
-only once the mode runs (transformer/cli/compile.py does).
+May import: configuration, objective, distributed, hardware, sharding, model, data,
+inference, training, workdir (tests/test_layout.py). jax is imported by these modules, so
+import the package only once the mode runs (transformer/cli/compile.py does).
 """
