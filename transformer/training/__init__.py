@@ -11,6 +11,6 @@
   metrics.py          metric sums, metrics.jsonl and TensorBoard, the progress line
   flops.py            model FLOPs per step, device peaks, MFU's denominator
 
-May import: configuration, objective, distributed, hardware, sharding, model, data, inference,
-workdir. Never reports/ (plots are drawn by cli/train.py after the loop).
+May import: configuration, objective, distributed, hardware, sharding, model, data,
+inference, workdir. Never reports/ (plots are drawn by cli/train.py after the loop).
 """
