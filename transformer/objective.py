@@ -29,10 +29,10 @@ class Objective:
     name: what logs, evaluate's record and messages call it.
     pairs: the (model.arch, model.head) pairs that train this objective.
     model_inputs: the batch fields passed to `model.apply`, in order.
+    pipeline: the key of the input pipeline in `data.pipeline.PIPELINES`.
     target: the batch field the logits are scored against ("targets" or "label").
     sides: token sequences a step reads per row (2 for an encoder-decoder's source
       and target), for tokens/s and the step cost.
-    pipeline: the key of the input pipeline in `data.pipeline.PIPELINES`.
     classifies: one class per example: the target is (rows,), the logits are classes
       (model.never_predict does not apply), evaluate counts examples, not tokens, and
       reports no perplexity; what --mode=classify needs.
@@ -45,9 +45,9 @@ class Objective:
   name: str
   pairs: tuple[tuple[str, str], ...]
   model_inputs: tuple[str, ...]
+  pipeline: str
   target: str = "targets"
   sides: int = 1
-  pipeline: str = ""
   classifies: bool = False
   translates: bool = False
   generates: bool = False
