@@ -30,7 +30,7 @@ import tensorflow_datasets as tfds
 
 import shapes  # benchmarks/shapes.py; pylint: disable=g-bad-import-order
 from configs import base
-from transformer.config.model import objective_of
+from transformer.config import objective as objective_lib
 from transformer.data import pipeline
 from transformer.data import sources
 
@@ -79,7 +79,7 @@ def measure_pipeline(config: ml_collections.ConfigDict, rounds: int, seconds: fl
   Rounds alternate ~`seconds` of batches with `tiny_step()` (seconds per step, timed
   then), so that both see the same load on a shared machine.
   """
-  objective = objective_of(config.model.arch, config.model.head)
+  objective = objective_lib.resolve(config.model)
   start = time.perf_counter()
   data_sources = sources.load_sources(config)  # Prepared already (built before timing).
   dataset = pipeline.make_dataset(
@@ -90,7 +90,7 @@ def measure_pipeline(config: ml_collections.ConfigDict, rounds: int, seconds: fl
   iterator = iter(dataset)
   next(iterator)
   first = time.perf_counter() - start
-  tokens = (2 if objective == "seq2seq" else 1) * config.data.batch_size * config.data.seq_len
+  tokens = objective.sides * config.data.batch_size * config.data.seq_len
   rates, ratios = [], []
   for _ in range(rounds):
     batches, start = 0, time.perf_counter()
@@ -99,7 +99,7 @@ def measure_pipeline(config: ml_collections.ConfigDict, rounds: int, seconds: fl
       batches += 1
     rates.append(batches * tokens / (time.perf_counter() - start))
     ratios.append(rates[-1] / (TINY_TOKENS / tiny_step()))
-  return dict(objective=objective, setup=setup, first=first, tokens_per_second=max(rates),
+  return dict(objective=objective.name, setup=setup, first=first, tokens_per_second=max(rates),
               ratio=statistics.median(ratios))
 
 

@@ -30,7 +30,7 @@ from transformer.training import flops
 from transformer.model import objectives
 from transformer import sharding
 from transformer.training import trainer as trainer_lib
-from transformer.config.model import objective_of
+from transformer.config import objective as objective_lib
 from transformer.data import tokenizers
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
@@ -103,7 +103,7 @@ def make_trainer(config: ml_collections.ConfigDict) -> trainer_lib.Trainer:
 
 def random_batch(config: ml_collections.ConfigDict, seed: int = 0) -> dict[str, np.ndarray]:
   """A full batch of random token ids with every field the objective reads."""
-  objective = objective_of(config.model.arch, config.model.head)
+  objective = objective_lib.resolve(config.model)
   batch = objectives.init_batch(objective, config.data.batch_size, config.data.seq_len)
   rng = np.random.default_rng(seed)
   shape = (config.data.batch_size, config.data.seq_len)

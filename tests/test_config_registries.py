@@ -25,6 +25,7 @@ from transformer.cli import keys
 from transformer.config import data as data_config
 from transformer.config import decode as decode_config
 from transformer.config import model as model_config
+from transformer.config import objective as objective_lib
 from transformer.config import modern as modern_config
 from transformer.config import moe as moe_config
 from transformer.config import train as train_config
@@ -87,11 +88,12 @@ def test_gated_activations_are_activations():
 
 def test_objectives_table_covers_the_topologies_and_the_objective_code():
   """(arch, head) -> objective: every arch is a model class, every objective has inputs."""
-  archs = tuple(dict.fromkeys(arch for arch, _ in model_config.OBJECTIVES))
-  heads = {head for _, head in model_config.OBJECTIVES}
-  assert archs == model_config.ARCHS
+  pairs = [pair for o in objective_lib.OBJECTIVES.values() for pair in o.pairs]
+  archs = set(arch for arch, _ in pairs)
+  heads = {head for _, head in pairs}
+  assert archs == set(model_config.ARCHS)
   assert heads == set(model_config.HEADS) == set(_rejected_listing("model.head"))
-  assert set(model_config.OBJECTIVES.values()) == set(objectives.MODEL_INPUTS)
+  assert all(o.model_inputs for o in objective_lib.OBJECTIVES.values())
 
 
 def test_local_datasets_are_the_catalog_builders():

@@ -4,7 +4,8 @@ From the ground up (each part imports only those above it in this list;
 tests/test_layout.py holds the table and enforces it):
 
   config/           validate(config) by concern (model, moe, data, decode, train, mesh),
-                    the choice registries, ConfigError, the frozen ModelConfig
+                    the choice registries, the training objectives (one Objective
+                    each), ConfigError, the frozen ModelConfig
   distributed.py    jax.distributed start, barriers, failing together
   hardware.py       the one table of accelerator chips: memory, peaks, bandwidths
   sharding.py       the device mesh, logical-axis rules, the sharding report

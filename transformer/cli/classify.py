@@ -23,6 +23,7 @@ import numpy as np
 from absl import flags
 from absl import logging
 
+from transformer.config import objective as objective_lib
 from transformer.cli import common
 from transformer.config.errors import ConfigError
 from transformer.data import packing
@@ -76,7 +77,7 @@ def classify(workdir: str, *, input_path: str = "", output_path: str = "",
   lines = common.read_lines(input_path, stdin or sys.stdin)
   run = loaded.load_run(workdir, config=config, checkpoint_step=checkpoint_step,
                         average_last=average_last, decode_overrides=decode_overrides)
-  if run.config.model.head != "classification":
+  if not objective_lib.resolve(run.config.model).classifies:
     raise ConfigError(f"--mode=classify needs a model with head='classification'; {workdir} "
                       f"holds arch={run.config.model.arch!r}, head={run.config.model.head!r}. "
                       "Use --mode=generate for a decoder LM, --mode=translate for an "

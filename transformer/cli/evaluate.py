@@ -17,9 +17,9 @@ import jax
 import ml_collections
 from absl import flags
 
+from transformer.config import objective as objective_lib
 from transformer.cli import common
 from transformer.config.errors import ConfigError
-from transformer.config.model import objective_of
 from transformer.data import catalog
 from transformer.data import pipeline
 from transformer.data import sources
@@ -111,7 +111,7 @@ def evaluate(workdir: str, *, config: ml_collections.ConfigDict | None = None,
     # The user named the split with --split, not with the config key.
     raise ConfigError(str(e).replace(named, f"--split={split!r}")) from None
   sources.check_features(config, builder)
-  objective = objective_of(config.model.arch, config.model.head)
+  objective = objective_lib.resolve(config.model)
   source = builder.as_data_source(split=split)
   if max_examples > 0:
     source = _FirstExamples(source, max_examples)
@@ -126,16 +126,16 @@ def evaluate(workdir: str, *, config: ml_collections.ConfigDict | None = None,
   with scorer.context():
     sums = trainer_lib.evaluate_split(scorer, run.params, dataset, local_batch_size)
   metrics = {k.removeprefix("eval_"): v for k, v in sums.items()}
-  if objective == "classification":  # One weight per example; perplexity means little.
+  if objective.classifies:  # One weight per example; perplexity means little.
     metrics["examples"] = metrics.pop("tokens")
     metrics.pop("perplexity", None)
   record: dict[str, Any] = {
       "workdir": os.path.abspath(workdir), "dataset": builder.info.full_name,
-      "split": split, "examples": len(source), "objective": objective,
+      "split": split, "examples": len(source), "objective": objective.name,
       "checkpoint_steps": run.steps, "metrics": metrics}
   if max_examples > 0:
     record["max_examples"] = max_examples
-  if objective == "seq2seq" and sources.is_translation(config.data):
+  if objective.translates and sources.is_translation(config.data):
     texts, references = text.source_and_reference_texts(config.data, source)
     policy = text.LengthPolicy(config.decode.overlong, text.source_context(config),
                                      "source", "min(data.seq_len, model.max_len), eos included")

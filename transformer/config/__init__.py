@@ -8,6 +8,8 @@ Cut by concern, from the ground up:
   checks.py      the typed field checks (is_int, is_number, check_int, check_bool, ...)
   modern.py      the Llama / Mistral / Qwen / Gemma axes: windows, softcaps, RoPE variants
   moe.py         the mixture-of-experts fields and their split over the mesh
+  objective.py   the training objectives, one Objective each, resolved once from
+                 (model.arch, model.head): inputs, targets, sides, pipeline, modes
   model.py       validate_model, the model choice registries (REMAT_POLICIES, ...),
                  objective_of, and ModelConfig generated from base.py's model block
   data.py        the data.* fields

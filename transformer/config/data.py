@@ -10,7 +10,7 @@ import ml_collections
 
 from transformer.config.checks import check_choice, check_int, check_rate, is_number
 from transformer.config.errors import fail
-from transformer.config.model import objective_of
+from transformer.config import objective as objective_lib
 
 TOKENIZERS = ("sentencepiece", "bytes", "char")
 SPM_MODEL_TYPES = ("unigram", "bpe")
@@ -43,7 +43,7 @@ def validate_data(config: ml_collections.ConfigDict) -> None:
     fail(d + "shuffle_rows", data.shuffle_rows, "random LM windows (data.lm_windows="
           "'random') are already drawn independently: set data.shuffle_rows=0, or "
           "data.lm_windows='packed'")
-  if data.lm_windows == "random" and objective_of(model.arch, model.head) != "causal_lm":
+  if data.lm_windows == "random" and not objective_lib.resolve(model).generates:
     fail(d + "lm_windows", "random", "random windows are a causal-LM sampling (model.arch="
           f"'decoder', model.head='lm'), not for model.arch={model.arch!r}, "
           f"model.head={model.head!r}; use 'packed'")

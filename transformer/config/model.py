@@ -25,6 +25,7 @@ import ml_collections
 
 from configs import base
 from transformer.config import moe
+from transformer.config import objective as objective_lib
 from transformer.config import modern
 from transformer.config.checks import (check_bool, check_choice, check_int, check_positive,
                                        check_rate, is_int)
@@ -116,26 +117,17 @@ def validate_model(config: ml_collections.ConfigDict) -> None:
           "or model.attention_impl='einsum'")
 
 
-# Which heads each topology can carry, and the training objective each pair implies.
-OBJECTIVES = {
-    ("decoder", "lm"): "causal_lm",
-    ("decoder", "classification"): "classification",
-    ("encoder", "mlm"): "masked_lm",
-    ("encoder", "classification"): "classification",
-    ("encoder_decoder", "lm"): "seq2seq",
-}
-
-
 def objective_of(arch: str, head: str) -> str:
-  """The training objective of a (topology, head) pair; raises ConfigError if none."""
-  if (arch, head) not in OBJECTIVES:
-    valid = sorted(h for a, h in OBJECTIVES if a == arch)
-    fail("model.head", head, f"model.arch={arch!r} supports heads {valid}")
-  return OBJECTIVES[(arch, head)]
+  """The name of a (topology, head) pair's objective (config/objective.py has the entry).
+
+  Raises:
+    ConfigError: for a pair no objective trains, listing the topology's heads.
+  """
+  return objective_lib.of(arch, head).name
 
 
 def _validate_topology(model: ml_collections.ConfigDict) -> None:
-  objective_of(model.arch, model.head)
+  objective_lib.resolve(model)
   if model.head == "classification":
     if model.pooling not in POOLINGS:
       fail("model.pooling", model.pooling,

@@ -11,7 +11,7 @@
   lm.py              causal and masked LM rows
   seq2seq.py         translation / continuation pairs, packed or padded
   classification.py  one labelled example per row
-  pipeline.py        objective -> pipeline
+  pipeline.py        Objective.pipeline -> its grain dataset (PIPELINES)
 
 May import: config, distributed, workdir.
 """

@@ -8,16 +8,17 @@ The data package, by file:
   sources.py         the dataset + tokenizer of a run, checked against the config
   packing.py         reading, shuffling, length limits, padding and eval batching
   lm.py, seq2seq.py, classification.py             the per-objective transforms
-  pipeline.py        this file: objective -> pipeline
+  pipeline.py        this file: Objective.pipeline -> PIPELINES, the grain dataset
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import grain
 import ml_collections
 
+from transformer.config import objective as objective_lib
 from transformer.data import classification
 from transformer.data import lm
 from transformer.data import seq2seq
@@ -25,15 +26,52 @@ from transformer.data import sources as sources_lib
 from transformer.data import tokenizers
 
 
-def make_dataset(config: ml_collections.ConfigDict, objective: str, source: Any,
-                 tokenizer: tokenizers.Tokenizer, *, train: bool, batch_size: int,
-                 split: str = "", process_index: int = 0,
+def _lm(config, source, tokenizer, split, common):
+  data = config.data
+  return lm.make_lm_dataset(source, tokenizer, text_key=data.text_key, seq_len=data.seq_len,
+                            shuffle_rows=data.shuffle_rows, windows=data.lm_windows, **common)
+
+
+def _mlm(config, source, tokenizer, split, common):
+  data = config.data
+  return lm.make_mlm_dataset(source, tokenizer, text_key=data.text_key, seq_len=data.seq_len,
+                             mask_rate=data.mask_rate, shuffle_rows=data.shuffle_rows, **common)
+
+
+def _seq2seq(config, source, tokenizer, split, common):
+  data = config.data
+  if sources_lib.is_translation(data):
+    inputs_fn = seq2seq.translation_pairs(data.source_language, data.target_language)
+  else:
+    inputs_fn = seq2seq.continuation_pairs(data.text_key, data.continuation_chars,
+                                           data.continuation_chars)
+  return seq2seq.make_seq2seq_dataset(
+      source, tokenizer, inputs_fn=inputs_fn, source_len=data.seq_len,
+      target_len=data.seq_len, packing_mode=data.packing, overlong=data.overlong, **common)
+
+
+def _classification(config, source, tokenizer, split, common):
+  data = config.data
+  return classification.make_classification_dataset(
+      source, tokenizer, text_key=data.text_key, label_key=data.label_key,
+      num_classes=config.model.num_classes, seq_len=data.seq_len, overlong=data.overlong,
+      split=split, **common)
+
+
+# Objective.pipeline -> (config, source, tokenizer, split, common kwargs) -> batches.
+PIPELINES: dict[str, Callable[..., grain.IterDataset]] = {
+    "lm": _lm, "mlm": _mlm, "seq2seq": _seq2seq, "classification": _classification}
+
+
+def make_dataset(config: ml_collections.ConfigDict, objective: objective_lib.Objective | str,
+                 source: Any, tokenizer: tokenizers.Tokenizer, *, train: bool,
+                 batch_size: int, split: str = "", process_index: int = 0,
                  process_count: int = 1) -> grain.IterDataset:
-  """The pipeline of `objective` ("causal_lm", "masked_lm", "seq2seq", "classification").
+  """The input pipeline of `objective` (its entry's `pipeline`) for one split.
 
   Args:
     config: the experiment config; `config.model.vocab_size` must be resolved (> 0).
-    objective: from `config.model.objective_of`.
+    objective: `objective.resolve(config.model)`, or its name.
     source: a random-access split, e.g. `builder.as_data_source(split)`.
     tokenizer: from `sources.load_sources`.
     train: training (repeat, shuffle rows, drop the last partial batch) or evaluation.
@@ -44,30 +82,8 @@ def make_dataset(config: ml_collections.ConfigDict, objective: str, source: Any,
   Returns:
     A grain IterDataset of batches (dicts of numpy arrays).
   """
-  data = config.data
   common = dict(vocab_size=config.model.vocab_size, batch_size=batch_size, seed=config.seed,
                 train=train, process_index=process_index, process_count=process_count,
-                num_threads=data.num_threads)
-  if objective == "causal_lm":
-    return lm.make_lm_dataset(source, tokenizer, text_key=data.text_key, seq_len=data.seq_len,
-                              shuffle_rows=data.shuffle_rows, windows=data.lm_windows,
-                              **common)
-  if objective == "masked_lm":
-    return lm.make_mlm_dataset(source, tokenizer, text_key=data.text_key,
-                               seq_len=data.seq_len, mask_rate=data.mask_rate,
-                               shuffle_rows=data.shuffle_rows, **common)
-  if objective == "seq2seq":
-    if sources_lib.is_translation(data):
-      inputs_fn = seq2seq.translation_pairs(data.source_language, data.target_language)
-    else:
-      inputs_fn = seq2seq.continuation_pairs(data.text_key, data.continuation_chars,
-                                             data.continuation_chars)
-    return seq2seq.make_seq2seq_dataset(
-        source, tokenizer, inputs_fn=inputs_fn, source_len=data.seq_len,
-        target_len=data.seq_len, packing_mode=data.packing, overlong=data.overlong, **common)
-  if objective == "classification":
-    return classification.make_classification_dataset(
-        source, tokenizer, text_key=data.text_key, label_key=data.label_key,
-        num_classes=config.model.num_classes, seq_len=data.seq_len, overlong=data.overlong,
-        split=split, **common)
-  raise ValueError(f"unknown objective {objective!r}")
+                num_threads=config.data.num_threads)
+  make = PIPELINES[objective_lib.get(objective).pipeline]
+  return make(config, source, tokenizer, split, common)

@@ -21,7 +21,7 @@ from absl import logging
 
 from transformer import distributed
 from transformer.config.errors import ConfigError
-from transformer.config.model import objective_of
+from transformer.config import objective as objective_lib
 from transformer.data import catalog
 from transformer.data import hf_tokenizer
 from transformer.data import packing
@@ -62,12 +62,12 @@ def check_features(config: ml_collections.ConfigDict, builder: tfds.core.Dataset
   """Checks that the dataset has what the objective reads; raises ConfigError naming it."""
   data, name = config.data, config.data.name
   features = builder.info.features
-  objective = objective_of(config.model.arch, config.model.head)
+  objective = objective_lib.resolve(config.model)
   if is_translation(data):
-    if objective != "seq2seq":
+    if not objective.translates:
       raise ConfigError(f"config.data.source_language={data.source_language!r} reads "
                         "translation pairs, which need model.arch='encoder_decoder' (objective "
-                        f"seq2seq), not the {objective} objective of model.arch="
+                        f"seq2seq), not the {objective.name} objective of model.arch="
                         f"{config.model.arch!r}")
     for key in ("source_language", "target_language"):
       if data[key] not in features:
@@ -77,8 +77,8 @@ def check_features(config: ml_collections.ConfigDict, builder: tfds.core.Dataset
     raise ConfigError(f"config.data.text_key={data.text_key!r} is not a feature of {name}; "
                       f"valid: {_features_of(builder)}"
                       + ("; for translation set config.data.source_language and "
-                         "config.data.target_language" if objective == "seq2seq" else ""))
-  if objective == "classification":
+                         "config.data.target_language" if objective.translates else ""))
+  if objective.classifies:
     if data.label_key not in features:
       raise ConfigError(f"config.data.label_key={data.label_key!r} is not a feature of "
                         f"{name}; valid: {_features_of(builder)}")

@@ -34,10 +34,11 @@ from etils import epath
 from flax import linen as nn
 
 from configs import base
+from transformer.config import objective as objective_lib
 from transformer import sharding
 from transformer.config.decode import validate_decode
 from transformer.config.errors import ConfigError
-from transformer.config.model import ModelConfig, objective_of
+from transformer.config.model import ModelConfig
 from transformer.config.validation import validate
 from transformer.data import sources
 from transformer.data import tokenizers
@@ -197,7 +198,7 @@ def abstract_params(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) 
   """
   model_config = ModelConfig.from_config(config.model)
   model = make_model(dataclasses.replace(model_config, deterministic=True))
-  objective = objective_of(model_config.arch, model_config.head)
+  objective = objective_lib.resolve(model_config)
   batch = objectives.init_batch(objective, 1, config.data.seq_len)
   boxed = jax.eval_shape(
       lambda rng: model.init({"params": rng}, *objectives.model_inputs(objective, batch)),
@@ -312,5 +313,5 @@ def load_run(workdir: str, *, config: ml_collections.ConfigDict | None = None,
                   model_config=ModelConfig.from_config(config.model), mesh=mesh,
                   abstract_params=abstract, params=params, tokenizer=tokenizer, steps=steps)
   logging.info("Loaded %s of %s (%s, arch %s)", run.checkpoint_label(), workdir,
-               objective_of(config.model.arch, config.model.head), config.model.arch)
+               objective_lib.resolve(config.model).name, config.model.arch)
   return run

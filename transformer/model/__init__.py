@@ -8,7 +8,7 @@
   moe.py           mixture of experts: router, dropless / capacity dispatch, aux losses
   layers.py        the shared Block (dense or MoE MLP), sinusoidal table, scan/remat stacks
   models.py        Decoder, Encoder, EncoderDecoder, heads, the ARCHITECTURES registry
-  objectives.py    which batch fields feed the model and which it predicts
+  objectives.py    an Objective's batch fields into model.apply, logits and targets out
 
 May import: transformer.config only (nothing of training, inference, data or the
 workdir). Parameter paths are a checkpoint API: keep them stable.

@@ -26,9 +26,10 @@ import numpy as np
 from flax import linen as nn
 from jax.sharding import PartitionSpec
 
+from transformer.config import objective as objective_lib
 from transformer import sharding
 from transformer.config.errors import ConfigError
-from transformer.config.model import ModelConfig, objective_of
+from transformer.config.model import ModelConfig
 from transformer.config.validation import validate
 from transformer.inference import decoding
 from transformer.inference import text
@@ -99,7 +100,7 @@ def check_divisible(config: ml_collections.ConfigDict, mesh) -> None:
       and their size.
   """
   rules = sharding.rules_of(config.mesh, mesh)
-  objective = objective_of(config.model.arch, config.model.head)
+  objective = objective_lib.resolve(config.model)
   batch = objectives.init_batch(objective, 1, config.data.seq_len)
   boxed = jax.eval_shape(make_model(ModelConfig.from_config(config.model)).init, jax.random.PRNGKey(0),
                          *objectives.model_inputs(objective, batch))["params"]
@@ -120,16 +121,15 @@ def check_divisible(config: ml_collections.ConfigDict, mesh) -> None:
             "config.mesh.shape / config.mesh.rules")
 
 
-def abstract_batch(config: ml_collections.ConfigDict, objective: str,
+def abstract_batch(config: ml_collections.ConfigDict, objective: objective_lib.Objective,
                    batch_sharding: Any) -> dict[str, jax.ShapeDtypeStruct]:
   """The global training batch as the input pipeline yields it, without data."""
   rows, length = config.data.batch_size, config.data.seq_len
   shapes = {k: (v.shape, v.dtype) for k, v in
             objectives.init_batch(objective, rows, length).items()}
-  if objective == "classification":
-    shapes.update(label=((rows,), np.int32), weights=((rows,), np.float32))
-  else:
-    shapes.update(targets=((rows, length), np.int32), weights=((rows, length), np.float32))
+  # A classifier scores one label per row; the others one target per token.
+  scored = (rows,) if objective.classifies else (rows, length)
+  shapes.update({objective.target: (scored, np.int32), "weights": (scored, np.float32)})
   return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding)
           for k, (shape, dtype) in shapes.items()}
 
@@ -202,38 +202,35 @@ def _collect(name: str, lowered, start: float, arguments_bytes: int = 0,
 def compile_train(trainer: trainer_lib.Trainer) -> StepCost:
   """The train step on the abstract state and batch."""
   config, chips = trainer.config, trainer.mesh.size
-  objective = objective_of(config.model.arch, config.model.head)
+  objective = objective_lib.resolve(config.model)
   batch = abstract_batch(config, objective, trainer.batch_sharding)
   start = time.perf_counter()
   with trainer.context():
     lowered = trainer.train_step.lower(trainer.abstract_state, batch)
   step_flops = flops.train_flops_per_step(trainer.model_config, config.data.batch_size,
                                           config.data.seq_len)
-  sides = 2 if objective == "seq2seq" else 1
   return _collect("train", lowered, start, model_flops=step_flops / chips,
                   arguments_bytes=sum(argument_breakdown(trainer).values()),
-                  tokens=sides * config.data.batch_size * config.data.seq_len)
+                  tokens=objective.sides * config.data.batch_size * config.data.seq_len)
 
 
 def compile_eval(trainer: trainer_lib.Trainer) -> StepCost:
   """The eval step (a deterministic forward) on abstract params and one batch."""
   config, chips = trainer.config, trainer.mesh.size
-  objective = objective_of(config.model.arch, config.model.head)
+  objective = objective_lib.resolve(config.model)
   batch = abstract_batch(config, objective, trainer.batch_sharding)
   start = time.perf_counter()
   with trainer.context():
     lowered = trainer.eval_step.lower(trainer.abstract_state.params, batch)
   forward = config.data.batch_size * flops.forward_flops_per_sequence(
       trainer.model_config, config.data.seq_len)
-  sides = 2 if objective == "seq2seq" else 1
   return _collect("eval", lowered, start, model_flops=forward / chips,
-                  tokens=sides * config.data.batch_size * config.data.seq_len)
+                  tokens=objective.sides * config.data.batch_size * config.data.seq_len)
 
 
 def decodes(config: ml_collections.ConfigDict) -> bool:
   """Whether the model has a cached decoding step: a decoder LM or an encoder-decoder."""
-  return ((config.model.arch == "decoder" and config.model.head == "lm")
-          or config.model.arch == "encoder_decoder")
+  return objective_lib.resolve(config.model).decodes
 
 
 def compile_decode(trainer: trainer_lib.Trainer) -> StepCost:
@@ -305,7 +302,7 @@ def argument_breakdown(trainer: trainer_lib.Trainer) -> dict[str, int]:
                * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
 
   config = trainer.config
-  objective = objective_of(config.model.arch, config.model.head)
+  objective = objective_lib.resolve(config.model)
   state = trainer.abstract_state
   return dict(params=per_chip(state.params), optimizer=per_chip(state.opt_state),
               step_and_rng=per_chip((state.step, state.rng)),

@@ -16,7 +16,8 @@ import jax
 import ml_collections
 from absl import logging
 
-from transformer.config.model import ModelConfig, objective_of
+from transformer.config.model import ModelConfig
+from transformer.config import objective as objective_lib
 from transformer.data import catalog
 from transformer.data import sources
 from transformer.inference import text
@@ -67,17 +68,17 @@ def decode_at_evaluation(config: ml_collections.ConfigDict, workdir: str, model_
   Returns:
     {"eval_bleu": ...} on translation runs with train.bleu_examples > 0, else {}.
   """
-  objective = objective_of(config.model.arch, config.model.head)
+  objective = objective_lib.resolve(config.model)
   bleu_examples = config.train.bleu_examples
-  if bleu_examples and not (objective == "seq2seq" and sources.is_translation(config.data)):
+  if bleu_examples and not (objective.translates and sources.is_translation(config.data)):
     _warn_once(f"config.train.bleu_examples={bleu_examples} is ignored: BLEU needs a "
                "translation run (model.arch='encoder_decoder' with data.source_language and "
                "data.target_language)")
     bleu_examples = 0
   prompt = config.train.sample_prompt
-  if prompt and objective != "causal_lm":
+  if prompt and not objective.generates:
     _warn_once(f"config.train.sample_prompt={prompt!r} is ignored: samples need a decoder LM "
-               f"(model.arch='decoder', head='lm'), not the {objective} objective")
+               f"(model.arch='decoder', head='lm'), not the {objective.name} objective")
     prompt = ""
   if not bleu_examples and not prompt:
     return {}

@@ -21,9 +21,9 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
+from transformer.config import objective as objective_lib
 from transformer import sharding
 from transformer.config.errors import ConfigError
-from transformer.config.model import objective_of
 from transformer.config.validation import validate
 from transformer.data import pipeline
 from transformer.data import sources
@@ -243,9 +243,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       sources.save_tokenizer(workdir, data_sources.tokenizer)
       sources.save_dataset_record(workdir, dataset)
 
-  objective = objective_of(config.model.arch, config.model.head)
+  objective = objective_lib.resolve(config.model)
   logging.info("Objective: %s on %s (%s tokenizer, vocabulary %d, model.vocab_size %d)",
-               objective, data_sources.builder.info.full_name,
+               objective.name, data_sources.builder.info.full_name,
                sources.tokenizer_kind(data_sources.tokenizer),
                data_sources.tokenizer.vocab_size, config.model.vocab_size)
   data_kwargs = dict(batch_size=local_batch_size, process_index=jax.process_index(),
@@ -317,8 +317,7 @@ def _train_loop(config, workdir, trainer, checkpointer, writer, train_iter, eval
                             total=int(sum(row.get("skipped_updates", 0) for row in kept_rows)))
     record.update(start_step, parameters=metrics_lib.log_parameter_count(state.params,
                                                                            trainer.model_config))
-    # Tokens the model reads per step (both sides for seq2seq).
-    sides = 2 if objective == "seq2seq" else 1
+    sides = objective.sides  # Tokens the model reads per step: both sides for seq2seq.
     model_flops = flops.train_flops_per_step(trainer.model_config, config.data.batch_size,
                                              config.data.seq_len)
     peak, peak_source = flops.peak_flops(workdir)

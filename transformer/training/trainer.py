@@ -24,9 +24,10 @@ from flax import linen as nn
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
+from transformer.config import objective as objective_lib
 from transformer import sharding
 from transformer.config.errors import ConfigError, DataError
-from transformer.config.model import ModelConfig, objective_of
+from transformer.config.model import ModelConfig
 from transformer.data import packing
 from transformer.model import objectives
 from transformer.model.models import make_model
@@ -140,7 +141,8 @@ def eval_step(params: Any, batch: dict[str, jax.Array], *, forward: Callable,
 
 
 def make_init_fn(model: nn.Module, tx: optax.GradientTransformation, seq_len: int,
-                 objective: str = "causal_lm") -> Callable[[jax.Array], TrainState]:
+                 objective: objectives.ObjectiveLike = "causal_lm"
+                 ) -> Callable[[jax.Array], TrainState]:
   """init(rng) -> TrainState whose params carry logical-axis metadata (boxed)."""
 
   def init(rng: jax.Array) -> TrainState:
@@ -204,7 +206,7 @@ class Scorer:
 
 def predicted_rows_excluded(model_config: ModelConfig) -> tuple[int, ...]:
   """model.never_predict for objectives that predict vocabulary ids; () for a classifier."""
-  if objective_of(model_config.arch, model_config.head) == "classification":
+  if objective_lib.resolve(model_config).classifies:
     return ()  # Its logits are classes, not the vocabulary rows never_predict names.
   return tuple(model_config.never_predict)
 
@@ -213,7 +215,7 @@ def _jit_eval_step(model_config: ModelConfig, mesh: jax.sharding.Mesh, rules: tu
                    param_shardings: Any) -> Callable:
   """eval_step of a deterministic copy of the model, jitted with explicit shardings."""
   eval_model = make_model(dataclasses.replace(model_config, deterministic=True))
-  objective = objective_of(model_config.arch, model_config.head)
+  objective = objective_lib.resolve(model_config)
   return jax.jit(functools.partial(eval_step, forward=objectives.make_forward(eval_model,
                                                                               objective),
                                    never_predict=predicted_rows_excluded(model_config)),
@@ -239,7 +241,7 @@ class Trainer(Scorer):
     rules = sharding.rules_of(config.mesh, mesh)
     model_config = ModelConfig.from_config(config.model)
     model = make_model(model_config)
-    objective = objective_of(model_config.arch, model_config.head)
+    objective = objective_lib.resolve(model_config)
     schedule = optim.make_schedule(config.optimizer, model_config.d_model,
                                    config.train.num_steps)
     tx = optim.make_optimizer(config.optimizer, schedule)

@@ -1,0 +1,118 @@
+"""The objective is one resolved object: no code outside its registry compares names.
+
+`transformer/config/objective.py` holds one `Objective` per training objective; everything
+else asks the resolved entry (`objective.sides`, `objective.classifies`, ...). These
+tests keep it that way: a comparison against an objective's name anywhere else in the
+package fails here, naming the file and line, and every entry's pipeline and model
+inputs must exist.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import re
+
+import ml_collections
+import numpy as np
+import pytest
+
+from transformer.config import objective as objective_lib
+from transformer.config.errors import ConfigError
+from transformer.data import pipeline
+from transformer.model import objectives
+from transformer.model.models import ARCHITECTURES
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "transformer"
+REGISTRY = PACKAGE / "config" / "objective.py"
+# The pattern issue 29 named, and what it misses: `objective_of(...) != "causal_lm"`.
+PATTERN = re.compile(r"objective ==|objective in \(|objective !=")
+
+
+def _is_head(node: ast.AST) -> bool:
+  """`model.head` / `head`: "classification" is a head's name too, a model choice."""
+  return (isinstance(node, ast.Attribute) and node.attr == "head") or (
+      isinstance(node, ast.Name) and node.id == "head")
+
+
+def _name_comparisons(source: str) -> list[int]:
+  """Lines comparing anything but a head with an objective's name ("seq2seq" == x)."""
+  names = set(objective_lib.OBJECTIVES)
+  lines = [number for number, line in enumerate(source.splitlines(), 1)
+           if PATTERN.search(line)]
+  for node in ast.walk(ast.parse(source)):
+    if isinstance(node, ast.Compare):
+      operands = [node.left, *node.comparators]
+      if any(_is_head(operand) for operand in operands):
+        continue
+      for operand in operands:
+        elements = operand.elts if isinstance(operand, (ast.Tuple, ast.List, ast.Set)) else [
+            operand]
+        if any(isinstance(e, ast.Constant) and e.value in names for e in elements):
+          lines.append(node.lineno)
+  return sorted(set(lines))
+
+
+def test_no_objective_name_is_compared_outside_the_registry():
+  found = [f"{path.relative_to(ROOT)}:{line}"
+           for path in sorted(PACKAGE.rglob("*.py")) if path != REGISTRY
+           for line in _name_comparisons(path.read_text(encoding="utf-8"))]
+  assert not found, ("compare no objective names outside transformer/config/objective.py; ask "
+                     f"the resolved Objective (objective.resolve(config.model)): {found}")
+
+
+@pytest.mark.parametrize("line", [
+    'if objective == "seq2seq": pass', 'sides = 2 if objective_of(a, h) != "seq2seq" else 1',
+    'ok = name in ("causal_lm", "masked_lm")', 'ok = objective in (a, b)',
+    'ok = config.model.objective == "classification"'])
+def test_the_check_finds_a_comparison(line):
+  assert _name_comparisons(f"a = h = name = b = objective = objective_of = None\n{line}\n")
+
+
+def test_every_entry_has_its_pipeline_and_its_pairs_name_real_topologies():
+  for entry in objective_lib.OBJECTIVES.values():
+    assert entry.pipeline in pipeline.PIPELINES, entry
+    assert entry.pairs and all(arch in ARCHITECTURES for arch, _ in entry.pairs), entry
+    assert entry.sides == (2 if "decoder_inputs" in entry.model_inputs else 1), entry
+  used = {entry.pipeline for entry in objective_lib.OBJECTIVES.values()}
+  assert used == set(pipeline.PIPELINES)
+
+
+@pytest.mark.parametrize("arch, head, name, sides, classifies, translates, generates", [
+    ("decoder", "lm", "causal_lm", 1, False, False, True),
+    ("encoder", "mlm", "masked_lm", 1, False, False, False),
+    ("encoder_decoder", "lm", "seq2seq", 2, False, True, False),
+    ("encoder", "classification", "classification", 1, True, False, False),
+    ("decoder", "classification", "classification", 1, True, False, False),
+])
+def test_resolve_reads_arch_and_head(arch, head, name, sides, classifies, translates,
+                                     generates):
+  model = ml_collections.ConfigDict({"arch": arch, "head": head})
+  entry = objective_lib.resolve(model)
+  assert (entry.name, entry.sides, entry.classifies, entry.translates, entry.generates) == (
+      name, sides, classifies, translates, generates)
+  assert entry.decodes == (generates or translates)
+  assert objective_lib.get(name) is entry
+
+
+def test_an_unknown_pair_names_the_topologys_heads():
+  with pytest.raises(ConfigError, match=re.escape(
+      "config.model.head='mlm' is invalid: model.arch='decoder' supports heads "
+      "['classification', 'lm']")):
+    objective_lib.of("decoder", "mlm")
+  with pytest.raises(ValueError, match=r"unknown objective 'prefix_lm'; valid: \["):
+    objective_lib.get("prefix_lm")
+
+
+def test_the_model_side_reads_the_entry():
+  """Inputs in the entry's order; the classifier scores its label, the LM its targets."""
+  classifier = objective_lib.get("classification")
+  batch = {key: np.full((2, 3), i) for i, key in enumerate(
+      ("inputs", "segment_ids", "positions", "targets", "label", "weights"))}
+  assert [int(x[0, 0]) for x in objectives.model_inputs(classifier, batch)] == [0, 1, 2]
+  assert int(objectives.targets_and_weights(classifier, batch)[0][0, 0]) == 4
+  assert int(objectives.targets_and_weights("causal_lm", batch)[0][0, 0]) == 3
+  init = objectives.init_batch("seq2seq", 2, 5)
+  assert list(init) == list(objective_lib.get("seq2seq").model_inputs)
+  assert int(init["targets_segment_ids"].min()) == 1 and int(init["decoder_inputs"].max()) == 0
