@@ -8,6 +8,8 @@ tests/test_layout.py holds the table and enforces it):
                     each), ConfigError, the frozen ModelConfig
   distributed.py    jax.distributed start, barriers, failing together
   hardware.py       the one table of accelerator chips: memory, peaks, bandwidths
+  accelerator.py    what a GPU/TPU run needs before JAX starts (XLA flags, memory
+                    fraction) and checks after (the backend that started, its platform)
   sharding.py       the device mesh, logical-axis rules, the sharding report
   workdir/          the one place that knows a workdir's files: names, atomic writes,
                     checkpoints, run record, console and log
