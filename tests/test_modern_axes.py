@@ -33,7 +33,7 @@ from transformer.training import trainer as trainer_lib
 from transformer.model.attention import MultiHeadAttention, einsum_attention, make_attention_mask
 from transformer.config.errors import ConfigError
 from transformer.config.validation import validate
-from transformer.model.layers import MLP, Block, make_norm, unrolled_to_scanned
+from transformer.model.layers import MLP, Block, StackInputs, make_norm, unrolled_to_scanned
 from transformer.model.models import make_model
 from transformer.model.norms import OffsetRMSNorm
 
@@ -289,14 +289,14 @@ def test_parallel_block_equals_attention_plus_mlp_of_one_norm_by_hand():
   pos = np.broadcast_to(np.arange(6), (2, 6))
   mask = make_attention_mask(np.ones((2, 6), np.int32), np.ones((2, 6), np.int32),
                              causal=True)
-  block = Block(cfg, causal=True)
-  shapes = nn.unbox(jax.eval_shape(block.init, jax.random.key(0), x, mask, pos)["params"])
+  block, inputs = Block(cfg, causal=True), StackInputs(positions_BL=pos, self_mask_B1LS=mask)
+  shapes = nn.unbox(jax.eval_shape(block.init, jax.random.key(0), x, inputs)["params"])
   rng = np.random.default_rng(1)
   params = jax.tree.map(lambda s: 0.2 * rng.normal(size=s.shape).astype(np.float32), shapes)
   assert set(params) == {"parallel_norm", "self_attention", "mlp"}, set(params)
 
   def block_and_by_hand(params):
-    out, _ = block.apply({"params": params}, x, mask, pos)
+    out, _ = block.apply({"params": params}, x, inputs)
     h = make_norm(cfg, "n").apply({"params": params["parallel_norm"]}, x)
     attn = MultiHeadAttention(cfg).apply({"params": params["self_attention"]}, h, h, mask,
                                          rope_positions=(pos, pos))

@@ -40,14 +40,14 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 MOE = dict(mlp="moe", num_experts=4, experts_per_token=2)
 
 
-def moe_apply(cfg, params, x_BSE):
+def moe_apply(cfg, params, x_BLE):
   """MoeMLP(cfg) on x; returns (y, the layer's sown statistics)."""
-  y, sown = moe.MoeMLP(cfg).apply({"params": params}, x_BSE, mutable=[moe.COLLECTION])
+  y, sown = moe.MoeMLP(cfg).apply({"params": params}, x_BLE, mutable=[moe.COLLECTION])
   return y, moe.moe_metrics(sown)
 
 
-def moe_params(cfg, x_BSE, seed=0):
-  shapes = jax.eval_shape(moe.MoeMLP(cfg).init, jax.random.key(0), x_BSE)["params"]
+def moe_params(cfg, x_BLE, seed=0):
+  shapes = jax.eval_shape(moe.MoeMLP(cfg).init, jax.random.key(0), x_BLE)["params"]
   rng = np.random.default_rng(seed)
   return jax.tree.map(lambda s: 0.3 * rng.normal(size=s.shape).astype(np.float32),
                       jax.tree.map(lambda b: b.value, shapes,
@@ -80,12 +80,12 @@ def test_one_expert_at_top_1_is_the_dense_mlp():
   for dispatch in ("dropless", "capacity"):
     cfg = model_config("decoder", mlp="moe", num_experts=1, experts_per_token=1,
                        activation="swiglu", moe_dispatch=dispatch, moe_capacity_factor=1.0)
-    x_BSE = jnp.asarray(np.random.default_rng(0).normal(size=(2, 8, 32)), jnp.float32)
-    params = moe_params(cfg, x_BSE)
+    x_BLE = jnp.asarray(np.random.default_rng(0).normal(size=(2, 8, 32)), jnp.float32)
+    params = moe_params(cfg, x_BLE)
     dense = {name: {k: v[0] for k, v in params["experts"][name].items()}
              for name in ("wi", "wi_gate", "wo")}
-    want = MLP(cfg).apply({"params": dense}, x_BSE)
-    got, stats = moe_apply(cfg, params, x_BSE)
+    want = MLP(cfg).apply({"params": dense}, x_BLE)
+    got, stats = moe_apply(cfg, params, x_BLE)
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=dispatch)
     assert float(stats["dropped_fraction"]) == 0.0
 
@@ -97,17 +97,17 @@ def test_capacity_drops_the_overflow_and_counts_it():
                      moe_capacity_factor=1.0, d_model=8, use_bias=False)
   assert moe.capacity(cfg, 8) == 2  # ceil(1.0 * 8 tokens * top-1 / 4 experts).
   choice = [0, 0, 0, 0, 0, 1, 2, 3]  # Token t's expert: embed feature t's router row.
-  x_BSE = jnp.asarray(np.eye(8, dtype=np.float32)[choice][None] + 0.01)
-  params = moe_params(cfg, x_BSE)
+  x_BLE = jnp.asarray(np.eye(8, dtype=np.float32)[choice][None] + 0.01)
+  params = moe_params(cfg, x_BLE)
   params["router"]["kernel"] = 10.0 * np.eye(8, 4, dtype=np.float32)
-  y, stats = moe_apply(cfg, params, x_BSE)
+  y, stats = moe_apply(cfg, params, x_BLE)
   np.testing.assert_allclose(stats["dropped_fraction"], 3 / 8, rtol=1e-6)
   np.testing.assert_allclose(stats["load"], [5 / 8, 1 / 8, 1 / 8, 1 / 8], rtol=1e-6)
   served = np.abs(np.asarray(y[0])).max(axis=-1) > 0
   np.testing.assert_array_equal(served, [True, True, False, False, False, True, True, True])
   # Dropless serves them all, with the same output for the tokens capacity kept.
   dropless = dataclasses.replace(cfg, moe_dispatch="dropless")
-  y_all, stats_all = moe_apply(dropless, params, x_BSE)
+  y_all, stats_all = moe_apply(dropless, params, x_BLE)
   assert float(stats_all["dropped_fraction"]) == 0.0
   np.testing.assert_allclose(np.asarray(y)[0, served], np.asarray(y_all)[0, served],
                              rtol=1e-5, atol=1e-6)
@@ -145,10 +145,10 @@ def test_aux_and_z_loss_equal_their_closed_forms(case):
   else:  # Every token -> expert 0: f_0 = p_0 = 1, the worst case, E.
     kernel, expected_aux, logit = np.zeros((8, X), np.float32), float(X), c
     kernel[:, 0] = c
-  x_BSE = jnp.asarray(np.eye(N, 8, dtype=np.float32)[None])
-  params = moe_params(cfg, x_BSE)
+  x_BLE = jnp.asarray(np.eye(N, 8, dtype=np.float32)[None])
+  params = moe_params(cfg, x_BLE)
   params["router"]["kernel"] = kernel
-  _, stats = moe_apply(cfg, params, x_BSE)
+  _, stats = moe_apply(cfg, params, x_BLE)
   np.testing.assert_allclose(stats["aux_loss"], expected_aux, rtol=1e-5)
   # Each token's logits: one `logit` and E - 1 zeros.
   z = math.log(math.exp(logit) + X - 1) ** 2

@@ -526,10 +526,12 @@ def test_scanned_to_unrolled_never_drops_or_invents_layers():
 def _logits_and_grads(scan_layers: bool, remat: str):
   """Logits and parameter gradients of a decoder with residual dropout, fixed params and rng.
 
-  The T5 bias is computed once per stack and passed through remat and scan to every block.
+  The T5 bias and the sliding-window mask are computed once per stack and passed through
+  remat and scan to every block in one StackInputs, with each layer's local flag.
   """
   cfg = model_config("decoder", deterministic=False, scan_layers=scan_layers, remat=remat,
-                     position="relative", residual_dropout=0.1)
+                     position="relative", residual_dropout=0.1, sliding_window=3,
+                     window_pattern="lg")
   batch = training_batch("causal_lm")
   model = make_model(cfg)
   forward = objectives.make_forward(model, "causal_lm")

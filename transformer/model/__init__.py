@@ -9,10 +9,34 @@
   norms.py         LayerNorm / RMSNorm / Gemma's (1 + scale) RMSNorm, one make_norm
   mlp.py           the dense MLP and the activation table
   moe.py           mixture of experts: router, dropless / capacity dispatch, aux losses
-  layers.py        the shared Block (dense or MoE MLP), sinusoidal table, scan/remat stacks
+  layers.py        StackInputs (what every block of a stack reads), the shared Block
+                   (dense or MoE MLP), sinusoidal table, scan/remat stacks
   models.py        Decoder, Encoder, EncoderDecoder, heads, the ARCHITECTURES registry
   objectives.py    an Objective's batch fields into model.apply, logits and targets out
 
-May import: transformer.config and transformer.accelerator only (nothing of training, inference, data or the
-workdir). Parameter paths are a checkpoint API: keep them stable.
+Shape letters, one legend for the whole package. An array's name ends in its axes
+(`q_BLHD`, `logits_BLV`, `mask_B1LS`) and einsum equations use the same letters;
+tests/test_shape_legend.py fails on a letter this table does not hold:
+
+  B  batch
+  L  the length a stack runs on: its queries, an encoder-decoder's target
+  S  the length attended to: keys, an encoder-decoder's source, the decode cache's slots
+  H  query heads
+  K  key/value heads
+  G  query heads per key/value head (H / K, grouped-query attention)
+  D  head dim
+  R  RoPE's rotated pairs (2R <= D features turn)
+  U  T5 relative-position buckets
+  E  embed (d_model)
+  F  MLP hidden (dense, or one expert's)
+  V  vocab
+  N  tokens flattened (B * L)
+  X  experts
+  T  experts chosen per token (top-k)
+  M  (token, expert) assignments (N * T)
+  C  capacity slots of an expert
+  1  an axis of size 1 (broadcasts)
+
+May import: transformer.config and transformer.accelerator only (nothing of training,
+inference, data or the workdir). Parameter paths are a checkpoint API: keep them stable.
 """

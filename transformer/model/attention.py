@@ -1,7 +1,7 @@
 """Multi-head attention and the one helper that builds every attention mask.
 
-Shape legend used in names (`q_BLHD`): B batch, L query length, S key length,
-H query heads, K key/value heads, D head dim, E embed (d_model).
+Shape letters as in the package legend (transformer/model/__init__.py); grouped-query
+attention splits the H query heads into K groups of G = H / K, one per key/value head.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def einsum_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array,
   K = k_BSKD.shape[2]
   # Grouped-query attention: each of the K kv heads serves H // K query heads.
   q_BLKGD = q_BLHD.reshape(B, L, K, H // K, D)
-  logits_BKGLS = jnp.einsum("blkgd,bskd->bkgls", q_BLKGD, k_BSKD).astype(jnp.float32)
+  logits_BKGLS = jnp.einsum("BLKGD,BSKD->BKGLS", q_BLKGD, k_BSKD).astype(jnp.float32)
   logits_BKGLS = logits_BKGLS / jnp.sqrt(jnp.float32(D))
   if softcap:
     logits_BKGLS = softcap * jnp.tanh(logits_BKGLS / softcap)
@@ -83,7 +83,7 @@ def einsum_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array,
   if dropout_rate > 0.0:
     keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs_BKGLS.shape)
     probs_BKGLS = jnp.where(keep, probs_BKGLS / (1.0 - dropout_rate), 0.0)
-  out_BLKGD = jnp.einsum("bkgls,bskd->blkgd", probs_BKGLS.astype(v_BSKD.dtype), v_BSKD)
+  out_BLKGD = jnp.einsum("BKGLS,BSKD->BLKGD", probs_BKGLS.astype(v_BSKD.dtype), v_BSKD)
   return out_BLKGD.reshape(B, L, H, D)
 
 

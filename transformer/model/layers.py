@@ -1,6 +1,6 @@
 """The building blocks every topology shares: norm, MLP, positions and the Block.
 
-Shape legend as in attention.py: B batch, L length, E embed, F mlp hidden.
+Shape letters as in the package legend (transformer/model/__init__.py).
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
+from flax import struct
 
 from transformer.config.model import REMAT_POLICIES, ModelConfig
 from transformer.model import positions as positions_lib
@@ -61,6 +62,43 @@ def rope_timescale(config: ModelConfig, is_local: bool | jax.Array = False) -> j
   return _per_layer(is_local, local_R, global_R)
 
 
+@struct.dataclass
+class StackInputs:
+  """What every block of a stack reads besides the residual stream, built once per stack.
+
+  One pytree, passed whole through `Block`, `BlockGroup`, `nn.scan` and `nn.remat`
+  (which take their inputs positionally): fields a stack lacks stay None, an empty
+  subtree, so no argument list is padded to a fixed length.
+
+  Attributes:
+    positions_BL: each token's position in its own document (RoPE, the "self" cache).
+    self_mask_B1LS: the self-attention mask (S = L, or the cache's max_len slots when
+      decoding).
+    self_bias_BHLS: the stack's additive self-attention bias (T5 relative, ALiBi).
+    local_mask_B1LS: the sliding-window self-attention mask of the local layers
+      (model.sliding_window).
+    encoded_BSE: the encoder output a cross-attention attends to; None without
+      cross-attention, and on decoding steps after the first (the cache holds it).
+    cross_mask_B1LS: the cross-attention mask; None without cross-attention.
+    is_local: which layers attend through `local_mask_B1LS`: the stack's flags (a
+      [num_layers] array, or [num_layers / k, k] for groups of k) until `run_blocks`
+      hands each scanned layer or group its slice and each unrolled layer its bool.
+  """
+
+  positions_BL: jax.Array
+  self_mask_B1LS: jax.Array
+  self_bias_BHLS: jax.Array | None = None
+  local_mask_B1LS: jax.Array | None = None
+  encoded_BSE: jax.Array | None = None
+  cross_mask_B1LS: jax.Array | None = None
+  is_local: bool | jax.Array = False
+
+  def scan_axes(self) -> StackInputs:
+    """nn.scan's `in_axes` for these inputs: all broadcast, the local flags scanned."""
+    axes = jax.tree.map(lambda _: nn.broadcast, self.replace(is_local=None))
+    return axes.replace(is_local=0 if isinstance(self.is_local, jax.Array) else nn.broadcast)
+
+
 class Block(nn.Module):
   """One Transformer block: self-attention (+ cross-attention) + MLP, pre-, post- or
   sandwich-norm, sequential or parallel.
@@ -68,9 +106,9 @@ class Block(nn.Module):
   The same block serves every topology. Causality and document boundaries live in
   the masks, built once at the top of the model; `cross_attention` adds the
   encoder-decoder sublayer. The call returns (x, None) so that the block can be the
-  body of `nn.scan` unchanged. A local (sliding-window) layer gets `is_local` True
-  (a Python bool unrolled, a traced scalar scanned) and attends through
-  `local_mask_B1LL` instead of `self_mask_B1LL`.
+  body of `nn.scan` unchanged. A local (sliding-window) layer gets `inputs.is_local`
+  True (a Python bool unrolled, a traced scalar scanned) and attends through
+  `inputs.local_mask_B1LS` instead of `inputs.self_mask_B1LS`.
   """
 
   config: ModelConfig
@@ -82,21 +120,19 @@ class Block(nn.Module):
   moe: bool = False  # A mixture of experts (moe.py) in place of the dense MLP.
 
   @nn.compact
-  def __call__(self, x_BLE: jax.Array, self_mask_B1LL: jax.Array,
-               positions_BL: jax.Array, self_bias_BHLL: jax.Array | None = None,
-               encoded_BSE: jax.Array | None = None,
-               cross_mask_B1LS: jax.Array | None = None,
-               local_mask_B1LL: jax.Array | None = None,
-               is_local: bool | jax.Array = False) -> tuple[jax.Array, None]:
+  def __call__(self, x_BLE: jax.Array, inputs: StackInputs) -> tuple[jax.Array, None]:
+    """Applies the block to the residual stream `x_BLE`; returns (x_BLE, None)."""
     cfg = self.config
+    positions_BL = inputs.positions_BL
     rope = (positions_BL, positions_BL) if cfg.position == "rope" else None
-    timescale_R = rope_timescale(cfg, is_local) if rope else None
-    if local_mask_B1LL is not None:
-      self_mask_B1LL = _per_layer(is_local, local_mask_B1LL, self_mask_B1LL)
+    timescale_R = rope_timescale(cfg, inputs.is_local) if rope else None
+    self_mask_B1LS = inputs.self_mask_B1LS
+    if inputs.local_mask_B1LS is not None:
+      self_mask_B1LS = _per_layer(inputs.is_local, inputs.local_mask_B1LS, self_mask_B1LS)
     sublayers = [("self_attention", lambda h: MultiHeadAttention(
         cfg, cache="self" if cfg.decode and self.causal else None,
         residual_adds=self.residual_adds, name="self_attention")(
-            h, h, self_mask_B1LL, bias_BHLS=self_bias_BHLL, rope_positions=rope,
+            h, h, self_mask_B1LS, bias_BHLS=inputs.self_bias_BHLS, rope_positions=rope,
             rope_timescale_R=timescale_R, positions_BL=positions_BL))]
     if self.cross_attention:
       # No position signal across sequences: the source carries its own. When decoding,
@@ -104,7 +140,7 @@ class Block(nn.Module):
       sublayers.append(("cross_attention", lambda h: MultiHeadAttention(
           cfg, cache="cross" if cfg.decode else None, residual_adds=self.residual_adds,
           name="cross_attention")(
-              h, encoded_BSE, cross_mask_B1LS)))
+              h, inputs.encoded_BSE, inputs.cross_mask_B1LS)))
     feed_forward = MoeMLP if self.moe else MLP
     sublayers.append(("mlp", lambda h: feed_forward(cfg, self.residual_adds, name="mlp")(h)))
     # A Dropout per residual add, created where it is used: its auto-name (Dropout_0, ...)
@@ -135,7 +171,7 @@ class BlockGroup(nn.Module):
   """`len(moe)` consecutive Blocks (`block_0`, ...): the body of a scan whose layers differ.
 
   With model.moe_every = k > 1 the layers repeat with period k (one MoE, k - 1 dense),
-  so the scan runs over groups of k; `is_local` then holds the group's k flags.
+  so the scan runs over groups of k; `inputs.is_local` then holds the group's k flags.
   """
 
   config: ModelConfig
@@ -145,27 +181,28 @@ class BlockGroup(nn.Module):
   moe: tuple[bool, ...]
 
   @nn.compact
-  def __call__(self, x_BLE: jax.Array, *args) -> tuple[jax.Array, None]:
+  def __call__(self, x_BLE: jax.Array, inputs: StackInputs) -> tuple[jax.Array, None]:
+    """Applies the group's blocks in order; returns (x_BLE, None)."""
     for j, moe in enumerate(self.moe):
-      per_layer = args
-      if self.config.sliding_window:  # The last argument holds the k local flags.
-        per_layer = args[:-1] + (args[-1][j],)
+      layer_inputs = inputs
+      if self.config.sliding_window:
+        layer_inputs = inputs.replace(is_local=inputs.is_local[j])
       x_BLE, _ = Block(self.config, self.cross_attention, self.causal, self.residual_adds,
-                       moe, name=f"block_{j}")(x_BLE, *per_layer)
+                       moe, name=f"block_{j}")(x_BLE, layer_inputs)
     return x_BLE, None
 
 
-def run_blocks(config: ModelConfig, num_layers: int, x_BLE: jax.Array, *args,
-               local_mask_B1LL: jax.Array | None = None,
-               cross_attention: bool = False, causal: bool = False,
+def run_blocks(config: ModelConfig, num_layers: int, x_BLE: jax.Array,
+               inputs: StackInputs, *, cross_attention: bool = False, causal: bool = False,
                name: str = "block") -> jax.Array:
   """Applies `num_layers` Blocks, unrolled (`block_0`, ...) or scanned (`blocks`).
 
-  Call from inside a compact module: the blocks become its children. `args` are the
-  per-stack inputs every block shares (masks, positions, biases, encoder output).
-  With `config.sliding_window`, `local_mask_B1LL` is the windowed self-attention mask
-  of the layers `config.local_layers` marks local; a scanned stack receives those
-  flags as a [num_layers] array scanned with the parameters.
+  Call from inside a compact module: the blocks become its children. `inputs` are the
+  stack's inputs every block shares (masks, positions, biases, encoder output). With
+  `config.sliding_window`, `inputs.local_mask_B1LS` is the windowed self-attention mask
+  of the layers `config.local_layers` marks local; their flags go into `inputs.is_local`
+  here: a scanned stack scans them with the parameters, an unrolled one gives each layer
+  its own.
   With `config.scan_layers` the parameters gain a leading "layers" axis; see
   `scanned_to_unrolled` / `unrolled_to_scanned` for converting checkpoints. When the
   MoE layers (`config.moe_layers`) are every k-th, the scan runs over groups of k
@@ -175,13 +212,8 @@ def run_blocks(config: ModelConfig, num_layers: int, x_BLE: jax.Array, *args,
   local_flags = config.local_layers(num_layers)
   moe_flags = config.moe_layers(num_layers)
   group = config.moe_every if config.mlp == "moe" and config.moe_every > 1 else 1
-  in_axes = (nn.broadcast,) * len(args)
-  if config.sliding_window:
-    if local_mask_B1LL is None:
-      raise ValueError("model.sliding_window > 0 needs the stack's local_mask_B1LL")
-    # Block's positional order: the two cross-attention inputs (None without) come first.
-    args = args + (None,) * (5 - len(args)) + (local_mask_B1LL,)
-    in_axes = (nn.broadcast,) * len(args) + (0,)
+  if config.sliding_window and inputs.local_mask_B1LS is None:
+    raise ValueError("model.sliding_window > 0 needs the stack's local_mask_B1LS")
   if config.scan_layers:
     if num_layers % group:  # config validation says so first, naming the keys.
       raise ValueError(f"model.moe_every={group} must divide the {num_layers} layers to scan")
@@ -189,26 +221,25 @@ def run_blocks(config: ModelConfig, num_layers: int, x_BLE: jax.Array, *args,
     if group > 1:
       body, attributes = BlockGroup, (moe_flags[:group],)
     body = _remat(config, body)
+    if config.sliding_window:
+      flags = jnp.asarray(local_flags)
+      inputs = inputs.replace(is_local=flags.reshape(-1, group) if group > 1 else flags)
     # The cache stacks its layers on axis 1, so that every cache array has the batch on
     # axis 0, scanned or not: decoding expands and reorders beams along that axis. The
     # MoE statistics ("moe", sown) stack on axis 0 like the parameters.
     stack = nn.scan(
         body, variable_axes={"params": 0, "cache": 1, "moe": 0},
         split_rngs={"params": True, "dropout": True},
-        in_axes=in_axes, length=num_layers // group,
+        in_axes=(inputs.scan_axes(),), length=num_layers // group,
         metadata_params={nn.PARTITION_NAME: "layers"})
-    scanned = ()
-    if config.sliding_window:
-      flags = jnp.asarray(local_flags)
-      scanned = (flags.reshape(-1, group) if group > 1 else flags,)
     x_BLE, _ = stack(config, cross_attention, causal, residual_adds, *attributes,
-                     name=f"{name}s")(x_BLE, *args, *scanned)
+                     name=f"{name}s")(x_BLE, inputs)
     return x_BLE
   block = _remat(config, Block)
   for i in range(num_layers):
-    per_layer = (local_flags[i],) if config.sliding_window else ()
+    layer_inputs = inputs.replace(is_local=local_flags[i]) if config.sliding_window else inputs
     x_BLE, _ = block(config, cross_attention, causal, residual_adds, moe_flags[i],
-                     name=f"{name}_{i}")(x_BLE, *args, *per_layer)
+                     name=f"{name}_{i}")(x_BLE, layer_inputs)
   return x_BLE
 
 

@@ -1,6 +1,6 @@
 """The position-wise feed-forward (dense MLP) and the activation table it shares with moe.py.
 
-Shape legend as in layers.py: N tokens (B * L), E embed, F mlp hidden.
+Shape letters as in the package legend (transformer/model/__init__.py).
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ Masks and position biases are built once here, at the top of each stack, from
 integer segment ids (0 = padding, 1, 2, ... = packed documents) and positions,
 then passed down to every block.
 
-Shape legend: B batch, L target/query length, S source length, E embed, V vocab,
-C classes, H heads.
+Shape letters as in the package legend (transformer/model/__init__.py): in an
+encoder-decoder, S is the source's length and L the target's.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from transformer.model import initializers
 from transformer.model import positions as positions_lib
 from transformer.model.attention import make_attention_mask
 from transformer.config.model import ModelConfig
-from transformer.model.layers import (activation_constraint, make_norm, run_blocks,
-                                      sinusoidal_table)
+from transformer.model.layers import (StackInputs, activation_constraint, make_norm,
+                                      run_blocks, sinusoidal_table)
 from transformer.model.mlp import ACTIVATION_FNS
 
 
@@ -107,25 +107,26 @@ def _stack(config: ModelConfig, num_layers: int, x_BLE: jax.Array, segment_ids_B
     batch = segment_ids_BL.shape[0]
     kv_positions_BS = jnp.broadcast_to(jnp.arange(config.max_len), (batch, config.max_len))
     kv_segment_ids_BS = jnp.ones_like(kv_positions_BS)
-  mask_B1LL = make_attention_mask(segment_ids_BL, kv_segment_ids_BS, causal=causal,
-                                  q_positions=positions_BL, kv_positions=kv_positions_BS)
-  local_mask_B1LL = None
+  inputs = StackInputs(
+      positions_BL=positions_BL,
+      self_mask_B1LS=make_attention_mask(segment_ids_BL, kv_segment_ids_BS, causal=causal,
+                                         q_positions=positions_BL,
+                                         kv_positions=kv_positions_BS),
+      self_bias_BHLS=self_attention_bias(config, positions_BL, kv_positions_BS,
+                                         causal=causal, name=bias_name))
   if config.sliding_window:  # For the layers window_pattern marks local.
-    local_mask_B1LL = make_attention_mask(
+    inputs = inputs.replace(local_mask_B1LS=make_attention_mask(
         segment_ids_BL, kv_segment_ids_BS, causal=causal, q_positions=positions_BL,
-        kv_positions=kv_positions_BS, window=config.sliding_window)
-  bias_BHLL = self_attention_bias(config, positions_BL, kv_positions_BS, causal=causal,
-                                  name=bias_name)
+        kv_positions=kv_positions_BS, window=config.sliding_window))
+  cross_attention = encoded_segment_ids_BS is not None
+  if cross_attention:
+    # Cross-attention: target segment k sees exactly source segment k of the same row.
+    inputs = inputs.replace(encoded_BSE=encoded_BSE, cross_mask_B1LS=make_attention_mask(
+        segment_ids_BL, encoded_segment_ids_BS, causal=False))
   x_BLE = activation_constraint(
       nn.Dropout(config.embed_dropout, deterministic=config.deterministic)(x_BLE))
-  if encoded_segment_ids_BS is None:
-    return run_blocks(config, num_layers, x_BLE, mask_B1LL, positions_BL, bias_BHLL,
-                      local_mask_B1LL=local_mask_B1LL, causal=causal)
-  # Cross-attention: target segment k sees exactly source segment k of the same row.
-  cross_mask_B1LS = make_attention_mask(segment_ids_BL, encoded_segment_ids_BS, causal=False)
-  return run_blocks(config, num_layers, x_BLE, mask_B1LL, positions_BL, bias_BHLL,
-                    encoded_BSE, cross_mask_B1LS, local_mask_B1LL=local_mask_B1LL,
-                    cross_attention=True, causal=causal)
+  return run_blocks(config, num_layers, x_BLE, inputs, cross_attention=cross_attention,
+                    causal=causal)
 
 
 def _final_norm(config: ModelConfig, x_BLE: jax.Array, name: str) -> jax.Array:
@@ -231,7 +232,7 @@ class Decoder(nn.Module):
   @nn.compact
   def __call__(self, tokens_BL: jax.Array, segment_ids_BL: jax.Array,
                positions_BL: jax.Array) -> jax.Array:
-    """Returns float32 logits: [B, L, V] for the LM head, [B, C] for classification.
+    """Returns float32 logits: [B, L, V] for the LM head, [B, num_classes] for classification.
 
     Args:
       tokens_BL: int token ids.
@@ -257,7 +258,7 @@ class Encoder(nn.Module):
   @nn.compact
   def __call__(self, tokens_BL: jax.Array, segment_ids_BL: jax.Array,
                positions_BL: jax.Array) -> jax.Array:
-    """Returns float32 logits: [B, L, V] for the MLM head, [B, C] for classification."""
+    """Returns float32 logits: [B, L, V] for the MLM head, [B, num_classes] for classification."""
     cfg = self.config
     embedder, x_BLE = _single_stack(cfg, tokens_BL, segment_ids_BL, positions_BL,
                                     causal=False)

@@ -28,8 +28,8 @@ Parameters of a MoE layer's `mlp`: `router/kernel` [E, X]; `experts/wi/kernel` [
 (w2 / down_proj / wo), each with a `bias` [X, out] when model.use_bias; `shared/...`
 (a dense MLP of moe_shared_mlp_dim) and `shared_gate/kernel` [E, 1] when configured.
 
-Shape legend: B batch, S length, N tokens (B * S), E embed, F expert hidden, X experts,
-K experts per token, C capacity slots, M assignments (N * K).
+Shape letters as in the package legend (transformer/model/__init__.py); here N = B * L
+tokens, T of the X experts per token, M = N * T assignments, C capacity slots.
 """
 
 from __future__ import annotations
@@ -130,15 +130,15 @@ def route(config: ModelConfig, logits_NX: jax.Array) -> tuple[jax.Array, jax.Arr
   """Top-k routing of float32 router logits.
 
   Returns:
-    (weights [N, K] float32, experts [N, K] int32, probabilities [N, X]): the weights
+    (weights [N, T] float32, experts [N, T] int32, probabilities [N, X]): the weights
     the chosen experts' outputs are summed with; the probabilities (softmax, or the
     sigmoid scores divided by their sum) that the load-balancing loss reads.
   """
   scores_NX, probs_NX = ROUTERS[config.moe_router](logits_NX)
-  weights_NK, experts_NK = jax.lax.top_k(scores_NX, config.experts_per_token)
+  weights_NT, experts_NT = jax.lax.top_k(scores_NX, config.experts_per_token)
   if config.moe_renormalize:
-    weights_NK = weights_NK / jnp.sum(weights_NK, axis=-1, keepdims=True)
-  return weights_NK, experts_NK, probs_NX
+    weights_NT = weights_NT / jnp.sum(weights_NT, axis=-1, keepdims=True)
+  return weights_NT, experts_NT, probs_NX
 
 
 def capacity(config: ModelConfig, length: int) -> int:
@@ -155,10 +155,10 @@ class MoeMLP(nn.Module):
   residual_adds: int = 0  # Of this block's stack, for the init of `wo` (initializers.py).
 
   @nn.compact
-  def __call__(self, x_BSE: jax.Array) -> jax.Array:
+  def __call__(self, x_BLE: jax.Array) -> jax.Array:
     cfg = self.config
-    B, S, E = x_BSE.shape
-    router_in_NE = x_BSE.reshape(B * S, E).astype(jnp.float32)
+    B, L, E = x_BLE.shape
+    router_in_NE = x_BLE.reshape(B * L, E).astype(jnp.float32)
     if cfg.moe_router_jitter and not cfg.deterministic:  # Switch: training only.
       noise = jax.random.uniform(self.make_rng("dropout"), router_in_NE.shape,
                                  minval=1.0 - cfg.moe_router_jitter,
@@ -169,71 +169,71 @@ class MoeMLP(nn.Module):
         cfg.num_experts, use_bias=False, dtype=jnp.float32, param_dtype=cfg.param_dtype,
         name="router", kernel_init=nn.with_logical_partitioning(
             initializers.dense_kernel(cfg), ("embed", None)))(router_in_NE)
-    weights_NK, experts_NK, probs_NX = route(cfg, logits_NX)
+    weights_NT, experts_NT, probs_NX = route(cfg, logits_NX)
     experts = Experts(cfg, self.residual_adds, name="experts")
     if cfg.moe_dispatch == "capacity":
-      y_BSE, dropped = self._capacity_dispatch(experts, x_BSE, experts_NK, weights_NK)
+      y_BLE, dropped = self._capacity_dispatch(experts, x_BLE, experts_NT, weights_NT)
     else:
-      y_BSE = self._dropless_dispatch(experts, x_BSE.reshape(B * S, E), experts_NK,
-                                      weights_NK).reshape(B, S, E)
+      y_BLE = self._dropless_dispatch(experts, x_BLE.reshape(B * L, E), experts_NT,
+                                      weights_NT).reshape(B, L, E)
       dropped = jnp.zeros((), jnp.float32)
-    self._sow_statistics(logits_NX, experts_NK, probs_NX, dropped)
+    self._sow_statistics(logits_NX, experts_NT, probs_NX, dropped)
     if cfg.moe_shared_mlp_dim:
-      shared_BSE = MLP(cfg, self.residual_adds, mlp_dim=cfg.moe_shared_mlp_dim,
-                       name="shared")(x_BSE)
+      shared_BLE = MLP(cfg, self.residual_adds, mlp_dim=cfg.moe_shared_mlp_dim,
+                       name="shared")(x_BLE)
       if cfg.moe_shared_gate:  # Qwen2-MoE: sigmoid(x w) scales the shared expert per token.
-        gate_BS1 = nn.Dense(
+        gate_BL1 = nn.Dense(
             1, use_bias=False, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
             name="shared_gate", kernel_init=nn.with_logical_partitioning(
-                initializers.dense_kernel(cfg), ("embed", None)))(x_BSE)
-        shared_BSE = shared_BSE * jax.nn.sigmoid(gate_BS1)
-      y_BSE = y_BSE + shared_BSE
-    return y_BSE.astype(cfg.dtype)
+                initializers.dense_kernel(cfg), ("embed", None)))(x_BLE)
+        shared_BLE = shared_BLE * jax.nn.sigmoid(gate_BL1)
+      y_BLE = y_BLE + shared_BLE
+    return y_BLE.astype(cfg.dtype)
 
-  def _dropless_dispatch(self, experts: Experts, x_NE: jax.Array, experts_NK: jax.Array,
-                         weights_NK: jax.Array) -> jax.Array:
-    """Sort the N * K assignments by expert, one grouped matmul per projection, unsort."""
-    N, K = experts_NK.shape
-    experts_M = experts_NK.reshape(N * K)
+  def _dropless_dispatch(self, experts: Experts, x_NE: jax.Array, experts_NT: jax.Array,
+                         weights_NT: jax.Array) -> jax.Array:
+    """Sort the N * T assignments by expert, one grouped matmul per projection, unsort."""
+    N, T = experts_NT.shape
+    experts_M = experts_NT.reshape(N * T)
     order_M = jnp.argsort(experts_M, stable=True)
     group_sizes_X = jnp.bincount(experts_M, length=self.config.num_experts).astype(jnp.int32)
-    y_ME = experts(x_NE[order_M // K], group_sizes_X, experts_M[order_M])
-    y_NKE = y_ME[jnp.argsort(order_M)].reshape(N, K, y_ME.shape[-1])
-    return jnp.einsum("NKE,NK->NE", y_NKE, weights_NK.astype(y_NKE.dtype))
+    y_ME = experts(x_NE[order_M // T], group_sizes_X, experts_M[order_M])
+    y_NTE = y_ME[jnp.argsort(order_M)].reshape(N, T, y_ME.shape[-1])
+    return jnp.einsum("NTE,NT->NE", y_NTE, weights_NT.astype(y_NTE.dtype))
 
-  def _capacity_dispatch(self, experts: Experts, x_BSE: jax.Array, experts_NK: jax.Array,
-                         weights_NK: jax.Array) -> tuple[jax.Array, jax.Array]:
+  def _capacity_dispatch(self, experts: Experts, x_BLE: jax.Array, experts_NT: jax.Array,
+                         weights_NT: jax.Array) -> tuple[jax.Array, jax.Array]:
     """One-hot dispatch into [X, B, C] slots and back; returns (y, dropped fraction)."""
     cfg = self.config
-    B, S, _ = x_BSE.shape
-    K, X, C = cfg.experts_per_token, cfg.num_experts, capacity(cfg, S)
-    chosen_BKSX = jax.nn.one_hot(experts_NK.reshape(B, S, K), X, dtype=jnp.int32
+    B, L, _ = x_BLE.shape
+    T, X, C = cfg.experts_per_token, cfg.num_experts, capacity(cfg, L)
+    chosen_BTLX = jax.nn.one_hot(experts_NT.reshape(B, L, T), X, dtype=jnp.int32
                                  ).transpose(0, 2, 1, 3)
     # Slot = how many assignments of the sequence reached the expert before this one,
-    # first choices (k = 0) of every token before second choices (GShard's priority).
-    position_BKSX = (jnp.cumsum(chosen_BKSX.reshape(B, K * S, X), axis=1)
-                     .reshape(B, K, S, X) - 1)
+    # first choices (t = 0) of every token before second choices (GShard's priority).
+    position_BTLX = (jnp.cumsum(chosen_BTLX.reshape(B, T * L, X), axis=1)
+                     .reshape(B, T, L, X) - 1)
     # one_hot of a slot >= C (or of -1, an expert not chosen) is all zeros: dropped.
-    slot_BKSXC = jax.nn.one_hot(jnp.where(chosen_BKSX > 0, position_BKSX, -1), C,
+    slot_BTLXC = jax.nn.one_hot(jnp.where(chosen_BTLX > 0, position_BTLX, -1), C,
                                 dtype=cfg.dtype)
-    dispatch_BSXC = jnp.sum(slot_BKSXC, axis=1)
-    combine_BSXC = jnp.einsum("BKSXC,BSK->BSXC", slot_BKSXC,
-                              weights_NK.reshape(B, S, K).astype(cfg.dtype))
+    dispatch_BLXC = jnp.sum(slot_BTLXC, axis=1)
+    combine_BLXC = jnp.einsum("BTLXC,BLT->BLXC", slot_BTLXC,
+                              weights_NT.reshape(B, L, T).astype(cfg.dtype))
     # Expert-parallel: the buffers live where their expert's weights do (their rows on
     # the other batch axes), so XLA moves tokens (all-to-all), not expert weights.
     constrain = lambda t: nn.with_logical_constraint(t, ("expert", "batch", None, None))
-    x_XBCE = constrain(jnp.einsum("BSXC,BSE->XBCE", dispatch_BSXC, x_BSE.astype(cfg.dtype)))
+    x_XBCE = constrain(jnp.einsum("BLXC,BLE->XBCE", dispatch_BLXC, x_BLE.astype(cfg.dtype)))
     y_XBCE = constrain(experts(x_XBCE))
-    y_BSE = jnp.einsum("BSXC,XBCE->BSE", combine_BSXC, y_XBCE)
-    kept = jnp.sum(slot_BKSXC.astype(jnp.float32))
-    return y_BSE, 1.0 - kept / (B * S * K)
+    y_BLE = jnp.einsum("BLXC,XBCE->BLE", combine_BLXC, y_XBCE)
+    kept = jnp.sum(slot_BTLXC.astype(jnp.float32))
+    return y_BLE, 1.0 - kept / (B * L * T)
 
-  def _sow_statistics(self, logits_NX: jax.Array, experts_NK: jax.Array,
+  def _sow_statistics(self, logits_NX: jax.Array, experts_NT: jax.Array,
                       probs_NX: jax.Array, dropped: jax.Array) -> None:
     """Sows this layer's losses and load into the "moe" collection (a no-op unless mutable)."""
     X = self.config.num_experts
-    chosen_NX = jnp.sum(jax.nn.one_hot(experts_NK, X, dtype=jnp.float32), axis=1)
-    fraction_X = jnp.mean(chosen_NX, axis=0)  # Sums to K.
+    chosen_NX = jnp.sum(jax.nn.one_hot(experts_NT, X, dtype=jnp.float32), axis=1)
+    fraction_X = jnp.mean(chosen_NX, axis=0)  # Sums to T.
     self.sow(COLLECTION, "aux_loss", X * jnp.sum(fraction_X * jnp.mean(probs_NX, axis=0)))
     self.sow(COLLECTION, "z_loss", jnp.mean(jnp.square(jax.nn.logsumexp(logits_NX, axis=-1))))
     self.sow(COLLECTION, "dropped_fraction", dropped)

@@ -4,8 +4,7 @@ Each one is a function of integer token positions, never of array indices, so
 packed documents whose positions restart at 0 per segment are handled for free,
 and queries and keys may have different lengths (cross-attention, decoding).
 
-Shape legend used in names (`q_BLHD`): B batch, L query length, S key length,
-H heads, D head dim.
+Shape letters as in the package legend (transformer/model/__init__.py).
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ def rope_timescales(rotary_dim: int, max_wavelength: float | jax.Array = 10000.0
                     scaling: str = "none", factor: float = 1.0,
                     low_freq_factor: float = 1.0, high_freq_factor: float = 4.0,
                     original_max_len: int = 8192) -> jax.Array:
-  """The [rotary_dim / 2] float32 wavelengths / 2 pi (1 / inverse frequency) of RoPE's pairs.
+  """The [R] float32 wavelengths / 2 pi (1 / inverse frequency) of RoPE's R = rotary_dim / 2 pairs.
 
   Pair i turns by pos / timescale_i, timescale_i = max_wavelength^(2i / rotary_dim).
   Long-context scaling changes the timescales, never the positions:
@@ -40,27 +39,27 @@ def rope_timescales(rotary_dim: int, max_wavelength: float | jax.Array = 10000.0
     factor, low_freq_factor, high_freq_factor, original_max_len: the scaling's parameters.
 
   Returns:
-    The [rotary_dim // 2] float32 timescales.
+    The [R] float32 timescales, R = rotary_dim // 2.
   """
-  fraction_D2 = 2.0 * jnp.arange(rotary_dim // 2, dtype=jnp.float32) / rotary_dim
-  timescale_D2 = jnp.asarray(max_wavelength, jnp.float32) ** fraction_D2
+  fraction_R = 2.0 * jnp.arange(rotary_dim // 2, dtype=jnp.float32) / rotary_dim
+  timescale_R = jnp.asarray(max_wavelength, jnp.float32) ** fraction_R
   if scaling == "none":
-    return timescale_D2
+    return timescale_R
   if scaling == "linear":
-    return timescale_D2 * jnp.float32(factor)
+    return timescale_R * jnp.float32(factor)
   if scaling != "llama3":
     raise ValueError(f"rope scaling={scaling!r}; valid: 'none', 'linear', 'llama3'")
   # In inverse frequencies, step for step as the reference computes them (float32).
-  inv_freq_D2 = 1.0 / timescale_D2
-  wavelength_D2 = 2 * math.pi / inv_freq_D2
+  inv_freq_R = 1.0 / timescale_R
+  wavelength_R = 2 * math.pi / inv_freq_R
   low_freq_wavelength = original_max_len / low_freq_factor
   high_freq_wavelength = original_max_len / high_freq_factor
-  scaled_D2 = jnp.where(wavelength_D2 > low_freq_wavelength, inv_freq_D2 / factor, inv_freq_D2)
-  smooth_D2 = ((original_max_len / wavelength_D2 - low_freq_factor)
+  scaled_R = jnp.where(wavelength_R > low_freq_wavelength, inv_freq_R / factor, inv_freq_R)
+  smooth_R = ((original_max_len / wavelength_R - low_freq_factor)
                / (high_freq_factor - low_freq_factor))
-  smoothed_D2 = (1 - smooth_D2) * scaled_D2 / factor + smooth_D2 * scaled_D2
-  medium_D2 = (wavelength_D2 >= high_freq_wavelength) & (wavelength_D2 <= low_freq_wavelength)
-  return 1.0 / jnp.where(medium_D2, smoothed_D2, scaled_D2)
+  smoothed_R = (1 - smooth_R) * scaled_R / factor + smooth_R * scaled_R
+  medium_R = (wavelength_R >= high_freq_wavelength) & (wavelength_R <= low_freq_wavelength)
+  return 1.0 / jnp.where(medium_R, smoothed_R, scaled_R)
 
 
 def apply_rope(x_BLHD: jax.Array, positions_BL: jax.Array,
@@ -68,10 +67,10 @@ def apply_rope(x_BLHD: jax.Array, positions_BL: jax.Array,
                timescale_R: jax.Array | None = None) -> jax.Array:
   """Rotary position embedding (Su et al. 2021, RoFormer), "rotate half" convention.
 
-  Feature i of the first half of the rotated features is paired with feature i + R/2
+  Feature i of the first half of the 2R rotated features is paired with feature i + R
   of the second half (GPT-NeoX / LLaMA / MaxText layout, not the interleaved
   (2i, 2i+1) pairing of the paper), and the pair is rotated by the angle
-  pos / max_wavelength^(2i/R), R = D unless `timescale_R` says otherwise. Apply it to
+  pos / max_wavelength^(i/R), R = D / 2 unless `timescale_R` says otherwise. Apply it to
   queries and keys (never values); the dot product of a rotated query and key then
   depends only on their position difference. The rotation is computed in float32.
 
@@ -80,8 +79,8 @@ def apply_rope(x_BLHD: jax.Array, positions_BL: jax.Array,
     positions_BL: [B, L] integer position of each token (may restart per packed
       segment).
     max_wavelength: the base of the geometric progression of wavelengths.
-    timescale_R: optional [R / 2] timescales from `rope_timescales` (scaled, or for
-      partial rotary: only the first R <= D features turn, the rest pass through);
+    timescale_R: optional [R] timescales from `rope_timescales` (scaled, or for
+      partial rotary: only the first 2R <= D features turn, the rest pass through);
       replaces `max_wavelength`.
 
   Returns:
@@ -101,16 +100,16 @@ def apply_rope(x_BLHD: jax.Array, positions_BL: jax.Array,
   half = timescale_R.shape[0]
   if not 0 < 2 * half <= D:
     raise ValueError(f"timescale_R has {half} pairs; expected 1 to head_dim / 2 = {D // 2}.")
-  angle_BL1R2 = (positions_BL.astype(jnp.float32)[:, :, None, None]
-                 / timescale_R[None, None, None, :])
-  sin_BL1R2, cos_BL1R2 = jnp.sin(angle_BL1R2), jnp.cos(angle_BL1R2)
-  x_BLHD32 = x_BLHD.astype(jnp.float32)
-  x1_BLHR2, x2_BLHR2 = x_BLHD32[..., :half], x_BLHD32[..., half:2 * half]
-  out1_BLHR2 = x1_BLHR2 * cos_BL1R2 - x2_BLHR2 * sin_BL1R2
-  out2_BLHR2 = x2_BLHR2 * cos_BL1R2 + x1_BLHR2 * sin_BL1R2
-  rotated = [out1_BLHR2, out2_BLHR2]
+  angle_BL1R = (positions_BL.astype(jnp.float32)[:, :, None, None]
+                / timescale_R[None, None, None, :])
+  sin_BL1R, cos_BL1R = jnp.sin(angle_BL1R), jnp.cos(angle_BL1R)
+  x32_BLHD = x_BLHD.astype(jnp.float32)
+  x1_BLHR, x2_BLHR = x32_BLHD[..., :half], x32_BLHD[..., half:2 * half]
+  out1_BLHR = x1_BLHR * cos_BL1R - x2_BLHR * sin_BL1R
+  out2_BLHR = x2_BLHR * cos_BL1R + x1_BLHR * sin_BL1R
+  rotated = [out1_BLHR, out2_BLHR]
   if 2 * half < D:  # Partial rotary: the remaining features carry no position.
-    rotated.append(x_BLHD32[..., 2 * half:])
+    rotated.append(x32_BLHD[..., 2 * half:])
   return jnp.concatenate(rotated, axis=-1).astype(x_BLHD.dtype)
 
 
@@ -179,14 +178,14 @@ class RelativePositionBias(nn.Module):
       The [B, H, L, S] float32 bias.
     """
     # A small init keeps the initial bias near zero, like every other weight here.
-    embedding_NH = self.param(
+    embedding_UH = self.param(
         "embedding", nn.with_logical_partitioning(nn.initializers.normal(0.02), (None, "heads")),
         (self.num_buckets, self.num_heads), self.param_dtype)
     relative_BLS = kv_positions_BS[:, None, :] - q_positions_BL[:, :, None]
     bucket_BLS = t5_relative_position_bucket(
         relative_BLS, bidirectional=self.bidirectional, num_buckets=self.num_buckets,
         max_distance=self.max_distance)
-    bias_BLSH = jnp.take(embedding_NH.astype(jnp.float32), bucket_BLS, axis=0)
+    bias_BLSH = jnp.take(embedding_UH.astype(jnp.float32), bucket_BLS, axis=0)
     return jnp.transpose(bias_BLSH, (0, 3, 1, 2))
 
 
