@@ -33,6 +33,7 @@ from transformer.training import optim
 from transformer.training import trainer as trainer_lib
 from transformer.configuration import ConfigError, validate
 from transformer.workdir import layout
+from transformer.workdir import metrics_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -109,11 +110,11 @@ def _tensorboard_scalars(workdir, tag):
 
 def test_metric_writer_start_from_scratch_says_so(tmp_path, caplog):
   """resume(-1): no 'after step -1'; the rows belong to a start that left no checkpoint."""
-  writer = metrics.MetricWriter(str(tmp_path))
+  writer = metrics_file.MetricWriter(str(tmp_path))
   for step in range(1, 4):
     writer.write(step, {"loss": float(step)})
   writer.close()
-  writer = metrics.MetricWriter(str(tmp_path))
+  writer = metrics_file.MetricWriter(str(tmp_path))
   with caplog.at_level("WARNING"):
     assert writer.resume(-1) == []
   writer.close()
@@ -124,7 +125,7 @@ def test_metric_writer_start_from_scratch_says_so(tmp_path, caplog):
 
 def test_metric_writer_resume_keeps_rows_up_to_the_checkpoint(tmp_path, caplog):
   workdir = str(tmp_path)
-  writer = metrics.MetricWriter(workdir)
+  writer = metrics_file.MetricWriter(workdir)
   writer.write(0, {"eval_loss": 5.0})
   for step in range(1, 6):
     writer.write(step, {"loss": float(step)})
@@ -134,7 +135,7 @@ def test_metric_writer_resume_keeps_rows_up_to_the_checkpoint(tmp_path, caplog):
   with open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8") as f:
     f.write('{"step": 6, "lo')  # A torn line: the process died mid-write.
 
-  writer = metrics.MetricWriter(workdir)
+  writer = metrics_file.MetricWriter(workdir)
   with caplog.at_level("WARNING"):
     kept = writer.resume(3)
   assert "dropped 3 rows written after step 3" in caplog.text  # 4, 5 and the torn one.
@@ -151,7 +152,7 @@ def test_metric_writer_resume_keeps_rows_up_to_the_checkpoint(tmp_path, caplog):
   assert _tensorboard_scalars(workdir, "loss") == {1: [1.0], 2: [2.0], 3: [3.0],
                                                     4: [40.0], 5: [50.0]}
 
-  writer = metrics.MetricWriter(workdir)
+  writer = metrics_file.MetricWriter(workdir)
   assert writer.resume(-1) == []  # A start from scratch: every row goes.
   writer.close()
   assert not _rows(workdir)

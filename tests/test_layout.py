@@ -33,7 +33,7 @@ ALLOWED: dict[str, set[str]] = {
     "inference": {"configuration", "sharding", "model", "data", "workdir"},
     "training": {"configuration", "distributed", "hardware", "sharding", "model", "data",
                  "inference", "workdir"},
-    "reports": {"configuration", "workdir", "training"},
+    "reports": {"configuration", "workdir"},
     "interop": {"configuration", "sharding", "model", "data", "inference", "workdir"},
     "planning": {"configuration", "distributed", "hardware", "sharding", "model", "data",
                  "inference", "training", "workdir"},

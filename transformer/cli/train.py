@@ -23,11 +23,11 @@ from transformer import sharding
 from transformer.configuration import ConfigError, validate
 from transformer.reports import plots
 from transformer.training import loop
-from transformer.training.metrics import format_duration
 from transformer.training.trainer import check_batch_size
 from transformer.workdir import checkpointing
 from transformer.workdir import layout
 from transformer.workdir import run_record
+from transformer.workdir.console import format_duration
 
 STARTS_JAX = True
 

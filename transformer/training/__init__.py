@@ -8,7 +8,7 @@
   fault_injection.py  test-only crash injection (TRANSFORMER_TEST_KILL_AT)
   decode_hook.py      what an evaluation decodes: in-training BLEU and a sample
   optim.py            schedules and AdamW
-  metrics.py          metric sums, metrics.jsonl and TensorBoard, the progress line
+  metrics.py          metric sums and the progress line (rows go to workdir/metrics_file.py)
   flops.py            model FLOPs per step, device peaks, MFU's denominator
 
 May import: configuration, distributed, hardware, sharding, model, data, inference,

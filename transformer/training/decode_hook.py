@@ -61,7 +61,7 @@ def decode_at_evaluation(config: ml_collections.ConfigDict, workdir: str, model_
     workdir: the run's workdir, whose tokenizer files are read once.
     model_config: the run's ModelConfig (`Trainer.model_config`).
     params: the current parameters; call inside `Trainer.context()`.
-    writer: the run's metrics.MetricWriter.
+    writer: the run's metrics_file.MetricWriter.
     step: the step being evaluated.
 
   Returns:

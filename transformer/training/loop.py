@@ -32,7 +32,9 @@ from transformer.training.fault_injection import KillAt
 from transformer.training.trainer import Trainer, check_batch_size, evaluate_split
 from transformer.workdir import checkpointing
 from transformer.workdir import files
+from transformer.workdir import init_from
 from transformer.workdir import layout
+from transformer.workdir import metrics_file
 from transformer.workdir import run_record
 
 
@@ -229,7 +231,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     logging.info("%s is already complete: its checkpoint %d reaches train.num_steps=%d, so "
                  "there is nothing to train (a larger --config.train.num_steps continues "
                  "it)", workdir, complete, config.train.num_steps)
-    return _logged_metrics(workdir)
+    return metrics_file.latest_values(workdir)
 
   def write_run_files() -> None:
     """The resolved config, the vocabulary and the data identity: later commands
@@ -262,7 +264,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   trainer = Trainer.create(config, mesh)
   checkpointer = checkpointing.Checkpointer(workdir, config.checkpoint)
-  writer = metrics_lib.MetricWriter(workdir, enabled=is_chief)
+  writer = metrics_file.MetricWriter(workdir, enabled=is_chief)
 
   try:
     result = _train_loop(config, workdir, trainer, checkpointer, writer, train_iter, eval_data,
@@ -287,9 +289,9 @@ def _train_loop(config, workdir, trainer, checkpointer, writer, train_iter, eval
       # Fine-tuning: parameters whose path the source run has take its values (read
       # into this run's shardings); the step and Adam's moments start fresh. Loading
       # first lets a shape mismatch fail before init compiles.
-      loaded, _ = checkpointing.load_params(config.init_from, trainer.abstract_state.params)
+      loaded, _ = init_from.load_params(config.init_from, trainer.abstract_state.params)
       state = trainer.init(jax.random.PRNGKey(config.seed))
-      state = state.replace(params=checkpointing.merge_params(state.params, loaded))
+      state = state.replace(params=init_from.merge_params(state.params, loaded))
       logging.info("Starting at step 0 in %s from the parameters of config.init_from=%r",
                    workdir, config.init_from)
     elif restored is None:
@@ -415,15 +417,6 @@ def _hint_steps_per_call(config: ml_collections.ConfigDict) -> None:
   if per_call > 1:
     logging.info("On a CPU, --config.train.steps_per_call=%d runs the same updates faster "
                  "(%d steps per compiled call; README, Performance)", per_call, per_call)
-
-
-def _logged_metrics(workdir: str) -> dict[str, float]:
-  """The newest value of every metric in the run's metrics.jsonl (a finished run's result)."""
-  rows, _ = metrics_lib.read_rows(os.path.join(workdir, layout.METRICS))
-  latest: dict[str, float] = {}
-  for row in sorted(rows, key=lambda r: r["step"]):
-    latest.update({k: float(v) for k, v in row.items() if k != "step"})
-  return latest
 
 
 def _format(metrics: dict[str, float]) -> str:
