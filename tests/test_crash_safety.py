@@ -28,8 +28,10 @@ from transformer.workdir import checkpointing
 from transformer.training import metrics
 from transformer import sharding
 from transformer.training import fault_injection
+from transformer.training import hooks
 from transformer.training import loop
 from transformer.training import optim
+from transformer.training import resume
 from transformer.training import trainer as trainer_lib
 from transformer.configuration import ConfigError, validate
 from transformer.workdir import layout
@@ -231,16 +233,20 @@ def test_sigkill_anywhere_reruns_exactly(point_and_step, uninterrupted, tfds_dat
     assert "Resumed from checkpoint 6" not in output
 
 
-def test_kill_hook_is_inert_unless_asked(monkeypatch):
-  monkeypatch.delenv(fault_injection.KillAt.VARIABLE, raising=False)  # pylint: disable=protected-access
-  hook = fault_injection.KillAt.from_env()  # pylint: disable=protected-access
-  hook("after_step", 5)  # Unset: nothing happens.
-  hook = fault_injection.KillAt("after_save:6")  # pylint: disable=protected-access
+def test_kill_hook_registers_itself_only_when_asked(monkeypatch):
+  """The loop names no crash point: fault_injection registers a hook when the variable is set."""
+  monkeypatch.delenv(fault_injection.KillAt.VARIABLE, raising=False)
+  assert not [h for h in hooks.registered() if isinstance(h, fault_injection.KillAt)]
+  monkeypatch.setenv(fault_injection.KillAt.VARIABLE, "after_save:6")
+  (hook,) = [h for h in hooks.registered() if isinstance(h, fault_injection.KillAt)]
   called = []
-  hook("after_save", 5, first=lambda: called.append(1))  # Another step: nothing either.
+  waiting = type("Checkpointer", (), {"wait": lambda self: called.append(1)})()
+  hook.after_save(5, waiting)  # Another step: nothing happens.
+  hook.after_call(6, None)  # Another point: nothing either.
   assert not called
+  monkeypatch.setenv(fault_injection.KillAt.VARIABLE, "during_lunch:3")
   with pytest.raises(ValueError, match="TRANSFORMER_TEST_KILL_AT='during_lunch:3'"):
-    fault_injection.KillAt("during_lunch:3")  # pylint: disable=protected-access
+    hooks.registered()
 
 
 # ---------------------------------------------------------------- 2. non-finite steps
@@ -500,12 +506,12 @@ def test_config_json_without_a_checkpoint_is_not_a_resume(finished_run, tiny_con
   shutil.copy(os.path.join(finished_run, "config.json"), workdir)
   tiny_config.model.mlp_dim = 128
   with caplog.at_level("INFO"), caplog.at_level("INFO", logger="absl"):
-    loop._check_config_change(tiny_config, workdir)  # pylint: disable=protected-access
+    resume.check_config_change(tiny_config, workdir)
   assert "not a resume" in caplog.text
   tiny_config.checkpoint.on_config_change = "sometimes"
   with pytest.raises(ConfigError, match=r"config\.checkpoint\.on_config_change='sometimes' "
                      r"is invalid: valid values are 'stop', 'allow'"):
-    loop._check_config_change(tiny_config, workdir)  # pylint: disable=protected-access
+    resume.check_config_change(tiny_config, workdir)
 
 
 def _file_digests(workdir: str) -> dict[str, str]:
