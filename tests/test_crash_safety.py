@@ -13,7 +13,9 @@ import os
 import shutil
 import struct
 import subprocess
+import signal
 import sys
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -32,6 +34,7 @@ from transformer.training import hooks
 from transformer.training import loop
 from transformer.training import optim
 from transformer.training import resume
+from transformer.training import signals
 from transformer.training import trainer as trainer_lib
 from transformer.configuration import ConfigError, validate
 from transformer.workdir import layout
@@ -552,6 +555,18 @@ def test_resume_keeps_its_vocabulary_and_refuses_an_edited_dataset(tiny_config, 
   with open(os.path.join(workdir, layout.TOKENIZER_RECORD), encoding="utf-8") as f:
     assert json.load(f) == vocabulary  # ... with the run's own vocabulary.
 
+  # Issue 34: the vocabulary is part of the run. Without it the resume stops (one line
+  # naming the file), 'allow' or not, instead of deriving one from the changed data.
+  os.remove(os.path.join(workdir, layout.TOKENIZER_RECORD))
+  before = _file_digests(workdir)
+  tiny_config.train.num_steps = 4
+  with pytest.raises(ConfigError, match=rf"{workdir}/tokenizer\.json is missing: it names "
+                     r"the vocabulary .*whatever checkpoint\.on_config_change says") as error:
+    loop.train_and_evaluate(tiny_config, workdir)
+  assert "\n" not in str(error.value)
+  assert _file_digests(workdir) == before  # Nothing written: not even a new vocabulary.
+  assert _checkpoint_steps(workdir)[-1] == 3
+
 
 def test_a_failed_resume_leaves_every_file_as_it_was(finished_run, tiny_config, tmp_path):
   """Issue 19 row 2: config.json and the vocabulary are written after the restore succeeds."""
@@ -566,3 +581,56 @@ def test_a_failed_resume_leaves_every_file_as_it_was(finished_run, tiny_config, 
   tiny_config.model.mlp_dim = 64
   tiny_config.checkpoint.on_config_change = "stop"
   loop.train_and_evaluate(tiny_config, workdir)  # The command with the run's model resumes.
+
+
+# ---------------------------------------------------------------- 6. signals
+
+
+class _SendSignals(hooks.Hook):
+  """Sends this process `signums` after the call that ends at `step` (Ctrl-C twice)."""
+
+  def __init__(self, step, *signums):
+    self.step, self.signums = step, signums
+
+  def after_call(self, step, state):
+    if step == self.step:
+      for signum in self.signums:
+        os.kill(os.getpid(), signum)
+
+
+def test_a_second_signal_stops_at_once_with_its_own_status(tiny_config, tmp_path, monkeypatch):
+  """Issue 34: no KeyboardInterrupt traceback; 130 / 143 as the signal says; nothing partial."""
+  # The handlers are installed only in the main thread; elsewhere the signal would kill pytest.
+  assert threading.current_thread() is threading.main_thread()
+  callers_handler = signal.getsignal(signal.SIGTERM)
+  workdir = str(tmp_path / "run")
+  save = checkpointing.Checkpointer.save
+
+  def signalled_save(self, step, state, data_iterator):
+    if step == 3:  # Both signals arrive as the save starts: it is finished first.
+      os.kill(os.getpid(), signal.SIGINT)
+      os.kill(os.getpid(), signal.SIGINT)
+    save(self, step, state, data_iterator)
+
+  monkeypatch.setattr(checkpointing.Checkpointer, "save", signalled_save)
+  with pytest.raises(signals.Interrupted) as stopped:
+    loop.train_and_evaluate(tiny_config, workdir)
+  assert (stopped.value.step, stopped.value.exit_status, stopped.value.aborted) == (3, 130, True)
+  assert str(stopped.value) == ("Stopped at once by a second signal (SIGINT); rerun the same "
+                                "command to resume from checkpoint 3")
+  assert _checkpoint_steps(workdir) == [3]
+  assert checkpointing.checkpoint_problem(os.path.join(workdir, "checkpoints", "3")) is None
+  monkeypatch.setattr(checkpointing.Checkpointer, "save", save)
+
+  # Between saves it stops at once: step 4 is trained, never saved; SIGTERM's status.
+  with pytest.raises(signals.Interrupted) as stopped:
+    loop.train_and_evaluate(tiny_config, workdir,
+                            hooks=[_SendSignals(4, signal.SIGTERM, signal.SIGTERM)])
+  assert (stopped.value.step, stopped.value.exit_status, stopped.value.aborted) == (3, 143, True)
+  assert os.listdir(os.path.join(workdir, "checkpoints")) == ["3"]  # No temporary left.
+  # Whole lines only; step 4's row (reported one call late) never came.
+  assert [r["step"] for r in _rows(workdir) if "loss" in r] == [1, 2, 3]
+  assert signal.getsignal(signal.SIGTERM) == callers_handler  # The caller's handler again.
+  loop.train_and_evaluate(tiny_config, workdir)  # Rerunning resumes from 3 and finishes.
+  assert _checkpoint_steps(workdir) == [3, 6]
+  assert [r["step"] for r in _rows(workdir) if "loss" in r] == [1, 2, 3, 4, 5, 6]

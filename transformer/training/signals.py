@@ -44,11 +44,11 @@ class Interrupted(Exception):
       message = (f"Stopped by {name} at step {step} after saving a checkpoint; rerun the "
                  "same command to resume")
     elif step is None:
-      message = (f"Stopped by a second signal ({name}) before any checkpoint was saved; "
-                 "rerun the same command to start again")
+      message = (f"Stopped at once by a second signal ({name}), before any checkpoint was "
+                 "saved; rerun the same command to start again")
     else:
-      message = (f"Stopped by a second signal ({name}) without saving the step in "
-                 f"progress; rerun the same command to resume from checkpoint {step}")
+      message = (f"Stopped at once by a second signal ({name}); rerun the same command to "
+                 f"resume from checkpoint {step}")
     super().__init__(message)
 
 
@@ -107,6 +107,7 @@ class StopRequest:
     finally:
       self._deferring -= 1
     if not self._deferring and self._abort_pending:
+      self._abort_pending = False  # Raised once: closing the files later may defer again.
       raise Aborted(self.signum)
 
   def _handle(self, signum, frame) -> None:
