@@ -150,8 +150,6 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
              hooks=[decode_hook.DecodeAtEvaluation(config, workdir, trainer.model_config,
                                                    writer),
                     *hooks_lib.registered(), *hooks])
-
-
   try:
     return _train_loop(run)
   finally:  # Also on errors: finish a pending checkpoint write and flush the metrics.
