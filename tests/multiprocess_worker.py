@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from tiny import make_tiny_config  # pylint: disable=g-import-not-at-top,wrong-import-position
 from transformer import distributed  # pylint: disable=g-import-not-at-top,wrong-import-position
-from transformer.training import metrics  # pylint: disable=g-import-not-at-top,wrong-import-position
+from transformer.workdir import metrics_file  # pylint: disable=g-import-not-at-top,wrong-import-position
 from transformer.training import loop  # pylint: disable=g-import-not-at-top,wrong-import-position
 from transformer.training import trainer as trainer_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -43,7 +43,7 @@ def main():
                          process_id=args.process_id,
                          heartbeat_timeout_seconds=args.heartbeat_timeout_seconds)
   seen = {"metrics": [], "rows": []}
-  global_batch, write = trainer_lib.Trainer.global_batch, metrics.MetricWriter.write
+  global_batch, write = trainer_lib.Trainer.global_batch, metrics_file.MetricWriter.write
 
   def recording_global_batch(self, local, stacked=False):
     if len(seen["rows"]) == args.fail_at_batch:
@@ -57,7 +57,7 @@ def main():
     return write(self, step, values)
 
   trainer_lib.Trainer.global_batch = recording_global_batch
-  metrics.MetricWriter.write = recording_write
+  metrics_file.MetricWriter.write = recording_write
 
   config = make_tiny_config(args.data_dir)
   config.train.num_steps = args.num_steps

@@ -27,7 +27,7 @@ from configs import base
 from test_datasets import tiny, write_local_files
 from test_decoding import _FAST_ENTRY_POINTS  # pylint: disable=protected-access
 from test_decoding import fast_decoding_compiles  # pylint: disable=unused-import (autouse)
-from transformer.workdir import checkpointing
+from transformer.workdir import init_from
 from transformer.cli import average as average_mode
 from transformer.cli import evaluate as evaluate_mode
 from transformer.cli import generate as generate_mode
@@ -35,7 +35,7 @@ from transformer.inference import loaded
 from transformer.cli import translate as translate_mode
 from transformer.inference import decoding
 from transformer.inference import text
-from transformer.training import metrics as metrics_lib
+from transformer.workdir import metrics_file
 from transformer.training import loop
 from transformer.config.errors import ConfigError
 from transformer.data import tokenizers
@@ -46,13 +46,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _train(config, workdir):
   """train_and_evaluate, recording what the run wrote as TensorBoard text."""
   texts = []
-  original = metrics_lib.MetricWriter.write_text
+  original = metrics_file.MetricWriter.write_text
 
   def record(writer, step, tag, text):
     texts.append((step, tag, text))
     original(writer, step, tag, text)
 
-  with mock.patch.object(metrics_lib.MetricWriter, "write_text", autospec=True,
+  with mock.patch.object(metrics_file.MetricWriter, "write_text", autospec=True,
                          side_effect=record), \
        mock.patch.multiple(decoding, **_FAST_ENTRY_POINTS):  # As the tests' autouse fixture.
     result = loop.train_and_evaluate(config, workdir)
@@ -298,7 +298,7 @@ def test_average_is_the_mean_of_the_checkpoints(translation_run, tmp_path):
   # The averaged workdir is a run for the other modes and for config.init_from.
   run = loaded.load_run(str(out))
   assert run.steps == [4]
-  _, match = checkpointing.load_params(str(out), run.abstract_params)
+  _, match = init_from.load_params(str(out), run.abstract_params)
   assert not match.new and not match.dropped
   with pytest.raises(ConfigError, match="exists and is not an empty directory"):
     average_mode.average(workdir, str(out), average_last=2)

@@ -84,6 +84,7 @@ def test_launch_console_has_no_prefix_or_library_noise(tmp_path):
   assert result.stdout == ""  # TFDS's "Downloading and preparing" banner went to the log.
 
   log = (workdir / layout.LOG).read_text()
-  assert re.search(r"^I\d{4} [\d:.]+ +\d+ loop\.py:\d+\] step 2/2 \(100%\)", log, re.M)
+  # The progress line is written by training/reporting.py.
+  assert re.search(r"^I\d{4} [\d:.]+ +\d+ reporting\.py:\d+\] step 2/2 \(100%\)", log, re.M)
   assert "Downloading and preparing dataset" in log
   assert re.search(r"^I\d{4} .* checkpoint_manager\.py:\d+\] ", log, re.M)  # Library INFO.

@@ -13,7 +13,9 @@ import os
 import shutil
 import struct
 import subprocess
+import signal
 import sys
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -28,12 +30,16 @@ from transformer.workdir import checkpointing
 from transformer.training import metrics
 from transformer import sharding
 from transformer.training import fault_injection
+from transformer.training import hooks
 from transformer.training import loop
 from transformer.training import optim
+from transformer.training import resume
+from transformer.training import signals
 from transformer.training import trainer as trainer_lib
 from transformer.config.errors import ConfigError
 from transformer.config.validation import validate
 from transformer.workdir import layout
+from transformer.workdir import metrics_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -110,11 +116,11 @@ def _tensorboard_scalars(workdir, tag):
 
 def test_metric_writer_start_from_scratch_says_so(tmp_path, caplog):
   """resume(-1): no 'after step -1'; the rows belong to a start that left no checkpoint."""
-  writer = metrics.MetricWriter(str(tmp_path))
+  writer = metrics_file.MetricWriter(str(tmp_path))
   for step in range(1, 4):
     writer.write(step, {"loss": float(step)})
   writer.close()
-  writer = metrics.MetricWriter(str(tmp_path))
+  writer = metrics_file.MetricWriter(str(tmp_path))
   with caplog.at_level("WARNING"):
     assert writer.resume(-1) == []
   writer.close()
@@ -125,7 +131,7 @@ def test_metric_writer_start_from_scratch_says_so(tmp_path, caplog):
 
 def test_metric_writer_resume_keeps_rows_up_to_the_checkpoint(tmp_path, caplog):
   workdir = str(tmp_path)
-  writer = metrics.MetricWriter(workdir)
+  writer = metrics_file.MetricWriter(workdir)
   writer.write(0, {"eval_loss": 5.0})
   for step in range(1, 6):
     writer.write(step, {"loss": float(step)})
@@ -135,7 +141,7 @@ def test_metric_writer_resume_keeps_rows_up_to_the_checkpoint(tmp_path, caplog):
   with open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8") as f:
     f.write('{"step": 6, "lo')  # A torn line: the process died mid-write.
 
-  writer = metrics.MetricWriter(workdir)
+  writer = metrics_file.MetricWriter(workdir)
   with caplog.at_level("WARNING"):
     kept = writer.resume(3)
   assert "dropped 3 rows written after step 3" in caplog.text  # 4, 5 and the torn one.
@@ -152,7 +158,7 @@ def test_metric_writer_resume_keeps_rows_up_to_the_checkpoint(tmp_path, caplog):
   assert _tensorboard_scalars(workdir, "loss") == {1: [1.0], 2: [2.0], 3: [3.0],
                                                     4: [40.0], 5: [50.0]}
 
-  writer = metrics.MetricWriter(workdir)
+  writer = metrics_file.MetricWriter(workdir)
   assert writer.resume(-1) == []  # A start from scratch: every row goes.
   writer.close()
   assert not _rows(workdir)
@@ -231,16 +237,20 @@ def test_sigkill_anywhere_reruns_exactly(point_and_step, uninterrupted, tfds_dat
     assert "Resumed from checkpoint 6" not in output
 
 
-def test_kill_hook_is_inert_unless_asked(monkeypatch):
-  monkeypatch.delenv(fault_injection.KillAt.VARIABLE, raising=False)  # pylint: disable=protected-access
-  hook = fault_injection.KillAt.from_env()  # pylint: disable=protected-access
-  hook("after_step", 5)  # Unset: nothing happens.
-  hook = fault_injection.KillAt("after_save:6")  # pylint: disable=protected-access
+def test_kill_hook_registers_itself_only_when_asked(monkeypatch):
+  """The loop names no crash point: fault_injection registers a hook when the variable is set."""
+  monkeypatch.delenv(fault_injection.KillAt.VARIABLE, raising=False)
+  assert not [h for h in hooks.registered() if isinstance(h, fault_injection.KillAt)]
+  monkeypatch.setenv(fault_injection.KillAt.VARIABLE, "after_save:6")
+  (hook,) = [h for h in hooks.registered() if isinstance(h, fault_injection.KillAt)]
   called = []
-  hook("after_save", 5, first=lambda: called.append(1))  # Another step: nothing either.
+  waiting = type("Checkpointer", (), {"wait": lambda self: called.append(1)})()
+  hook.after_save(5, waiting)  # Another step: nothing happens.
+  hook.after_call(6, None)  # Another point: nothing either.
   assert not called
+  monkeypatch.setenv(fault_injection.KillAt.VARIABLE, "during_lunch:3")
   with pytest.raises(ValueError, match="TRANSFORMER_TEST_KILL_AT='during_lunch:3'"):
-    fault_injection.KillAt("during_lunch:3")  # pylint: disable=protected-access
+    hooks.registered()
 
 
 # ---------------------------------------------------------------- 2. non-finite steps
@@ -500,12 +510,12 @@ def test_config_json_without_a_checkpoint_is_not_a_resume(finished_run, tiny_con
   shutil.copy(os.path.join(finished_run, "config.json"), workdir)
   tiny_config.model.mlp_dim = 128
   with caplog.at_level("INFO"), caplog.at_level("INFO", logger="absl"):
-    loop._check_config_change(tiny_config, workdir)  # pylint: disable=protected-access
+    resume.check_config_change(tiny_config, workdir)
   assert "not a resume" in caplog.text
   tiny_config.checkpoint.on_config_change = "sometimes"
   with pytest.raises(ConfigError, match=r"config\.checkpoint\.on_config_change='sometimes' "
                      r"is invalid: valid values are 'stop', 'allow'"):
-    loop._check_config_change(tiny_config, workdir)  # pylint: disable=protected-access
+    resume.check_config_change(tiny_config, workdir)
 
 
 def _file_digests(workdir: str) -> dict[str, str]:
@@ -546,6 +556,18 @@ def test_resume_keeps_its_vocabulary_and_refuses_an_edited_dataset(tiny_config, 
   with open(os.path.join(workdir, layout.TOKENIZER_RECORD), encoding="utf-8") as f:
     assert json.load(f) == vocabulary  # ... with the run's own vocabulary.
 
+  # Issue 34: the vocabulary is part of the run. Without it the resume stops (one line
+  # naming the file), 'allow' or not, instead of deriving one from the changed data.
+  os.remove(os.path.join(workdir, layout.TOKENIZER_RECORD))
+  before = _file_digests(workdir)
+  tiny_config.train.num_steps = 4
+  with pytest.raises(ConfigError, match=rf"{workdir}/tokenizer\.json is missing: it names "
+                     r"the vocabulary .*whatever checkpoint\.on_config_change says") as error:
+    loop.train_and_evaluate(tiny_config, workdir)
+  assert "\n" not in str(error.value)
+  assert _file_digests(workdir) == before  # Nothing written: not even a new vocabulary.
+  assert _checkpoint_steps(workdir)[-1] == 3
+
 
 def test_a_failed_resume_leaves_every_file_as_it_was(finished_run, tiny_config, tmp_path):
   """Issue 19 row 2: config.json and the vocabulary are written after the restore succeeds."""
@@ -560,3 +582,56 @@ def test_a_failed_resume_leaves_every_file_as_it_was(finished_run, tiny_config, 
   tiny_config.model.mlp_dim = 64
   tiny_config.checkpoint.on_config_change = "stop"
   loop.train_and_evaluate(tiny_config, workdir)  # The command with the run's model resumes.
+
+
+# ---------------------------------------------------------------- 6. signals
+
+
+class _SendSignals(hooks.Hook):
+  """Sends this process `signums` after the call that ends at `step` (Ctrl-C twice)."""
+
+  def __init__(self, step, *signums):
+    self.step, self.signums = step, signums
+
+  def after_call(self, step, state):
+    if step == self.step:
+      for signum in self.signums:
+        os.kill(os.getpid(), signum)
+
+
+def test_a_second_signal_stops_at_once_with_its_own_status(tiny_config, tmp_path, monkeypatch):
+  """Issue 34: no KeyboardInterrupt traceback; 130 / 143 as the signal says; nothing partial."""
+  # The handlers are installed only in the main thread; elsewhere the signal would kill pytest.
+  assert threading.current_thread() is threading.main_thread()
+  callers_handler = signal.getsignal(signal.SIGTERM)
+  workdir = str(tmp_path / "run")
+  save = checkpointing.Checkpointer.save
+
+  def signalled_save(self, step, state, data_iterator):
+    if step == 3:  # Both signals arrive as the save starts: it is finished first.
+      os.kill(os.getpid(), signal.SIGINT)
+      os.kill(os.getpid(), signal.SIGINT)
+    save(self, step, state, data_iterator)
+
+  monkeypatch.setattr(checkpointing.Checkpointer, "save", signalled_save)
+  with pytest.raises(signals.Interrupted) as stopped:
+    loop.train_and_evaluate(tiny_config, workdir)
+  assert (stopped.value.step, stopped.value.exit_status, stopped.value.aborted) == (3, 130, True)
+  assert str(stopped.value) == ("Stopped at once by a second signal (SIGINT); rerun the same "
+                                "command to resume from checkpoint 3")
+  assert _checkpoint_steps(workdir) == [3]
+  assert checkpointing.checkpoint_problem(os.path.join(workdir, "checkpoints", "3")) is None
+  monkeypatch.setattr(checkpointing.Checkpointer, "save", save)
+
+  # Between saves it stops at once: step 4 is trained, never saved; SIGTERM's status.
+  with pytest.raises(signals.Interrupted) as stopped:
+    loop.train_and_evaluate(tiny_config, workdir,
+                            hooks=[_SendSignals(4, signal.SIGTERM, signal.SIGTERM)])
+  assert (stopped.value.step, stopped.value.exit_status, stopped.value.aborted) == (3, 143, True)
+  assert os.listdir(os.path.join(workdir, "checkpoints")) == ["3"]  # No temporary left.
+  # Whole lines only; step 4's row (reported one call late) never came.
+  assert [r["step"] for r in _rows(workdir) if "loss" in r] == [1, 2, 3]
+  assert signal.getsignal(signal.SIGTERM) == callers_handler  # The caller's handler again.
+  loop.train_and_evaluate(tiny_config, workdir)  # Rerunning resumes from 3 and finishes.
+  assert _checkpoint_steps(workdir) == [3, 6]
+  assert [r["step"] for r in _rows(workdir) if "loss" in r] == [1, 2, 3, 4, 5, 6]

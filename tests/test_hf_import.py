@@ -21,7 +21,7 @@ import pytest
 from flax import linen as nn
 
 from configs import base
-from transformer.workdir import checkpointing
+from transformer.workdir import init_from
 from transformer.inference import loaded
 from transformer.inference import decoding
 from transformer.interop.hf import common as hf_common
@@ -407,7 +407,7 @@ def test_an_imported_bert_fine_tunes_with_its_pooler(tmp_path):
   batch = objectives.init_batch(objective, 1, 8)
   target = nn.unbox(jax.eval_shape(make_model(model_config).init, jax.random.PRNGKey(0),
                                    *objectives.model_inputs(objective, batch))["params"])
-  match = checkpointing.match_params(target, converted.params)
+  match = init_from.match_params(target, converted.params)
   assert match.new == ("classification_head/classifier/bias",
                        "classification_head/classifier/kernel")
   assert {p.split("/")[0] for p in match.dropped} == {"mlm_bias", "mlm_norm", "mlm_transform"}

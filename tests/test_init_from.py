@@ -12,7 +12,7 @@ from flax import linen as nn
 
 from configs import bert_base
 from tiny import make_tiny_config
-from transformer.workdir import checkpointing
+from transformer.workdir import init_from
 from transformer.model import objectives
 from transformer import sharding
 from transformer.training import loop
@@ -53,7 +53,7 @@ def test_match_lists_loaded_new_and_dropped_by_top_level_module():
              "final_norm/scale": (8,)}
   target = _shapes({**encoder, "classifier/kernel": (8, 3), "classifier/bias": (3,)})
   source = _shapes({**encoder, "mlm_head/kernel": (8, 100), "mlm_head/bias": (100,)})
-  match = checkpointing.match_params(target, source)
+  match = init_from.match_params(target, source)
   assert match.loaded == ("block_0/attention/query/kernel", "block_0/mlp/wi/kernel",
                           "final_norm/scale")
   assert match.new == ("classifier/bias", "classifier/kernel")
@@ -78,7 +78,7 @@ def test_an_mlm_encoder_fine_tunes_into_a_classifier():
                                    *objectives.model_inputs(objective, batch))["params"])
 
   classifier = param_shapes("classification", pooling="cls", num_classes=3)
-  match = checkpointing.match_params(classifier, param_shapes("mlm"))
+  match = init_from.match_params(classifier, param_shapes("mlm"))
   assert {p.split("/")[0] for p in match.new} == {"classification_head"}
   assert match.dropped and all(p.startswith("mlm_") for p in match.dropped)
   assert len(match.loaded) == len(jax.tree.leaves(classifier)) - len(match.new)
@@ -90,31 +90,31 @@ def test_shape_mismatch_names_the_path_and_both_shapes():
   with pytest.raises(ConfigError, match=r"config\.init_from='/runs/a' is invalid: .*"
                      r"block_0/mlp/wi/kernel is \(32, 64\) float32 in the checkpoint but "
                      r"\(32, 128\) float32 in this model"):
-    checkpointing.match_params(target, source, "/runs/a")
+    init_from.match_params(target, source, "/runs/a")
 
 
 def test_float_widths_convert_but_int_and_float_do_not_mix():
   source = _shapes({"dense/kernel": (4, 4)}, jnp.float32)
-  match = checkpointing.match_params(_shapes({"dense/kernel": (4, 4)}, jnp.bfloat16), source)
+  match = init_from.match_params(_shapes({"dense/kernel": (4, 4)}, jnp.bfloat16), source)
   assert match.loaded == ("dense/kernel",)
   with pytest.raises(ConfigError, match=r"dense/kernel is \(4, 4\) float32 .* \(4, 4\) int32"):
-    checkpointing.match_params(_shapes({"dense/kernel": (4, 4)}, jnp.int32), source)
+    init_from.match_params(_shapes({"dense/kernel": (4, 4)}, jnp.int32), source)
 
 
 def test_nothing_in_common_is_an_error():
   with pytest.raises(ConfigError, match=r"shares no parameter path .*encoder \(1\)"):
-    checkpointing.match_params(_shapes({"decoder/kernel": (2,)}),
+    init_from.match_params(_shapes({"decoder/kernel": (2,)}),
                                _shapes({"encoder/kernel": (2,)}))
 
 
 def test_merge_takes_loaded_values_and_keeps_the_rest():
   params = _tree({"block_0/kernel": np.zeros((2, 2)), "lm_head/kernel": np.ones((2, 3))})
-  merged = checkpointing.merge_params(params, _tree({"block_0/kernel": np.full((2, 2), 7.0)}))
+  merged = init_from.merge_params(params, _tree({"block_0/kernel": np.full((2, 2), 7.0)}))
   assert jax.tree.structure(merged) == jax.tree.structure(params)
   np.testing.assert_array_equal(merged["block_0"]["kernel"], np.full((2, 2), 7.0))
   assert merged["lm_head"]["kernel"] is params["lm_head"]["kernel"]
   with pytest.raises(ValueError, match="not in the model: .*'mlm_head/kernel'"):
-    checkpointing.merge_params(params, _tree({"mlm_head/kernel": np.zeros(2)}))
+    init_from.merge_params(params, _tree({"mlm_head/kernel": np.zeros(2)}))
 
 
 def test_init_from_must_be_a_string(tiny_config):
@@ -209,7 +209,7 @@ def test_init_from_a_checkpoint_directory_reads_that_step(source_run, tfds_data_
   abstract = trainer.abstract_state.params
   step_1 = os.path.join(source_run, "checkpoints", "1")
   with trainer.context():
-    loaded, match = checkpointing.load_params(step_1, abstract)
+    loaded, match = init_from.load_params(step_1, abstract)
   assert match.new == ("lm_head/kernel",) and not match.dropped
   expected = _flat(_restore_raw(source_run, 1)["params"])
   assert set(_flat(loaded)) == set(expected)
@@ -246,4 +246,4 @@ def test_bad_paths_say_what_is_expected(source_run, tmp_path):
                         (os.path.join(source_run, "checkpoints"), r"neither")]:
     with pytest.raises(ConfigError, match=rf"config\.init_from='{path}' is invalid: .*"
                        rf"{problem}.*expected a run's workdir"):
-      checkpointing.load_params(str(path), abstract)
+      init_from.load_params(str(path), abstract)

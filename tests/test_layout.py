@@ -32,7 +32,7 @@ ALLOWED: dict[str, set[str]] = {
     "inference": {"config", "sharding", "model", "data", "workdir"},
     "training": {"config", "distributed", "hardware", "sharding", "model", "data",
                  "inference", "workdir"},
-    "reports": {"config", "workdir", "training"},
+    "reports": {"config", "workdir"},
     "interop": {"config", "sharding", "model", "data", "inference", "workdir"},
     "planning": {"config", "distributed", "hardware", "accelerator", "sharding", "model",
                  "data", "inference", "training", "workdir"},

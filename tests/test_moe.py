@@ -34,6 +34,7 @@ from transformer.model.mlp import MLP
 from transformer.model.models import make_model
 from transformer.training import flops, metrics, optim
 from transformer.training import trainer as trainer_lib
+from transformer.workdir import metrics_file
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
@@ -305,7 +306,7 @@ def test_expert_sharded_training_compiles_on_8_devices(dispatch, tiny_config):
 def test_expert_load_is_a_tensorboard_histogram(tmp_path):
   """moe_load_<e> rows also become one histogram whose bucket e holds expert e's share."""
   from test_crash_safety import _events  # pylint: disable=g-import-not-at-top
-  writer = metrics.MetricWriter(str(tmp_path))
+  writer = metrics_file.MetricWriter(str(tmp_path))
   writer.write(5, {"loss": 1.0, "moe_load_0": 0.5, "moe_load_1": 0.125,
                    "moe_load_2": 0.25, "moe_load_3": 0.125})
   writer.write(6, {"loss": 0.9})  # No MoE statistics: no histogram.

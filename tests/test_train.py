@@ -9,6 +9,8 @@ import orbax.checkpoint as ocp
 import pytest
 
 from transformer.training import loop
+from transformer.training import metrics as metrics_lib
+from transformer.training import reporting
 from transformer.training import trainer as trainer_lib
 
 
@@ -136,21 +138,20 @@ def test_a_non_finite_step_inside_a_call_is_named(tiny_config):
         "learning_rate": 1e-3, "grad_norm": 1.0, "param_norm": 3.0, "update_norm": 0.1}
   call = {k: np.array([v, v, v], np.float32) for k, v in ok.items()}
   call["loss_sum"][1] = np.nan  # The second of steps 4, 5, 6.
-  progress = loop.metrics_lib.TrainProgress(3, 6, 256)
+  progress = metrics_lib.TrainProgress(3, 6, 256)
   written = []
   writer = type("Writer", (), {"write": lambda self, step, row: written.append(step)})()
   tiny_config.train.log_every = 1
+  reporter = reporting.Reporter(tiny_config, writer, progress, reporting.NonFiniteGuard(0))
   with pytest.raises(FloatingPointError, match="at step 5"):
-    loop._report_call((6, 3, call, False), None, progress, writer, tiny_config,  # pylint: disable=protected-access
-                      loop._NonFiniteGuard(0))  # pylint: disable=protected-access
+    reporter.report_call(reporting.DispatchedCall(6, 3, call, shown=False), None)
   assert written == [4]  # Step 4 was fine and logged; nothing after step 5.
 
 
 def test_non_finite_loss_names_the_step(tiny_config):
-  pending = (7, {"loss_sum": np.float32(np.nan), "weight_sum": np.float32(10.0)})
-  progress = None
+  host = {"loss_sum": np.float32(np.nan), "weight_sum": np.float32(10.0)}
   with pytest.raises(FloatingPointError, match="step 7"):
-    loop._report(pending, None, progress, None, tiny_config)  # pylint: disable=protected-access
+    reporting.Reporter(tiny_config, writer=None, progress=None).report_step(7, host, None)
 
 
 def test_batch_must_split_over_data_parallel_devices(tiny_config):
@@ -265,7 +266,6 @@ def test_two_step_golden_values(tiny_config):
 
 def test_an_mfu_above_100_percent_is_never_shown_unexplained(caplog):
   """The measured peak is taken under other load: a faster step says why it is above."""
-  from transformer.training import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
   progress = metrics_lib.TrainProgress(0, 10, 100, flops_per_step=1.0, peak_flops=1.0)
   with caplog.at_level("WARNING"):
     line = progress.line(2, {"seconds_per_step": 0.5, "tokens_per_second": 200.0, "mfu": 2.0})

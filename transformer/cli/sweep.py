@@ -62,11 +62,11 @@ from transformer.config.errors import ConfigError
 from transformer.config.validation import validate
 from transformer.reports import compare
 from transformer.reports import plots
-from transformer.training.metrics import format_duration
-from transformer.training.metrics import read_rows
 from transformer.workdir import checkpointing
 from transformer.workdir import files
 from transformer.workdir import layout
+from transformer.workdir.console import format_duration
+from transformer.workdir.metrics_file import read_rows
 
 SWEEP = flags.DEFINE_string(
     "sweep", "", "sweep: config overrides to grid over, 'model.norm=pre,post;"

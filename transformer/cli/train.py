@@ -6,7 +6,8 @@ wall time, the final and best evaluation, and where the outputs are. Reporting i
 called from here, above the loop, so training never imports the reports.
 
 Exit status (launch.py): 0 finished (or already complete), 130 / 143 stopped by
-Ctrl-C / SIGTERM after saving (128 + the signal; rerun to resume).
+Ctrl-C / SIGTERM after saving (128 + the signal; rerun to resume); a second signal
+stops at once, with the status of its own signal (training/signals.py).
 """
 
 from __future__ import annotations
@@ -24,11 +25,12 @@ from transformer.config.errors import ConfigError
 from transformer.config.validation import validate
 from transformer.reports import plots
 from transformer.training import loop
-from transformer.training.metrics import format_duration
+from transformer.training import signals
 from transformer.training.trainer import check_batch_size
 from transformer.workdir import checkpointing
 from transformer.workdir import layout
 from transformer.workdir import run_record
+from transformer.workdir.console import format_duration
 
 STARTS_JAX = True
 
@@ -43,7 +45,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
 
 
 def summary(workdir: str, num_steps: int, session_seconds: float,
-            interrupted: loop.Interrupted | None = None) -> str:
+            interrupted: signals.Interrupted | None = None) -> str:
   """The end-of-run lines: step reached, wall time, final and best eval_loss, the outputs."""
   step = checkpointing.newest_complete_step(workdir)
   state = ("finished" if step is not None and step >= num_steps else
@@ -73,7 +75,7 @@ def main(config: ml_collections.ConfigDict, workdir: str) -> int:
   interrupted = None
   try:
     loop.train_and_evaluate(config, workdir)
-  except loop.Interrupted as e:  # Saved: the plots and the summary still come.
+  except signals.Interrupted as e:  # The plots and the summary still come.
     interrupted = e
   if jax.process_index() == 0:
     plots.write_plots_after_training(workdir)

@@ -44,6 +44,7 @@ from transformer.data import sources
 from transformer.data import tokenizers
 from transformer.model import objectives
 from transformer.model.models import make_model
+from transformer.workdir import averaging
 from transformer.workdir import checkpointing
 from transformer.workdir import layout
 
@@ -306,7 +307,7 @@ def load_run(workdir: str, *, config: ml_collections.ConfigDict | None = None,
                         + (f" (the others: {', '.join(map(str, others))})" if others else
                            " (there is no other)"))
   with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.rules_of(config.mesh, mesh)):
-    params = checkpointing.average_params(
+    params = averaging.average_params(
         [os.path.join(directory, str(step), layout.STATE) for step in steps],
         abstract, os.path.join(workdir, layout.CONFIG))
   run = LoadedRun(workdir=workdir, config=config,

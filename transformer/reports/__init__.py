@@ -3,5 +3,5 @@
   plots.py    PNG curves of a run's metrics.jsonl
   compare.py  a Markdown table and overlaid curves of several runs (a sweep's)
 
-May import: config, workdir, training (its metrics.jsonl reader and formats).
+May import: config, workdir (metrics_file.py reads metrics.jsonl).
 """

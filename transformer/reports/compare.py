@@ -29,9 +29,9 @@ import numpy as np
 
 from transformer.config.errors import ConfigError
 from transformer.reports import plots
-from transformer.training.metrics import format_duration
 from transformer.workdir import layout
 from transformer.workdir import run_record
+from transformer.workdir.console import format_duration
 
 MAX_KEY_COLUMNS = 8  # More differing keys than this are listed under the table.
 LOWER_IS_BETTER = ("loss", "perplexity")

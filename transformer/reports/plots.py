@@ -25,8 +25,8 @@ import numpy as np
 from absl import logging
 
 from transformer.config.errors import ConfigError
-from transformer.training.metrics import read_rows
 from transformer.workdir import layout
+from transformer.workdir.metrics_file import read_rows
 
 # Eval metrics with no figure of their own: perplexity is exp(loss), tokens a count.
 NOT_PLOTTED = ("eval_loss", "eval_perplexity", "eval_tokens")

@@ -3,14 +3,25 @@
   trainer.py          TrainState, train_step, eval_step, Scorer (eval step alone) and
                       Trainer (init, train and eval steps, sharded; train_steps runs
                       several steps a call), evaluate_split
-  loop.py             train_and_evaluate: restore or init, train, evaluate, save, signals,
-                      the non-finite guard and resume checks
-  fault_injection.py  test-only crash injection (TRANSFORMER_TEST_KILL_AT)
-  decode_hook.py      what an evaluation decodes: in-training BLEU and a sample
+  loop.py             train_and_evaluate: restore or init, then dispatch, report, evaluate,
+                      save; the loop's state is one LoopState
+  hooks.py            what runs at the loop's known points (after_eval, after_save,
+                      after_call) and the registry other modules add hooks to
+  signals.py          SIGINT/SIGTERM: stop after a saved step, a second one at once
+                      (Interrupted: exit 130 / 143)
+  resume.py           what a resume keeps: the run's vocabulary, the config change check,
+                      whether a run is already complete
+  reporting.py        rows, the progress line, the non-finite guard, the steps-per-call hint
+  fault_injection.py  test-only crash injection (TRANSFORMER_TEST_KILL_AT), a registered hook
+  decode_hook.py      what an evaluation decodes: in-training BLEU and a sample (a hook)
   optim.py            schedules and AdamW
-  metrics.py          metric sums, metrics.jsonl and TensorBoard, the progress line
+  metrics.py          metric sums and the progress line (rows go to workdir/metrics_file.py)
   flops.py            model FLOPs per step, device peaks, MFU's denominator
 
 May import: config, distributed, hardware, sharding, model, data, inference,
 workdir. Never reports/ (plots are drawn by cli/train.py after the loop).
 """
+
+# Registers the test-only crash hook (inert unless TRANSFORMER_TEST_KILL_AT is set), so
+# that every entry to the loop has it while the loop itself names no crash point.
+from transformer.training import fault_injection  # pylint: disable=unused-import

@@ -3,7 +3,7 @@
 BLEU on the first `train.bleu_examples` sentences of the eval split (translation
 runs) and a greedy continuation of `train.sample_prompt` (decoder LMs), through the
 same text in / text out path as --mode=translate and --mode=generate
-(inference/text.py).
+(inference/text.py). `DecodeAtEvaluation` is the loop's after_eval hook (hooks.py).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from transformer.config import objective as objective_lib
 from transformer.data import catalog
 from transformer.data import sources
 from transformer.inference import text
+from transformer.training import hooks
 
 _TRAINING_INPUTS: dict[str, Any] = {}  # Loaded once per run: tokenizer and BLEU sentences.
 _WARNED: set[str] = set()
@@ -62,7 +63,7 @@ def decode_at_evaluation(config: ml_collections.ConfigDict, workdir: str, model_
     workdir: the run's workdir, whose tokenizer files are read once.
     model_config: the run's ModelConfig (`Trainer.model_config`).
     params: the current parameters; call inside `Trainer.context()`.
-    writer: the run's metrics.MetricWriter.
+    writer: the run's metrics_file.MetricWriter.
     step: the step being evaluated.
 
   Returns:
@@ -122,3 +123,16 @@ def decode_at_evaluation(config: ml_collections.ConfigDict, workdir: str, model_
     writer.write_text(step, "sample", f"**prompt:** {prompt}  \n**continuation:** "
                       f"{continuation}")
   return metrics
+
+
+class DecodeAtEvaluation(hooks.Hook):
+  """`decode_at_evaluation` as the loop's after_eval hook: adds eval_bleu to the row."""
+
+  def __init__(self, config: ml_collections.ConfigDict, workdir: str,
+               model_config: ModelConfig, writer: Any):
+    self.config, self.workdir = config, workdir
+    self.model_config, self.writer = model_config, writer
+
+  def after_eval(self, step: int, state: Any, metrics: dict[str, float]) -> None:
+    metrics.update(decode_at_evaluation(self.config, self.workdir, self.model_config,
+                                        state.params, self.writer, step))

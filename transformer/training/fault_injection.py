@@ -1,7 +1,9 @@
 """Test-only crash injection for the training loop (a power cut at a chosen point).
 
-Unset, each call is one comparison; tests/test_crash_safety.py sets the variable and
-reruns the command to check that the run recovers exactly.
+A hook (hooks.py) that registers itself: with TRANSFORMER_TEST_KILL_AT set, every run
+gets one; unset, none. tests/test_crash_safety.py sets the variable and reruns the
+command to check that the run recovers exactly. transformer/training/__init__.py
+imports this module, so that any use of the loop (launch.py, a test worker) has it.
 """
 
 from __future__ import annotations
@@ -12,15 +14,18 @@ from typing import Any, Callable
 
 from absl import logging
 
+from transformer.training import hooks
 
-class KillAt:
+
+class KillAt(hooks.Hook):
   """Test-only crash injection: TRANSFORMER_TEST_KILL_AT="<point>:<step>", read once per run.
 
   The process SIGKILLs itself (no cleanup, no flush: as a power cut or an OOM kill) at
-  `point` of step `step`: after_step (the step's iteration is over), during_eval
-  (evaluated, not yet written), during_save (after manager.save returned, the async
-  write still in flight), after_save (the write finished). Tests rerun the command
-  and check that the run recovers exactly. Unset, a call is one comparison.
+  `point` of step `step`: after_step (the step's iteration is over: the hooks'
+  after_call), during_eval (evaluated, not yet written: after_eval), during_save
+  (after manager.save returned, the async write still in flight: after_save),
+  after_save (the write finished: after_save, once checkpointer.wait() returned).
+  Tests rerun the command and check that the run recovers exactly.
   """
 
   POINTS = ("after_step", "during_eval", "during_save", "after_save")
@@ -49,3 +54,20 @@ class KillAt:
     logging.warning("%s: killing this process %s %d", self.VARIABLE, point, step)
     logging.flush()
     os.kill(os.getpid(), signal.SIGKILL)
+
+  def after_eval(self, step: int, state: Any, metrics: dict[str, float]) -> None:
+    self("during_eval", step)
+
+  def after_save(self, step: int, checkpointer: Any) -> None:
+    self("during_save", step)
+    self("after_save", step, first=checkpointer.wait)
+
+  def after_call(self, step: int, state: Any) -> None:
+    self("after_step", step)
+
+
+@hooks.register
+def _from_environment() -> KillAt | None:
+  """A run's KillAt when the variable is set (an invalid value raises ValueError)."""
+  kill_at = KillAt.from_env()
+  return kill_at if kill_at.point else None

@@ -4,22 +4,27 @@ Resume order (one place): build the abstract sharded state -> if a checkpoint
 exists, restore the state into those shardings and move the data iterator to the
 saved position -> continue with range(state.step, num_steps). A checkpoint saved
 after step s holds the post-update state with state.step == s.
+
+One iteration of the loop, as a story (nanodo's train.py shape): dispatch a call
+of train.steps_per_call steps -> report the previous call's metrics, fetched while
+this one runs -> evaluate if due -> save if due (or stopping) -> the hooks'
+after_call. What it reads between iterations is one `LoopState`. Beside it:
+signals.py (stop requests), resume.py (the run's vocabulary and config checks),
+reporting.py (rows, the progress line, the non-finite guard) and hooks.py (what runs
+at known points: decoding at an evaluation, the tests' crash points).
 """
 
 from __future__ import annotations
 
-import copy
-import json
-import math
+import dataclasses
 import os
-import signal
-from typing import Any
+from typing import Any, Callable, Sequence
 
+import grain
 import jax
 import ml_collections
 import numpy as np
 from absl import logging
-from jax.experimental import multihost_utils
 
 from transformer.config import objective as objective_lib
 from transformer import sharding
@@ -28,178 +33,64 @@ from transformer.config.validation import validate
 from transformer.data import pipeline
 from transformer.data import sources
 from transformer.training import decode_hook
-from transformer.training import flops
+from transformer.training import hooks as hooks_lib
 from transformer.training import metrics as metrics_lib
-from transformer.training.fault_injection import KillAt
-from transformer.training.trainer import Trainer, check_batch_size, evaluate_split
+from transformer.training import reporting
+from transformer.training import resume
+from transformer.training import signals
+from transformer.training.trainer import Trainer, TrainState, check_batch_size, evaluate_split
 from transformer.workdir import checkpointing
 from transformer.workdir import files
+from transformer.workdir import init_from
 from transformer.workdir import layout
+from transformer.workdir import metrics_file
 from transformer.workdir import run_record
 
 
-class Interrupted(Exception):
-  """Training stopped by SIGINT/SIGTERM after saving its step; the same command resumes.
-
-  Raised by train_and_evaluate once the checkpoint is written and the files closed, so
-  a caller (and a shell: launch.py exits with `exit_status`, 128 + the signal, i.e.
-  130 for Ctrl-C and 143 for SIGTERM) can tell an interrupted run from a finished one.
-  """
-
-  def __init__(self, step: int, signum: int):
-    self.step, self.signum = step, signum
-    self.exit_status = 128 + signum
-    super().__init__(f"Stopped by {signal.Signals(signum).name} at step {step} after saving "
-                     "a checkpoint; rerun the same command to resume")
-
-
-class _StopRequest:
-  """Turns SIGINT/SIGTERM into a flag, so the loop stops after a complete step and saves."""
-
-  def __init__(self):
-    self.requested = False
-    self.signum = signal.SIGTERM  # Another process's signal: a preemption, as a rule.
-    self._previous = {}
-
-  def __enter__(self):
-    for sig in (signal.SIGINT, signal.SIGTERM):
-      try:
-        self._previous[sig] = signal.signal(sig, self._handle)
-      except ValueError:  # Not the main thread (e.g. inside some test runners).
-        pass
-    return self
-
-  def should_stop(self, step: int, every: int) -> bool:
-    """Whether to stop after `step`; with several processes, decided together.
-
-    Processes may get the signal at different steps; they compare flags every
-    `every` steps (a small all-gather) so that all of them save and stop at the same
-    step, as a multi-host checkpoint requires.
-    """
-    if jax.process_count() == 1:
-      return self.requested
-    if step % every:
-      return False
-    flags = multihost_utils.process_allgather(np.asarray(self.requested))
-    return bool(np.any(flags))
-
-  def _handle(self, signum, frame):
-    del frame
-    if self.requested:  # A second Ctrl-C: stop at once.
-      raise KeyboardInterrupt
-    logging.warning("Signal %d: stopping after this step and saving a checkpoint "
-                    "(again to abort without saving).", signum)
-    self.requested = True
-    self.signum = signum
-
-  def __exit__(self, *exc):
-    for sig, handler in self._previous.items():
-      signal.signal(sig, handler)
-
-
-def _resolve_vocab_size(config: ml_collections.ConfigDict,
-                        tokenizer) -> ml_collections.ConfigDict:
-  """A copy of `config` with model.vocab_size=0 replaced by the tokenizer's (rounded up)."""
-  vocab_size = sources.resolved_vocab_size(config, tokenizer)
-  if vocab_size == config.model.vocab_size:
-    return config
-  logging.info("model.vocab_size=0: using %d (the tokenizer's %d rounded up to a multiple "
-               "of %d)", vocab_size, tokenizer.vocab_size, sources.VOCAB_MULTIPLE)
-  config = copy.deepcopy(config)  # The caller's config stays as given.
-  config.model.vocab_size = vocab_size
-  return config
-
-
-# Keys a resumed run may change: for how long, how often to log, evaluate and save,
-# how many steps a compiled call runs, decoding, and the mesh (placement only: the
-# checkpoint is restored into the new mesh's shardings, and no rule changes an array's
-# shape). Every other key shapes the model, the data order or the updates.
-RESUME_SAFE_KEYS = ("train.num_steps", "train.log_every", "train.eval_every",
-                    "train.steps_per_call",
-                    "train.eval_batches", "train.eval_at_start", "train.bleu_examples",
-                    "train.sample_prompt", "checkpoint.every", "checkpoint.keep",
-                    "checkpoint.async_save", "checkpoint.on_config_change", "data.num_threads")
-RESUME_SAFE_PREFIXES = ("decode.", "mesh.")
-ON_CONFIG_CHANGE = ("stop", "allow")
-
-
-def _check_config_change(config: ml_collections.ConfigDict, workdir: str,
-                         dataset: dict[str, object] | None = None) -> None:
-  """On resume, compares `config` (vocab_size resolved) and the data with the run's own.
-
-  Changes to RESUME_SAFE_KEYS and decode.* apply and are logged. Any other change
-  stops the run with a ConfigError listing each key with its old and new value,
-  unless checkpoint.on_config_change is 'allow'. A dataset other than the one in
-  the run's dataset.json (an edited local file) is such a change too. A key only one
-  side has (one added to configs/base.py since the run started) is logged. A workdir
-  whose config.json has no checkpoint beside it is not a resume: nothing is compared.
-  """
-  policy = config.checkpoint.on_config_change
-  if policy not in ON_CONFIG_CHANGE:
-    raise ConfigError(f"config.checkpoint.on_config_change={policy!r} is invalid: valid "
-                      "values are " + ", ".join(repr(p) for p in ON_CONFIG_CHANGE) + ".")
-  path = os.path.join(workdir, layout.CONFIG)
-  if not os.path.exists(path):
-    return
-  if not checkpointing.has_checkpoint(workdir):
-    logging.info("%s is from a run that saved no checkpoint: not a resume, so this config "
-                 "replaces it without a comparison", path)
-    return
-  try:
-    with open(path, encoding="utf-8") as f:
-      saved = run_record.flatten(json.load(f))
-  except (OSError, ValueError) as e:
-    logging.warning("Cannot compare the config with the unreadable %s (%s); resuming "
-                    "without the check", path, e)
-    return
-  current = run_record.flatten(json.loads(config.to_json_best_effort()))
-  # With a cosine schedule and decay_steps=0 the decay ends at num_steps: not cadence.
-  cosine_length = config.optimizer.schedule == "cosine" and not config.optimizer.decay_steps
-  safe, unsafe, one_sided = [], [], []
-  for key in sorted(set(saved) | set(current)):
-    if key not in saved or key not in current:
-      one_sided.append(f"{key} ({'new' if key in current else 'no longer'} in the config)")
-      continue
-    if saved[key] == current[key]:
-      continue
-    change = f"{key}: {saved[key]!r} -> {current[key]!r}"
-    if key == "train.num_steps" and cosine_length:
-      unsafe.append(change + " (the cosine decay length while optimizer.decay_steps=0)")
-    elif key in RESUME_SAFE_KEYS or key.startswith(RESUME_SAFE_PREFIXES):
-      safe.append(change)
-    else:
-      unsafe.append(change)
-  data_change = sources.dataset_change(workdir, dataset) if dataset else None
-  if data_change:
-    unsafe.append(data_change)
-  if one_sided:
-    logging.info("Resuming: keys only one of this config and %s has: %s", path,
-                 ", ".join(one_sided))
-  if safe:
-    logging.info("Resuming with changed settings (applied): %s", "; ".join(safe))
-  if unsafe and policy == "allow":
-    logging.warning("Resuming with checkpoint.on_config_change='allow' despite changes "
-                    "to keys that shape the model, data or updates (applied): %s",
-                    "; ".join(unsafe))
-  elif unsafe:
-    raise ConfigError(
-        f"Resuming {workdir} with a config that differs from its config.json in "
-        f"{len(unsafe)} key(s) that a resumed run cannot change:\n  " + "\n  ".join(unsafe) +
-        "\nRerun with the saved values, or use a new --workdir (config.init_from takes "
-        "over the parameters), or pass --config.checkpoint.on_config_change=allow to "
-        "resume with the changes anyway.")
-
-
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
+                       hooks: Sequence[hooks_lib.Hook] = ()) -> dict[str, float]:
   """Trains `config` in `workdir`, resuming from its latest checkpoint if there is one.
 
   Args:
     config: the experiment config (configs/base.py lists every key).
     workdir: where checkpoints, metrics.jsonl, TensorBoard events and config.json go.
+    hooks: called at the loop's points after its own and the registered ones (hooks.py).
 
   Returns:
     The last training metrics merged with the last evaluation metrics.
+
+  Raises:
+    signals.Interrupted: SIGINT or SIGTERM stopped the run (signals.py).
   """
+  with signals.StopRequest() as stop:
+    try:
+      return _train_and_evaluate(config, workdir, stop, hooks)
+    except signals.Aborted as e:  # A second signal: the files are closed, nothing is half written.
+      raise signals.Interrupted(checkpointing.newest_complete_step(workdir), e.signum,
+                                aborted=True) from None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Run:
+  """What one training session works with: built once by `_train_and_evaluate`."""
+  config: ml_collections.ConfigDict  # model.vocab_size resolved.
+  workdir: str
+  trainer: Trainer
+  checkpointer: checkpointing.Checkpointer
+  writer: metrics_file.MetricWriter
+  train_iter: grain.DatasetIterator
+  eval_data: Any  # An iterable of the eval split's batches (pipeline.make_dataset).
+  objective: objective_lib.Objective
+  local_batch_size: int
+  write_run_files: Callable[[], None]
+  stop: signals.StopRequest
+  hooks: Sequence[hooks_lib.Hook]
+
+
+def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
+                        stop: signals.StopRequest,
+                        hooks: Sequence[hooks_lib.Hook]) -> dict[str, float]:
+  """train_and_evaluate with its signal handlers installed."""
   validate(config)
   mesh = sharding.make_mesh(config.mesh)
   local_batch_size = check_batch_size(config, mesh)
@@ -208,40 +99,30 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   logging.info("Mesh %s over %d devices (%d processes)", dict(mesh.shape),
                jax.device_count(), jax.process_count())
 
-  tokenizer_workdir = ""
-  if (checkpointing.has_checkpoint(workdir)
-      and os.path.exists(os.path.join(workdir, layout.TOKENIZER_RECORD))):
-    # A resumed run keeps its own vocabulary, never one retrained from edited data
-    # under its trained embeddings (a changed dataset is refused just below).
-    tokenizer_workdir = workdir
-  elif config.init_from:  # Fine-tuning keeps the vocabulary its parameters were trained with.
-    tokenizer_workdir = sources.run_workdir(config.init_from)
-  data_sources = sources.load_sources(config, tokenizer_workdir)
-  config = _resolve_vocab_size(config, data_sources.tokenizer)
+  # A resumed run keeps its own vocabulary, never one derived again from edited data
+  # under its trained embeddings (a changed dataset is refused just below).
+  data_sources = sources.load_sources(config, resume.vocabulary_workdir(config, workdir))
+  config = resume.resolve_vocab_size(config, data_sources.tokenizer)
   dataset = sources.dataset_record(data_sources.builder)
-  _check_config_change(config, workdir, dataset)
-  complete = checkpointing.newest_complete_step(workdir)
-  # Only a checkpoint whose file sizes were recorded when its save finished is known
-  # whole without reading it; any other one goes through the restore, which checks it.
-  if complete is not None and not os.path.exists(
-      os.path.join(workdir, layout.CHECKPOINTS, str(complete), layout.FILE_SIZES)):
-    complete = None
-  if complete is not None and complete >= config.train.num_steps:
+  resume.check_config_change(config, workdir, dataset)
+  complete = resume.already_complete(workdir, config.train.num_steps)
+  if complete is not None:
     # Nothing to train: say so without building (and compiling) the model.
     logging.info("%s is already complete: its checkpoint %d reaches train.num_steps=%d, so "
                  "there is nothing to train (a larger --config.train.num_steps continues "
                  "it)", workdir, complete, config.train.num_steps)
-    return _logged_metrics(workdir)
+    return metrics_file.latest_values(workdir)
 
   def write_run_files() -> None:
     """The resolved config, the vocabulary and the data identity: later commands
     rebuild from them. Written only once the restore succeeded, so a failed resume
-    leaves every file of the workdir as it was."""
-    if is_chief:
-      files.write_atomically(os.path.join(workdir, layout.CONFIG),
-                             config.to_json_best_effort(indent=2))
-      sources.save_tokenizer(workdir, data_sources.tokenizer)
-      sources.save_dataset_record(workdir, dataset)
+    leaves every file of the workdir as it was; a second signal waits for them."""
+    with stop.deferred():
+      if is_chief:
+        files.write_atomically(os.path.join(workdir, layout.CONFIG),
+                               config.to_json_best_effort(indent=2))
+        sources.save_tokenizer(workdir, data_sources.tokenizer)
+        sources.save_dataset_record(workdir, dataset)
 
   objective = objective_lib.resolve(config.model)
   logging.info("Objective: %s on %s (%s tokenizer, vocabulary %d, model.vocab_size %d)",
@@ -264,252 +145,166 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   trainer = Trainer.create(config, mesh)
   checkpointer = checkpointing.Checkpointer(workdir, config.checkpoint)
-  writer = metrics_lib.MetricWriter(workdir, enabled=is_chief)
-
+  writer = metrics_file.MetricWriter(workdir, enabled=is_chief)
+  run = _Run(config=config, workdir=workdir, trainer=trainer, checkpointer=checkpointer,
+             writer=writer, train_iter=train_iter, eval_data=eval_data, objective=objective,
+             local_batch_size=local_batch_size, write_run_files=write_run_files, stop=stop,
+             hooks=[decode_hook.DecodeAtEvaluation(config, workdir, trainer.model_config,
+                                                   writer),
+                    *hooks_lib.registered(), *hooks])
   try:
-    result = _train_loop(config, workdir, trainer, checkpointer, writer, train_iter, eval_data,
-                         objective, local_batch_size, write_run_files)
+    return _train_loop(run)
   finally:  # Also on errors: finish a pending checkpoint write and flush the metrics.
-    checkpointer.close()
-    writer.close()
-  return result
+    with stop.deferred():
+      checkpointer.close()
+      writer.close()
 
 
-def _train_loop(config, workdir, trainer, checkpointer, writer, train_iter, eval_data,
-                objective, local_batch_size, write_run_files) -> dict[str, float]:
-  """The loop of train_and_evaluate: restore or init, train, evaluate, save."""
-  num_steps = config.train.num_steps
-  kill_at = KillAt.from_env()
-  record = run_record.RunRecord(workdir, enabled=writer.enabled)  # Parameters, wall time.
-  last_metrics: dict[str, float] = {}
-  with trainer.context():
-    # Unfinished, incomplete or corrupt checkpoints are moved aside, newest first.
-    restored = checkpointer.restore_latest(trainer.abstract_state, train_iter)
-    if restored is None and config.init_from:
-      # Fine-tuning: parameters whose path the source run has take its values (read
-      # into this run's shardings); the step and Adam's moments start fresh. Loading
-      # first lets a shape mismatch fail before init compiles.
-      loaded, _ = checkpointing.load_params(config.init_from, trainer.abstract_state.params)
-      state = trainer.init(jax.random.PRNGKey(config.seed))
-      state = state.replace(params=checkpointing.merge_params(state.params, loaded))
-      logging.info("Starting at step 0 in %s from the parameters of config.init_from=%r",
-                   workdir, config.init_from)
-    elif restored is None:
-      state = trainer.init(jax.random.PRNGKey(config.seed))
-      if checkpointer.set_aside:
-        logging.warning("Starting from scratch in %s: no usable checkpoint is left (%d "
-                        "moved to %s)", workdir, len(checkpointer.set_aside),
-                        checkpointer.bad_directory)
-      else:
-        logging.info("Starting from scratch in %s", workdir)
-    else:
-      # A run's own checkpoint wins: rerunning a fine-tuning command resumes it.
-      latest, state = restored
-      logging.info("Resumed from checkpoint %d in %s", latest, checkpointer.directory)
-      if config.init_from:
-        logging.info("Ignoring config.init_from=%r: resuming this run's own checkpoint",
-                     config.init_from)
-    write_run_files()  # Only now: the restore (or init) succeeded.
+@dataclasses.dataclass
+class LoopState:
+  """What the loop knows between its iterations, beside the train state."""
+  dispatched: int  # Steps run so far: the last step of the newest call.
+  calls: int = 0  # Calls dispatched since this (re)start.
+  unreported: reporting.DispatchedCall | None = None  # Its metrics are not fetched yet.
+  sums: dict[str, Any] | None = None  # Training sums since the last row.
+  metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # The result so far.
+
+  def report(self, reporter: reporting.Reporter, final: bool = False) -> None:
+    """Reports the dispatched call not reported yet, if any; `final`: its last step
+    gets a row, kept beside the newest evaluation's metrics."""
+    if self.unreported is None:
+      return
+    call = dataclasses.replace(self.unreported, shown=True) if final else self.unreported
+    self.sums, summary = reporter.report_call(call, self.sums)
+    self.unreported = None
+    if final:
+      self.metrics = {**self.metrics, **(summary or {})}
+    else:  # A row replaces the previous row (and the evaluation merged into it).
+      self.metrics = summary or self.metrics
+
+
+def _train_loop(run: _Run) -> dict[str, float]:
+  """Restore or init, then train, evaluate and save until train.num_steps or a stop."""
+  config, num_steps = run.config, run.config.train.num_steps
+  record = run_record.RunRecord(run.workdir, enabled=run.writer.enabled)  # Parameters, time.
+  interrupted = None
+  with run.trainer.context():
+    state, restored = _restore_or_init(run)
+    run.write_run_files()  # Only now: the restore (or init) succeeded.
     start_step = int(jax.device_get(state.step))
     # One row per step: rows a stopped run wrote after this checkpoint are dropped.
-    kept_rows = writer.resume(start_step if restored is not None else -1)
-    guard = _NonFiniteGuard(config.optimizer.skip_nonfinite,
-                            total=int(sum(row.get("skipped_updates", 0) for row in kept_rows)))
-    record.update(start_step, parameters=metrics_lib.log_parameter_count(state.params,
-                                                                           trainer.model_config))
-    sides = objective.sides  # Tokens the model reads per step: both sides for seq2seq.
-    model_flops = flops.train_flops_per_step(trainer.model_config, config.data.batch_size,
-                                             config.data.seq_len)
-    peak, peak_source = flops.peak_flops(workdir)
-    logging.info("Model FLOPs per step %.4g (flops.py); MFU is against %.4g FLOP/s, the %s",
-                 model_flops, peak, peak_source)
-    _hint_steps_per_call(config)
-    progress = metrics_lib.TrainProgress(start_step, num_steps,
-                                    sides * config.data.batch_size * config.data.seq_len,
-                                    model_flops, peak)
+    kept_rows = run.writer.resume(start_step if restored else -1)
+    guard = reporting.NonFiniteGuard(
+        config.optimizer.skip_nonfinite,
+        total=int(sum(row.get("skipped_updates", 0) for row in kept_rows)))
+    record.update(start_step, parameters=metrics_lib.log_parameter_count(
+        state.params, run.trainer.model_config))
+    progress = reporting.make_progress(config, run.workdir, run.trainer.model_config,
+                                       run.objective, start_step)
+    reporting.hint_steps_per_call(config)
+    reporter = reporting.Reporter(config, run.writer, progress, guard)
 
     if start_step == 0 and config.train.eval_at_start:  # The baseline later evals beat.
-      eval_metrics = evaluate_split(trainer, state.params, eval_data, local_batch_size)
-      logging.info("eval at step 0: %s", _format(eval_metrics))
-      writer.write(0, eval_metrics)
+      eval_metrics = evaluate_split(run.trainer, state.params, run.eval_data,
+                                    run.local_batch_size)
+      logging.info("eval at step 0: %s", reporting.format_metrics(eval_metrics))
+      run.writer.write(0, eval_metrics)
 
     # train.steps_per_call steps run as one compiled call (the same updates; less
     # per-call overhead, which dominates small models on a CPU). A call ends at the next
     # multiple of steps_per_call, which every cadence is (config/train.py), or at
-    # num_steps. `pending` is the previous call (its last step, its step count, its
-    # metrics on the device, whether it is among the first two calls of this (re)start),
-    # fetched while the next call runs, so logging never stalls the device.
+    # num_steps. A call's metrics are fetched while the next call runs, so logging
+    # never stalls the device.
     per_call = config.train.steps_per_call
-    pending = None
-    train_sums = None
-    interrupted = None
-    calls = 0
-    done = start_step
-
-    def flush():
-      nonlocal train_sums, last_metrics, pending
-      train_sums, summary = _report_call(pending, train_sums, progress, writer, config, guard)
-      last_metrics = summary or last_metrics
-      pending = None
-
-    with _StopRequest() as stop:
-      while done < num_steps:
-        count = min(per_call - done % per_call, num_steps - done)
-        if count == 1:
-          state, call_metrics = trainer.train_step(
-              state, trainer.global_batch(next(train_iter)))
-        else:
-          rows = [next(train_iter) for _ in range(count)]
-          batches = {k: np.stack([row[k] for row in rows]) for k in rows[0]}
-          state, call_metrics = trainer.train_steps(
-              state, trainer.global_batch(batches, stacked=True))
-        done += count
-        calls += 1
-        if pending is not None:
-          flush()
-        # The first two calls after a (re)start are always shown: the second has an ETA.
-        pending = (done, count, call_metrics, calls <= 2)
-        if done % config.train.eval_every == 0 or done == num_steps:
-          flush()
-          eval_metrics = evaluate_split(trainer, state.params, eval_data, local_batch_size)
-          # train.bleu_examples / train.sample_prompt: eval_bleu, logged translations, a sample.
-          eval_metrics.update(decode_hook.decode_at_evaluation(
-              config, workdir, trainer.model_config, state.params, writer, done))
-          kill_at("during_eval", done)
-          logging.info("eval at step %d: %s", done, _format(eval_metrics))
-          writer.write(done, eval_metrics)
-          last_metrics = {**last_metrics, **eval_metrics}
-          progress.restart_clock()  # Throughput and MFU are of training alone.
-        stopping = stop.should_stop(done, config.train.log_every)
-        if done % config.checkpoint.every == 0 or done == num_steps or stopping:
-          if pending is not None:  # Checked first: a non-finite step is never saved.
-            flush()
-          writer.sync()  # Rows up to `done` are not rewritten after a resume from it.
-          checkpointer.save(done, state, train_iter)
-          record.update(done)
-          kill_at("during_save", done)
-          kill_at("after_save", done, first=checkpointer.wait)
-        if stopping:
-          logging.warning("Stopped at step %d; rerun the same command to resume.", done)
-          interrupted = Interrupted(done, stop.signum) if done < num_steps else None
-          break
-        kill_at("after_step", done)
-    if pending is not None:  # The last step is always shown.
-      _, summary = _report_call(pending[:3] + (True,), train_sums, progress, writer, config,
-                                guard)
-      last_metrics = {**last_metrics, **(summary or {})}
+    loop = LoopState(dispatched=start_step)
+    while loop.dispatched < num_steps:
+      count = min(per_call - loop.dispatched % per_call, num_steps - loop.dispatched)
+      state, call_metrics = _dispatch(run, state, count)
+      loop.dispatched += count
+      loop.calls += 1
+      step = loop.dispatched
+      loop.report(reporter)  # The previous call's.
+      # The first two calls after a (re)start are always shown: the second has an ETA.
+      loop.unreported = reporting.DispatchedCall(step, count, call_metrics, loop.calls <= 2)
+      if step % config.train.eval_every == 0 or step == num_steps:
+        loop.report(reporter)  # Checked first: a non-finite state is never evaluated.
+        loop.metrics = {**loop.metrics, **_evaluate(run, state, step)}
+        progress.restart_clock()  # Throughput and MFU are of training alone.
+      stopping = run.stop.should_stop(step, config.train.log_every)
+      if step % config.checkpoint.every == 0 or step == num_steps or stopping:
+        loop.report(reporter)  # Checked first: a non-finite step is never saved.
+        _save(run, state, step, record)
+      if stopping:
+        logging.warning("Stopped at step %d; rerun the same command to resume.", step)
+        if step < num_steps:
+          interrupted = signals.Interrupted(step, run.stop.signum)
+        break
+      for hook in run.hooks:
+        hook.after_call(step, state)
+    loop.report(reporter, final=True)  # The last step is always shown.
   if interrupted is not None:
     raise interrupted
-  return last_metrics
+  return loop.metrics
 
 
-def _hint_steps_per_call(config: ml_collections.ConfigDict) -> None:
-  """On a CPU, says when several steps per call would run the same updates faster.
-
-  XLA:CPU allocates a step's temporaries at every call (fresh pages from the OS above
-  glibc's mmap threshold); a call of k steps pays that once (README, Performance).
-  """
-  if config.train.steps_per_call != 1 or jax.devices()[0].platform != "cpu":
-    return
-  cadence = math.gcd(config.train.log_every, config.train.eval_every, config.checkpoint.every)
-  per_call = max(d for d in range(1, 11) if cadence % d == 0)
-  if per_call > 1:
-    logging.info("On a CPU, --config.train.steps_per_call=%d runs the same updates faster "
-                 "(%d steps per compiled call; README, Performance)", per_call, per_call)
-
-
-def _logged_metrics(workdir: str) -> dict[str, float]:
-  """The newest value of every metric in the run's metrics.jsonl (a finished run's result)."""
-  rows, _ = metrics_lib.read_rows(os.path.join(workdir, layout.METRICS))
-  latest: dict[str, float] = {}
-  for row in sorted(rows, key=lambda r: r["step"]):
-    latest.update({k: float(v) for k, v in row.items() if k != "step"})
-  return latest
-
-
-def _format(metrics: dict[str, float]) -> str:
-  return " | ".join(f"{k} {v:.4g}" for k, v in metrics.items())
-
-
-class _NonFiniteGuard:
-  """Stops at a non-finite step; with optimizer.skip_nonfinite=N, at N skipped in a row.
-
-  Fed every step's fetched metrics in order; the loop checks a step before it
-  evaluates or saves its state, so a non-finite state never reaches a checkpoint.
-  """
-
-  def __init__(self, limit: int, total: int = 0):
-    self.limit = limit  # 0: stop at the first; else skipping is on (see train_step).
-    self.total = total  # Skipped updates in the whole run (restored from metrics.jsonl).
-    self.streak: list[int] = []  # Steps skipped in a row, up to the latest.
-
-  def check(self, step: int, host: dict[str, Any]) -> None:
-    """Raises FloatingPointError naming the step(s) when the run must stop."""
-    if float(host.get("skipped_updates", 0.0)) > 0:
-      self.streak.append(step)
-      self.total += 1
-      logging.warning("Step %d: non-finite loss or gradients, update skipped (%d in a row "
-                      "of at most optimizer.skip_nonfinite=%d; %d in the run)", step,
-                      len(self.streak), self.limit, self.total)
-      if len(self.streak) >= self.limit:
-        raise FloatingPointError(
-            f"Non-finite loss or gradients at {len(self.streak)} steps in a row (steps "
-            f"{', '.join(map(str, self.streak))}), optimizer.skip_nonfinite={self.limit}: "
-            "stopping. Their updates were skipped; the newest checkpoint holds finite "
-            "parameters. Lower the learning rate or check the data at these steps.")
-      return
-    self.streak = []
-    loss = float(host["loss_sum"]) / max(float(host["weight_sum"]), 1.0)
-    grad_norm = float(host.get("grad_norm", 0.0))
-    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-      raise FloatingPointError(
-          f"Non-finite training loss {loss} or gradient norm {grad_norm} at step {step}; "
-          "the state after it was not saved (the newest checkpoint is from before it). "
-          f"Metrics: {json.dumps({k: float(v) for k, v in host.items()})}. Lower the "
-          "learning rate, or set optimizer.skip_nonfinite=N to skip such updates.")
+def _restore_or_init(run: _Run) -> tuple[TrainState, bool]:
+  """The train state to start from, and whether it is this run's own checkpoint."""
+  config, checkpointer, trainer = run.config, run.checkpointer, run.trainer
+  # Unfinished, incomplete or corrupt checkpoints are moved aside, newest first.
+  restored = checkpointer.restore_latest(trainer.abstract_state, run.train_iter)
+  if restored is None and config.init_from:
+    # Fine-tuning: parameters whose path the source run has take its values (read
+    # into this run's shardings); the step and Adam's moments start fresh. Loading
+    # first lets a shape mismatch fail before init compiles.
+    loaded, _ = init_from.load_params(config.init_from, trainer.abstract_state.params)
+    state = trainer.init(jax.random.PRNGKey(config.seed))
+    state = state.replace(params=init_from.merge_params(state.params, loaded))
+    logging.info("Starting at step 0 in %s from the parameters of config.init_from=%r",
+                 run.workdir, config.init_from)
+  elif restored is None:
+    state = trainer.init(jax.random.PRNGKey(config.seed))
+    if checkpointer.set_aside:
+      logging.warning("Starting from scratch in %s: no usable checkpoint is left (%d "
+                      "moved to %s)", run.workdir, len(checkpointer.set_aside),
+                      checkpointer.bad_directory)
+    else:
+      logging.info("Starting from scratch in %s", run.workdir)
+  else:
+    # A run's own checkpoint wins: rerunning a fine-tuning command resumes it.
+    latest, state = restored
+    logging.info("Resumed from checkpoint %d in %s", latest, checkpointer.directory)
+    if config.init_from:
+      logging.info("Ignoring config.init_from=%r: resuming this run's own checkpoint",
+                   config.init_from)
+  return state, restored is not None
 
 
-def _report_call(pending, train_sums, progress, writer, config, guard):
-  """Fetches one call's metrics and reports each of its steps in order (see `_report`)."""
-  last, count, device_metrics, shown = pending
-  host = jax.device_get(device_metrics)
-  # The clock is per call: its steps share its time (the first call only starts it).
-  progress.update(last)
-  summary = None
-  for i in range(count):
-    # A call of several steps returns each metric with a leading axis of its steps.
-    one = host if count == 1 else {k: v[i] for k, v in host.items()}
-    step = last - count + 1 + i
-    train_sums, row = _report((step, one), train_sums, progress, writer, config,
-                              force=shown and step == last, guard=guard)
-    summary = row or summary
-  return train_sums, summary
+def _dispatch(run: _Run, state: TrainState, count: int) -> tuple[TrainState, Any]:
+  """Runs the next `count` steps as one compiled call; their metrics stay on the device."""
+  trainer, train_iter = run.trainer, run.train_iter
+  if count == 1:
+    return trainer.train_step(state, trainer.global_batch(next(train_iter)))
+  rows = [next(train_iter) for _ in range(count)]
+  batches = {k: np.stack([row[k] for row in rows]) for k in rows[0]}
+  return trainer.train_steps(state, trainer.global_batch(batches, stacked=True))
 
 
-def _report(pending, train_sums, progress, writer, config, force=False, guard=None):
-  """Checks a finished step's loss and gradient norm; logs every `train.log_every` steps.
+def _evaluate(run: _Run, state: TrainState, step: int) -> dict[str, float]:
+  """Evaluates `state` on the eval split; the after_eval hooks may add to the row."""
+  eval_metrics = evaluate_split(run.trainer, state.params, run.eval_data,
+                                run.local_batch_size)
+  for hook in run.hooks:  # decode_hook's first: eval_bleu, logged translations, a sample.
+    hook.after_eval(step, state, eval_metrics)
+  logging.info("eval at step %d: %s", step, reporting.format_metrics(eval_metrics))
+  run.writer.write(step, eval_metrics)
+  return eval_metrics
 
-  `pending` is (step, that step's metrics on the host); `_report_call` fetches them and
-  updates `progress`, once per call.
-  """
-  step, host = pending
-  host = dict(host)  # Popped below; the caller's dict stays whole.
-  guard = guard or _NonFiniteGuard(config.optimizer.skip_nonfinite)
-  guard.check(step, host)
-  # Norms and the learning rate are per-step values: keep the latest, not a sum.
-  per_step = {k: host.pop(k) for k in ("learning_rate", "grad_norm", "param_norm",
-                                       "update_norm")}
-  host.pop("objective_sum")
-  train_sums = metrics_lib.add_sums(train_sums, host)
-  if step % config.train.log_every and not force and step != config.train.num_steps:
-    return train_sums, None
-  summary = metrics_lib.summarize(train_sums)
-  summary.update({k: float(v) for k, v in per_step.items()})
-  summary.update(progress.rates())  # seconds_per_step, tokens_per_second, mfu.
-  line = progress.line(step, summary)
-  if guard.limit:
-    summary["skipped_total"] = float(guard.total)
-    line += f" | skipped {summary['skipped_updates']:.0f} ({guard.total} in the run)"
-  logging.info("%s", line)
-  writer.write(step, summary)
-  return None, summary
+
+def _save(run: _Run, state: TrainState, step: int, record: run_record.RunRecord) -> None:
+  """Saves a checkpoint of `state` after `step`; a second signal waits until it is whole."""
+  with run.stop.deferred():
+    run.writer.sync()  # Rows up to `step` are not rewritten after a resume from it.
+    run.checkpointer.save(step, state, run.train_iter)
+    record.update(step)
+    for hook in run.hooks:
+      hook.after_save(step, run.checkpointer)

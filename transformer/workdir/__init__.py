@@ -3,10 +3,14 @@
   layout.py         every file and folder name of a workdir, in one table
   files.py          the one atomic write (temporary file, fsync, 0644, replace)
   checkpointing.py  the Orbax manager (state + data iterator), restore checks, the one
-                    parameters-only save path, init_from matching and averaging
+                    parameters-only save path
+  init_from.py      config.init_from: parameters matched by path, read into a new model
+  averaging.py      the mean of several checkpoints' parameters
+  metrics_file.py   metrics.jsonl rows (MetricWriter, read_rows) and TensorBoard events
   lock.py           one writer per workdir: an flock held while a command writes
   run_record.py     run.json: parameter count, wall time of each session
-  console.py        what the console shows; the full log in <workdir>/log.txt
+  console.py        what the console shows (durations too); the full log in
+                    <workdir>/log.txt
 
 May import: transformer.config only.
 """

@@ -212,3 +212,11 @@ def native_stderr_to_log(logger_name: str) -> Iterator[None]:
       if line.strip():
         logger.info("%s", line, extra={"console": False})
     captured.close()
+
+
+def format_duration(seconds: float) -> str:
+  """12345 -> '3h25m45s'."""
+  seconds = int(max(seconds, 0))
+  h, rem = divmod(seconds, 3600)
+  m, s = divmod(rem, 60)
+  return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
