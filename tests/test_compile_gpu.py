@@ -55,7 +55,7 @@ def test_decoder_on_one_h100_hand_count_memory_fraction_and_kernels(tmp_path, ca
   batch = 5 * 16 * 128 * 4
   counted = sum(result["train_arguments_per_chip"].values())
   assert result["train_arguments_per_chip"]["params"] == params
-  assert counted - 64 <= train["arguments_bytes"] - 3 * params - batch <= 64
+  assert 0 <= train["arguments_bytes"] - 3 * params - batch <= 64  # step, rng.
   assert train["arguments_bytes"] == counted
   # Hardware FLOPs (the HLO's dots) are the model's count: no remat, every dot counted.
   assert train["xla_flops_per_chip"] == pytest.approx(train["flops_per_chip"], rel=0.02)
@@ -74,18 +74,19 @@ def test_encoder_and_encoder_decoder_on_eight_h100s(h100x8, arch):
   from transformer.planning import plan as plan_lib  # pylint: disable=g-import-not-at-top
   topo, devs = h100x8
   config = tiny(arch)
+  config.model.num_layers = 1  # Each GPU kernel costs compile time; one layer shows it.
   config.mesh.shape = (("data", 1), ("fsdp", 8), ("tensor", 1))
   plan = plan_lib.make_plan(config, topo, devs, ("train",))
   train = plan.costs["train"]
   assert train.arguments_bytes == sum(plan.breakdown.values())
-  assert plan.all_fit and plan.replicated == []
+  assert plan.all_fit
   assert train.collective_bytes["all-gather"] + train.collective_bytes["all-to-all"] > 0
   assert train.xla_flops == pytest.approx(train.model_flops, rel=0.05)
 
 
 @needs_plugin
 def test_scanned_and_unscanned_agree_on_gpu(h100x8):
-  """The same 4-layer model, scanned and unrolled: FLOPs and collective bytes within 5%
+  """The same 3-layer model, scanned and unrolled: FLOPs and collective bytes within 5%
   (the scanned loop's trips multiplied out)."""
   from transformer.planning import estimate  # pylint: disable=g-import-not-at-top
   from transformer.planning import plan as plan_lib  # pylint: disable=g-import-not-at-top
@@ -93,7 +94,7 @@ def test_scanned_and_unscanned_agree_on_gpu(h100x8):
   costs = {}
   for scan in (False, True):
     config = tiny()
-    config.model.update(num_layers=4, scan_layers=scan)
+    config.model.update(num_layers=3, scan_layers=scan)
     config.mesh.shape = DATA_PARALLEL
     costs[scan] = plan_lib.make_plan(config, topo, devs, ("train",)).costs["train"]
   assert costs[True].xla_flops == pytest.approx(costs[False].xla_flops, rel=0.05)

@@ -175,7 +175,8 @@ def rejected(name: str, error: Exception) -> ConfigError:
           "(pip install nvidia-cudnn-cu12) if it is missing"
           if re.search(r"cudnn|fmha|dot_product_attention|flash", str(error), re.I)
           else "the config compiles for TPUs and CPUs; report the line above with the config")
-  return ConfigError(f"XLA's compiler rejected the {name} step: {first[:300]}; {hint}")
+  what = name if name.endswith("init") else f"the {name} step"
+  return ConfigError(f"jax/XLA rejected {what} for this target: {first[:300]}; {hint}")
 
 
 def _collect(name: str, lowered, start: float, arguments_bytes: int = 0,
@@ -368,8 +369,17 @@ def compile_steps(trainer: trainer_lib.Trainer, steps: tuple[str, ...] = STEPS) 
   if unknown:
     raise ConfigError(f"--compile_steps has {sorted(unknown)}; valid: {list(STEPS)}")
   compilers = {"train": compile_train, "eval": compile_eval, "decode": compile_decode}
-  return {name: compilers[name](trainer) for name in steps
-          if name != "decode" or decodes(trainer.config)}
+  costs = {}
+  for name in steps:
+    if name == "decode" and not decodes(trainer.config):
+      continue
+    try:
+      costs[name] = compilers[name](trainer)
+    except (RuntimeError, NotImplementedError) as e:
+      # Raised while lowering: a kernel the target cannot build (cuDNN's attention
+      # without cuDNN, say). ConfigError is not a RuntimeError and passes through.
+      raise rejected(name, e) from e
+  return costs
 
 
 def argument_breakdown(trainer: trainer_lib.Trainer) -> dict[str, int]:

@@ -97,7 +97,10 @@ def make_plan(config: ml_collections.ConfigDict, topology: topology_lib.Topology
   config = compiled.target_config(config)
   kind, chip = chip_for(devices)
   mesh = topology_lib.topology_mesh(config.mesh, devices, topology.num_slices)
-  trainer = compiled.build_trainer(config, mesh)
+  try:
+    trainer = compiled.build_trainer(config, mesh)
+  except (RuntimeError, NotImplementedError) as e:  # Tracing the model for the target.
+    raise compiled.rejected("model's init", e) from e
   costs = compiled.compile_steps(trainer, steps)
   estimates = {name: estimate_lib.estimate(cost, chip, mesh.size)
                for name, cost in costs.items()}
