@@ -209,3 +209,49 @@ ENTRY %main (a: bf16[1,2,16], b: bf16[2,16,4]) -> bf16[1,3,4] {
 """
   # 2 x (batch 1 x features 4) x input features 16 x 4 taps; every tap would be 6.
   assert hlo.count(text).flops == 2 * 4 * 16 * 4
+
+
+def _cudnn_installed() -> bool:
+  try:
+    return importlib.util.find_spec("nvidia.cudnn") is not None
+  except ModuleNotFoundError:  # No nvidia.* package at all.
+    return False
+
+
+@needs_plugin
+@pytest.mark.skipif(not _cudnn_installed(),
+                    reason="cuDNN is not installed (pip install nvidia-cudnn-cu12, 700 MB): "
+                           "model.attention_impl=cudnn needs it to compile; CI does not")
+def test_cudnn_attention_is_listed_and_counted_from_its_shapes():
+  """cuDNN's fused attention is opaque to XLA: the report lists its calls and counts
+  their FLOPs from the shapes, so the step's FLOPs stay at the model's count."""
+  from transformer.planning import plan as plan_lib  # pylint: disable=g-import-not-at-top
+  topo = topology.parse_topology("h100:1")
+  config = tiny()
+  config.model.update(num_layers=1, attention_impl="cudnn")
+  config.mesh.shape = DATA_PARALLEL
+  train = plan_lib.make_plan(config, topo, topology.topology_devices(topo),
+                             ("train",)).costs["train"]
+  kinds = [kind for kind in train.kernels if kind.startswith("attention __cudnn$fmha")]
+  assert any("Backward" in kind for kind in kinds) and len(kinds) >= 2, train.kernels
+  assert train.xla_flops == pytest.approx(train.model_flops, rel=0.05)
+
+
+def test_a_kernel_the_target_cannot_build_is_one_line_naming_the_field():
+  from transformer.planning import compiled  # pylint: disable=g-import-not-at-top
+  error = compiled.rejected("train", RuntimeError("cuDNN not found.\nmore lines"))
+  assert isinstance(error, ConfigError) and "\n" not in str(error)
+  assert "cuDNN not found." in str(error) and "model.attention_impl='xla'" in str(error)
+
+
+def test_plugin_noise_is_dropped_and_other_lines_kept(capfd):
+  """The CUDA plugin's no-driver lines go (written to fd 2 from C++); the rest stays."""
+  import os  # pylint: disable=g-import-not-at-top
+  from transformer import plugin_noise  # pylint: disable=g-import-not-at-top
+  with plugin_noise.filtered():
+    os.write(2, b"WARNING: All log messages before absl::InitializeLog() is called are "
+                b"written to STDERR\n")
+    os.write(2, b"I0000 cudart_stub.cc:31] Could not find cuda drivers on your machine, "
+                b"GPU will not be used.\n")
+    os.write(2, b"a real error\n")
+  assert capfd.readouterr().err == "a real error\n"

@@ -146,7 +146,7 @@ def test_scanned_and_unscanned_agree(devices):
   assert costs[True].xla_flops == pytest.approx(costs[False].xla_flops, rel=0.05)
   assert estimate.collective_total(costs[True]) == pytest.approx(
       estimate.collective_total(costs[False]), rel=0.05)
-  assert costs[True].optimal_seconds > 0
+  assert costs[True].optimal_seconds is None or costs[True].optimal_seconds > 0
 
 
 def test_audit_lists_a_leaf_a_rule_leaves_whole(devices):

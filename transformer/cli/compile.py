@@ -69,6 +69,7 @@ def run(config: ml_collections.ConfigDict) -> int:
     input (unknown topology, a mesh or model that does not split, no libtpu or CUDA
     plugin, a config the target's compiler rejects).
   """
+  from transformer import plugin_noise  # pylint: disable=g-import-not-at-top
   from transformer.planning import gpu  # pylint: disable=g-import-not-at-top
   from transformer.planning import topology as topology_lib  # pylint: disable=g-import-not-at-top
   if not _TOPOLOGY.value:
@@ -82,10 +83,12 @@ def run(config: ml_collections.ConfigDict) -> int:
     sys.stderr.write(missing + "\n")
     return 2
   # The compile runs on this host's CPU whatever accelerators it has.
-  os.environ.setdefault("JAX_PLATFORMS", "cpu")
-  with gpu.plugin_noise_filtered():  # jax loads every installed plugin as it starts.
-    import jax  # pylint: disable=g-import-not-at-top
-    jax.devices()
+  # jax may be imported already (a config file, a test), so its config is set too.
+  import jax  # pylint: disable=g-import-not-at-top
+  if not os.environ.get("JAX_PLATFORMS"):
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    jax.config.update("jax_platforms", "cpu")
+  plugin_noise.start_backends_quietly()  # jax loads every installed plugin as it starts.
   from transformer.workdir import files  # pylint: disable=g-import-not-at-top
   from transformer.configuration import ConfigError  # pylint: disable=g-import-not-at-top
   from transformer.planning import plan as plan_lib  # pylint: disable=g-import-not-at-top

@@ -254,8 +254,9 @@ def _loop_corrected(cost: dict | None, counts: tuple[hlo.Counts, hlo.Counts] | N
   """
   if counts is None:
     cost = cost or {}
+    optimal = cost.get("optimal_seconds")
     return (float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0)),
-            cost.get("optimal_seconds"), {})
+            optimal if optimal is not None and optimal > 0 else None, {})
   full, once = counts
   if not cost:
     return full.flops, full.bytes_accessed, None, {}
@@ -268,7 +269,9 @@ def _loop_corrected(cost: dict | None, counts: tuple[hlo.Counts, hlo.Counts] | N
   factors = {"flops": ratio(flops, float(cost.get("flops", 0.0))),
              "bytes": ratio(nbytes, float(cost.get("bytes accessed", 0.0)))}
   optimal = cost.get("optimal_seconds")
-  if optimal is not None and optimal > 0:
+  if optimal is not None and optimal <= 0:
+    optimal = None  # XLA's "no figure" (negative where its model has no answer).
+  if optimal is not None:
     # Weights per unit of work: a TPU chip's ~200 FLOP per HBM byte, so that the factor
     # of the larger time dominates, as in compute + HBM time.
     balance = 200.0

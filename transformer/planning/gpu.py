@@ -23,10 +23,8 @@ import dataclasses
 import importlib.util
 import os
 import re
-import sys
-import tempfile
-from typing import Iterator
 
+from transformer import plugin_noise
 from transformer.configuration import ConfigError
 
 INSTALL_HINT = "pip install jax-cuda12-plugin==0.10.2 jax-cuda12-pjrt==0.10.2"
@@ -35,9 +33,6 @@ TARGETS = {"h100": "h100.txtpb", "h200": "h200.txtpb", "a100": "a100.txtpb"}
 GPUS_PER_HOST = 8  # An HGX / DGX board: 8 GPUs on one NVLink switch.
 DEFAULT_MEMORY_FRACTION = 0.75  # jax's default XLA_PYTHON_CLIENT_MEM_FRACTION.
 _DIR = os.path.join(os.path.dirname(__file__), "gpu_targets")
-# The CUDA plugin writes these to stderr when it loads on a host without a driver, from
-# C++ before logging is set up, so neither Python's nor absl's log levels can stop them.
-_PLUGIN_NOISE = re.compile(r"Could not find cuda drivers|absl::InitializeLog\(\) is called")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,28 +111,11 @@ def memory_fraction() -> float:
   return fraction
 
 
-@contextlib.contextmanager
-def plugin_noise_filtered() -> Iterator[None]:
-  """Drops the CUDA plugin's 'no driver here' lines from stderr while the block runs.
-
-  They come from C++ before logging starts (file descriptor 2, not sys.stderr), so the
-  descriptor is pointed at a file for the block and every other line is written back.
-  """
-  sys.stderr.flush()
-  saved = os.dup(2)
-  with tempfile.TemporaryFile(mode="w+b") as capture:
-    os.dup2(capture.fileno(), 2)
-    try:
-      yield
-    finally:
-      sys.stderr.flush()
-      os.dup2(saved, 2)
-      os.close(saved)
-      capture.seek(0)
-      kept = [line for line in capture.read().decode("utf-8", "replace").splitlines(True)
-              if not _PLUGIN_NOISE.search(line)]
-      if kept:
-        sys.stderr.write("".join(kept))
+def plugin_noise_filtered():
+  """The CUDA plugin's no-driver lines dropped from stderr for a block (plugin_noise.py)."""
+  if plugin_noise.driver_present():
+    return contextlib.nullcontext()
+  return plugin_noise.filtered()
 
 
 def devices(topology: GpuTopology) -> list:

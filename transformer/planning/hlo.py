@@ -285,7 +285,11 @@ def _gemm_call_flops(instruction: _Instruction, computation: _Computation) -> fl
 
 
 def kernel_kind(instruction: _Instruction) -> str | None:
-  """The kernels the report lists: fused attention by kind, matmul calls, collectives."""
+  """The kernels the report lists: fused attention by kind, matmul calls, collectives.
+
+  Other custom calls (TPU layout and buffer calls, top-k) are left out, as are the
+  fusions XLA emits itself (elementwise work, reductions).
+  """
   if instruction.opcode == "custom-call":
     target = _CUSTOM_TARGET.search(instruction.rest)
     name = target.group(1) if target else "custom-call"
@@ -293,7 +297,7 @@ def kernel_kind(instruction: _Instruction) -> str | None:
       return f"attention {name}"
     if "gemm" in name.lower() or "matmul" in name.lower():
       return f"matmul {name}"
-    return f"custom-call {name}"
+    return None  # Layout and bookkeeping calls: not the kernels a user picks between.
   if instruction.opcode == "fusion" and '"kind":"__triton' in instruction.rest:
     return "matmul triton gemm fusion"
   if instruction.opcode in ("dot", "convolution"):
