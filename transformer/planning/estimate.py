@@ -7,8 +7,9 @@ It is an estimate, not a measurement: the step cannot be faster than the slowest
 and the estimate is that bound, as if the three overlapped perfectly at published peak
 rates. Real steps are slower (kernels below peak, collectives not hidden, host work);
 MFU from it is an upper bound; HFU counts the hardware FLOPs (remat's recomputation
-too) the same way. Every loop trip is counted (compiled.py, hlo.py). Several slices talk over the data-centre network, far
-slower than ICI, and the estimate still prices their traffic at ICI rates.
+too) the same way. Every loop trip is counted (compiled.py, hlo.py). Several slices
+talk over the data-centre network, far slower than ICI, and the estimate still prices
+their traffic at ICI rates.
 """
 
 from __future__ import annotations

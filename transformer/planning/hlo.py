@@ -98,8 +98,10 @@ class _Computation:
   instructions: list[_Instruction] = dataclasses.field(default_factory=list)
   root: _Instruction | None = None
 
+  shapes: dict[str, str] = dataclasses.field(default_factory=dict)  # Name -> result shape.
+
   def shape_of(self, name: str) -> str:
-    return next((i.shape for i in self.instructions if i.name == name), "")
+    return self.shapes.get(name, "")
 
 
 @dataclasses.dataclass
@@ -143,6 +145,7 @@ def parse(hlo_text: str) -> tuple[dict[str, _Computation], str]:
     if match:
       instruction = _Instruction(*match.groups())
       current.instructions.append(instruction)
+      current.shapes[instruction.name] = instruction.shape
       if stripped.startswith("ROOT"):
         current.root = instruction
   return computations, entry
