@@ -134,7 +134,7 @@ def run(config: ml_collections.ConfigDict) -> int:
     worst = max(failing, key=lambda step: plan.costs[step].total_bytes)
     sys.stderr.write(
         f"Does not fit: the {worst} step needs {report.gib(plan.costs[worst].total_bytes)} "
-        f"per chip and a {plan.chip.name} chip has {report.gib(plan.usable_bytes)} "
+        f"per chip and a {plan.chip.name} chip can use {report.gib(plan.usable_bytes)} "
         f"({', '.join(failing)} {'does' if len(failing) == 1 else 'do'} not fit)\n")
     return 1
   print(f"Fits: every compiled step ({', '.join(plan.costs)}) fits a {plan.chip.name} chip "
