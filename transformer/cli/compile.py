@@ -9,9 +9,8 @@ compiler (`pip install libtpu`) or GPU compiler (jax's CUDA plugin wheels,
 planning/gpu.py), on this CPU host, and prints per chip: parameters, optimizer state,
 batch and temporaries against the memory a run can use with a verdict; step-time
 bounds and an estimated tokens/s, MFU and HFU; the kernels that matter; the sharding
-audit; the levers tried when a step does not
-fit; with --mesh_search, every data x fsdp x tensor mesh (and remat policy) compiled
-and ranked. --output=FILE writes the same as JSON. Exit status 0 when every step
+audit; the levers tried when a step does not fit; with --mesh_search, every data x
+fsdp x tensor mesh (and remat policy) compiled and ranked. --output=FILE writes the same as JSON. Exit status 0 when every step
 fits, 1 when one does not, 2 on bad input (the reason on the last line).
 """
 
