@@ -43,9 +43,15 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
-# The mode modules define their flags on import; none imports JAX at module level, so
-# --help stays fast and flags parse before JAX starts.
-from transformer.cli import average
+from transformer import plugin_noise
+
+# jax is imported below (transformer.cli's modules import the configuration): without a
+# GPU driver, jax's CUDA plugin (the compile mode's GPU targets) would print "Could not
+# find cuda drivers" lines as it loads.
+plugin_noise.import_jax_quietly()
+# The mode modules define their flags on import; none starts JAX at module level, so
+# flags parse before JAX starts.
+from transformer.cli import average  # pylint: disable=g-import-not-at-top,wrong-import-position
 from transformer.cli import classify
 from transformer.cli import compare
 from transformer.cli import compile as compile_mode
@@ -144,6 +150,7 @@ def main(argv):
         heartbeat_timeout_seconds=_HEARTBEAT.value)
   except ValueError as e:  # Incomplete --coordinator_address/--num_processes/--process_id.
     raise app.UsageError(str(e)) from e
+  plugin_noise.start_backends_quietly()  # No "cuda drivers" lines on a CPU/TPU host.
 
   workdir = _WORKDIR.value or default_workdir(flags.FLAGS["config"].config_filename)
   # One writer per workdir (process 0 holds it for the run's processes).

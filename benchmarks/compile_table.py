@@ -9,12 +9,13 @@ same command resumes an interrupted table; `--redo` compiles every cell anew. At
 end, and with `--table_only` at any time, the cells are printed as the README's
 markdown table. Cells that could not be compiled are rows too, with the reason.
 
-  python benchmarks/compile_table.py --out=/tmp/compile_table            # all 24 cells
+  python benchmarks/compile_table.py --out=/tmp/compile_table            # all 36 cells
   python benchmarks/compile_table.py --out=/tmp/compile_table --presets=bert_base \
       --slices=v6e:2x4 --steps=train,eval
   python benchmarks/compile_table.py --out=/tmp/compile_table --table_only
 
-Needs libtpu (`pip install libtpu`); runs on this host's CPU. A full-size compile takes
+Needs libtpu (`pip install libtpu`) and, for the h100/h200 columns, jax's CUDA plugin
+(`pip install jax-cuda12-plugin==0.10.2 jax-cuda12-pjrt==0.10.2`); runs on this host's CPU. A full-size compile takes
 minutes on 2 cores: run the whole table in the background (`nohup ... &`).
 """
 
@@ -44,7 +45,9 @@ PRESETS = {
     "llama_7b": ("configs/llama.py:7b", ()),
 }
 # The issue's slices, as jax.experimental.topologies spells them, with their Cloud names.
-SLICES = {"v4:2x2x1": "v4-8", "v5e:4x4": "v5e-16", "v5p:2x4x4": "v5p-64", "v6e:2x4": "v6e-8"}
+# The GPU hosts (jax's CUDA plugin, planning/gpu.py) with what a cloud calls them.
+SLICES = {"v4:2x2x1": "v4-8", "v5e:4x4": "v5e-16", "v5p:2x4x4": "v5p-64", "v6e:2x4": "v6e-8",
+          "h100:8": "8 x H100 SXM", "h200:8": "8 x H200 SXM"}
 
 
 def cell_name(preset: str, slice_name: str) -> str:

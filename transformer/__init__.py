@@ -10,6 +10,7 @@ tests/test_layout.py holds the table and enforces it):
   hardware.py       the one table of accelerator chips: memory, peaks, bandwidths
   accelerator.py    what a GPU/TPU run needs before JAX starts (XLA flags, memory
                     fraction) and checks after (the backend that started, its platform)
+  plugin_noise.py   jax's CUDA plugin on a host with no driver: its console lines dropped
   sharding.py       the device mesh, logical-axis rules, the sharding report
   workdir/          the one place that knows a workdir's files: names, atomic writes,
                     checkpoints, run record, console and log
@@ -19,6 +20,7 @@ tests/test_layout.py holds the table and enforces it):
   training/         the compiled step and Trainer, the loop, optimizer, metrics, FLOPs
   reports/          plots of a run, comparison tables of several
   interop/hf/       Hugging Face folders in and out, one module per family
-  planning/         before renting: the steps compiled for a TPU slice, fits and speed
+  planning/         before renting: the steps compiled for a TPU slice or GPU host, fits
+                    and speed
   cli/              launch.py's modes, one module each, with the flags they own
 """

@@ -47,7 +47,6 @@ GPU_XLA_FLAGS: tuple[tuple[str, str], ...] = (
 # JAX-Toolbox guide sets 0.8-0.9: the rest serves cuDNN/cuBLAS workspaces and the CUDA
 # context).
 GPU_MEMORY_FRACTION = 0.9
-JAX_DEFAULT_GPU_MEMORY_FRACTION = 0.75
 
 
 def nvidia_gpus(dev: str = "/dev") -> list[str]:
@@ -65,14 +64,23 @@ def tpu_chips(dev: str = "/dev") -> list[str]:
 
 
 def memory_fraction(environ: Mapping[str, str] = os.environ) -> float:
-  """The share of a GPU's memory a run here can use: XLA_PYTHON_CLIENT_MEM_FRACTION as the
-  launcher leaves it (its own default where unset), or all of it when preallocation is off."""
+  """The share of a GPU's memory a run launched here can use: XLA_PYTHON_CLIENT_MEM_FRACTION
+  as the launcher leaves it (GPU_MEMORY_FRACTION where the user set none), or all of it
+  when preallocation is off.
+
+  Raises:
+    ValueError: for a value that is not a fraction in (0, 1].
+  """
   if environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "").lower() in ("false", "0"):
     return 1.0
+  text = environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "")
   try:
-    return float(environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", GPU_MEMORY_FRACTION))
+    fraction = float(text) if text else GPU_MEMORY_FRACTION
   except ValueError:
-    return JAX_DEFAULT_GPU_MEMORY_FRACTION
+    fraction = -1.0
+  if not 0 < fraction <= 1:
+    raise ValueError(f"XLA_PYTHON_CLIENT_MEM_FRACTION={text!r} is not a fraction in (0, 1]")
+  return fraction
 
 
 def configure_environment(environ: MutableMapping[str, str] = os.environ,

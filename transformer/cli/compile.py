@@ -1,14 +1,16 @@
-"""--mode=compile: does this config fit a TPU slice, and how fast could it run? No TPU needed.
+"""--mode=compile: does this config fit a TPU slice or GPU host, and how fast could it run?
 
   python launch.py --mode=compile --config=configs/gpt_small.py --topology=v5p:4x4x4
+  python launch.py --mode=compile --config=configs/gpt_small.py --topology=h100:8
 
-Compiles the train step, the eval step and (decoder LM, encoder-decoder) the cached
-decode for the slice's abstract devices with XLA's TPU compiler (`pip install libtpu`),
-on this CPU host, and prints per chip: parameters, optimizer state, batch and
-temporaries against the chip's memory with a verdict; step-time bounds and an
-estimated tokens/s and MFU; the sharding audit; the levers tried when a step does not
-fit; with --mesh_search, every data x fsdp x tensor mesh (and remat policy) compiled
-and ranked. --output=FILE writes the same as JSON. Exit status 0 when every step
+No TPU or GPU needed. Compiles the train step, the eval step and (decoder LM,
+encoder-decoder) the cached decode for the target's abstract devices with XLA's TPU
+compiler (`pip install libtpu`) or GPU compiler (jax's CUDA plugin wheels,
+planning/gpu.py), on this CPU host, and prints per chip: parameters, optimizer state,
+batch and temporaries against the memory a run can use with a verdict; step-time
+bounds and an estimated tokens/s, MFU and HFU; the kernels that matter; the sharding
+audit; the levers tried when a step does not fit; with --mesh_search, every data x
+fsdp x tensor mesh (and remat policy) compiled and ranked. --output=FILE writes the same as JSON. Exit status 0 when every step
 fits, 1 when one does not, 2 on bad input (the reason on the last line).
 """
 
@@ -24,7 +26,11 @@ from absl import flags
 _TOPOLOGY = flags.DEFINE_string(
     "topology", None, "compile: the TPU slice, <generation>:<chips per side> as "
     "jax.experimental.topologies spells it (v4:2x2x1, v5e:4x4, v5p:2x4x4, v6e:2x4) or a "
-    "Cloud name (v5p-64).")
+    "Cloud name (v5p-64); or GPU hosts, <gpu>:<gpus per host>[x<hosts>] (h100:8, h200:8, "
+    "a100:8, h100:8x2).")
+_ANY_SLICE = flags.DEFINE_bool(
+    "any_slice", False, "compile: accept a TPU chip grid that no rentable slice has "
+    "(v5p:2x2x3 is refused as a likely typo for 2x2x4 without it).")
 _NUM_SLICES = flags.DEFINE_integer(
     "num_slices", 1, "compile: slices of --topology joined over the data-centre network; "
     "the mesh's data axis spans them.")
@@ -59,19 +65,29 @@ def run(config: ml_collections.ConfigDict) -> int:
 
   Returns:
     0 when every compiled step fits the chip's memory, 1 when one does not, 2 on bad
-    input (unknown topology, a mesh or model that does not split, no libtpu).
+    input (unknown topology, a mesh or model that does not split, no libtpu or CUDA
+    plugin, a config the target's compiler rejects).
   """
+  from transformer import plugin_noise  # pylint: disable=g-import-not-at-top
+  from transformer.planning import gpu  # pylint: disable=g-import-not-at-top
   from transformer.planning import topology as topology_lib  # pylint: disable=g-import-not-at-top
-  missing = topology_lib.libtpu_missing()
+  if not _TOPOLOGY.value:
+    sys.stderr.write("--mode=compile needs --topology, e.g. --topology=v5p:4x4x4 or "
+                     f"h100:8; known slices: {topology_lib.known_topologies()}; GPUs: "
+                     f"{', '.join(f'{name}:8' for name in gpu.TARGETS)}\n")
+    return 2
+  missing = (gpu.wheels_missing() if gpu.is_gpu(_TOPOLOGY.value)
+             else topology_lib.libtpu_missing())
   if missing:
     sys.stderr.write(missing + "\n")
     return 2
-  if not _TOPOLOGY.value:
-    sys.stderr.write("--mode=compile needs --topology, e.g. --topology=v5p:4x4x4; known "
-                     f"slices: {topology_lib.known_topologies()}\n")
-    return 2
   # The compile runs on this host's CPU whatever accelerators it has.
-  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  # jax may be imported already (a config file, a test), so its config is set too.
+  import jax  # pylint: disable=g-import-not-at-top
+  if not os.environ.get("JAX_PLATFORMS"):
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    jax.config.update("jax_platforms", "cpu")
+  plugin_noise.start_backends_quietly()  # jax loads every installed plugin as it starts.
   from transformer.workdir import files  # pylint: disable=g-import-not-at-top
   from transformer.config.errors import ConfigError  # pylint: disable=g-import-not-at-top
   from transformer.planning import plan as plan_lib  # pylint: disable=g-import-not-at-top
@@ -79,7 +95,8 @@ def run(config: ml_collections.ConfigDict) -> int:
   from transformer.planning import search  # pylint: disable=g-import-not-at-top
 
   try:
-    topology = topology_lib.parse_topology(_TOPOLOGY.value, _NUM_SLICES.value)
+    topology = topology_lib.parse_topology(_TOPOLOGY.value, _NUM_SLICES.value,
+                                           any_shape=_ANY_SLICE.value)
     devices = topology_lib.topology_devices(topology)
     plan = plan_lib.make_plan(config, topology, devices, tuple(_COMPILE_STEPS.value))
   except ConfigError as e:
@@ -94,7 +111,7 @@ def run(config: ml_collections.ConfigDict) -> int:
       levers[step] = search.try_levers(plan.config, topology, devices, plan.mesh, step)
       print("\n".join(report.trial_lines(
           f"Levers for the {step} step, each compiled on its own ({report.gib(plan.costs[step].total_bytes)} "
-          "now):", levers[step], plan.chip.hbm_bytes, plan.costs[step].total_bytes)),
+          "now):", levers[step], plan.usable_bytes, plan.costs[step].total_bytes)),
             flush=True)
   trials = None
   if _MESH_SEARCH.value:
@@ -106,7 +123,7 @@ def run(config: ml_collections.ConfigDict) -> int:
       return 2
     print("\n".join(report.trial_lines(
         f"Mesh search: the train step on {topology.chips} chips, those that fit fastest "
-        "first:", trials, plan.chip.hbm_bytes)), flush=True)
+        "first:", trials, plan.usable_bytes)), flush=True)
 
   output = flags.FLAGS.output
   if output:
@@ -116,7 +133,7 @@ def run(config: ml_collections.ConfigDict) -> int:
     worst = max(failing, key=lambda step: plan.costs[step].total_bytes)
     sys.stderr.write(
         f"Does not fit: the {worst} step needs {report.gib(plan.costs[worst].total_bytes)} "
-        f"per chip and a {plan.chip.name} chip has {report.gib(plan.chip.hbm_bytes)} "
+        f"per chip and a {plan.chip.name} chip can use {report.gib(plan.usable_bytes)} "
         f"({', '.join(failing)} {'does' if len(failing) == 1 else 'do'} not fit)\n")
     return 1
   print(f"Fits: every compiled step ({', '.join(plan.costs)}) fits a {plan.chip.name} chip "

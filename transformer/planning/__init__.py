@@ -2,10 +2,16 @@
 
 What lives where (imports run downwards; nothing here imports transformer.cli):
   topology.py     --topology / --num_slices -> libtpu's abstract devices -> the run's mesh
-  collectives.py  bytes per collective kind, read from compiled HLO text
+                  (TPU grids no rentable slice has are refused, naming the nearest)
+  gpu.py          --topology=h100:8 -> compile-only CUDA devices from gpu_targets/*.txtpb
+                  (jax's CUDA plugin), the memory fraction a run can use
+  gpu_targets/    one GpuTargetConfigProto text per GPU, the source of every figure
+  hlo.py          compiled HLO text -> FLOPs, HBM bytes, collectives and kernels per
+                  step, every loop's trips multiplied out (from its condition on TPU)
+  collectives.py  bytes per collective kind (hlo.py's count)
   compiled.py     abstract state and batch -> compiled train / eval / decode steps and
-                  XLA's memory and cost analyses (StepCost)
-  estimate.py     step-time bounds, tokens/s and MFU from a StepCost and hardware.py
+                  XLA's memory and cost analyses, loops multiplied out (StepCost)
+  estimate.py     step-time bounds, tokens/s, MFU and HFU from a StepCost and hardware.py
   audit.py        parameter / optimizer leaves replicated on a weight-sharding mesh
   plan.py         one config on one slice: all of the above (Plan)
   search.py       levers tried when a step does not fit; the mesh search

@@ -4,8 +4,9 @@ Nothing is materialised: the state is `Trainer.abstract_state` (shapes, dtypes a
 shardings from `jax.eval_shape`), the batch is `jax.ShapeDtypeStruct`s in the batch
 sharding, so a 7B-parameter step compiles on a laptop. What comes back per step is
 XLA's own account of the compiled program: `memory_analysis()` (bytes per chip),
-`cost_analysis()` (FLOPs and HBM bytes per chip) and the collectives of its HLO text
-(`collectives.py`).
+`cost_analysis()` (FLOPs and HBM bytes per chip, with every loop's trips multiplied
+out by hlo.py's count of the program text; on GPU targets, which have no cost
+analysis, hlo.py's count itself), the kernels and the collectives of its HLO text.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ from transformer.model.models import make_model
 from transformer.training import flops
 from transformer.training import trainer as trainer_lib
 from transformer.planning import collectives
+from transformer.planning import gpu
+from transformer.planning import hlo
 
 STEPS = ("train", "eval", "decode")
 # Logical axis -> the model.* field whose size it is, for the divisibility message.
@@ -57,14 +60,18 @@ class StepCost:
   output_bytes: int
   alias_bytes: int  # Outputs written into donated arguments (the train state).
   code_bytes: int
-  xla_flops: float  # XLA's count for the compiled program (remat and all).
-  hbm_bytes_accessed: float
+  xla_flops: float  # Hardware FLOPs of the compiled program (remat and all), loops multiplied.
+  hbm_bytes_accessed: float  # Loops multiplied too (see _loop_corrected).
   collective_bytes: dict[str, int]  # Kind -> bytes a chip moves per step ({} if unknown).
   compile_seconds: float
   collective_error: str | None = None  # Why collective_bytes is unknown, if it is.
   compile_error: str | None = None  # XLA refused to compile it (out of HBM): the message.
   model_flops: float | None = None  # flops.py's count per chip (None for decode).
   tokens: int = 0  # Tokens the step processes (all chips).
+  optimal_seconds: float | None = None  # XLA's TPU cost model, loops multiplied; GPU: None.
+  loop_factors: dict[str, float] = dataclasses.field(default_factory=dict)
+  cost_source: str = "XLA cost analysis"  # Or "HLO count" (GPU: no cost analysis).
+  kernels: dict[str, int] = dataclasses.field(default_factory=dict)  # Kind -> launches.
 
   @property
   def total_bytes(self) -> int:
@@ -156,6 +163,24 @@ def _out_of_memory(name: str, error: Exception, start: float, arguments_bytes: i
                   **extra)
 
 
+_NO_TRITON_TILES = "Couldn't find output tile sizes"
+
+
+def rejected(name: str, error: Exception) -> ConfigError:
+  """XLA's refusal of a step as the one line the user reads, naming what to change.
+
+  A fused-attention kernel that rejects the dtype, head size or mask (cuDNN's, or a
+  target without it) is the usual case: model.attention_impl names the alternatives.
+  """
+  first = next((line for line in str(error).splitlines() if line.strip()), str(error))
+  hint = ("set model.attention_impl='xla' (XLA's own attention), or install cuDNN "
+          "(pip install nvidia-cudnn-cu12) if it is missing"
+          if re.search(r"cudnn|fmha|dot_product_attention|flash", str(error), re.I)
+          else "the config compiles for TPUs and CPUs; report the line above with the config")
+  what = name if name.endswith("init") else f"the {name} step"
+  return ConfigError(f"jax/XLA rejected {what} for this target: {first[:300]}; {hint}")
+
+
 def _collect(name: str, lowered, start: float, arguments_bytes: int = 0,
              **extra) -> StepCost:
   """Compiles `lowered` and reads XLA's memory and cost analyses of the result."""
@@ -165,11 +190,22 @@ def _collect(name: str, lowered, start: float, arguments_bytes: int = 0,
       # from a proto, which libtpu 0.0.52 refuses for some steps (RET_CHECK ... "async-
       # update instruction should have 1 operands but sees 3": gpt_small on v5p and
       # v6e, the 7B on v5p), and the collective count would be lost.
-      compiled = lowered.compile(compiler_options={"xla_dump_to": dump,
-                                                   "xla_dump_hlo_as_text": True})
+      options = {"xla_dump_to": dump, "xla_dump_hlo_as_text": True}
+      try:
+        with gpu.plugin_noise_filtered():
+          compiled = lowered.compile(compiler_options=options)
+      except jax.errors.JaxRuntimeError as e:
+        if _NO_TRITON_TILES not in str(e):
+          raise
+        # Without a device XLA's GPU compiler cannot autotune, and Triton's default
+        # tiles fail for some matmul shapes (the decode's [rows x beams x prompt, d]
+        # projections); a run would autotune to another kernel. cuBLAS's, as here,
+        # is always among the candidates.
+        compiled = lowered.compile(compiler_options=dict(
+            options, xla_gpu_enable_triton_gemm=False))
     except jax.errors.JaxRuntimeError as e:
       if "RESOURCE_EXHAUSTED" not in str(e):
-        raise
+        raise rejected(name, e) from e
       return _out_of_memory(name, e, start, arguments_bytes, **extra)
     seconds = time.perf_counter() - start
     dumped = sorted(glob.glob(os.path.join(dump, "*.after_optimizations.txt")))
@@ -180,23 +216,71 @@ def _collect(name: str, lowered, start: float, arguments_bytes: int = 0,
   memory = compiled.memory_analysis()
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost  # Older JAX: one per program.
-  collective_bytes, collective_error = {}, None
+  collective_bytes, collective_error, counts = {}, None, None
   try:
-    collective_bytes = collectives.collective_bytes(hlo_text or compiled.as_text())
+    counts = _counts(hlo_text or compiled.as_text())
+    collective_bytes = collectives.from_counts(counts[0])
   except jax.errors.JaxRuntimeError as e:
     # No dump and the proto route failed (above): the step compiled; only the
     # collective count is missing, and the report says so instead of pricing the
     # network at zero silently.
     collective_error = str(e).splitlines()[0]
+  flops, nbytes, optimal, factors = _loop_corrected(cost, counts)
   return StepCost(
       name=name, arguments_bytes=int(memory.argument_size_in_bytes),
       temp_bytes=int(memory.temp_size_in_bytes), output_bytes=int(memory.output_size_in_bytes),
       alias_bytes=int(memory.alias_size_in_bytes),
       code_bytes=int(memory.generated_code_size_in_bytes),
-      xla_flops=float(cost.get("flops", 0.0)),
-      hbm_bytes_accessed=float(cost.get("bytes accessed", 0.0)),
+      xla_flops=flops, hbm_bytes_accessed=nbytes, optimal_seconds=optimal,
+      loop_factors=factors, cost_source="XLA cost analysis" if cost else "HLO count",
+      kernels=dict(counts[0].kernels) if counts else {},
       collective_bytes=collective_bytes, collective_error=collective_error,
       compile_seconds=seconds, **extra)
+
+
+def _counts(hlo_text: str) -> tuple[hlo.Counts, hlo.Counts]:
+  """hlo.py's counts of the program, loops multiplied out and loops counted once."""
+  return hlo.count(hlo_text), hlo.count(hlo_text, multiply_loops=False)
+
+
+def _loop_corrected(cost: dict | None, counts: tuple[hlo.Counts, hlo.Counts] | None
+                    ) -> tuple[float, float, float | None, dict[str, float]]:
+  """FLOPs, HBM bytes and XLA's optimal_seconds of one step with every loop trip counted.
+
+  XLA's TPU cost analysis counts a while loop's body once (a scanned stack of N layers
+  as one layer), and its totals cannot be split by loop. hlo.py counts the same
+  program both ways; XLA's totals are scaled by the ratio (its own per-kernel figures
+  kept, the loops' share multiplied out), and optimal_seconds by the ratio of compute
+  + HBM time, which is what it tracks where nothing is looped. Where XLA gives no cost
+  analysis (the GPU compiler without a device), hlo.py's own counts stand.
+  """
+  if counts is None:
+    cost = cost or {}
+    optimal = cost.get("optimal_seconds")
+    return (float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0)),
+            optimal if optimal is not None and optimal > 0 else None, {})
+  full, once = counts
+  if not cost:
+    return full.flops, full.bytes_accessed, None, {}
+  ratio = lambda a, b: a / b if b else 1.0
+  # XLA's figure of the program with each loop body once, plus hlo.py's count of the
+  # trips it left out: exact where the two agree on a body (dots dominate a layer),
+  # and XLA's own elementwise and outside-the-loop work kept as XLA counts it.
+  flops = float(cost.get("flops", 0.0)) + full.flops - once.flops
+  nbytes = float(cost.get("bytes accessed", 0.0)) + full.bytes_accessed - once.bytes_accessed
+  factors = {"flops": ratio(flops, float(cost.get("flops", 0.0))),
+             "bytes": ratio(nbytes, float(cost.get("bytes accessed", 0.0)))}
+  optimal = cost.get("optimal_seconds")
+  if optimal is not None and optimal <= 0:
+    optimal = None  # XLA's "no figure" (negative where its model has no answer).
+  if optimal is not None:
+    # Weights per unit of work: a TPU chip's ~200 FLOP per HBM byte, so that the factor
+    # of the larger time dominates, as in compute + HBM time.
+    balance = 200.0
+    factors["optimal_seconds"] = ratio(full.flops + balance * full.bytes_accessed,
+                                       once.flops + balance * once.bytes_accessed)
+    optimal = float(optimal) * factors["optimal_seconds"]
+  return flops, nbytes, optimal, factors
 
 
 def compile_train(trainer: trainer_lib.Trainer) -> StepCost:
@@ -287,8 +371,17 @@ def compile_steps(trainer: trainer_lib.Trainer, steps: tuple[str, ...] = STEPS) 
   if unknown:
     raise ConfigError(f"--compile_steps has {sorted(unknown)}; valid: {list(STEPS)}")
   compilers = {"train": compile_train, "eval": compile_eval, "decode": compile_decode}
-  return {name: compilers[name](trainer) for name in steps
-          if name != "decode" or decodes(trainer.config)}
+  costs = {}
+  for name in steps:
+    if name == "decode" and not decodes(trainer.config):
+      continue
+    try:
+      costs[name] = compilers[name](trainer)
+    except (RuntimeError, NotImplementedError) as e:
+      # Raised while lowering: a kernel the target cannot build (cuDNN's attention
+      # without cuDNN, say). ConfigError is not a RuntimeError and passes through.
+      raise rejected(name, e) from e
+  return costs
 
 
 def argument_breakdown(trainer: trainer_lib.Trainer) -> dict[str, int]:

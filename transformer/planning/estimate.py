@@ -1,13 +1,15 @@
 """An estimate of step time, tokens/s and MFU from a compiled step and the chip's figures.
 
 It is an estimate, not a measurement: the step cannot be faster than the slowest of
-  compute:  max(XLA's FLOPs, the model FLOPs) / the chip's bf16 peak,
-  memory:   XLA's bytes accessed / the chip's HBM bandwidth,
+  compute:  max(hardware FLOPs, the model FLOPs) / the chip's bf16 peak,
+  memory:   bytes accessed / the chip's HBM bandwidth,
   network:  the collectives' bytes / the chip's one-way interconnect bandwidth,
 and the estimate is that bound, as if the three overlapped perfectly at published peak
 rates. Real steps are slower (kernels below peak, collectives not hidden, host work);
-MFU from it is an upper bound. Several slices talk over the data-centre network, far
-slower than ICI, and the estimate still prices their traffic at ICI rates.
+MFU from it is an upper bound; HFU counts the hardware FLOPs (remat's recomputation
+too) the same way. Every loop trip is counted (compiled.py, hlo.py). Several slices
+talk over the data-centre network, far slower than ICI, and the estimate still prices
+their traffic at ICI rates.
 """
 
 from __future__ import annotations
@@ -20,9 +22,12 @@ from transformer.planning.compiled import StepCost
 
 ASSUMPTIONS = (
     "estimate = max(compute, HBM, interconnect) time: perfect overlap at published peak "
-    "rates (hardware.py); compute = max(XLA FLOPs, model FLOPs) / bf16 peak; HBM = XLA "
-    "bytes accessed / HBM bandwidth; interconnect = collective bytes / one-way ICI "
-    "bandwidth of one chip. A lower bound on step time: real steps are slower.")
+    "rates (hardware.py); compute = max(hardware FLOPs, model FLOPs) / bf16 peak, the "
+    "hardware FLOPs XLA's (GPU: the HLO's dots and fused-attention calls), remat's "
+    "recomputation included, every loop trip counted; HBM = bytes accessed / HBM "
+    "bandwidth; interconnect = collective bytes / one-way ICI (NVLink) bandwidth of one "
+    "chip. A lower bound on step time: real steps are slower. XLA's own TPU cost model "
+    "(optimal_seconds) is shown beside it. No estimate for a step XLA refused.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +39,8 @@ class Estimate:
   network_seconds: float
   tokens_per_second: float
   mfu: float | None  # None where the step has no model-FLOP count (decode).
+  hfu: float | None = None  # Hardware FLOPs (remat's recompute too) / peak at the estimate.
+  optimal_seconds: float | None = None  # XLA's TPU cost model, loops multiplied out.
 
   @property
   def seconds(self) -> float:
@@ -53,19 +60,26 @@ def collective_total(cost: StepCost) -> int:
   return sum(cost.collective_bytes.get(kind, 0) for kind in collectives.KINDS)
 
 
-def estimate(cost: StepCost, chip: Chip, chips: int) -> Estimate:
-  """Bounds for `cost` (per chip) on `chips` chips of kind `chip`.
+def estimate(cost: StepCost, chip: Chip, chips: int) -> Estimate | None:
+  """Bounds for `cost` (per chip) on `chips` chips of kind `chip`; None if XLA refused it.
+
+  MFU and HFU are at most 1: the compute bound already uses the larger FLOP count.
 
   Raises:
     ValueError: the table lacks the chip's memory and bandwidth figures.
   """
+  del chips  # Per-chip figures throughout; the count is in the caller's report.
   if not chip.has_memory_figures:
     raise ValueError(f"hardware.CHIPS has no HBM/bandwidth figures for {chip.name}")
+  if cost.compile_error:
+    return None
   compute = max(cost.xla_flops, cost.model_flops or 0.0) / chip.bf16_flops
   hbm = cost.hbm_bytes_accessed / chip.hbm_bytes_per_second
   network = collective_total(cost) / chip.ici_bytes_per_second
   seconds = max(compute, hbm, network, 1e-12)
-  mfu = (None if cost.model_flops is None
-         else cost.model_flops * chips / (seconds * chip.bf16_flops * chips))
+  peak = seconds * chip.bf16_flops
+  mfu = None if cost.model_flops is None else min(1.0, cost.model_flops / peak)
+  hfu = min(1.0, cost.xla_flops / peak) if cost.xla_flops else None
   return Estimate(compute_seconds=compute, hbm_seconds=hbm, network_seconds=network,
-                  tokens_per_second=cost.tokens / seconds, mfu=mfu)
+                  tokens_per_second=cost.tokens / seconds, mfu=mfu, hfu=hfu,
+                  optimal_seconds=cost.optimal_seconds)

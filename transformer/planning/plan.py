@@ -1,4 +1,4 @@
-"""One config on one slice: mesh, compiled steps, per-chip memory, estimates and audit."""
+"""One config on one slice or GPU host: mesh, compiled steps, per-chip memory, estimates, audit."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from transformer.config.errors import ConfigError
 from transformer.planning import audit
 from transformer.planning import compiled
 from transformer.planning import estimate as estimate_lib
+from transformer.planning import gpu
 from transformer.planning import topology as topology_lib
 
 
@@ -26,14 +27,18 @@ class Plan:
   chip: hardware.Chip
   mesh: dict[str, int]
   costs: dict[str, compiled.StepCost]
-  estimates: dict[str, estimate_lib.Estimate]
+  estimates: dict[str, estimate_lib.Estimate | None]  # None: XLA refused the step.
   breakdown: dict[str, int]  # Train arguments per chip by part (compiled.argument_breakdown).
   replicated: list[audit.ReplicatedLeaf]
+  # What a step may use: a TPU chip's HBM; a GPU's memory as the driver reports it times
+  # XLA_PYTHON_CLIENT_MEM_FRACTION (the pool the CUDA client preallocates).
+  usable_bytes: int = 0
+  memory_fraction: float | None = None  # GPU targets only.
 
   def fits(self, step: str) -> bool:
-    """Whether the step's peak footprint is within the chip's HBM."""
+    """Whether the step's peak footprint is within the memory a run can use."""
     cost = self.costs[step]
-    return cost.compile_error is None and cost.total_bytes <= self.chip.hbm_bytes
+    return cost.compile_error is None and cost.total_bytes <= self.usable_bytes
 
   @property
   def all_fit(self) -> bool:
@@ -64,6 +69,14 @@ def chip_for(devices: list) -> tuple[str, hardware.Chip]:
   return kind, chip
 
 
+def usable_memory(topology, chip: hardware.Chip) -> tuple[int, float | None]:
+  """(bytes a step may use per chip, the GPU memory fraction or None on a TPU)."""
+  if isinstance(topology, gpu.GpuTopology):
+    fraction = gpu.memory_fraction()
+    return int(gpu.device_memory_bytes(topology.gpu) * fraction), fraction
+  return chip.hbm_bytes, None
+
+
 def make_plan(config: ml_collections.ConfigDict, topology: topology_lib.Topology,
               devices: list, steps: tuple[str, ...] = compiled.STEPS) -> Plan:
   """Compiles `steps` of `config` for the slice's abstract `devices` and reads the results.
@@ -84,11 +97,16 @@ def make_plan(config: ml_collections.ConfigDict, topology: topology_lib.Topology
   config = compiled.target_config(config)
   kind, chip = chip_for(devices)
   mesh = topology_lib.topology_mesh(config.mesh, devices, topology.num_slices)
-  trainer = compiled.build_trainer(config, mesh)
+  try:
+    trainer = compiled.build_trainer(config, mesh)
+  except (RuntimeError, NotImplementedError) as e:  # Tracing the model for the target.
+    raise compiled.rejected("model's init", e) from e
   costs = compiled.compile_steps(trainer, steps)
   estimates = {name: estimate_lib.estimate(cost, chip, mesh.size)
                for name, cost in costs.items()}
+  usable, fraction = usable_memory(topology, chip)
   return Plan(config=config, topology=topology, chip_kind=kind, chip=chip,
               mesh=dict(mesh.shape), costs=costs, estimates=estimates,
+              usable_bytes=usable, memory_fraction=fraction,
               breakdown=compiled.argument_breakdown(trainer),
               replicated=audit.replicated_leaves(trainer.abstract_state, mesh))

@@ -31,9 +31,13 @@ def plan_lines(plan: Plan) -> list[str]:
   """The console report of one plan."""
   chip, topo = plan.chip, plan.topology
   slices = f" x {topo.num_slices} slices" if topo.num_slices > 1 else ""
+  usable = (f"{gib(plan.usable_bytes)} usable = {plan.memory_fraction:.2f} "
+            "(XLA_PYTHON_CLIENT_MEM_FRACTION) of the device's "
+            f"{gib(plan.usable_bytes / plan.memory_fraction)}; "
+            if plan.memory_fraction else "")
   lines = [
       f"Topology {topo.name}{slices}: {topo.chips} chips of {plan.chip_kind} ({chip.name}: "
-      f"{gib(chip.hbm_bytes)} HBM, {chip.bf16_flops / 1e12:.0f} TFLOP/s bf16, "
+      f"{usable or gib(chip.hbm_bytes) + ' HBM, '}{chip.bf16_flops / 1e12:.0f} TFLOP/s bf16, "
       f"{chip.hbm_bytes_per_second / 1e9:.0f} GB/s HBM, "
       f"{chip.ici_bytes_per_second / 1e9:.0f} GB/s one-way interconnect; hardware.py)",
       f"Mesh {plan.mesh}; model.dtype {plan.config.model.dtype}, param_dtype "
@@ -50,34 +54,58 @@ def plan_lines(plan: Plan) -> list[str]:
   for name, cost in plan.costs.items():
     lines.append(f"{name:<7} {gib(cost.arguments_bytes):>11} {gib(cost.temp_bytes):>12} "
                  f"{gib(cost.output_bytes - cost.alias_bytes):>11} "
-                 f"{gib(cost.total_bytes):>11} {'':>4} {gib(chip.hbm_bytes):>10}  "
-                 f"{verdict(cost.total_bytes, chip.hbm_bytes)}")
+                 f"{gib(cost.total_bytes):>11} {'':>4} {gib(plan.usable_bytes):>10}  "
+                 f"{verdict(cost.total_bytes, plan.usable_bytes)}")
     if cost.compile_error:
       lines.append(f"        XLA refused to compile it: {cost.compile_error}")
   lines += ["", "(outputs: those not written into donated arguments; temporaries include "
             "the activations kept for the backward pass)", ""]
   lines.append("Step time (an ESTIMATE from published peaks, not a measurement):")
   for name, cost in plan.costs.items():
-    est = plan.estimates[name]
-    model = (f"model {cost.model_flops:.3g} FLOPs/chip (flops.py), "
-             if cost.model_flops is not None else "")
-    moved = ", ".join(f"{kind} {gib(cost.collective_bytes.get(kind, 0))}"
-                      for kind in collectives.KINDS if cost.collective_bytes.get(kind))
-    mfu = f", MFU <= {100 * est.mfu:.1f}%" if est.mfu is not None else ""
-    unknown = (f" UNKNOWN (XLA could not print the compiled HLO: {cost.collective_error}; "
-               "the interconnect bound below is missing)" if cost.collective_error else "")
-    lines.append(
-        f"  {name}: {model}XLA {cost.xla_flops:.3g} FLOPs/chip; collectives per chip: "
-        f"{moved or 'none'}{unknown}; compute {est.compute_seconds * 1e3:.2f} ms, HBM "
-        f"{est.hbm_seconds * 1e3:.2f} ms, interconnect {est.network_seconds * 1e3:.2f} ms "
-        f"-> ~{est.seconds * 1e3:.2f} ms ({est.bound}-bound), ~{est.tokens_per_second:,.0f} "
-        f"tokens/s{mfu}; compiled in {cost.compile_seconds:.1f} s")
-    if cost.collective_bytes.get(collectives.UNKNOWN_TRIPS):
-      lines.append(f"    ({cost.collective_bytes[collectives.UNKNOWN_TRIPS]} loop(s) with "
-                   "collectives have no known trip count and count once)")
+    lines += _estimate_lines(name, cost, plan.estimates[name])
+  kernels = {name: cost.kernels for name, cost in plan.costs.items() if cost.kernels}
+  if kernels:
+    lines += ["", "Kernels that matter, launches per step (loops multiplied out):"]
+    lines += [f"  {name}: " + ", ".join(f"{kind} x{n}" for kind, n in sorted(counts.items()))
+              for name, counts in kernels.items()]
+    if plan.memory_fraction is not None:
+      lines.append("  (no fused-attention kernel listed: attention runs as XLA fusions; "
+                   "model.attention_impl=cudnn asks for cuDNN's)"
+                   if not any(k.startswith("attention") for c in kernels.values() for k in c)
+                   else "  (attention kernels listed: the fused one was chosen)")
   lines.append("  Assumptions: " + estimate_lib.ASSUMPTIONS)
   lines += ["", _audit_line(plan)]
   lines += [f"  {leaf.path} {leaf.shape}: {gib(leaf.nbytes)}" for leaf in plan.replicated]
+  return lines
+
+
+def _estimate_lines(name: str, cost, est: estimate_lib.Estimate | None) -> list[str]:
+  """One step's estimate: FLOPs, collectives, the three bounds, MFU/HFU, XLA's model."""
+  if est is None:
+    return [f"  {name}: no estimate: XLA refused to compile it ({cost.compile_error})"]
+  model = (f"model {cost.model_flops:.3g} FLOPs/chip (flops.py), "
+           if cost.model_flops is not None else "")
+  moved = ", ".join(f"{kind} {gib(cost.collective_bytes.get(kind, 0))}"
+                    for kind in collectives.KINDS if cost.collective_bytes.get(kind))
+  mfu = f", MFU <= {100 * est.mfu:.1f}%" if est.mfu is not None else ""
+  hfu = f", HFU <= {100 * est.hfu:.1f}%" if est.hfu is not None else ""
+  unknown = (f" UNKNOWN (XLA could not print the compiled HLO: {cost.collective_error}; "
+             "the interconnect bound below is missing)" if cost.collective_error else "")
+  looped = (f", loops multiplied out x{cost.loop_factors['flops']:.2f}"
+            if cost.loop_factors.get("flops", 1.0) > 1.001 else "")
+  lines = [
+      f"  {name}: {model}hardware {cost.xla_flops:.3g} FLOPs/chip ({cost.cost_source}"
+      f"{looped}); collectives per chip: {moved or 'none'}{unknown}; compute "
+      f"{est.compute_seconds * 1e3:.2f} ms, HBM {est.hbm_seconds * 1e3:.2f} ms, "
+      f"interconnect {est.network_seconds * 1e3:.2f} ms -> ~{est.seconds * 1e3:.2f} ms "
+      f"({est.bound}-bound), ~{est.tokens_per_second:,.0f} tokens/s{mfu}{hfu}; compiled "
+      f"in {cost.compile_seconds:.1f} s"]
+  if est.optimal_seconds is not None:
+    lines.append(f"    XLA's own cost model (optimal_seconds, loops multiplied out): "
+                 f"~{est.optimal_seconds * 1e3:.2f} ms")
+  if cost.collective_bytes.get(collectives.UNKNOWN_TRIPS):
+    lines.append(f"    ({cost.collective_bytes[collectives.UNKNOWN_TRIPS]} loop(s) have no "
+                 "known trip count and count once)")
   return lines
 
 
@@ -114,24 +142,29 @@ def to_json(plan: Plan, levers: dict[str, list[Trial]] | None = None,
   steps = {}
   for name, cost in plan.costs.items():
     est = plan.estimates[name]
+    estimated = lambda field: getattr(est, field) if est is not None else None
     steps[name] = dict(
         arguments_bytes=cost.arguments_bytes, temp_bytes=cost.temp_bytes,
         output_bytes=cost.output_bytes, alias_bytes=cost.alias_bytes,
         code_bytes=cost.code_bytes, total_bytes=cost.total_bytes,
-        chip_bytes=plan.chip.hbm_bytes, fits=plan.fits(name),
+        chip_bytes=plan.usable_bytes, fits=plan.fits(name),
         flops_per_chip=cost.model_flops, xla_flops_per_chip=cost.xla_flops,
         hbm_bytes_accessed=cost.hbm_bytes_accessed,
         collective_bytes=cost.collective_bytes if cost.collective_error is None else None,
-        collective_error=cost.collective_error, estimated_seconds=est.seconds,
-        estimate_bound=est.bound, estimated_tokens_per_second=est.tokens_per_second,
-        estimated_mfu=est.mfu, compile_seconds=cost.compile_seconds,
-        compile_error=cost.compile_error)
+        collective_error=cost.collective_error, estimated_seconds=estimated("seconds"),
+        estimate_bound=estimated("bound"),
+        estimated_tokens_per_second=estimated("tokens_per_second"),
+        estimated_mfu=estimated("mfu"), estimated_hfu=estimated("hfu"),
+        optimal_seconds=cost.optimal_seconds, loop_factors=cost.loop_factors,
+        cost_source=cost.cost_source, kernels=cost.kernels,
+        compile_seconds=cost.compile_seconds, compile_error=cost.compile_error)
   trial = lambda t: dict(label=t.label, step=t.step, total_bytes=t.total_bytes,
                          fits=t.fits, estimated_seconds=t.seconds, estimated_mfu=t.mfu,
                          error=t.error)
   return dict(
       topology=plan.topology.name, num_slices=plan.topology.num_slices,
       chips=plan.topology.chips, chip_kind=plan.chip_kind, chip=plan.chip.name,
+      usable_bytes=plan.usable_bytes, memory_fraction=plan.memory_fraction,
       mesh=plan.mesh, steps=steps, train_arguments_per_chip=plan.breakdown,
       config=dict(batch_size=plan.config.data.batch_size, seq_len=plan.config.data.seq_len,
                   microbatches=plan.config.train.microbatches,

@@ -45,7 +45,8 @@ def _try(config: ml_collections.ConfigDict, topology: topology_lib.Topology, dev
     return trial
   cost, estimate = result.costs[step], result.estimates[step]
   trial.total_bytes, trial.fits = cost.total_bytes, result.fits(step)
-  trial.seconds, trial.mfu = estimate.seconds, estimate.mfu
+  if estimate is not None:  # None: XLA refused the step (out of memory).
+    trial.seconds, trial.mfu = estimate.seconds, estimate.mfu
   trial.compile_seconds = cost.compile_seconds
   return trial
 

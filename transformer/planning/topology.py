@@ -6,7 +6,11 @@ their kind and torus coordinates, and jit can lower and compile for them on a CP
 The chip settings follow Google's own slice table (MaxText's accelerator_to_spec_map):
 v4 and v5p run their two TensorCores as one megacore device, hosts hold 2x2x1 chips,
 and a dimension wraps around (torus) on full-cube v4/v5p slices (every side a multiple
-of 4) and on a 16-chip side of v5e/v6e.
+of 4) and on a 16-chip side of v5e/v6e. A grid no rentable slice has (v5p:2x2x3, a
+likely typo for 2x2x4) is refused with the nearest ones unless --any_slice.
+
+GPU hosts (`--topology=h100:8`) are gpu.py's: parse_topology and topology_devices hand
+them over, and the mesh is built the same way.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Sequence
 import numpy as np
 
 from transformer.config.errors import ConfigError
+from transformer.planning import gpu
 
 INSTALL_HINT = "pip install libtpu"
 # Generation -> the chip_config_name libtpu wants (megacore: one device per chip).
@@ -29,8 +34,8 @@ KNOWN_SLICES = {
     "v4-8": "v4:2x2x1", "v4-16": "v4:2x2x2", "v4-32": "v4:2x2x4", "v4-128": "v4:4x4x4",
     "v5e-4": "v5e:2x2", "v5e-8": "v5e:2x4", "v5e-16": "v5e:4x4", "v5e-64": "v5e:8x8",
     "v5e-256": "v5e:16x16",
-    "v5p-8": "v5p:2x2x1", "v5p-64": "v5p:2x4x4", "v5p-128": "v5p:4x4x4",
-    "v5p-512": "v5p:4x8x8",
+    "v5p-8": "v5p:2x2x1", "v5p-16": "v5p:2x2x2", "v5p-32": "v5p:2x2x4",
+    "v5p-64": "v5p:2x4x4", "v5p-128": "v5p:4x4x4", "v5p-512": "v5p:4x8x8",
     "v6e-4": "v6e:2x2", "v6e-8": "v6e:2x4", "v6e-16": "v6e:4x4", "v6e-256": "v6e:16x16",
 }
 # libtpu looks for TPU hosts (metadata server, worker hostnames) when it loads and
@@ -80,8 +85,27 @@ def known_topologies() -> str:
   return ", ".join(f"{topology} ({name})" for name, topology in KNOWN_SLICES.items())
 
 
-def parse_topology(name: str, num_slices: int = 1) -> Topology:
-  """`v5p:4x4x4` (or a Cloud name such as `v5p-128`) -> Topology; ConfigError if unknown."""
+def parse_topology(name: str, num_slices: int = 1,
+                   any_shape: bool = False) -> Topology | gpu.GpuTopology:
+  """`v5p:4x4x4` (or a Cloud name such as `v5p-128`) -> Topology; `h100:8` -> GpuTopology.
+
+  Args:
+    name: the --topology value.
+    num_slices: --num_slices (TPU slices only).
+    any_shape: compile a TPU chip grid that no rentable slice has (--any_slice).
+
+  Raises:
+    ConfigError: an unknown name, or a grid Cloud does not rent (a typo, likely).
+  """
+  if gpu.is_gpu(name):
+    try:
+      parsed = gpu.parse(name)
+    except ConfigError as e:
+      raise ConfigError(f"{e}; TPU slices: {known_topologies()}") from None
+    if num_slices != 1:
+      raise ConfigError(f"--num_slices={num_slices} is for TPU slices; for several GPU "
+                        f"hosts write --topology={parsed.gpu}:{parsed.per_host}x{num_slices}")
+    return parsed
   topology = KNOWN_SLICES.get(name, name)
   match = re.fullmatch(r"(v\d+[a-z]?):(\d+(?:x\d+){1,2})", topology)
   if not match or match.group(1) not in GENERATIONS:
@@ -96,7 +120,53 @@ def parse_topology(name: str, num_slices: int = 1) -> Topology:
                       f"(AxBxC or AxB); known slices: {known_topologies()}")
   if num_slices < 1:
     raise ConfigError(f"--num_slices={num_slices} is invalid: 1 or more")
+  if not any_shape and not rentable(generation, dims):
+    chips = int(np.prod(dims))
+    raise ConfigError(
+        f"--topology={name!r}: no rentable {generation} slice has the shape "
+        f"{'x'.join(map(str, dims))} ({chips} chips); nearest: "
+        f"{', '.join(nearest_slices(generation, dims))}; pass --any_slice to compile "
+        "it anyway")
   return Topology(name=topology, generation=generation, dims=dims, num_slices=num_slices)
+
+
+def rentable(generation: str, dims: tuple[int, ...]) -> bool:
+  """Whether Cloud rents a slice of this grid (Google's slice tables, v4/v5p/v5e/v6e docs).
+
+  v4 and v5p: 2x2x1, 2x2x2, 2x2x4, 2x4x4, then sides that are multiples of 4 (full
+  cubes, in any order). v5e and v6e: 1x1, 2x2, 2x4, 4x4, 4x8, 8x8, 8x16, 16x16.
+  """
+  if GENERATIONS[generation] == "megacore":
+    if tuple(sorted(dims)) in ((1, 2, 2), (2, 2, 2), (2, 2, 4), (2, 4, 4)):
+      return True
+    return all(d % 4 == 0 for d in dims)
+  return tuple(sorted(dims)) in _FLAT_SLICES
+
+
+_FLAT_SLICES = ((1, 1), (2, 2), (2, 4), (4, 4), (4, 8), (8, 8), (8, 16), (16, 16))
+
+
+def nearest_slices(generation: str, dims: tuple[int, ...]) -> list[str]:
+  """The rentable grids of `generation` with the chip counts nearest below and above."""
+  if GENERATIONS[generation] == "megacore":
+    sides = (1, 2, 4, 8, 12, 16)
+    grids = {tuple(sorted((a, b, c), reverse=False)) for a in sides for b in sides
+             for c in sides if rentable(generation, (a, b, c))}
+  else:
+    grids = set(_FLAT_SLICES)
+  chips = int(np.prod(dims))
+  by_count = sorted(grids, key=lambda g: (int(np.prod(g)), g))
+  below = [g for g in by_count if int(np.prod(g)) < chips][-1:]
+  above = [g for g in by_count if int(np.prod(g)) > chips][:1]
+  # Written in the user's order where the grid keeps their sides (2x2x3 -> 2x2x4).
+  names = []
+  for grid in below + above:
+    order = sorted(range(len(dims)), key=lambda i: dims[i])
+    ordered = [0] * len(dims)
+    for rank, i in enumerate(order):
+      ordered[i] = grid[rank]
+    names.append(f"{generation}:{'x'.join(map(str, ordered))} ({int(np.prod(grid))} chips)")
+  return names
 
 
 def quiet_libtpu() -> None:
@@ -105,15 +175,19 @@ def quiet_libtpu() -> None:
     os.environ.setdefault(key, value)
 
 
-def topology_devices(topology: Topology) -> list:
+def topology_devices(topology: Topology | gpu.GpuTopology) -> list:
   """The slice's abstract devices, slice by slice (device.slice_index for several)."""
+  if isinstance(topology, gpu.GpuTopology):
+    return gpu.devices(topology)
   quiet_libtpu()
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
   try:
-    description = topologies.get_topology_desc(
-        platform="tpu", topology_name=topology.name,
-        chip_config_name=GENERATIONS[topology.generation], chips_per_host_bounds=(2, 2, 1),
-        num_slices=topology.num_slices, wrap=topology.wrap)
+    with gpu.plugin_noise_filtered():  # jax loads every installed plugin here, CUDA's too.
+      description = topologies.get_topology_desc(
+          platform="tpu", topology_name=topology.name,
+          chip_config_name=GENERATIONS[topology.generation],
+          chips_per_host_bounds=(2, 2, 1), num_slices=topology.num_slices,
+          wrap=topology.wrap)
   except Exception as e:  # pylint: disable=broad-except
     # libtpu's own error (a side it does not build, say) as the one line the user reads.
     raise ConfigError(f"--topology={topology.name!r}: libtpu cannot build it ("

@@ -1,0 +1,259 @@
+"""--mode=compile for GPU hosts (h100:1, h100:8) on this CPU host, and the loop-aware counts.
+
+The GPU tests need jax's CUDA plugin wheels (requirements-test.txt; no GPU, no driver):
+without them they are skipped with the reason. Each tiny GPU compile takes seconds to
+tens of seconds on a 2-core host, so there are few of them. The HLO tests read
+hand-written program text and need neither.
+"""
+
+import importlib.util
+import json
+
+import pytest
+
+import launch  # pylint: disable=unused-import  (defines --output, --mode)
+from test_compile_mode import _run_mode, tiny
+from transformer import accelerator
+from transformer.config.errors import ConfigError
+from transformer.planning import gpu
+from transformer.planning import hlo
+from transformer.planning import topology
+
+needs_plugin = pytest.mark.skipif(
+    importlib.util.find_spec("jax_cuda12_plugin") is None,
+    reason=f"jax's CUDA plugin is not installed ({gpu.INSTALL_HINT}): XLA's GPU compiler")
+
+DATA_PARALLEL = (("data", -1), ("fsdp", 1), ("tensor", 1))
+
+
+@pytest.fixture(scope="module")
+def h100x8():
+  topo = topology.parse_topology("h100:8")
+  return topo, topology.topology_devices(topo)
+
+
+@needs_plugin
+def test_decoder_on_one_h100_hand_count_memory_fraction_and_kernels(tmp_path, capsys,
+                                                                    monkeypatch):
+  """Arguments are exactly the shardings' count (no TPU tiles on a GPU); the verdict is
+  against 0.9 of the device's memory (the launcher's fraction); the JSON lists the kernels
+  by kind."""
+  monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+  report = tmp_path / "report.json"
+  config = tiny()
+  config.mesh.shape = DATA_PARALLEL
+  code, out, err = _run_mode(config, ["--topology=h100:1", f"--output={report}",
+                                      "--compile_steps=train,decode"], capsys)
+  assert code == 0, err[-3000:]
+  assert "cuda drivers" not in err  # The plugin's no-driver lines are filtered out.
+  result = json.loads(report.read_text())
+  assert result["chip_kind"] == "NVIDIA H100 80GB HBM3" and result["chips"] == 1
+  assert result["memory_fraction"] == accelerator.GPU_MEMORY_FRACTION == 0.9
+  assert result["usable_bytes"] == int(0.9 * 84_929_347_584)  # gpu_targets/h100.txtpb.
+  train = result["steps"]["train"]
+  assert train["chip_bytes"] == result["usable_bytes"] and train["fits"]
+  # params float32 + 2 Adam slots, the batch (5 arrays of 16 x 128, 4 bytes), step, rng.
+  params = 1_180_928 * 4
+  batch = 5 * 16 * 128 * 4
+  counted = sum(result["train_arguments_per_chip"].values())
+  assert result["train_arguments_per_chip"]["params"] == params
+  assert 0 <= train["arguments_bytes"] - 3 * params - batch <= 64  # step, rng.
+  assert train["arguments_bytes"] == counted
+  # Hardware FLOPs (the HLO's dots) are the model's count: no remat, every dot counted.
+  assert train["xla_flops_per_chip"] == pytest.approx(train["flops_per_chip"], rel=0.02)
+  assert train["cost_source"] == "HLO count" and train["optimal_seconds"] is None
+  assert sum(n for kind, n in train["kernels"].items() if kind.startswith("matmul")) >= 12
+  assert 0 < train["estimated_mfu"] <= 1 and 0 < train["estimated_hfu"] <= 1
+  decode = result["steps"]["decode"]
+  assert decode["xla_flops_per_chip"] > 0 and decode["kernels"]
+  assert "Kernels that matter" in out and "usable = 0.90" in out
+
+
+@needs_plugin
+@pytest.mark.parametrize("arch", ["encoder", "encoder_decoder"])
+def test_encoder_and_encoder_decoder_on_eight_h100s(h100x8, arch):
+  """fsdp over 8 GPUs: arguments are the shardings' own count, weights are gathered."""
+  from transformer.planning import plan as plan_lib  # pylint: disable=g-import-not-at-top
+  topo, devs = h100x8
+  config = tiny(arch)
+  config.model.num_layers = 1  # Each GPU kernel costs compile time; one layer shows it.
+  config.mesh.shape = (("data", 1), ("fsdp", 8), ("tensor", 1))
+  plan = plan_lib.make_plan(config, topo, devs, ("train",))
+  train = plan.costs["train"]
+  assert train.arguments_bytes == sum(plan.breakdown.values())
+  assert plan.all_fit
+  assert train.collective_bytes["all-gather"] + train.collective_bytes["all-to-all"] > 0
+  assert train.xla_flops == pytest.approx(train.model_flops, rel=0.05)
+
+
+@needs_plugin
+def test_scanned_and_unscanned_agree_on_gpu(h100x8):
+  """The same 3-layer model, scanned and unrolled: FLOPs and collective bytes within 5%
+  (the scanned loop's trips multiplied out)."""
+  from transformer.planning import estimate  # pylint: disable=g-import-not-at-top
+  from transformer.planning import plan as plan_lib  # pylint: disable=g-import-not-at-top
+  topo, devs = h100x8
+  costs = {}
+  for scan in (False, True):
+    config = tiny()
+    config.model.update(num_layers=3, scan_layers=scan)
+    config.mesh.shape = DATA_PARALLEL
+    costs[scan] = plan_lib.make_plan(config, topo, devs, ("train",)).costs["train"]
+  assert costs[True].xla_flops == pytest.approx(costs[False].xla_flops, rel=0.05)
+  assert estimate.collective_total(costs[True]) == pytest.approx(
+      estimate.collective_total(costs[False]), rel=0.05)
+  assert costs[True].collective_bytes["loops_with_unknown_trip_count"] == 0
+
+
+def test_gpu_bad_inputs_are_one_line(monkeypatch):
+  with pytest.raises(ConfigError, match=r"'b300:8' is not a GPU.*h100:8, h200:8, a100:8.*"
+                                        r"TPU slices: v4:2x2x1"):
+    topology.parse_topology("b300:8")
+  with pytest.raises(ConfigError, match=r"a host holds 1 to 8 h100 GPUs; .*h100:8x2"):
+    topology.parse_topology("h100:16")
+  with pytest.raises(ConfigError, match=r"--num_slices=2 is for TPU slices.*h100:8x2"):
+    topology.parse_topology("h100:8", num_slices=2)
+  assert topology.parse_topology("h200:8x2").chips == 16
+  monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "1.5")
+  with pytest.raises(ConfigError, match=r"XLA_PYTHON_CLIENT_MEM_FRACTION='1.5'.*\(0, 1\]"):
+    gpu.memory_fraction()
+  monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+  assert gpu.INSTALL_HINT in gpu.wheels_missing()
+
+
+def test_missing_wheels_name_the_install_command(monkeypatch, capsys):
+  monkeypatch.setattr(gpu, "wheels_missing", lambda: "needs " + gpu.INSTALL_HINT)
+  code, _, err = _run_mode(tiny(), ["--topology=h100:8"], capsys)
+  assert code == 2 and err.strip().splitlines()[-1] == "needs " + gpu.INSTALL_HINT
+
+
+def test_a_tpu_grid_no_slice_has_is_refused_with_the_nearest():
+  with pytest.raises(ConfigError, match=r"no rentable v5p slice has the shape 2x2x3 \(12 "
+                                        r"chips\); nearest: v5p:2x2x2 \(8 chips\), "
+                                        r"v5p:2x2x4 \(16 chips\); pass --any_slice"):
+    topology.parse_topology("v5p:2x2x3")
+  assert topology.parse_topology("v5p:2x2x3", any_shape=True).chips == 12
+  with pytest.raises(ConfigError, match=r"v5e slice has the shape 3x3.*v5e:2x4.*v5e:4x4"):
+    topology.parse_topology("v5e:3x3")
+  for name in topology.KNOWN_SLICES.values():
+    topology.parse_topology(name)  # Every listed slice is rentable.
+
+
+# A scan of 3 layers as XLA's TPU compiler prints it: no known_trip_count, the bound in
+# the condition's fused compare; each trip runs a [8,16] x [16,32] dot and an
+# all-reduce of f32[8,32].
+_LOOP_HLO = """HloModule loop
+
+%fused_compare (p0: s32[]) -> pred[] {
+  %p0 = s32[] parameter(0)
+  %bound = s32[] constant(3)
+  ROOT %lt = pred[] compare(%p0, %bound), direction=LT
+}
+
+%cond (c: (s32[], f32[8,16])) -> pred[] {
+  %c = (s32[], f32[8,16]) parameter(0)
+  %iv = s32[] get-tuple-element(%c), index=0
+  ROOT %f = pred[] fusion(%iv), kind=kLoop, calls=%fused_compare
+}
+
+%sum (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%body (t: (s32[], f32[8,16])) -> (s32[], f32[8,16]) {
+  %t = (s32[], f32[8,16]) parameter(0)
+  %i = s32[] get-tuple-element(%t), index=0
+  %x = f32[8,16] get-tuple-element(%t), index=1
+  %w = f32[16,32] constant({...})
+  %y = f32[8,32] dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %r = f32[8,32] all-reduce(%y), replica_groups={}, to_apply=%sum
+  %one = s32[] constant(1)
+  %n = s32[] add(%i, %one)
+  %z = f32[8,16] slice(%r), slice={[0:8], [0:16]}
+  ROOT %o = (s32[], f32[8,16]) tuple(%n, %z)
+}
+
+ENTRY %main (x0: f32[8,16]) -> f32[8,16] {
+  %x0 = f32[8,16] parameter(0)
+  %zero = s32[] constant(0)
+  %init = (s32[], f32[8,16]) tuple(%zero, %x0)
+  %loop = (s32[], f32[8,16]) while(%init), condition=%cond, body=%body
+  ROOT %out = f32[8,16] get-tuple-element(%loop), index=1
+}
+"""
+
+
+def test_trip_count_is_read_from_the_loop_condition():
+  counts = hlo.count(_LOOP_HLO)
+  assert counts.loops == {"body": 3} and counts.unknown_loops == 0
+  assert counts.flops == 3 * 2 * 8 * 32 * 16
+  assert counts.collective_bytes["all-reduce"] == 3 * 8 * 32 * 4
+  assert counts.kernels == {"matmul dot": 3, "all-reduce": 3}
+  once = hlo.count(_LOOP_HLO, multiply_loops=False)
+  assert once.flops == 2 * 8 * 32 * 16
+  # Without the bound the count is unknown: the body counts once and the loop is named.
+  unknown = hlo.count(_LOOP_HLO.replace("direction=LT", "direction=NE"))
+  assert unknown.unknown_loops == 1 and unknown.flops == once.flops
+
+
+def test_a_windowed_convolution_counts_only_taps_on_input():
+  """XLA's TPU form of a per-head product: a window of 2 over a side of 2 padded by 1
+  on each side, 3 outputs x 2 taps, of which 4 land on the input (2 on padding)."""
+  text = """HloModule conv
+
+ENTRY %main (a: bf16[1,2,16], b: bf16[2,16,4]) -> bf16[1,3,4] {
+  %a = bf16[1,2,16] parameter(0)
+  %b = bf16[2,16,4] parameter(1)
+  ROOT %c = bf16[1,3,4] convolution(%a, %b), window={size=2 pad=1_1 rhs_reversal=1}, dim_labels=b0f_0io->b0f
+}
+"""
+  # 2 x (batch 1 x features 4) x input features 16 x 4 taps; every tap would be 6.
+  assert hlo.count(text).flops == 2 * 4 * 16 * 4
+
+
+def _cudnn_installed() -> bool:
+  try:
+    return importlib.util.find_spec("nvidia.cudnn") is not None
+  except ModuleNotFoundError:  # No nvidia.* package at all.
+    return False
+
+
+@needs_plugin
+@pytest.mark.skipif(not _cudnn_installed(),
+                    reason="cuDNN is not installed (pip install nvidia-cudnn-cu12, 700 MB): "
+                           "model.attention_impl=cudnn needs it to compile; CI does not")
+def test_cudnn_attention_is_listed_and_counted_from_its_shapes():
+  """cuDNN's fused attention is opaque to XLA: the report lists its calls and counts
+  their FLOPs from the shapes, so the step's FLOPs stay at the model's count."""
+  from transformer.planning import plan as plan_lib  # pylint: disable=g-import-not-at-top
+  topo = topology.parse_topology("h100:1")
+  config = tiny()
+  config.model.update(num_layers=1, attention_impl="cudnn")
+  config.mesh.shape = DATA_PARALLEL
+  train = plan_lib.make_plan(config, topo, topology.topology_devices(topo),
+                             ("train",)).costs["train"]
+  kinds = [kind for kind in train.kernels if kind.startswith("attention __cudnn$fmha")]
+  assert any("Backward" in kind for kind in kinds) and len(kinds) >= 2, train.kernels
+  assert train.xla_flops == pytest.approx(train.model_flops, rel=0.05)
+
+
+def test_a_kernel_the_target_cannot_build_is_one_line_naming_the_field():
+  from transformer.planning import compiled  # pylint: disable=g-import-not-at-top
+  error = compiled.rejected("train", RuntimeError("cuDNN not found.\nmore lines"))
+  assert isinstance(error, ConfigError) and "\n" not in str(error)
+  assert "cuDNN not found." in str(error) and "model.attention_impl='xla'" in str(error)
+
+
+def test_plugin_noise_is_dropped_and_other_lines_kept(capfd):
+  """The CUDA plugin's no-driver lines go (written to fd 2 from C++); the rest stays."""
+  import os  # pylint: disable=g-import-not-at-top
+  from transformer import plugin_noise  # pylint: disable=g-import-not-at-top
+  with plugin_noise.filtered():
+    os.write(2, b"WARNING: All log messages before absl::InitializeLog() is called are "
+                b"written to STDERR\n")
+    os.write(2, b"I0000 cudart_stub.cc:31] Could not find cuda drivers on your machine, "
+                b"GPU will not be used.\n")
+    os.write(2, b"a real error\n")
+  assert capfd.readouterr().err == "a real error\n"

@@ -1,0 +1,79 @@
+"""jax's CUDA plugin on a host without an NVIDIA driver: its console noise, dropped.
+
+With `jax-cuda12-plugin` installed (the compile mode's GPU targets), `import jax` on a
+CPU or TPU host prints "Could not find cuda drivers on your machine" lines (three
+pairs: jaxlib's GPU extension modules load the plugin's CUDA stubs), and starting the
+backends prints a "Jax plugin configuration error" traceback from its CUDA version
+check. They come from C++ before logging is set up (file descriptor 2, not
+sys.stderr), so no log level stops them. Imports nothing of the project and no jax at
+module level: launch.py calls `import_jax_quietly()` before its flags load a config.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import tempfile
+from typing import Iterator
+
+NOISE = re.compile(r"Could not find cuda drivers|absl::InitializeLog\(\) is called")
+
+
+def driver_present() -> bool:
+  """Whether this host has an NVIDIA kernel driver (then the plugin's output is real)."""
+  return os.path.exists("/proc/driver/nvidia/version")
+
+
+@contextlib.contextmanager
+def filtered() -> Iterator[None]:
+  """Drops the plugin's no-driver lines from stderr while the block runs.
+
+  File descriptor 2 points at a file for the block and every other line is written
+  back afterwards, so use it around short steps (an import, a device query, a
+  compile), not around a run whose errors should appear as they happen.
+  """
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile(mode="w+b") as capture:
+    os.dup2(capture.fileno(), 2)
+    try:
+      yield
+    finally:
+      sys.stderr.flush()
+      os.dup2(saved, 2)
+      os.close(saved)
+      capture.seek(0)
+      kept = [line for line in capture.read().decode("utf-8", "replace").splitlines(True)
+              if not NOISE.search(line)]
+      if kept:
+        sys.stderr.write("".join(kept))
+
+
+def import_jax_quietly() -> None:
+  """`import jax` without the plugin's noise where no driver is present (else plainly).
+
+  Also skips the plugin's CUDA version check there (JAX_SKIP_CUDA_CONSTRAINTS_CHECK,
+  unless the user set it): with no driver it can only fail, and it prints a traceback.
+  """
+  if "jax" in sys.modules or driver_present():
+    import jax  # pylint: disable=g-import-not-at-top,unused-import
+    return
+  os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+  with filtered():
+    import jax  # pylint: disable=g-import-not-at-top,unused-import,redefined-outer-name
+
+
+def start_backends_quietly() -> None:
+  """Starts jax's backends (the first device query) without the plugin's no-driver lines.
+
+  Call it after jax.distributed.initialize, which must come before the backends start.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  if driver_present():
+    jax.devices()
+    return
+  os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+  with filtered():
+    jax.devices()
