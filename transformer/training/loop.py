@@ -24,6 +24,7 @@ from jax.experimental import multihost_utils
 from transformer import sharding
 from transformer.configuration import ConfigError, objective_of, validate
 from transformer.data import pipeline
+from transformer.data import run_data
 from transformer.data import sources
 from transformer.training import decode_hook
 from transformer.training import flops
@@ -165,6 +166,8 @@ def _check_config_change(config: ml_collections.ConfigDict, workdir: str,
       unsafe.append(change + " (the cosine decay length while optimizer.decay_steps=0)")
     elif key in RESUME_SAFE_KEYS or key.startswith(RESUME_SAFE_PREFIXES):
       safe.append(change)
+    elif key == "data.path" and dataset and run_data.same_as_run(workdir, dataset):
+      safe.append(change + " (the same content as dataset.json records)")
     else:
       unsafe.append(change)
   data_change = sources.dataset_change(workdir, dataset) if dataset else None
