@@ -294,6 +294,9 @@ def test_average_is_the_mean_of_the_checkpoints(translation_run, tmp_path):
   assert _snapshot(workdir) == before  # The source run is only read.
   with open(out / "averaged.json", encoding="utf-8") as f:
     assert json.load(f)["steps"] == [2, 4]
+  # Its data identity too: evaluating the averaged run checks the data as the source's.
+  assert (out / "dataset.json").read_text() == open(  # pylint: disable=consider-using-with
+      os.path.join(workdir, "dataset.json"), encoding="utf-8").read()
 
   # The averaged workdir is a run for the other modes and for config.init_from.
   run = loaded.load_run(str(out))
