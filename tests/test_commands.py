@@ -294,6 +294,9 @@ def test_average_is_the_mean_of_the_checkpoints(translation_run, tmp_path):
   assert _snapshot(workdir) == before  # The source run is only read.
   with open(out / "averaged.json", encoding="utf-8") as f:
     assert json.load(f)["steps"] == [2, 4]
+  # Its data identity too: evaluating the averaged run checks the data as the source's.
+  assert (out / "dataset.json").read_text() == open(  # pylint: disable=consider-using-with
+      os.path.join(workdir, "dataset.json"), encoding="utf-8").read()
 
   # The averaged workdir is a run for the other modes and for config.init_from.
   run = loaded.load_run(str(out))
@@ -365,3 +368,93 @@ def test_mistakes_get_clear_messages(name, lm_run, translation_run, tmp_path):
   with pytest.raises(ConfigError, match=message):
     call(workdir)
   assert _snapshot({"lm": lm_run, "translation": translation_run}[which][0]) == before
+
+
+# ---------------------------------------------------------------- what a mode reads (issue 34)
+
+
+def test_evaluate_reads_the_runs_own_data_by_content(lm_run, files, tmp_path, monkeypatch):
+  """A relative data.path resolves where the run read it; identity is by content."""
+  workdir, result, _ = lm_run
+  _, paths = files
+  original = open(paths["local_text"], "rb").read()  # pylint: disable=consider-using-with
+  run = tmp_path / "run"
+  shutil.copytree(workdir, run, ignore=shutil.ignore_patterns("eval_*.json"))
+  (tmp_path / "a").mkdir()
+  (tmp_path / "a" / "text.txt").write_bytes(original)
+  # As if trained from tmp_path with data.path='a/text.txt' (the README's relative style).
+  config = json.loads((run / "config.json").read_text())
+  config["data"]["path"] = "a/text.txt"
+  (run / "config.json").write_text(json.dumps(config))
+  record = json.loads((run / "dataset.json").read_text())
+  record["source_path"] = str(tmp_path / "a" / "text.txt")
+  (run / "dataset.json").write_text(json.dumps(record))
+  # Run from elsewhere, where a/text.txt is another file: the run's file is read.
+  (tmp_path / "elsewhere" / "a").mkdir(parents=True)
+  (tmp_path / "elsewhere" / "a" / "text.txt").write_bytes(original[:len(original) // 2])
+  monkeypatch.chdir(tmp_path / "elsewhere")
+  scored = evaluate_mode.evaluate(str(run), output=str(tmp_path / "1.json"))
+  assert scored["metrics"]["loss"] == pytest.approx(result["eval_loss"], rel=1e-6)
+
+  # A byte-identical copy under another name, named absolutely: the same data.
+  (tmp_path / "b").mkdir()
+  (tmp_path / "b" / "copy.txt").write_bytes(original)
+  config["data"]["path"] = str(tmp_path / "b" / "copy.txt")
+  (run / "config.json").write_text(json.dumps(config))
+  scored = evaluate_mode.evaluate(str(run), output=str(tmp_path / "2.json"))
+  assert scored["metrics"]["loss"] == pytest.approx(result["eval_loss"], rel=1e-6)
+
+  # An edited file is not the run's data: one line naming it, nothing written.
+  (tmp_path / "b" / "copy.txt").write_bytes(original + b"the dog\n")
+  with pytest.raises(ConfigError, match=r"--mode=evaluate: the data is not what .*run trained "
+                     r"on \(dataset\.json\): dataset: .*copy\.txt"):
+    evaluate_mode.evaluate(str(run), output=str(tmp_path / "3.json"))
+  assert not (tmp_path / "3.json").exists()
+
+
+def test_a_resume_accepts_the_same_content_under_another_path(lm_run, tmp_path, monkeypatch):
+  """The resume check: data.path relative -> absolute, same bytes: noted, not refused."""
+  workdir, _, _ = lm_run
+  run = tmp_path / "run"
+  shutil.copytree(workdir, run, ignore=shutil.ignore_patterns("eval_*.json"))
+  saved = json.loads((run / "config.json").read_text())
+  absolute = saved["data"]["path"]
+  monkeypatch.chdir(os.path.dirname(absolute))
+  saved["data"]["path"] = os.path.basename(absolute)  # Named relatively at first.
+  (run / "config.json").write_text(json.dumps(saved))
+  config = loaded.load_config(str(run))
+  config.data.path = absolute
+  dataset = json.loads((run / "dataset.json").read_text())
+  loop._check_config_change(config, str(run), dataset)  # pylint: disable=protected-access
+  edited = dict(dataset, name=dataset["name"] + "x",
+                files={k: "0" * 64 for k in dataset["files"]})
+  with pytest.raises(ConfigError, match=r"that a resumed run cannot change:\n  data\.path: "
+                     r"'text\.txt' -> .*\n  dataset: "):
+    loop._check_config_change(config, str(run), edited)  # pylint: disable=protected-access
+
+
+def test_a_checkpoint_deleted_while_read_gives_way_to_the_newest(lm_run, tmp_path,
+                                                                monkeypatch):
+  """Issue 34: evaluate beside training with checkpoint.keep=1 lost its checkpoint mid-read."""
+  workdir, _, _ = lm_run
+  run = tmp_path / "run"
+  shutil.copytree(workdir, run, ignore=shutil.ignore_patterns("eval_*.json"))
+  checkpoints = run / "checkpoints"
+  real = checkpointing.average_params
+  saves = []
+
+  def training_saves_meanwhile(state_dirs, *args):
+    if not saves:  # Step 6 saved, then step 4 deleted, as keep=1 does, during the read.
+      saves.append(6)
+      shutil.copytree(checkpoints / "4", checkpoints / "6")
+      shutil.rmtree(checkpoints / "4")
+    return real(state_dirs, *args)  # Reads the deleted step 4: tensorstore's NOT_FOUND.
+
+  monkeypatch.setattr(checkpointing, "average_params", training_saves_meanwhile)
+  assert loaded.load_run(str(run)).steps == [6]
+  # A step the user named cannot be swapped for another: one line.
+  saves.clear()
+  shutil.copytree(checkpoints / "6", checkpoints / "4")
+  shutil.rmtree(checkpoints / "6")
+  with pytest.raises(ConfigError, match=r"checkpoint 4 of .* was deleted while it was read"):
+    loaded.load_run(str(run), checkpoint_step=4)

@@ -541,6 +541,16 @@ def test_resume_keeps_its_vocabulary_and_refuses_an_edited_dataset(tiny_config, 
     vocabulary = json.load(f)
   before = _file_digests(workdir)
 
+  # Issue 34: identity by content. A byte-identical copy in another folder under another
+  # name passes the resume check (the run is complete, so nothing is trained or written).
+  copy = tmp_path / "elsewhere" / "copy.txt"
+  copy.parent.mkdir()
+  copy.write_bytes(corpus.read_bytes())
+  tiny_config.data.path = str(copy)
+  loop.train_and_evaluate(tiny_config, workdir)
+  assert _file_digests(workdir) == before
+  tiny_config.data.path = str(corpus)
+
   # New characters: a retrained character vocabulary would grow.
   with open(corpus, "a", encoding="utf-8") as f:
     f.write("".join(f"{i} ZYXWVUTSRQ JKL éàü\n" for i in range(200)))

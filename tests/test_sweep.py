@@ -301,3 +301,69 @@ def test_a_diverged_run_is_recorded_and_the_sweep_goes_on(tfds_data_dir, tmp_pat
   assert code == 1, output[-3000:]
   assert "run 1/2 optimizer.learning_rate=1e+30: starting" in output
   assert "run 2/2 optimizer.learning_rate=0.003: finished (checkpoint 6/6), skipped" in output
+
+
+# ---------------------------------------------------------------- reruns that cannot lie
+
+
+def test_a_rerun_refuses_changed_flags_and_reports_a_locked_run_in_use(tiny_config, tmp_path,
+                                                                       monkeypatch, capsys):
+  """Issue 34: finished runs are checked against their config.json; a locked run is in use."""
+  from unittest import mock  # pylint: disable=import-outside-toplevel
+  from transformer.workdir import checkpointing, lock  # pylint: disable=import-outside-toplevel
+
+  sweep_dir = str(tmp_path / "sweep")
+  spec = "model.position=learned,rope"
+  tiny_config.model.vocab_size = 0  # The tokenizer's size, which the runs recorded resolved.
+  runs = sweep.build_runs(tiny_config, spec)
+  for run in runs:  # Two finished runs, as training leaves them (vocab_size resolved).
+    workdir = os.path.join(sweep_dir, run.name)
+    config = run.config.copy_and_resolve_references()
+    config.model.vocab_size = 128
+    os.makedirs(workdir)
+    with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
+      f.write(config.to_json_best_effort(indent=2))
+    with open(os.path.join(workdir, "metrics.jsonl"), "w", encoding="utf-8") as f:
+      f.write(json.dumps({"step": 6, "loss": 2.0, "eval_loss": 2.1}) + "\n")
+  # Their checkpoints, as far as the sweep and the resume check look; no run may start.
+  monkeypatch.setattr(checkpointing, "has_checkpoint", lambda workdir: True)
+  monkeypatch.setattr(sweep, "finished_step", lambda workdir: 6)
+  monkeypatch.setattr(sweep.plots, "write_plots_after_training", lambda workdir: None)
+  monkeypatch.setattr(sweep.subprocess, "Popen", mock.Mock(side_effect=AssertionError))
+  monkeypatch.setattr(sweep.compare, "overlay_figures", lambda *args: {})
+
+  assert sweep.run_sweep(tiny_config, "tests/tiny.py", sweep_dir, spec) == 0
+  assert capsys.readouterr().out.count("finished (checkpoint 6/6), skipped") == 2
+  with open(os.path.join(sweep_dir, "sweep.json"), encoding="utf-8") as f:
+    recorded = f.read()
+
+  # The same command with two flags added: refused as a resume refuses it, listing
+  # each run's changes, and sweep.json still records the flags the runs ran with.
+  changed = tiny_config.copy_and_resolve_references()
+  changed.optimizer.learning_rate, changed.model.num_layers = 0.5, 3
+  fixed = {"optimizer.learning_rate": 0.5, "model.num_layers": 3}
+  with pytest.raises(ConfigError) as refusal:
+    sweep.run_sweep(changed, "tests/tiny.py", sweep_dir, spec, fixed=fixed)
+  message = str(refusal.value)
+  assert "2 of 2 runs were started with other settings" in message
+  assert message.count("model.num_layers: 2 -> 3") == 2
+  assert message.count("optimizer.learning_rate: 0.003 -> 0.5") == 2
+  assert message.count("that a resumed run cannot change") == 2  # The resume's own words.
+  with open(os.path.join(sweep_dir, "sweep.json"), encoding="utf-8") as f:
+    assert f.read() == recorded
+
+  # A run whose workdir another command holds: "in use by PID N", never "finished".
+  with lock.hold(os.path.join(sweep_dir, runs[0].name)):
+    assert sweep.run_sweep(tiny_config, "tests/tiny.py", sweep_dir, spec) == 1
+  output = capsys.readouterr()
+  holder = f"in use by PID {os.getpid()} on "
+  assert f"run 1/2 model.position=learned: {holder}" in output.err
+  assert "run 2/2 model.position=rope: finished (checkpoint 6/6), skipped" in output.out
+  assert "not finished: position=learned" in output.err
+  first, second = compare.sweep_runs(sweep_dir)
+  assert (first["status"], second["status"]) == ("in use", "finished")
+  assert first["reason"].startswith(holder)
+  with open(os.path.join(sweep_dir, "compare.md"), encoding="utf-8") as f:
+    _, rows = _table_rows(f.read())
+  assert rows[0]["status"].startswith(holder) and rows[1]["status"] == "finished"
+  assert not os.path.exists(os.path.join(sweep_dir, "position=rope", "lock"))  # Probed only.

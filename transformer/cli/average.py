@@ -64,7 +64,10 @@ def average(workdir: str, output: str, *, average_last: int,
   step = run.step
   if jax.process_index() == 0:
     os.makedirs(target, exist_ok=True)
-    for name in (layout.CONFIG, layout.TOKENIZER_RECORD):
+    for name in (layout.CONFIG, layout.TOKENIZER_RECORD, layout.DATASET_RECORD):
+      if name == layout.DATASET_RECORD and not os.path.exists(os.path.join(source, name)):
+        continue  # A run from before dataset.json was kept.
+      # dataset.json too: evaluating the averaged run checks its data as the source's.
       shutil.copyfile(os.path.join(source, name), os.path.join(target, name))
     with open(os.path.join(source, layout.TOKENIZER_RECORD), encoding="utf-8") as f:
       vocabulary = json.load(f).get("file")

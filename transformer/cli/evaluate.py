@@ -95,7 +95,7 @@ def evaluate(workdir: str, *, config: ml_collections.ConfigDict | None = None,
   """
   run = loaded.load_run(workdir, config=config, checkpoint_step=checkpoint_step,
                  average_last=average_last, decode_overrides=decode_overrides)
-  config = run.config
+  given_config, config = config, run.config
   given_split = bool(split)
   config.data.eval_split = split or config.data.eval_split
   split = config.data.eval_split
@@ -111,6 +111,7 @@ def evaluate(workdir: str, *, config: ml_collections.ConfigDict | None = None,
     # The user named the split with --split, not with the config key.
     raise ConfigError(str(e).replace(named, f"--split={split!r}")) from None
   sources.check_features(config, builder)
+  loaded.check_run_data(workdir, given_config, builder, "evaluate")
   objective = objective_lib.resolve(config.model)
   source = builder.as_data_source(split=split)
   if max_examples > 0:

@@ -29,7 +29,15 @@ such, and the sweep exits 1 if any run did not finish. Rerunning the same comman
 resumes the sweep: a run whose newest complete checkpoint is at train.num_steps is
 finished and skipped; any other run (failed, diverged, stopped, not started) is started
 again in its workdir, which resumes it from its checkpoint. sweep.json's runs each
-carry "status": pending, running, finished, failed, diverged or stopped.
+carry "status": pending, running, finished, failed, diverged, stopped or "in use".
+
+A rerun first compares each run's config.json with what the command now gives it,
+through the resume's own check (training/resume.py): a difference that a resume refuses
+stops the whole sweep before anything runs or sweep.json changes, listing each run's
+changes in the resume's words (with checkpoint.on_config_change=allow, unfinished runs
+resume with the changes; a finished run keeps its config.json and says so). A run
+whose workdir another command holds (workdir/lock.py) is "in use by PID N on HOST":
+not started, not finished, and the sweep exits 1.
 
 A signal (Ctrl-C, SIGTERM) is passed to the running run once per signal: it stops
 after the current step and saves (a second one aborts it), and the sweep ends; the
@@ -62,9 +70,11 @@ from transformer.config.errors import ConfigError
 from transformer.config.validation import validate
 from transformer.reports import compare
 from transformer.reports import plots
+from transformer.training import resume
 from transformer.workdir import checkpointing
 from transformer.workdir import files
 from transformer.workdir import layout
+from transformer.workdir import lock
 from transformer.workdir.console import format_duration
 from transformer.workdir.metrics_file import read_rows
 
@@ -290,6 +300,35 @@ def build_runs(config: ml_collections.ConfigDict, spec: str,
 finished_step = checkpointing.newest_complete_step  # What a rerun of a run would resume.
 
 
+def recorded_config_changes(sweep_dir: str, runs: Sequence[SweepArm]) -> dict[str, str]:
+  """{name: the resume check's refusal} of each run whose config.json the command changes.
+
+  The check is the resume's own (training/resume.py), with checkpoint.on_config_change
+  forced to 'stop' so that it reports the changes however the run would treat them. A
+  run with no config.json, or no checkpoint beside it, has nothing to compare.
+  model.vocab_size=0 compares as the run's resolved size: a resume keeps its vocabulary.
+  """
+  changes = {}
+  for run in runs:
+    workdir = os.path.join(sweep_dir, run.name)
+    path = os.path.join(workdir, layout.CONFIG)
+    if not os.path.exists(path):
+      continue
+    arm = run.config.copy_and_resolve_references()
+    if not arm.model.vocab_size:
+      try:
+        with open(path, encoding="utf-8") as f:
+          arm.model.vocab_size = int(json.load(f)["model"]["vocab_size"])
+      except (OSError, ValueError, KeyError, TypeError):
+        pass  # Unreadable: the check below says so in its own words.
+    arm.checkpoint.on_config_change = "stop"
+    try:
+      resume.check_config_change(arm, workdir)
+    except ConfigError as e:
+      changes[run.name] = str(e)
+  return changes
+
+
 def _command(config_arg: str, workdir: str, run: SweepArm, fixed: Mapping[str, Any],
              launcher_flags: Sequence[str]) -> list[str]:
   return ([sys.executable, LAUNCH, "--mode=train", f"--config={config_arg}",
@@ -414,6 +453,18 @@ def run_sweep(config: ml_collections.ConfigDict, config_arg: str, sweep_dir: str
   """
   fixed = dict(fixed or {})
   runs = build_runs(config, spec, fixed)
+  # A rerun asks each run for what its command now says: a run whose config.json says
+  # otherwise is refused as its resume would refuse it, before sweep.json records the
+  # new flags; a finished run would otherwise be "finished" with settings it never had.
+  changes = recorded_config_changes(sweep_dir, runs)
+  refused = [(index, run) for index, run in enumerate(runs, 1)
+             if run.name in changes and run.config.checkpoint.on_config_change != "allow"]
+  if refused:
+    raise ConfigError(
+        f"--mode=sweep: {len(refused)} of {len(runs)} runs were started with other settings "
+        "than this command gives them; nothing was run or recorded:\n" + "\n".join(
+            f"run {index}/{len(runs)} {run.label}: {changes[run.name]}"
+            for index, run in refused))
   os.makedirs(sweep_dir, exist_ok=True)
   outcomes = _previous_outcomes(sweep_dir)
   record = lambda: _write_record(sweep_dir, config_arg, spec, fixed, runs, outcomes)
@@ -426,10 +477,22 @@ def run_sweep(config: ml_collections.ConfigDict, config_arg: str, sweep_dir: str
       workdir = os.path.join(sweep_dir, run.name)
       num_steps = run.config.train.num_steps
       step = finished_step(workdir)
+      holder = lock.in_use_by(workdir)
+      if holder:  # Another command trains it now: neither finished nor ours to start.
+        outcomes[run.name] = {"status": "in use", "step": step, "reason": f"in use by {holder}"}
+        record()
+        print(f"{label}: in use by {holder} (its workdir {workdir} is locked), not started; "
+              "rerun the sweep once that command has ended", file=sys.stderr, flush=True)
+        continue
       if step is not None and step >= num_steps:
-        print(f"{label}: finished (checkpoint {step}/{num_steps}), skipped"
-              f"{_summary(workdir)}", flush=True)
         outcomes[run.name] = {"status": "finished", "step": step}
+        kept = ""
+        if run.name in changes:  # on_config_change=allow, but nothing is left to train.
+          kept = (" with the settings of its config.json: the changes allowed by "
+                  "checkpoint.on_config_change=allow are not applied to a finished run")
+          outcomes[run.name]["reason"] = changes[run.name]
+        print(f"{label}: finished (checkpoint {step}/{num_steps}), skipped{kept}"
+              f"{_summary(workdir)}", flush=True)
         record()
         if not os.path.isdir(os.path.join(workdir, layout.PLOTS)):
           plots.write_plots_after_training(workdir)

@@ -7,6 +7,7 @@
   tokenizers.py      SentencePiece (unigram/BPE, joint), character and byte tokenizers
   hf_tokenizer.py    an imported model's own tokenizer, renumbered to the ids above
   sources.py         a run's dataset + tokenizer, checked against the config
+  run_data.py        a run's data identity (dataset.json) by content; relative paths as recorded
   packing.py         reading, shuffling, length policy, padding, eval batches
   lm.py              causal and masked LM rows
   seq2seq.py         translation / continuation pairs, packed or padded

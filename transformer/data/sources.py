@@ -25,6 +25,7 @@ from transformer.config import objective as objective_lib
 from transformer.data import catalog
 from transformer.data import hf_tokenizer
 from transformer.data import packing
+from transformer.data import run_data
 from transformer.data import tokenizers
 from transformer.workdir import files
 from transformer.workdir import layout
@@ -242,9 +243,14 @@ def dataset_record(builder: tfds.core.DatasetBuilder) -> dict[str, object]:
   file gives another name; the files' paths and sha256 say which one changed.
   """
   record: dict[str, object] = {"name": builder.info.full_name}
-  files_metadata = (builder.info.metadata or {}).get("files")
-  if files_metadata:
-    record["files"] = {f["path"]: f["sha256"] for f in files_metadata}
+  metadata = builder.info.metadata or {}
+  if metadata.get("files"):
+    record["files"] = {f["path"]: f["sha256"] for f in metadata["files"]}
+  # Absolute: where a relative data.path pointed (run_data). From the builder config,
+  # not the metadata, which keeps the path of whichever identical copy built it first.
+  source_path = getattr(builder.builder_config, "source_path", None)
+  if source_path:
+    record["source_path"] = source_path
   return record
 
 
@@ -257,21 +263,10 @@ def save_dataset_record(workdir: str, record: dict[str, object]) -> None:
 def dataset_change(workdir: str, record: dict[str, object]) -> str | None:
   """How `record` differs from the dataset the run in `workdir` trained on, or None.
 
+  By content (data/run_data.py): a byte-identical copy elsewhere is the same data.
   None also when the workdir has no record (a run from before it was kept).
   """
-  path = os.path.join(workdir, layout.DATASET_RECORD)
-  if not os.path.exists(path):
-    return None
-  with open(path, encoding="utf-8") as f:
-    saved = json.load(f)
-  if saved.get("name") == record["name"]:
-    return None
-  change = f"dataset: {saved.get('name')!r} -> {record['name']!r}"
-  old, new = saved.get("files") or {}, record.get("files") or {}
-  if old or new:
-    edited = sorted(p for p in set(old) | set(new) if old.get(p) != new.get(p))
-    change += f" (files changed, added or removed: {', '.join(edited) or 'none'})"
-  return change
+  return run_data.change(workdir, record)
 
 
 def run_workdir(init_from: str) -> str:

@@ -40,6 +40,7 @@ from transformer.config.decode import validate_decode
 from transformer.config.errors import ConfigError
 from transformer.config.model import ModelConfig
 from transformer.config.validation import validate
+from transformer.data import run_data
 from transformer.data import sources
 from transformer.data import tokenizers
 from transformer.model import objectives
@@ -105,6 +106,7 @@ def load_config(workdir: str,
       if key not in result[section]:
         raise ConfigError(f"{path}: key {section}.{key} is not declared in configs/base.py")
       result[section][key] = _as_tuples(value, result[section][key])
+  stored_data = (result.data.name, result.data.path)
   if config is not None:
     logging.info("Using the given config's data.* and decode.*; the model and everything "
                  "else come from %s", path)
@@ -116,11 +118,42 @@ def load_config(workdir: str,
         logging.warning("config.data.%s=%r ignored: the run's vocabulary (%r) is used",
                         key, result.data[key], value)
       result.data[key] = value
+  if (result.data.name, result.data.path) == stored_data:  # The run's own data.
+    result.data.path = run_data.resolve_path(workdir, result.data.path)
   if not result.model.vocab_size:
     raise ConfigError(f"{path} has model.vocab_size=0; train_and_evaluate writes it "
                       "resolved, so this file was not written by a training run")
   validate(result)  # decode.* included.
   return result
+
+
+def check_run_data(workdir: str, config: ml_collections.ConfigDict | None,
+                   builder: Any, mode: str) -> None:
+  """Stops when the data a mode reads as the run's own is not what the run trained on.
+
+  The run's own data: no --config, or one whose data.name and data.path name the
+  run's. Compared with its dataset.json by content, as a resume compares it
+  (data/run_data.py); a --config naming other data is a deliberate choice, only logged.
+
+  Raises:
+    ConfigError: the run's data files were edited (or a relative path now names
+      another file), naming what changed and both paths.
+  """
+  record = sources.dataset_record(builder)
+  stored = load_config(workdir).data
+  given = config.data if config is not None else stored
+  own = (given.name == stored.name and
+         os.path.abspath(run_data.resolve_path(workdir, given.path or "")) ==
+         os.path.abspath(run_data.resolve_path(workdir, stored.path or "")))
+  difference = sources.dataset_change(workdir, record)
+  if difference and not own:
+    logging.info("--mode=%s reads %s, not the data %s trained on (the given --config's "
+                 "data.*)", mode, record["name"], workdir)
+  elif difference:
+    raise ConfigError(
+        f"--mode={mode}: the data is not what {workdir} trained on ({layout.DATASET_RECORD}): "
+        f"{difference}. Restore the run's data, or pass a --config whose data.* name "
+        "other data to read it on purpose")
 
 
 def checkpoint_steps(workdir: str) -> list[int]:
@@ -209,6 +242,49 @@ def abstract_params(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) 
   return checkpointing.abstract_like(nn.meta.unbox(boxed), shardings)
 
 
+# Every mode here may run beside the training run that writes the workdir, whose
+# checkpoint manager deletes what falls out of checkpoint.keep as it saves: the chosen
+# checkpoint can vanish while it is read (with keep=1, at every save). A reader lock
+# the trainer respected would make training wait on readers (or outgrow keep on disk);
+# instead a read that lost the race picks again from what exists now. Bounded: a retry
+# follows a save, so only a run saving faster than one read runs out of them.
+READ_ATTEMPTS = 3
+
+
+def _read_params(workdir: str, config: ml_collections.ConfigDict, steps: Sequence[int],
+                 abstract: Any, mesh: jax.sharding.Mesh) -> Any:
+  """The parameters of `steps` (their mean when several), after the damage check."""
+  directory = os.path.join(os.path.abspath(workdir), layout.CHECKPOINTS)
+  for step in steps:  # Damage that shows without reading arrays (see checkpointing.py).
+    problem = checkpointing.checkpoint_problem(os.path.join(directory, str(step)), ("state",))
+    if problem:
+      others = [s for s in checkpoint_steps(workdir) if s != step]
+      raise ConfigError(f"checkpoint {step} in {directory} is damaged: {problem[1]}. Use "
+                        "another one with --checkpoint_step=N"
+                        + (f" (the others: {', '.join(map(str, others))})" if others else
+                           " (there is no other)"))
+  with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.rules_of(config.mesh, mesh)):
+    return averaging.average_params(
+        [os.path.join(directory, str(step), layout.STATE) for step in steps],
+        abstract, os.path.join(workdir, layout.CONFIG))
+
+
+def _deleted_while_read(workdir: str, steps: Sequence[int], keep: int) -> int | None:
+  """The first of `steps` that training deleted (or is deleting) since it was chosen.
+
+  Gone, no longer listed, or with `keep` newer checkpoints beside it: a step the
+  trainer's checkpoint manager removes (mid-deletion its folder is still there).
+  """
+  now = checkpoint_steps(workdir)
+  directory = os.path.join(os.path.abspath(workdir), layout.CHECKPOINTS)
+  for step in steps:
+    newer = sum(1 for s in now if s > step)
+    if (not os.path.isdir(os.path.join(directory, str(step))) or step not in now
+        or (keep > 0 and newer >= keep)):
+      return step
+  return None
+
+
 @dataclasses.dataclass
 class LoadedRun:
   """A trained model ready to use: config, mesh, parameters and tokenizer."""
@@ -292,24 +368,32 @@ def load_run(workdir: str, *, config: ml_collections.ConfigDict | None = None,
   if config.decode.temperature > 0 and config.decode.beam_size > 1:
     logging.info("Sampling at temperature %s: decode.beam_size=%d is not used",
                  config.decode.temperature, config.decode.beam_size)
-  steps = select_steps(workdir, checkpoint_steps(workdir), checkpoint_step, average_last,
-                       config.checkpoint)
   tokenizer = sources.load_workdir_tokenizer(workdir)
   mesh = _make_mesh(config)
   abstract = abstract_params(config, mesh)
-  directory = os.path.join(os.path.abspath(workdir), layout.CHECKPOINTS)
-  for step in steps:  # Damage that shows without reading arrays (see checkpointing.py).
-    problem = checkpointing.checkpoint_problem(os.path.join(directory, str(step)), ("state",))
-    if problem:
-      others = [s for s in checkpoint_steps(workdir) if s != step]
-      raise ConfigError(f"checkpoint {step} in {directory} is damaged: {problem[1]}. Use "
-                        "another one with --checkpoint_step=N"
-                        + (f" (the others: {', '.join(map(str, others))})" if others else
-                           " (there is no other)"))
-  with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.rules_of(config.mesh, mesh)):
-    params = averaging.average_params(
-        [os.path.join(directory, str(step), layout.STATE) for step in steps],
-        abstract, os.path.join(workdir, layout.CONFIG))
+  for attempt in range(READ_ATTEMPTS):
+    steps = select_steps(workdir, checkpoint_steps(workdir), checkpoint_step, average_last,
+                         config.checkpoint)
+    try:
+      params = _read_params(workdir, config, steps, abstract, mesh)
+      break
+    except Exception as e:  # pylint: disable=broad-except
+      gone = _deleted_while_read(workdir, steps, config.checkpoint.keep)
+      if not gone:
+        raise
+      where = (f"checkpoint {gone} of {os.path.abspath(workdir)} was deleted while it was "
+               f"read (a training run beside this one keeps only its newest "
+               f"checkpoint.keep={config.checkpoint.keep})")
+      if checkpoint_step is not None or jax.process_count() > 1:
+        # A named step cannot be swapped for another; several processes would each
+        # pick on their own. Either way: one line, not the reader's traceback.
+        raise ConfigError(f"{where}; run the command again (without --checkpoint_step it "
+                          "reads the newest), or stop the training first") from None
+      if attempt + 1 == READ_ATTEMPTS:
+        raise ConfigError(f"{where}, {READ_ATTEMPTS} times in a row ({type(e).__name__}); "
+                          "the run saves faster than this reads: stop it first, or train "
+                          "with a larger --config.checkpoint.keep") from None
+      logging.warning("%s; reading the newest checkpoint instead", where)
   run = LoadedRun(workdir=workdir, config=config,
                   model_config=ModelConfig.from_config(config.model), mesh=mesh,
                   abstract_params=abstract, params=params, tokenizer=tokenizer, steps=steps)

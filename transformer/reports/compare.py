@@ -10,7 +10,8 @@ Where each column comes from:
   - parameters and wall time: run.json (transformer/workdir/run_record.py; "—" for runs
     older than it);
   - status (a sweep's runs): the sweep.json of the folder above the run: finished,
-    failed, diverged, stopped, running or pending, with the reason under the table;
+    failed, diverged, stopped, running, pending, or "in use by PID N on HOST" (another
+    command held its workdir), with the reason under the table;
   - MFU: metrics.jsonl's mfu x the run's own measured peak (peak_flops.json), over one
     peak for all runs (the largest measured), so runs compare as their FLOP/s do;
   - steps, final and best eval metrics, tokens/s: metrics.jsonl, read as the plots
@@ -186,7 +187,9 @@ def table(runs: Sequence[RunSummary], first_keys: Sequence[str] = ()) -> str:
     cells = [run.name]
     if with_status:
       status = run.outcome.get("status", "—")
-      if status in ("failed", "diverged", "stopped") and run.outcome.get("step") is not None:
+      if status == "in use":  # Another command trains it: "in use by PID N on HOST".
+        status = run.outcome.get("reason", status)
+      elif status in ("failed", "diverged", "stopped") and run.outcome.get("step") is not None:
         status += f" (step {run.outcome['step']})"
       cells.append(f"**{status}**" if status.startswith(("failed", "diverged")) else status)
     cells += [_format_value(run.config.get(key)) for key in shown]

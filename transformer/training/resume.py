@@ -16,6 +16,7 @@ import ml_collections
 from absl import logging
 
 from transformer.config.errors import ConfigError
+from transformer.data import run_data
 from transformer.data import sources
 from transformer.workdir import checkpointing
 from transformer.workdir import layout
@@ -117,6 +118,8 @@ def check_config_change(config: ml_collections.ConfigDict, workdir: str,
       unsafe.append(change + " (the cosine decay length while optimizer.decay_steps=0)")
     elif key in RESUME_SAFE_KEYS or key.startswith(RESUME_SAFE_PREFIXES):
       safe.append(change)
+    elif key == "data.path" and dataset and run_data.same_as_run(workdir, dataset):
+      safe.append(change + " (the same content as dataset.json records)")
     else:
       unsafe.append(change)
   data_change = sources.dataset_change(workdir, dataset) if dataset else None

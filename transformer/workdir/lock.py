@@ -83,3 +83,28 @@ def hold(workdir: str) -> Iterator[None]:
     yield
   finally:
     os.close(fd)  # Releases the lock (also done by the kernel on any exit).
+
+
+def in_use_by(workdir: str) -> str | None:
+  """'PID N on HOST' when a live process holds `workdir`'s lock, else None (nothing created).
+
+  Probes with a non-blocking shared lock, released at once: only another command's
+  exclusive `hold` makes it fail. A workdir without a lock file (never written), or on
+  a file system that cannot lock, is not in use as far as can be known.
+  """
+  path = os.path.join(workdir, layout.LOCK)
+  try:
+    fd = os.open(path, os.O_RDONLY)
+  except OSError:
+    return None
+  try:
+    try:
+      fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as e:
+      if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+        return _holder(fd)
+      return None
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return None
+  finally:
+    os.close(fd)

@@ -1,0 +1,130 @@
+"""Which data a run trained on, and whether the data a command reads now is the same.
+
+A training run records its data identity in `<workdir>/dataset.json`
+(layout.DATASET_RECORD, written by `sources.save_dataset_record`): the TFDS full name
+and, for the `local_*` builders, the sha256 of every input file and the absolute path
+the run read them from (`source_path`). Everything that reads a run against data
+compares through here:
+
+  - `same_content`: identity by content. A `local_*` dataset's name holds its file
+    name and folder-relative paths, so a byte-identical copy in another folder or
+    under another name gets another name; the content (the files' sha256; for a
+    folder, with their relative paths, which decide the splits) is what the run
+    trained on, so it is the same data. An edited file is not.
+  - `change`: how a dataset differs from the run's, or None (the resume check in
+    training/loop.py and the modes that read a run's data both use it), noting a
+    path change in one log line when the content is the same.
+  - `resolve_path`: a run's relative `data.path` resolved the way the run resolved
+    it (to the absolute path it recorded), not against today's current directory.
+
+Imports only workdir/layout: data/sources.py builds on it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from absl import logging
+
+from transformer.workdir import layout
+
+
+def read_record(workdir: str) -> dict[str, Any] | None:
+  """The run's dataset.json, or None when it has none (a run from before it was kept)."""
+  path = os.path.join(workdir, layout.DATASET_RECORD)
+  if not os.path.exists(path):
+    return None
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)
+
+
+def _kind_and_version(name: str) -> tuple[str, str]:
+  """('local_text', '1.0.0') from 'local_text/<config>/1.0.0'; the config part is dropped."""
+  parts = str(name).split("/")
+  return parts[0], parts[-1] if len(parts) > 2 else ""
+
+
+def same_content(saved: dict[str, Any], record: dict[str, Any]) -> bool:
+  """Whether two dataset records name the same data: the same name, or the same files' content.
+
+  Content: the same builder and version, and the same sha256 for every file; with
+  several files their relative paths must match too (file names decide the splits of
+  a folder), while a single file may have any name.
+  """
+  if saved.get("name") == record.get("name"):
+    return True
+  old, new = saved.get("files") or {}, record.get("files") or {}
+  if not old or not new:
+    return False  # A catalog dataset: its name is its identity.
+  if _kind_and_version(saved.get("name", "")) != _kind_and_version(record.get("name", "")):
+    return False
+  if len(old) == 1 and len(new) == 1:
+    return list(old.values()) == list(new.values())
+  return old == new
+
+
+def same_as_run(workdir: str, record: dict[str, Any]) -> bool:
+  """Whether the run in `workdir` recorded its data and `record` has the same content."""
+  saved = read_record(workdir)
+  return saved is not None and same_content(saved, record)
+
+
+def change(workdir: str, record: dict[str, Any]) -> str | None:
+  """How `record` differs from the dataset the run in `workdir` trained on, or None.
+
+  None also when the workdir has no record (a run from before it was kept). The same
+  content read from another path is no change; it is logged in one line.
+  """
+  saved = read_record(workdir)
+  if saved is None:
+    return None
+  if same_content(saved, record):
+    before, now = saved.get("source_path"), record.get("source_path")
+    if saved.get("name") != record.get("name") or (before and now and before != now):
+      logging.info("The data is the same content as %s's dataset (sha256 of every file "
+                   "equal), read from %s (the run read %s)", workdir,
+                   now or record.get("name"), before or saved.get("name"))
+    return None
+  result = f"dataset: {saved.get('name')!r} -> {record['name']!r}"
+  old, new = saved.get("files") or {}, record.get("files") or {}
+  if old or new:
+    edited = sorted(p for p in set(old) | set(new) if old.get(p) != new.get(p))
+    result += f" (files changed, added or removed: {', '.join(edited) or 'none'})"
+  if saved.get("source_path") and saved.get("source_path") != record.get("source_path"):
+    result += f" (the run read {saved['source_path']}, this reads {record.get('source_path')})"
+  return result
+
+
+def resolve_path(workdir: str, data_path: str) -> str:
+  """A run's `data.path` as the run resolved it.
+
+  A relative path was resolved against the training command's current directory,
+  which the run records as the absolute `source_path` in dataset.json. When that file
+  is still there it is used, wherever the command reading the run runs from; when it
+  is gone, the path resolves against the current directory as before, and the
+  content check (`change`) refuses whatever other file that names.
+
+  Args:
+    workdir: the run's workdir.
+    data_path: `data.path` from the run's config.json.
+
+  Returns:
+    The path to read: `data_path` itself unless it is relative and the run recorded
+    where it pointed.
+  """
+  if not data_path or os.path.isabs(os.path.expanduser(data_path)):
+    return data_path
+  saved = read_record(workdir) or {}
+  recorded = saved.get("source_path")
+  here = os.path.abspath(data_path)
+  if not recorded or recorded == here:
+    return data_path
+  if os.path.exists(recorded):
+    logging.info("config.data.path=%r is relative: using %s, where the run read it (%s), "
+                 "not %s", data_path, recorded, layout.DATASET_RECORD, here)
+    return recorded
+  logging.warning("config.data.path=%r: the run read %s, which is gone; trying %s (its "
+                  "content must match %s)", data_path, recorded, here, layout.DATASET_RECORD)
+  return data_path
