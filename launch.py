@@ -96,6 +96,51 @@ _WORKDIR_OF = {"plot": "a training run's workdir", "sweep": "the sweep's folder"
                "compare": "a sweep's folder, or where compare.md goes with --compare_dirs"}
 
 
+class Stopped(KeyboardInterrupt):
+  """SIGTERM outside the training loop, raised like Ctrl-C's KeyboardInterrupt.
+
+  So every `with` and `finally` on the way up runs (temporary files and folders are
+  removed: outputs stay complete or absent) and launch.py ends with one line and 128 +
+  the signal. The training loop installs its own handlers while it trains (it saves
+  first) and puts these back after.
+  """
+
+  def __init__(self, signum: int):
+    super().__init__(signum)
+    self.signum = signum
+
+
+def _raise_stopped(signum, frame) -> None:
+  del frame
+  raise Stopped(signum)
+
+
+def _exit_interrupted(error: KeyboardInterrupt, mode: str) -> None:
+  """One line and 130 (Ctrl-C) / 143 (SIGTERM) for a command stopped before it finished."""
+  import signal  # pylint: disable=g-import-not-at-top
+  signum = getattr(error, "signum", signal.SIGINT)
+  sys.stderr.write(f"\nStopped by {signal.Signals(signum).name}: --mode={mode} did not "
+                   "finish and left no partial output; rerun the same command\n")
+  sys.exit(128 + signum)
+
+
+def _created_by_a_failed_check(workdir: str | None, existed: bool) -> None:
+  """Removes a workdir this command created that holds only its lock and log files.
+
+  A check that fails once the lock is taken (a dataset that cannot be built, a
+  sweep arm's config, an indivisible mesh found late) then still creates nothing.
+  """
+  from transformer.workdir import layout  # pylint: disable=g-import-not-at-top
+  if existed or not workdir or not os.path.isdir(workdir):
+    return
+  names = set(os.listdir(workdir))
+  own = {layout.LOCK, layout.LOG} | {n for n in names if n.startswith("log_process")}
+  if names <= own:
+    for name in names:
+      os.remove(os.path.join(workdir, name))
+    os.rmdir(workdir)
+
+
 def default_workdir(config_path: str) -> str:
   """runs/gpt_small_local for configs/gpt_small.py:local."""
   path, _, arg = config_path.partition(":")
@@ -118,21 +163,31 @@ def main(argv):
   console.setup_console()  # Project INFO and all warnings, without absl's prefix.
   from transformer.configuration import ConfigError, DataError  # pylint: disable=g-import-not-at-top
   from transformer.workdir import lock  # pylint: disable=g-import-not-at-top
+  import signal  # pylint: disable=g-import-not-at-top
+  # SIGTERM unwinds like Ctrl-C (cleanup runs; one line, exit 143), not a silent kill.
+  signal.signal(signal.SIGTERM, _raise_stopped)
   if not MODES[mode].STARTS_JAX:
     # Before JAX starts: these read files, and a sweep's runs are launch.py processes of
     # their own that need the accelerators (and jax.distributed) free.
+    existed = bool(_WORKDIR.value) and os.path.exists(_WORKDIR.value)
     try:
       # A pod sweep runs on every host over one shared folder: there, each run's process
       # 0 locks the run's workdir instead (the hosts' sweeps share the sweep folder).
       single_host = not (_DISTRIBUTED.value or _NUM_PROCESSES.value)
       locked = mode in _LOCKED and single_host
+      check = getattr(MODES[mode], "check_config", None)
+      if check is not None:  # A failed check creates nothing: before the lock.
+        check(_CONFIG.value)
       with lock.hold(_WORKDIR.value) if locked else contextlib.nullcontext():
         code = MODES[mode].main(_CONFIG.value, _WORKDIR.value)
     except (ConfigError, DataError) as e:
+      _created_by_a_failed_check(_WORKDIR.value, existed)
       sys.stderr.write(f"\n{type(e).__name__}: {e}\n")
       sys.exit(2)
     except OSError as e:
       _exit_environment_error(e, mode, _WORKDIR.value)
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Stopped).
+      _exit_interrupted(e, mode)
     sys.exit(code)
   import jax  # pylint: disable=g-import-not-at-top
   from transformer import distributed  # pylint: disable=g-import-not-at-top
@@ -148,11 +203,13 @@ def main(argv):
   workdir = _WORKDIR.value or default_workdir(flags.FLAGS["config"].config_filename)
   # One writer per workdir (process 0 holds it for the run's processes).
   locked = mode in _LOCKED and jax.process_index() == 0
+  existed = os.path.exists(workdir)
   code = 0
   try:
     with distributed.fail_together():
-      if mode == "train":  # A config that fails validation creates nothing, not even log.txt.
-        train.check_config(_CONFIG.value)
+      check = getattr(MODES[mode], "check_config", None)
+      if check is not None:  # A config that fails its checks creates nothing, not even log.txt.
+        check(_CONFIG.value)
       with lock.hold(workdir) if locked else contextlib.nullcontext():
         # Other modes check their workdir; import writes a new one, which must start empty.
         if mode == "train" or (os.path.isdir(workdir) and mode != "import"):
@@ -170,8 +227,13 @@ def main(argv):
   except (ConfigError, DataError) as e:
     # A user's mistake, not a bug: the message names the key or file; no traceback.
     logging.error("%s: %s", type(e).__name__, e, extra={"console": False})
+    if jax.process_index() == 0:
+      _created_by_a_failed_check(workdir, existed)
     sys.stderr.write(f"\n{type(e).__name__}: {e}\n")
     sys.exit(2)
+  except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Stopped), outside the training loop.
+    logging.warning("Stopped by a signal", exc_info=True, extra={"console": False})
+    _exit_interrupted(e, mode)
   except FloatingPointError as e:
     # A diverged run: its own message names the step and what to change; the traceback
     # is in log.txt. Exit 1, not 2: the input was valid, the training was not.

@@ -111,7 +111,7 @@ def evaluate(workdir: str, *, config: ml_collections.ConfigDict | None = None,
     raise ConfigError(str(e).replace(named, f"--split={split!r}")) from None
   sources.check_features(config, builder)
   objective = objective_of(config.model.arch, config.model.head)
-  source = builder.as_data_source(split=split)
+  source = catalog.data_source(builder, split)
   if max_examples > 0:
     source = _FirstExamples(source, max_examples)
   local_batch_size = trainer_lib.check_batch_size(config, run.mesh)

@@ -23,6 +23,7 @@ from jax.experimental import multihost_utils
 
 from transformer import sharding
 from transformer.configuration import ConfigError, objective_of, validate
+from transformer.data import catalog
 from transformer.data import pipeline
 from transformer.data import sources
 from transformer.training import decode_hook
@@ -250,7 +251,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                      process_count=jax.process_count())
   train_data, eval_data = (
       pipeline.make_dataset(config, objective,
-                            data_sources.builder.as_data_source(split=split),
+                            catalog.data_source(data_sources.builder, split),
                             data_sources.tokenizer, train=train, split=split, **data_kwargs)
       for split, train in ((config.data.train_split, True), (config.data.eval_split, False)))
   train_iter = iter(train_data)
