@@ -127,8 +127,9 @@ def _exit_interrupted(error: KeyboardInterrupt, mode: str) -> None:
 def _created_by_a_failed_check(workdir: str | None, existed: bool) -> None:
   """Removes a workdir this command created that holds only its lock and log files.
 
-  A check that fails once the lock is taken (a dataset that cannot be built, a
-  sweep arm's config, an indivisible mesh found late) then still creates nothing.
+  A check that fails once the lock is taken (a dataset that cannot be built, an
+  indivisible weight found late), or a Ctrl-C before anything was written, then
+  still creates nothing.
   """
   from transformer.workdir import layout  # pylint: disable=g-import-not-at-top
   if existed or not workdir or not os.path.isdir(workdir):
@@ -163,9 +164,6 @@ def main(argv):
   console.setup_console()  # Project INFO and all warnings, without absl's prefix.
   from transformer.configuration import ConfigError, DataError  # pylint: disable=g-import-not-at-top
   from transformer.workdir import lock  # pylint: disable=g-import-not-at-top
-  import signal  # pylint: disable=g-import-not-at-top
-  # SIGTERM unwinds like Ctrl-C (cleanup runs; one line, exit 143), not a silent kill.
-  signal.signal(signal.SIGTERM, _raise_stopped)
   if not MODES[mode].STARTS_JAX:
     # Before JAX starts: these read files, and a sweep's runs are launch.py processes of
     # their own that need the accelerators (and jax.distributed) free.
@@ -186,8 +184,6 @@ def main(argv):
       sys.exit(2)
     except OSError as e:
       _exit_environment_error(e, mode, _WORKDIR.value)
-    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Stopped).
-      _exit_interrupted(e, mode)
     sys.exit(code)
   import jax  # pylint: disable=g-import-not-at-top
   from transformer import distributed  # pylint: disable=g-import-not-at-top
@@ -231,9 +227,11 @@ def main(argv):
       _created_by_a_failed_check(workdir, existed)
     sys.stderr.write(f"\n{type(e).__name__}: {e}\n")
     sys.exit(2)
-  except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Stopped), outside the training loop.
+  except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (Stopped), outside the training loop.
     logging.warning("Stopped by a signal", exc_info=True, extra={"console": False})
-    _exit_interrupted(e, mode)
+    if jax.process_index() == 0:
+      _created_by_a_failed_check(workdir, existed)  # Stopped before it wrote anything.
+    raise  # run() says it in one line.
   except FloatingPointError as e:
     # A diverged run: its own message names the step and what to change; the traceback
     # is in log.txt. Exit 1, not 2: the input was valid, the training was not.
@@ -255,8 +253,21 @@ def _exit_environment_error(error: OSError, mode: str, workdir: str | None) -> N
 
 
 def run(argv: list[str] | None = None) -> None:
-  """`python launch.py ...` (tests pass argv): parse flags, then main; exits with its status."""
-  app.run(main, argv=argv, flags_parser=usage.parse_flags)
+  """`python launch.py ...` (tests pass argv): parse flags, then main; exits with its status.
+
+  Ctrl-C, or SIGTERM, outside the training loop (which saves first and returns 130 /
+  143 itself) ends the command with one line and 130 / 143, after every cleanup on the
+  way up has run.
+  """
+  import signal  # pylint: disable=g-import-not-at-top
+  # SIGTERM unwinds like Ctrl-C (cleanup runs; one line, exit 143), not a silent kill.
+  previous = signal.signal(signal.SIGTERM, _raise_stopped)
+  try:
+    app.run(main, argv=argv, flags_parser=usage.parse_flags)
+  except KeyboardInterrupt as e:
+    _exit_interrupted(e, _MODE.value if flags.FLAGS.is_parsed() else "train")
+  finally:
+    signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":
