@@ -9,6 +9,7 @@ beyond its result file.
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -29,6 +30,7 @@ from test_decoding import _FAST_ENTRY_POINTS  # pylint: disable=protected-access
 from test_decoding import fast_decoding_compiles  # pylint: disable=unused-import (autouse)
 from transformer.workdir import checkpointing
 from transformer.cli import average as average_mode
+from transformer.cli import usage
 from transformer.cli import evaluate as evaluate_mode
 from transformer.cli import generate as generate_mode
 from transformer.inference import loaded
@@ -304,6 +306,32 @@ def test_average_is_the_mean_of_the_checkpoints(translation_run, tmp_path):
     average_mode.average(workdir, str(out), average_last=2)
   with pytest.raises(ConfigError, match="inside the source workdir"):
     average_mode.average(workdir, os.path.join(workdir, "avg"), average_last=2)
+
+
+def test_average_to_a_full_disk_leaves_nothing_and_the_retry_is_not_refused(
+    translation_run, tmp_path, monkeypatch):
+  """Orbax meets a full disk mid-save: one OSError naming --output and the folder the
+  user chose (not the source run's files), no folder left; the same command then works."""
+  workdir, _, _ = translation_run
+  out = str(tmp_path / "averaged")
+  real_save = ocp.CheckpointManager.save
+
+  def full_disk(*args, **kwargs):
+    raise ValueError("RESOURCE_EXHAUSTED: Error writing local file: "
+                     "[OS error 28: No space left on device]")
+
+  monkeypatch.setattr(ocp.CheckpointManager, "save", full_disk)
+  with pytest.raises(OSError) as raised:
+    average_mode.average(workdir, out, average_last=2)
+  assert raised.value.errno == errno.ENOSPC and raised.value.filename == out
+  assert usage.environment_error(raised.value, "average", workdir) == (
+      f"No space left on device: {out}; free space on that file system or choose another "
+      "--output.")
+  assert sorted(os.listdir(tmp_path)) == []  # Neither the folder nor its partial sibling.
+  monkeypatch.setattr(ocp.CheckpointManager, "save", real_save)
+  path = average_mode.average(workdir, out, average_last=2)  # The retry: not "not empty".
+  assert os.path.isdir(path) and loaded.load_run(out).steps == [4]
+  assert sorted(os.listdir(tmp_path)) == ["averaged"]
 
 
 # ---------------------------------------------------------------- mistakes
