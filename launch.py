@@ -31,7 +31,10 @@ is then optional and only its data.* and decode.* are used
 Thin by design: parse flags, start jax.distributed when several processes are in
 play, hold the workdir's lock (train and sweep: a second command on the same workdir
 stops with "workdir ... in use by PID N on HOST", exit 2), log the process/device
-picture, and call the mode's `main`.
+picture, and call the mode's `main`. A mode's `check_config(config)`, where it has one
+(train, sweep), runs before the workdir is created or locked: a failed check creates
+nothing. Ctrl-C or SIGTERM outside the training loop ends the command with one line
+and 130 / 143, after the cleanups on the way up (outputs are complete or absent).
 """
 
 import contextlib
