@@ -171,6 +171,7 @@ def main(argv):
     # Before JAX starts: these read files, and a sweep's runs are launch.py processes of
     # their own that need the accelerators (and jax.distributed) free.
     existed = bool(_WORKDIR.value) and os.path.exists(_WORKDIR.value)
+    held = []  # Whether this command held the workdir's lock (so the workdir is its own).
     try:
       # A pod sweep runs on every host over one shared folder: there, each run's process
       # 0 locks the run's workdir instead (the hosts' sweeps share the sweep folder).
@@ -180,9 +181,11 @@ def main(argv):
       if check is not None:  # A failed check creates nothing: before the lock.
         check(_CONFIG.value)
       with lock.hold(_WORKDIR.value) if locked else contextlib.nullcontext():
+        held.append(locked)
         code = MODES[mode].main(_CONFIG.value, _WORKDIR.value)
     except (ConfigError, DataError) as e:
-      _created_by_a_failed_check(_WORKDIR.value, existed)
+      if any(held):  # Never another command's workdir (WorkdirInUse).
+        _created_by_a_failed_check(_WORKDIR.value, existed)
       sys.stderr.write(f"\n{type(e).__name__}: {e}\n")
       sys.exit(2)
     except OSError as e:
@@ -203,6 +206,7 @@ def main(argv):
   # One writer per workdir (process 0 holds it for the run's processes).
   locked = mode in _LOCKED and jax.process_index() == 0
   existed = os.path.exists(workdir)
+  held = []  # Whether this command held the workdir's lock (so the workdir is its own).
   code = 0
   try:
     with distributed.fail_together():
@@ -210,6 +214,7 @@ def main(argv):
       if check is not None:  # A config that fails its checks creates nothing, not even log.txt.
         check(_CONFIG.value)
       with lock.hold(workdir) if locked else contextlib.nullcontext():
+        held.append(locked)
         # Other modes check their workdir; import writes a new one, which must start empty.
         if mode == "train" or (os.path.isdir(workdir) and mode != "import"):
           console.log_to_file(workdir, jax.process_index())  # The full-format log.
@@ -226,13 +231,13 @@ def main(argv):
   except (ConfigError, DataError) as e:
     # A user's mistake, not a bug: the message names the key or file; no traceback.
     logging.error("%s: %s", type(e).__name__, e, extra={"console": False})
-    if jax.process_index() == 0:
+    if any(held):  # Never another command's workdir (WorkdirInUse).
       _created_by_a_failed_check(workdir, existed)
     sys.stderr.write(f"\n{type(e).__name__}: {e}\n")
     sys.exit(2)
   except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (Stopped), outside the training loop.
     logging.warning("Stopped by a signal", exc_info=True, extra={"console": False})
-    if jax.process_index() == 0:
+    if any(held):
       _created_by_a_failed_check(workdir, existed)  # Stopped before it wrote anything.
     raise  # run() says it in one line.
   except FloatingPointError as e:
