@@ -31,7 +31,10 @@ is then optional and only its data.* and decode.* are used
 Thin by design: parse flags, start jax.distributed when several processes are in
 play, hold the workdir's lock (train and sweep: a second command on the same workdir
 stops with "workdir ... in use by PID N on HOST", exit 2), log the process/device
-picture, and call the mode's `main`.
+picture, and call the mode's `main`. A mode's `check_config(config)`, where it has one
+(train, sweep), runs before the workdir is created or locked: a failed check creates
+nothing. Ctrl-C or SIGTERM outside the training loop ends the command with one line
+and 130 / 143, after the cleanups on the way up (outputs are complete or absent).
 """
 
 import contextlib
@@ -102,6 +105,52 @@ _WORKDIR_OF = {"plot": "a training run's workdir", "sweep": "the sweep's folder"
                "compare": "a sweep's folder, or where compare.md goes with --compare_dirs"}
 
 
+class Stopped(KeyboardInterrupt):
+  """SIGTERM outside the training loop, raised like Ctrl-C's KeyboardInterrupt.
+
+  So every `with` and `finally` on the way up runs (temporary files and folders are
+  removed: outputs stay complete or absent) and launch.py ends with one line and 128 +
+  the signal. The training loop installs its own handlers while it trains (it saves
+  first) and puts these back after.
+  """
+
+  def __init__(self, signum: int):
+    super().__init__(signum)
+    self.signum = signum
+
+
+def _raise_stopped(signum, frame) -> None:
+  del frame
+  raise Stopped(signum)
+
+
+def _exit_interrupted(error: KeyboardInterrupt, mode: str) -> None:
+  """One line and 130 (Ctrl-C) / 143 (SIGTERM) for a command stopped before it finished."""
+  import signal  # pylint: disable=g-import-not-at-top
+  signum = getattr(error, "signum", signal.SIGINT)
+  sys.stderr.write(f"\nStopped by {signal.Signals(signum).name}: --mode={mode} did not "
+                   "finish and left no partial output; rerun the same command\n")
+  sys.exit(128 + signum)
+
+
+def _created_by_a_failed_check(workdir: str | None, existed: bool) -> None:
+  """Removes a workdir this command created that holds only its lock and log files.
+
+  A check that fails once the lock is taken (a dataset that cannot be built, an
+  indivisible weight found late), or a Ctrl-C before anything was written, then
+  still creates nothing.
+  """
+  from transformer.workdir import layout  # pylint: disable=g-import-not-at-top
+  if existed or not workdir or not os.path.isdir(workdir):
+    return
+  names = set(os.listdir(workdir))
+  own = {layout.LOCK, layout.LOG} | {n for n in names if n.startswith("log_process")}
+  if names <= own:
+    for name in names:
+      os.remove(os.path.join(workdir, name))
+    os.rmdir(workdir)
+
+
 def default_workdir(config_path: str) -> str:
   """runs/gpt_small_local for configs/gpt_small.py:local."""
   path, _, arg = config_path.partition(":")
@@ -127,14 +176,22 @@ def main(argv):
   if not MODES[mode].STARTS_JAX:
     # Before JAX starts: these read files, and a sweep's runs are launch.py processes of
     # their own that need the accelerators (and jax.distributed) free.
+    existed = bool(_WORKDIR.value) and os.path.exists(_WORKDIR.value)
+    held = []  # Whether this command held the workdir's lock (so the workdir is its own).
     try:
       # A pod sweep runs on every host over one shared folder: there, each run's process
       # 0 locks the run's workdir instead (the hosts' sweeps share the sweep folder).
       single_host = not (_DISTRIBUTED.value or _NUM_PROCESSES.value)
       locked = mode in _LOCKED and single_host
+      check = getattr(MODES[mode], "check_config", None)
+      if check is not None:  # A failed check creates nothing: before the lock.
+        check(_CONFIG.value)
       with lock.hold(_WORKDIR.value) if locked else contextlib.nullcontext():
+        held.append(locked)
         code = MODES[mode].main(_CONFIG.value, _WORKDIR.value)
     except (ConfigError, DataError) as e:
+      if any(held):  # Never another command's workdir (WorkdirInUse).
+        _created_by_a_failed_check(_WORKDIR.value, existed)
       sys.stderr.write(f"\n{type(e).__name__}: {e}\n")
       sys.exit(2)
     except OSError as e:
@@ -155,12 +212,16 @@ def main(argv):
   workdir = _WORKDIR.value or default_workdir(flags.FLAGS["config"].config_filename)
   # One writer per workdir (process 0 holds it for the run's processes).
   locked = mode in _LOCKED and jax.process_index() == 0
+  existed = os.path.exists(workdir)
+  held = []  # Whether this command held the workdir's lock (so the workdir is its own).
   code = 0
   try:
     with distributed.fail_together():
-      if mode == "train":  # A config that fails validation creates nothing, not even log.txt.
-        train.check_config(_CONFIG.value)
+      check = getattr(MODES[mode], "check_config", None)
+      if check is not None:  # A config that fails its checks creates nothing, not even log.txt.
+        check(_CONFIG.value)
       with lock.hold(workdir) if locked else contextlib.nullcontext():
+        held.append(locked)
         # Other modes check their workdir; import writes a new one, which must start empty.
         if mode == "train" or (os.path.isdir(workdir) and mode != "import"):
           console.log_to_file(workdir, jax.process_index())  # The full-format log.
@@ -177,8 +238,15 @@ def main(argv):
   except (ConfigError, DataError) as e:
     # A user's mistake, not a bug: the message names the key or file; no traceback.
     logging.error("%s: %s", type(e).__name__, e, extra={"console": False})
+    if any(held):  # Never another command's workdir (WorkdirInUse).
+      _created_by_a_failed_check(workdir, existed)
     sys.stderr.write(f"\n{type(e).__name__}: {e}\n")
     sys.exit(2)
+  except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (Stopped), outside the training loop.
+    logging.warning("Stopped by a signal", exc_info=True, extra={"console": False})
+    if any(held):
+      _created_by_a_failed_check(workdir, existed)  # Stopped before it wrote anything.
+    raise  # run() says it in one line.
   except FloatingPointError as e:
     # A diverged run: its own message names the step and what to change; the traceback
     # is in log.txt. Exit 1, not 2: the input was valid, the training was not.
@@ -200,8 +268,21 @@ def _exit_environment_error(error: OSError, mode: str, workdir: str | None) -> N
 
 
 def run(argv: list[str] | None = None) -> None:
-  """`python launch.py ...` (tests pass argv): parse flags, then main; exits with its status."""
-  app.run(main, argv=argv, flags_parser=usage.parse_flags)
+  """`python launch.py ...` (tests pass argv): parse flags, then main; exits with its status.
+
+  Ctrl-C, or SIGTERM, outside the training loop (which saves first and returns 130 /
+  143 itself) ends the command with one line and 130 / 143, after every cleanup on the
+  way up has run.
+  """
+  import signal  # pylint: disable=g-import-not-at-top
+  # SIGTERM unwinds like Ctrl-C (cleanup runs; one line, exit 143), not a silent kill.
+  previous = signal.signal(signal.SIGTERM, _raise_stopped)
+  try:
+    app.run(main, argv=argv, flags_parser=usage.parse_flags)
+  except KeyboardInterrupt as e:
+    _exit_interrupted(e, _MODE.value if flags.FLAGS.is_parsed() else "train")
+  finally:
+    signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

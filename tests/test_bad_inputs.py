@@ -76,6 +76,9 @@ class Case:
   subprocess: bool = False  # `python launch.py` instead of the in-process entry point.
   patch: Callable[[pytest.MonkeyPatch, Paths], None] | None = None  # In-process faults.
   creates_nothing: bool = False  # The workdir must not exist afterwards (not even log.txt).
+  # Paths (formatted with Paths' fields) that must not exist afterwards: an output
+  # folder written complete or not at all, and its temporary sibling.
+  absent: tuple[str, ...] = ()
   # Files a row that resumes and trains steps before failing may change: config.json
   # (its applied train.num_steps), the steps' metrics rows (dropped again on resume) and
   # run.json's session record.
@@ -212,6 +215,9 @@ def _check(case: Case, paths: Paths, before, code: int, output: str) -> None:
     assert message.format(**dataclasses.asdict(paths)) in output, output[-5000:]
   if case.creates_nothing:
     assert not os.path.exists(paths.workdir), os.listdir(paths.workdir)
+  for path in case.absent:
+    path = path.format(**dataclasses.asdict(paths))
+    assert not os.path.lexists(path), f"{path} was left behind"
   after = _snapshot(paths.workdir) if os.path.isdir(paths.workdir) else {}
   for name, (digest, mtime, size) in before.items():
     assert name in after, f"{name} was removed from the workdir"
@@ -341,8 +347,10 @@ def _no_new_files_in_workdir(monkeypatch, paths: Paths) -> None:
   monkeypatch.setattr(builtins, "open", fake_open)
 
 
-def _failing_writes(error: int):
+def _failing_writes(error: int, under: str = "workdir"):
   """A patch: every file opened for writing under the workdir fails with OSError(error).
+
+  `under` names the Paths field whose folder fails instead ("files": an --output there).
 
   EACCES fails the open, as a workdir without write permission does (simulated: chmod
   does not stop root, and tests may run as root); ENOSPC lets the open create or
@@ -351,7 +359,7 @@ def _failing_writes(error: int):
 
   def patch(monkeypatch, paths: Paths):
     real_open = builtins.open
-    root = os.path.abspath(paths.workdir)
+    root = os.path.abspath(getattr(paths, under))
 
     class FailingFile(io.RawIOBase):
       def __init__(self, name):
@@ -378,6 +386,28 @@ def _failing_writes(error: int):
     monkeypatch.setattr(builtins, "open", fake_open)
 
   return patch
+
+
+def _hf_index_without_its_shard(paths: Paths) -> None:
+  """A Hugging Face folder whose safetensors index names a shard that is not there."""
+  folder = os.path.join(paths.files, "hf")
+  _write(os.path.join(folder, "config.json"), json.dumps({"model_type": "gpt2"}))
+  _write(os.path.join(folder, "model.safetensors.index.json"), json.dumps(
+      {"metadata": {}, "weight_map": {"wte.weight": "model-00001-of-00002.safetensors",
+                                      "h.0.attn.c_attn.weight": "model-00002-of-00002.safetensors"}}))
+  _write(os.path.join(folder, "model-00002-of-00002.safetensors"), b"")
+
+
+def _damaged_dataset_cache(paths: Paths) -> None:
+  """A local_text dataset prepared in {files}/data, then its train file truncated."""
+  from transformer.data import catalog  # pylint: disable=g-import-not-at-top
+  _write(os.path.join(paths.files, "c.txt"), _lines(60))
+  config = make_tiny_config(os.path.join(paths.files, "data"))
+  config.data.update(name="local_text", path=os.path.join(paths.files, "c.txt"))
+  builder = catalog.load_builder(config.data)
+  train = [n for n in os.listdir(builder.data_dir) if "train.array_record" in n][0]
+  with open(os.path.join(builder.data_dir, train), "r+b") as f:
+    f.truncate(300)  # As a copy cut short by a full disk.
 
 
 # ---------------------------------------------------------------- the table
@@ -532,6 +562,36 @@ CASES = [
           "--config.data.data_dir)"),
          setup=lambda p: _write(os.path.join(p.files, "c.txt"), _lines(50)),
          patch=_tfds_disk_full),
+    Case("average_to_a_full_disk", ("--mode=average", WORKDIR, "--average_last=2",
+                                    "--output={files}/avg"), 2,
+         ("No space left on device: {files}/avg; free space on that file system or choose "
+          "another --output",), trained_workdir=True,
+         patch=_failing_writes(errno.ENOSPC, under="files"),
+         absent=("{files}/avg", "{files}/.avg.partial")),
+    Case("export_to_a_full_disk", ("--mode=export", WORKDIR, "--hf_dir={files}/hf"), 2,
+         ("No space left on device: {files}/hf; free space on that file system or choose "
+          "another --hf_dir",), trained_workdir=True,
+         patch=_failing_writes(errno.ENOSPC, under="files"),
+         absent=("{files}/hf", "{files}/.hf.partial")),
+    Case("import_index_names_a_missing_shard", ("--mode=import", WORKDIR, "--hf_dir={files}/hf"),
+         2, ("{files}/hf/model.safetensors.index.json names 1 shard file(s) that {files}/hf "
+             "does not have: model-00001-of-00002.safetensors; download the missing shards",),
+         setup=_hf_index_without_its_shard, creates_nothing=True),
+    Case("damaged_dataset_cache",
+         (TINY, WORKDIR, "--config.data.name=local_text", "--config.data.path={files}/c.txt",
+          "--config.data.data_dir={files}/data"), 2,
+         ("DataError: the prepared dataset in {files}/data/local_text/", "is damaged (",
+          "delete that folder and run again"),
+         setup=_damaged_dataset_cache, creates_nothing=True),
+    Case("weights_do_not_divide_the_mesh",  # GQA: 2 kv heads over a tensor axis of 4.
+         (TINY, WORKDIR, "--config.model.num_heads=4", "--config.model.num_kv_heads=2",
+          "--config.mesh.shape=((\"data\",2),(\"fsdp\",1),(\"tensor\",4))"), 2,
+         ("ConfigError: model.num_kv_heads=2 does not divide over mesh axes ('tensor',) of "
+          "size 4",), creates_nothing=True),
+    Case("sweep_that_fails_validation",
+         (TINY, "--mode=sweep", WORKDIR, "--sweep=model.num_heads=2,3"), 2,
+         ("--sweep run 2/2 (model.num_heads=3): config.model.num_heads=3 is invalid",),
+         creates_nothing=True),
     Case("resume_with_another_model", (TINY, WORKDIR, "--config.model.mlp_dim=128"), 2,
          ("model.mlp_dim: 64 -> 128", "--config.checkpoint.on_config_change=allow"),
          trained_workdir=True),

@@ -9,6 +9,7 @@ beyond its result file.
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -27,8 +28,10 @@ from configs import base
 from test_datasets import tiny, write_local_files
 from test_decoding import _FAST_ENTRY_POINTS  # pylint: disable=protected-access
 from test_decoding import fast_decoding_compiles  # pylint: disable=unused-import (autouse)
+from transformer.workdir import averaging
 from transformer.workdir import init_from
 from transformer.cli import average as average_mode
+from transformer.cli import usage
 from transformer.cli import evaluate as evaluate_mode
 from transformer.cli import generate as generate_mode
 from transformer.inference import loaded
@@ -37,6 +40,7 @@ from transformer.inference import decoding
 from transformer.inference import text
 from transformer.workdir import metrics_file
 from transformer.training import loop
+from transformer.training import resume
 from transformer.config.errors import ConfigError
 from transformer.data import tokenizers
 
@@ -309,6 +313,32 @@ def test_average_is_the_mean_of_the_checkpoints(translation_run, tmp_path):
     average_mode.average(workdir, os.path.join(workdir, "avg"), average_last=2)
 
 
+def test_average_to_a_full_disk_leaves_nothing_and_the_retry_is_not_refused(
+    translation_run, tmp_path, monkeypatch):
+  """Orbax meets a full disk mid-save: one OSError naming --output and the folder the
+  user chose (not the source run's files), no folder left; the same command then works."""
+  workdir, _, _ = translation_run
+  out = str(tmp_path / "averaged")
+  real_save = ocp.CheckpointManager.save
+
+  def full_disk(*args, **kwargs):
+    raise ValueError("RESOURCE_EXHAUSTED: Error writing local file: "
+                     "[OS error 28: No space left on device]")
+
+  monkeypatch.setattr(ocp.CheckpointManager, "save", full_disk)
+  with pytest.raises(OSError) as raised:
+    average_mode.average(workdir, out, average_last=2)
+  assert raised.value.errno == errno.ENOSPC and raised.value.filename == out
+  assert usage.environment_error(raised.value, "average", workdir) == (
+      f"No space left on device: {out}; free space on that file system or choose another "
+      "--output.")
+  assert sorted(os.listdir(tmp_path)) == []  # Neither the folder nor its partial sibling.
+  monkeypatch.setattr(ocp.CheckpointManager, "save", real_save)
+  path = average_mode.average(workdir, out, average_last=2)  # The retry: not "not empty".
+  assert os.path.isdir(path) and loaded.load_run(out).steps == [4]
+  assert sorted(os.listdir(tmp_path)) == ["averaged"]
+
+
 # ---------------------------------------------------------------- mistakes
 
 
@@ -425,12 +455,12 @@ def test_a_resume_accepts_the_same_content_under_another_path(lm_run, tmp_path, 
   config = loaded.load_config(str(run))
   config.data.path = absolute
   dataset = json.loads((run / "dataset.json").read_text())
-  loop._check_config_change(config, str(run), dataset)  # pylint: disable=protected-access
+  resume.check_config_change(config, str(run), dataset)
   edited = dict(dataset, name=dataset["name"] + "x",
                 files={k: "0" * 64 for k in dataset["files"]})
   with pytest.raises(ConfigError, match=r"that a resumed run cannot change:\n  data\.path: "
                      r"'text\.txt' -> .*\n  dataset: "):
-    loop._check_config_change(config, str(run), edited)  # pylint: disable=protected-access
+    resume.check_config_change(config, str(run), edited)
 
 
 def test_a_checkpoint_deleted_while_read_gives_way_to_the_newest(lm_run, tmp_path,
@@ -440,7 +470,7 @@ def test_a_checkpoint_deleted_while_read_gives_way_to_the_newest(lm_run, tmp_pat
   run = tmp_path / "run"
   shutil.copytree(workdir, run, ignore=shutil.ignore_patterns("eval_*.json"))
   checkpoints = run / "checkpoints"
-  real = checkpointing.average_params
+  real = averaging.average_params
   saves = []
 
   def training_saves_meanwhile(state_dirs, *args):
@@ -450,7 +480,7 @@ def test_a_checkpoint_deleted_while_read_gives_way_to_the_newest(lm_run, tmp_pat
       shutil.rmtree(checkpoints / "4")
     return real(state_dirs, *args)  # Reads the deleted step 4: tensorstore's NOT_FOUND.
 
-  monkeypatch.setattr(checkpointing, "average_params", training_saves_meanwhile)
+  monkeypatch.setattr(averaging, "average_params", training_saves_meanwhile)
   assert loaded.load_run(str(run)).steps == [6]
   # A step the user named cannot be swapped for another: one line.
   saves.clear()

@@ -34,7 +34,7 @@ ALLOWED: dict[str, set[str]] = {
     "training": {"config", "distributed", "hardware", "sharding", "model", "data",
                  "inference", "workdir"},
     "reports": {"config", "workdir"},
-    "interop": {"config", "sharding", "model", "data", "inference", "workdir"},
+    "interop": {"config", "distributed", "sharding", "model", "data", "inference", "workdir"},
     "planning": {"config", "distributed", "hardware", "accelerator", "sharding", "model",
                  "data", "inference", "training", "workdir", "plugin_noise"},
     "cli": {"config", "distributed", "hardware", "accelerator", "sharding", "model", "data",

@@ -100,6 +100,48 @@ def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, PartitionSpec())
 
 
+# Logical axis -> the model.* field whose size it is, for the divisibility message.
+_FIELD_OF_AXIS = {"heads": "model.num_heads", "kv_heads": "model.num_kv_heads",
+                  "mlp": "model.mlp_dim", "embed": "model.d_model",
+                  "vocab": "model.vocab_size", "head_dim": "model.head_dim",
+                  "layers": "model.num_layers", "expert": "model.num_experts"}
+
+
+def check_divisible(boxed_params: Any, mesh: Mesh, rules: Rules) -> None:
+  """Every sharded weight dimension splits evenly over its mesh axes; else names the field.
+
+  The one divisibility check: every mode that places parameters on a mesh (training's
+  Trainer.create, the modes that load a run, --mode=compile) runs it before anything
+  compiles, instead of jax's IndivisibleError traceback.
+
+  Args:
+    boxed_params: the parameters as `jax.eval_shape(model.init)` gives them (boxed with
+      their logical axis names).
+    mesh: the mesh they go on.
+    rules: the logical rules (`rules_of`).
+
+  Raises:
+    ConfigError: naming the model field, its value, the logical axis, the mesh axes
+      and their size.
+  """
+  is_box = lambda x: isinstance(x, nn.LogicallyPartitioned)
+  for path, box in jax.tree_util.tree_flatten_with_path(boxed_params, is_leaf=is_box)[0]:
+    if not is_box(box):
+      continue
+    shape = box.value.shape
+    for dim, name in zip(shape, box.names):
+      axes = nn.logical_to_mesh_axes((name,), rules)[0] if name else None
+      axes = axes if isinstance(axes, tuple) else (axes,) if axes else ()
+      ways = int(np.prod([mesh.shape[a] for a in axes]))
+      if dim % ways:
+        field = _FIELD_OF_AXIS.get(name, f"the {name!r} dimension")
+        raise ConfigError(
+            f"{field}={dim} does not divide over mesh axes {axes} of size {ways} (logical "
+            f"axis {name!r} of parameter {_path_name(path)}, shape {tuple(shape)}, mesh "
+            f"{dict(mesh.shape)}); pick sizes that divide, or change config.mesh.shape / "
+            "config.mesh.rules")
+
+
 def _path_name(path) -> str:
   return "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
 

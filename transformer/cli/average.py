@@ -10,6 +10,7 @@ import jax
 import ml_collections
 from absl import logging
 
+from transformer import distributed
 from transformer.cli import common
 from transformer.config.errors import ConfigError
 from transformer.inference import loaded
@@ -34,7 +35,8 @@ def average(workdir: str, output: str, *, average_last: int,
   The new workdir holds config.json, the tokenizer files, `averaged.json` (the source
   run and steps) and one checkpoint, `checkpoints/<newest averaged step>/state`, with
   only the parameters: the other modes and `config.init_from` read it; it cannot
-  resume training (no optimizer state). The source workdir is only read.
+  resume training (no optimizer state). The source workdir is only read. The new
+  workdir is complete or absent (workdir/files.py's `complete_or_absent`).
 
   Args:
     workdir: the run to average.
@@ -47,6 +49,7 @@ def average(workdir: str, output: str, *, average_last: int,
 
   Raises:
     ConfigError: output is the source or not empty, or there are too few checkpoints.
+    OSError: the machine refused a write (a full disk), naming --output.
   """
   if not output:
     raise ConfigError("--mode=average needs --output=DIR, the new workdir to write")
@@ -62,21 +65,27 @@ def average(workdir: str, output: str, *, average_last: int,
                       "(>= 1; the paper averages 5 for base, 20 for big)")
   run = loaded.load_run(workdir, checkpoint_step=checkpoint_step, average_last=average_last)
   step = run.step
-  if jax.process_index() == 0:
-    os.makedirs(target, exist_ok=True)
-    for name in (layout.CONFIG, layout.TOKENIZER_RECORD, layout.DATASET_RECORD):
-      if name == layout.DATASET_RECORD and not os.path.exists(os.path.join(source, name)):
-        continue  # A run from before dataset.json was kept.
-      # dataset.json too: evaluating the averaged run checks its data as the source's.
-      shutil.copyfile(os.path.join(source, name), os.path.join(target, name))
-    with open(os.path.join(source, layout.TOKENIZER_RECORD), encoding="utf-8") as f:
-      vocabulary = json.load(f).get("file")
-    if vocabulary:
-      shutil.copyfile(os.path.join(source, vocabulary), os.path.join(target, vocabulary))
-    files.write_atomically(os.path.join(target, layout.AVERAGED),
-                           json.dumps({"source": source, "steps": run.steps}, indent=2))
-  # Every process writes its shards of the parameters.
-  path = checkpointing.save_params(os.path.join(target, layout.CHECKPOINTS), step, run.params)
+  writer = jax.process_index() == 0
+  # Complete or absent: a full disk or Ctrl-C leaves no partial --output to refuse later.
+  with files.complete_or_absent(target, "--output", writer=writer,
+                                barrier=distributed.barrier) as partial:
+    if writer:
+      for name in (layout.CONFIG, layout.TOKENIZER_RECORD, layout.DATASET_RECORD):
+        if name == layout.DATASET_RECORD and not os.path.exists(os.path.join(source, name)):
+          continue  # A run from before dataset.json was kept.
+        # dataset.json too: evaluating the averaged run checks its data as the source's.
+        shutil.copyfile(os.path.join(source, name), os.path.join(partial, name))
+      with open(os.path.join(source, layout.TOKENIZER_RECORD), encoding="utf-8") as f:
+        vocabulary = json.load(f).get("file")
+      if vocabulary:
+        shutil.copyfile(os.path.join(source, vocabulary), os.path.join(partial, vocabulary))
+      files.write_atomically(os.path.join(partial, layout.AVERAGED),
+                             json.dumps({"source": source, "steps": run.steps}, indent=2))
+    # Every process writes its shards of the parameters.
+    checkpoints = os.path.join(partial, layout.CHECKPOINTS)
+    with files.disk_errors_as_oserror(checkpoints, "--output"):
+      checkpointing.save_params(checkpoints, step, run.params)
+  path = os.path.join(target, layout.CHECKPOINTS, str(step))
   logging.info("Wrote the %s of %s to %s", run.checkpoint_label(), source, path)
   if jax.process_index() == 0:
     print(f"Wrote the {run.checkpoint_label()} of {source} to {path}", flush=True)

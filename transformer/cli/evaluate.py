@@ -113,7 +113,7 @@ def evaluate(workdir: str, *, config: ml_collections.ConfigDict | None = None,
   sources.check_features(config, builder)
   loaded.check_run_data(workdir, given_config, builder, "evaluate")
   objective = objective_lib.resolve(config.model)
-  source = builder.as_data_source(split=split)
+  source = catalog.data_source(builder, split)
   if max_examples > 0:
     source = _FirstExamples(source, max_examples)
   local_batch_size = trainer_lib.check_batch_size(config, run.mesh)

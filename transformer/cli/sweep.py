@@ -87,6 +87,12 @@ LAUNCHER_FLAGS = ("distributed", "coordinator_address", "num_processes", "proces
                   "heartbeat_timeout_seconds")
 
 
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """Builds and validates every run's config; launch.py calls it before the sweep folder
+  is created or locked, so a sweep that fails validation creates nothing."""
+  build_runs(config, SWEEP.value, flags.FLAGS["config"].override_values)
+
+
 def main(config: ml_collections.ConfigDict, workdir: str) -> int:
   """launch.py --mode=sweep; returns the exit status."""
   config_flag = flags.FLAGS["config"]

@@ -26,7 +26,7 @@ from transformer.config.validation import validate
 from transformer.reports import plots
 from transformer.training import loop
 from transformer.training import signals
-from transformer.training.trainer import check_batch_size
+from transformer.training.trainer import check_batch_size, check_divisible
 from transformer.workdir import checkpointing
 from transformer.workdir import layout
 from transformer.workdir import run_record
@@ -36,12 +36,16 @@ STARTS_JAX = True
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
-  """What can be checked before the workdir is touched: keys, values, the mesh, the batch.
+  """What can be checked before the workdir is touched: keys, values, the mesh, the batch,
+  and that every weight divides over its mesh axes.
 
   launch.py calls it first, so a config that fails creates nothing (not even log.txt).
   """
   validate(config)
-  check_batch_size(config, sharding.make_mesh(config.mesh))
+  mesh = sharding.make_mesh(config.mesh)
+  check_batch_size(config, mesh)
+  if config.model.vocab_size:  # 0: the tokenizer's size; Trainer.create checks it then.
+    check_divisible(config, mesh)
 
 
 def summary(workdir: str, num_steps: int, session_seconds: float,

@@ -111,6 +111,9 @@ def environment_error(error: OSError, mode: str = "train", workdir: str = "") ->
       --output (the run stays where it is), the others at another --workdir.
     workdir: the command's --workdir; a refusal outside it (the data_dir) is not
       fixed by another --workdir, and the line says so.
+
+  An error carrying `.flag` (workdir/files.py's `named`: --hf_dir, --output,
+  --config.data.data_dir, ...) names that flag as the way out instead.
   """
   if (error.errno == errno.EEXIST and error.filename
       and os.path.lexists(error.filename) and not os.path.isdir(error.filename)):
@@ -121,6 +124,10 @@ def environment_error(error: OSError, mode: str = "train", workdir: str = "") ->
     return None
   where = f": {error.filename}" if error.filename else ""
   fix = ENVIRONMENT_ERRNOS[error.errno]
+  flag = getattr(error, "flag", "")
+  if flag:  # The writer said which flag (or config key) chose the path (workdir/files.py).
+    fix = fix.replace("use another --workdir", f"choose another {flag}")
+    return f"{error.strerror or error}{where}; {fix}."
   if workdir and error.filename and not os.path.abspath(str(error.filename)).startswith(
       os.path.abspath(workdir) + os.sep) and os.path.abspath(str(error.filename)) != (
           os.path.abspath(workdir)):

@@ -29,6 +29,7 @@ from transformer.data import run_data
 from transformer.data import tokenizers
 from transformer.workdir import files
 from transformer.workdir import layout
+from transformer.workdir import lock
 
 MIN_SPM_VOCAB = 300  # 256 byte-fallback pieces + specials + some real pieces.
 VOCAB_MULTIPLE = 128  # model.vocab_size=0 rounds the tokenizer's size up to this.
@@ -125,9 +126,25 @@ def load_tokenizer(config: ml_collections.ConfigDict, builder: tfds.core.Dataset
   path = os.path.join(str(builder.data_dir), _cache_name(config, keys))
   if os.path.exists(path):
     logging.info("Tokenizer: %s", path)
-    return (tokenizers.CharTokenizer(path) if data.tokenizer == "char"
-            else tokenizers.SentencePieceTokenizer(path))
-  source = builder.as_data_source(split=data.train_split)
+    return _cached_tokenizer(data, path)
+  # Commands started at once train it once, in turn; the others reuse the file.
+  with lock.building(lock.lock_path_beside(path), f"the vocabulary {path}"):
+    if os.path.exists(path):
+      logging.info("Tokenizer: %s (trained meanwhile by another command)", path)
+      return _cached_tokenizer(data, path)
+    return _build_tokenizer(config, builder, keys, path)
+
+
+def _cached_tokenizer(data: ml_collections.ConfigDict, path: str) -> tokenizers.Tokenizer:
+  return (tokenizers.CharTokenizer(path) if data.tokenizer == "char"
+          else tokenizers.SentencePieceTokenizer(path))
+
+
+def _build_tokenizer(config: ml_collections.ConfigDict, builder: tfds.core.DatasetBuilder,
+                     keys: tuple[str, ...], path: str) -> tokenizers.Tokenizer:
+  """Makes the vocabulary file `path` from the train split (the caller holds its lock)."""
+  data = config.data
+  source = catalog.data_source(builder, data.train_split)
 
   def texts():
     for i in range(len(source)):

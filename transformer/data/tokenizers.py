@@ -146,9 +146,26 @@ def train_sentencepiece(lines: Iterable[str], vocab_size: int, model_path: str,
   logging.info("Training SentencePiece %s (vocab %d) on up to %d lines -> %s",
                model_type, vocab_size, max_sentences, model_path)
   model = io.BytesIO()
-  # Its C++ trainer writes ~300 INFO lines on stderr itself: into log.txt, off the console.
-  with console.native_stderr_to_log("sentencepiece"):
-    _train_sentencepiece(lines, vocab_size, model, max_sentences, model_type)
+  raised: list[BaseException] = []
+
+  def kept(lines: Iterable[str]) -> Iterator[str]:
+    # SentencePiece turns what its sentence iterator raises (Ctrl-C's KeyboardInterrupt,
+    # SIGTERM, a DataError) into RuntimeError("INTERNAL: ..."): keep the original.
+    try:
+      yield from lines
+    except BaseException as e:
+      raised.append(e)
+      raise
+
+  try:
+    # Its C++ trainer writes ~300 INFO lines on stderr itself: into log.txt, off the console.
+    with console.native_stderr_to_log("sentencepiece"):
+      _train_sentencepiece(kept(lines), vocab_size, model, max_sentences, model_type)
+  except RuntimeError:
+    if raised:
+      raise raised[0] from None  # Ctrl-C stays Ctrl-C (exit 130), not an INTERNAL error.
+    raise
+  # Written only when complete (atomically): an interrupted training leaves no file.
   files.write_atomically(model_path, model.getvalue())
   return SentencePieceTokenizer(model_path)
 

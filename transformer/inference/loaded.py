@@ -237,8 +237,9 @@ def abstract_params(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) 
   boxed = jax.eval_shape(
       lambda rng: model.init({"params": rng}, *objectives.model_inputs(objective, batch)),
       jax.random.PRNGKey(0))["params"]
-  shardings = sharding.logical_to_shardings(nn.get_partition_spec(boxed), mesh,
-                                            sharding.rules_of(config.mesh, mesh))
+  rules = sharding.rules_of(config.mesh, mesh)
+  sharding.check_divisible(boxed, mesh, rules)  # One line, not jax's IndivisibleError.
+  shardings = sharding.logical_to_shardings(nn.get_partition_spec(boxed), mesh, rules)
   return checkpointing.abstract_like(nn.meta.unbox(boxed), shardings)
 
 

@@ -24,8 +24,6 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from flax import linen as nn
-from jax.sharding import PartitionSpec
 
 from transformer.config import objective as objective_lib
 from transformer import sharding
@@ -35,7 +33,6 @@ from transformer.config.validation import validate
 from transformer.inference import decoding
 from transformer.inference import text
 from transformer.model import objectives
-from transformer.model.models import make_model
 from transformer.training import flops
 from transformer.training import trainer as trainer_lib
 from transformer.planning import collectives
@@ -43,13 +40,6 @@ from transformer.planning import gpu
 from transformer.planning import hlo
 
 STEPS = ("train", "eval", "decode")
-# Logical axis -> the model.* field whose size it is, for the divisibility message.
-_FIELD_OF_AXIS = {"heads": "model.num_heads", "kv_heads": "model.num_kv_heads",
-                  "mlp": "model.mlp_dim", "embed": "model.d_model",
-                  "vocab": "model.vocab_size", "head_dim": "model.head_dim",
-                  "layers": "model.num_layers"}
-
-
 @dataclasses.dataclass
 class StepCost:
   """One compiled step, per chip. Bytes from memory_analysis, FLOPs from cost_analysis."""
@@ -97,35 +87,6 @@ def target_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDic
     if config.model[key] == "auto":  # resolve_dtype would see this CPU host.
       config.model[key] = "bfloat16"
   return config
-
-
-def check_divisible(config: ml_collections.ConfigDict, mesh) -> None:
-  """Every sharded weight dimension splits evenly over its mesh axes; else names the field.
-
-  Raises:
-    ConfigError: naming the model field, its value, the logical axis, the mesh axes
-      and their size.
-  """
-  rules = sharding.rules_of(config.mesh, mesh)
-  objective = objective_lib.resolve(config.model)
-  batch = objectives.init_batch(objective, 1, config.data.seq_len)
-  boxed = jax.eval_shape(make_model(ModelConfig.from_config(config.model)).init, jax.random.PRNGKey(0),
-                         *objectives.model_inputs(objective, batch))["params"]
-  logical = jax.tree_util.tree_flatten_with_path(
-      nn.get_partition_spec(boxed), is_leaf=lambda x: isinstance(x, PartitionSpec))[0]
-  shapes = jax.tree.leaves(nn.meta.unbox(boxed))
-  for (path, names), leaf in zip(logical, shapes):
-    for dim, name in zip(leaf.shape, names):
-      axes = nn.logical_to_mesh_axes((name,), rules)[0] if name else None
-      axes = axes if isinstance(axes, tuple) else (axes,) if axes else ()
-      ways = int(np.prod([mesh.shape[a] for a in axes]))
-      if dim % ways:
-        field = _FIELD_OF_AXIS.get(name, f"the {name!r} dimension")
-        raise ConfigError(
-            f"{field}={dim} does not divide over mesh axes {axes} of size {ways} (logical "
-            f"axis {name!r} of parameter {sharding._path_name(path)}, shape {leaf.shape}, "  # pylint: disable=protected-access
-            f"mesh {dict(mesh.shape)}); pick sizes that divide, or change "
-            "config.mesh.shape / config.mesh.rules")
 
 
 def abstract_batch(config: ml_collections.ConfigDict, objective: objective_lib.Objective,
@@ -361,8 +322,7 @@ def build_trainer(config: ml_collections.ConfigDict, mesh) -> trainer_lib.Traine
     ConfigError: the batch does not split over the mesh, or a weight does not.
   """
   trainer_lib.check_batch_size(config, mesh)
-  check_divisible(config, mesh)  # Before Trainer.create, whose shardings need it.
-  return trainer_lib.Trainer.create(config, mesh)
+  return trainer_lib.Trainer.create(config, mesh)  # Checks that the weights divide first.
 
 
 def compile_steps(trainer: trainer_lib.Trainer, steps: tuple[str, ...] = STEPS) -> dict[str, StepCost]:

@@ -30,6 +30,7 @@ import numpy as np
 
 from transformer.config.errors import ConfigError
 from transformer.reports import plots
+from transformer.workdir import files
 from transformer.workdir import layout
 from transformer.workdir import run_record
 from transformer.workdir.console import format_duration
@@ -283,8 +284,5 @@ def compare(workdirs: Sequence[str], output_dir: str, log_steps: bool = False) -
     images.append(f"![{stem}]({stem}.png)")
   text = (f"# {len(runs)} runs compared\n\n{table(runs, list(dict.fromkeys(swept)))}\n\n" +
           "\n".join(images) + "\n")
-  temporary = os.path.join(output_dir, f"{layout.COMPARE}.{os.getpid()}.tmp")  # Pod sweeps.
-  with open(temporary, "w", encoding="utf-8") as f:
-    f.write(text)
-  os.replace(temporary, os.path.join(output_dir, layout.COMPARE))
+  files.write_atomically(os.path.join(output_dir, layout.COMPARE), text)  # Whole or old.
   return text

@@ -17,6 +17,7 @@ before MetricWriter.resume rewrote superseded rows itself.
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
 from typing import Any, Sequence
@@ -25,6 +26,7 @@ import numpy as np
 from absl import logging
 
 from transformer.config.errors import ConfigError
+from transformer.workdir import files
 from transformer.workdir import layout
 from transformer.workdir.metrics_file import read_rows
 
@@ -155,12 +157,14 @@ def run_figures(series: dict[str, Series], run: str, log_steps: bool = False) ->
 
 
 def save_figure(figure, path: str) -> None:
-  """Writes `figure` as a PNG (Agg), via a temporary file so no reader sees half an image."""
+  """Writes `figure` as a PNG (Agg) through the one atomic write: no reader sees half an
+  image, and a failure (a full disk) leaves no temporary file. Hosts of a pod sweep may
+  write the same file: each write has a temporary name of its own."""
   from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
   FigureCanvasAgg(figure)
-  temporary = f"{path}.{os.getpid()}.tmp.png"  # Hosts of a pod sweep may write the same file.
-  figure.savefig(temporary, format="png")
-  os.replace(temporary, path)
+  png = io.BytesIO()
+  figure.savefig(png, format="png")
+  files.write_atomically(path, png.getvalue())
 
 
 def write_plots(workdir: str, log_steps: bool = False) -> list[str]:

@@ -40,7 +40,7 @@ def _training_inputs(config: ml_collections.ConfigDict, workdir: str,
   if key not in _TRAINING_INPUTS:
     inputs: dict[str, Any] = {"tokenizer": sources.load_workdir_tokenizer(workdir)}
     if bleu_examples:
-      split = catalog.load_builder(config.data).as_data_source(split=config.data.eval_split)
+      split = catalog.data_source(catalog.load_builder(config.data), config.data.eval_split)
       inputs["texts"], inputs["references"] = text.source_and_reference_texts(config.data, split,
                                                                 bleu_examples)
     _TRAINING_INPUTS[key] = inputs

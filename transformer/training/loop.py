@@ -30,6 +30,7 @@ from transformer.config import objective as objective_lib
 from transformer import sharding
 from transformer.config.errors import ConfigError
 from transformer.config.validation import validate
+from transformer.data import catalog
 from transformer.data import pipeline
 from transformer.data import run_data
 from transformer.data import sources
@@ -134,7 +135,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                      process_count=jax.process_count())
   train_data, eval_data = (
       pipeline.make_dataset(config, objective,
-                            data_sources.builder.as_data_source(split=split),
+                            catalog.data_source(data_sources.builder, split),
                             data_sources.tokenizer, train=train, split=split, **data_kwargs)
       for split, train in ((config.data.train_split, True), (config.data.eval_split, False)))
   train_iter = iter(train_data)

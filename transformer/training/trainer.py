@@ -249,6 +249,7 @@ class Trainer(Scorer):
 
     # Sharded from the first byte: shapes -> logical specs -> mesh shardings -> jit(init).
     boxed = jax.eval_shape(init, jax.random.PRNGKey(0))
+    sharding.check_divisible(boxed.params, mesh, rules)  # One line, not IndivisibleError.
     logical_specs = nn.get_partition_spec(boxed)
     state_shardings = sharding.logical_to_shardings(logical_specs, mesh, rules)
     abstract_state = checkpointing.abstract_like(nn.meta.unbox(boxed), state_shardings)
@@ -282,6 +283,23 @@ class Trainer(Scorer):
 def stacked_sharding(batch_sharding: NamedSharding) -> NamedSharding:
   """The placement of consecutive batches stacked on a leading axis: that axis whole."""
   return NamedSharding(batch_sharding.mesh, PartitionSpec(None, *batch_sharding.spec))
+
+
+def check_divisible(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> None:
+  """`sharding.check_divisible` for `config`'s model on `mesh`, from shapes alone.
+
+  For checks before a workdir is touched (cli/train.py's check_config); Trainer.create
+  and the modes that load a run check the parameters they build.
+
+  Raises:
+    ConfigError: a weight dimension does not split over its mesh axes.
+  """
+  objective = objective_lib.resolve(config.model)
+  batch = objectives.init_batch(objective, 1, config.data.seq_len)
+  model = make_model(ModelConfig.from_config(config.model))
+  boxed = jax.eval_shape(model.init, jax.random.PRNGKey(0),
+                         *objectives.model_inputs(objective, batch))["params"]
+  sharding.check_divisible(boxed, mesh, sharding.rules_of(config.mesh, mesh))
 
 
 def check_batch_size(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> int:

@@ -9,8 +9,14 @@ one. A file that already holds the content is not touched (its mtime stays), so
 rerunning a command changes nothing that did not change. Used for config.json, the
 tokenizer files, evaluation results, translations and run records alike.
 
+`complete_or_absent` does the same for a folder (what --mode=average, import and
+export write): it is filled under a temporary sibling name and renamed into place at
+the end, and removed on any failure (a full disk, Ctrl-C, an error), so the folder is
+whole or not there and a retry is never refused as "not empty".
+
 `disk_errors_as_oserror` is the other half: a full disk met inside a library (Orbax,
-TFDS) becomes an OSError naming the path, which launch.py says in one line.
+TFDS) becomes an OSError naming the path, which launch.py says in one line. Both
+attach the flag that chooses the path (`error.flag`), which that line names.
 """
 
 from __future__ import annotations
@@ -18,8 +24,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
 import uuid
-from typing import Iterator
+from typing import Callable, Iterator
 
 _MODE = 0o644  # rw-r--r--: results and workdir files are for everyone to read.
 
@@ -54,9 +61,12 @@ def write_atomically(path: str, content: str | bytes) -> bool:
       os.fsync(f.fileno())
     os.chmod(temporary, _MODE)
     os.replace(temporary, path)
-  except BaseException:
+  except BaseException as e:
     if os.path.exists(temporary):
       os.remove(temporary)
+    if isinstance(e, OSError) and not e.filename:
+      # A failed write() names no file: say which one (a full disk's one line needs it).
+      raise OSError(e.errno, e.strerror or str(e), path) from None
     raise
   _fsync_directory(directory)
   return True
@@ -76,25 +86,98 @@ def _fsync_directory(directory: str) -> None:
     os.close(fd)
 
 
+PARTIAL_MARK = ".partial"  # In the name of a folder still being written: ".<name>.partial".
+
+
+def partial_sibling(target: str) -> str:
+  """Where `complete_or_absent(target)` fills the folder before renaming it to `target`."""
+  target = os.path.abspath(target)
+  return os.path.join(os.path.dirname(target), f".{os.path.basename(target)}{PARTIAL_MARK}")
+
+
+def named(error: OSError, path: str, flag: str) -> OSError:
+  """The machine's refusal renamed to `path`, the place the user chose with `flag`."""
+  renamed = OSError(error.errno, error.strerror or str(error), path)
+  renamed.flag = flag  # Read by cli/usage.py's one-line message.
+  return renamed
+
+
+@contextlib.contextmanager
+def complete_or_absent(target: str, flag: str, *, writer: bool = True,
+                       barrier: Callable[[str], None] | None = None) -> Iterator[str]:
+  """Yields a temporary sibling folder to fill; it becomes `target` only when the block ends.
+
+  `target` must not exist, or be an empty folder (it is then replaced). The sibling
+  (`partial_sibling(target)`, one fixed name so that every process of a run writes
+  into the same folder) is removed first if an earlier, killed attempt left it, and
+  removed again on any failure, Ctrl-C included: `target` is then as before.
+
+  Args:
+    target: the folder to produce.
+    flag: the flag that chose it (--output, --hf_dir, --workdir), for messages.
+    writer: whether this process creates, renames and removes the folder (process 0
+      of a multi-process run; the others only write their shards into it).
+    barrier: with several processes, called with a name before the folder is used and
+      before it is renamed, so that no process writes into a folder not yet there or
+      already moved.
+
+  Raises:
+    OSError: a write refused by the machine, renamed to `target` with `.flag` set.
+  """
+  partial = partial_sibling(target)
+  sync = barrier or (lambda name: None)
+  try:
+    if writer:
+      if os.path.lexists(partial):
+        shutil.rmtree(partial)  # A killed attempt's leftover: never part of a result.
+      os.makedirs(partial)
+    sync("partial_folder_created")
+    yield partial
+    sync("partial_folder_written")
+    if writer:
+      os.replace(partial, target)  # An empty `target` folder is replaced; POSIX rename.
+      _fsync_directory(os.path.dirname(os.path.abspath(target)))
+  except BaseException as e:
+    if writer and os.path.lexists(partial):
+      shutil.rmtree(partial, ignore_errors=True)
+    if isinstance(e, OSError) and _refused_here(e, partial):
+      raise named(e, target, flag) from None
+    raise
+
+
+def _refused_here(error: OSError, partial: str) -> bool:
+  """Whether the machine refused a write into `partial` (not, say, reading a source)."""
+  if error.errno in DISK_FULL_ERRNOS:
+    # Always a write; shutil.copyfile names its *source* file in a full disk's error.
+    return True
+  return error.errno in _REFUSALS and bool(error.filename) and (
+      os.path.abspath(str(error.filename)) + os.sep).startswith(partial + os.sep)
+
+
 # How a full disk reads inside libraries' errors: Orbax/tensorstore (RESOURCE_EXHAUSTED
 # with the OS error in the text), TFDS ("Failed to finalize writing of split" raised
 # from the OSError): a ValueError or RuntimeError, not an OSError.
 _DISK_FULL = {errno.ENOSPC: ("No space left on device", "OS error 28", "ENOSPC"),
               errno.EDQUOT: ("Disk quota exceeded", "OS error 122", "EDQUOT")}
 DISK_FULL_ERRNOS = tuple(_DISK_FULL)
+# Other refusals by the machine that a user fixes by choosing another place.
+_REFUSALS = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 
 @contextlib.contextmanager
-def disk_errors_as_oserror(path: str) -> Iterator[None]:
+def disk_errors_as_oserror(path: str, flag: str = "") -> Iterator[None]:
   """Turns a library's full-disk error while it writes under `path` into an OSError.
 
-  As OSError(ENOSPC or EDQUOT, path) launch.py says it in one line, naming `path`,
-  instead of the library's tracebacks. The error and its causes are searched for the
-  OS error; any other error passes unchanged.
+  As OSError(ENOSPC or EDQUOT, path) launch.py says it in one line, naming `path`
+  (and `flag`, the flag or config key that chose it, when given), instead of the
+  library's tracebacks. The error and its causes are searched for the OS error; any
+  other error passes unchanged.
   """
   try:
     yield
-  except OSError:
+  except OSError as e:
+    if flag and e.errno in DISK_FULL_ERRNOS:
+      raise named(e, path, flag) from None
     raise
   except Exception as e:  # pylint: disable=broad-except
     chain, cause = [], e
@@ -104,5 +187,6 @@ def disk_errors_as_oserror(path: str) -> Iterator[None]:
     for number, marks in _DISK_FULL.items():
       if any(getattr(c, "errno", None) == number or any(m in str(c) for m in marks)
              for c in chain):
-        raise OSError(number, os.strerror(number), path) from None
+        raise named(OSError(number, os.strerror(number), path), path,
+                    flag or "") from None
     raise

@@ -17,6 +17,11 @@ and writes "PID HOST" into it. A second command on the same workdir fails at onc
     naming the workdir: the run goes on unprotected, never silently.
 
 Only process 0 of a multi-process run takes it (the run's processes share one workdir).
+
+`building(lock_path, what)` is the same lock for a shared cache (a prepared dataset, a
+trained vocabulary in data_dir): commands that would build the same thing at once take
+it in turn. The first builds; the others log one line saying whom they wait for, then
+find the result there and reuse it.
 """
 
 from __future__ import annotations
@@ -108,3 +113,45 @@ def in_use_by(workdir: str) -> str | None:
     return None
   finally:
     os.close(fd)
+
+
+@contextlib.contextmanager
+def building(lock_path: str, what: str) -> Iterator[None]:
+  """Holds the build lock `lock_path` for the block, waiting for another builder first.
+
+  The caller checks again inside the block whether `what` is there already (built by
+  the process it waited for), and builds it only if not.
+
+  Args:
+    lock_path: the lock file (created if needed, never removed: see `hold`).
+    what: what is built, for the waiting line ("the dataset local_text/...").
+
+  Raises:
+    OSError: the lock file cannot be created (a full disk, no permission).
+  """
+  os.makedirs(os.path.dirname(os.path.abspath(lock_path)), exist_ok=True)
+  fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+  try:
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+      if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+        logging.info("Waiting for %s, which is building %s (%s is locked); it is reused "
+                     "when ready", _holder(fd), what, lock_path)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # Blocks until that process finishes or dies.
+      elif e.errno in _NO_LOCKING:
+        logging.warning("The file system of %s cannot lock it (%s): commands started at "
+                        "once may build %s twice", lock_path, os.strerror(e.errno), what)
+      else:
+        raise
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode("utf-8"))
+    yield
+  finally:
+    os.close(fd)
+
+
+def lock_path_beside(path: str) -> str:
+  """The build lock of `path`: a hidden sibling `.<name>.lock` (readers ignore it)."""
+  path = os.path.abspath(path)
+  return os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.lock")

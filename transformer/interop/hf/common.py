@@ -71,8 +71,7 @@ def read_folder(hf_dir: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
   with open(config_path, encoding="utf-8") as f:
     config = json.load(f)
   if os.path.isfile(os.path.join(hf_dir, SAFETENSORS_INDEX)):
-    with open(os.path.join(hf_dir, SAFETENSORS_INDEX), encoding="utf-8") as f:
-      files = sorted(set(json.load(f)["weight_map"].values()))
+    files = _shards_of_index(hf_dir)
   elif os.path.isfile(os.path.join(hf_dir, SAFETENSORS)):
     files = [SAFETENSORS]
   else:
@@ -90,6 +89,24 @@ def read_folder(hf_dir: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
   for name in files:
     tensors.update(load_file(os.path.join(hf_dir, name)))
   return config, tensors
+
+
+def _shards_of_index(hf_dir: str) -> list[str]:
+  """The shard files model.safetensors.index.json names; ConfigError if one is missing."""
+  index = os.path.join(hf_dir, SAFETENSORS_INDEX)
+  with open(index, encoding="utf-8") as f:
+    try:
+      weight_map = json.load(f)["weight_map"]
+    except (ValueError, KeyError, TypeError) as e:
+      raise ConfigError(f"{index} is not a safetensors index (a JSON object with a "
+                        f"'weight_map'): {type(e).__name__}: {e}; download it again") from None
+  names = sorted(set(weight_map.values()))
+  missing = [n for n in names if not os.path.isfile(os.path.join(hf_dir, n))]
+  if missing:
+    raise ConfigError(f"{index} names {len(missing)} shard file(s) that {hf_dir} does not "
+                      f"have: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}; "
+                      "download the missing shards (or the whole folder) again")
+  return names
 
 
 class Fields:
@@ -364,13 +381,15 @@ def folder_files(hf_dir: str) -> dict[str, str]:
 
 
 def empty_directory(path: str, flag: str) -> str:
-  """Creates `path` (process 0 checks that it is new or empty: nothing is overwritten)."""
+  """`path` made absolute; process 0 checks that it is new or empty (nothing is overwritten).
+
+  Nothing is created: the folder is written through `files.complete_or_absent`.
+  """
   target = os.path.abspath(path)
   if jax.process_index() == 0:
     if os.path.exists(target) and (not os.path.isdir(target) or os.listdir(target)):
       raise ConfigError(f"{flag}={path!r} exists and is not an empty directory; choose a "
                         "new one (nothing is overwritten)")
-    os.makedirs(target, exist_ok=True)
   return target
 
 
@@ -383,7 +402,8 @@ def write_folder(hf_dir: str, tensors: dict[str, np.ndarray], hf_config: dict[st
   tokenizer.json; returns the folder. One way for every family.
 
   Every file goes through the one atomic write: whole files, readable by everyone
-  (0644), as safetensors' own save_file (0600 temporary files) would not leave them. A
+  (0644), as safetensors' own save_file (0600 temporary files) would not leave them;
+  the folder through `files.complete_or_absent`: all of it or none. A
   run without a Hugging Face tokenizer (its vocabulary was trained here) exports the
   weights alone, with a warning that says why.
 
@@ -399,14 +419,16 @@ def write_folder(hf_dir: str, tensors: dict[str, np.ndarray], hf_config: dict[st
   if jax.process_index() != 0:
     return target
   from safetensors.numpy import save  # pylint: disable=g-import-not-at-top
-  files.write_atomically(os.path.join(target, SAFETENSORS),
-                         save({k: np.ascontiguousarray(v, np.float32)
-                               for k, v in tensors.items()}, metadata={"format": "pt"}))
-  files.write_atomically(os.path.join(target, CONFIG), json.dumps(hf_config, indent=2))
   has_tokenizer = bool(bundle and bundle.get("tokenizer_json") is not None)
-  if has_tokenizer:
-    files.write_atomically(os.path.join(target, HF_TOKENIZER_FILE),
-                           json.dumps(bundle["tokenizer_json"]))
+  # Complete or absent: a full disk leaves no empty or partial --hf_dir behind.
+  with files.complete_or_absent(target, "--hf_dir") as partial:
+    files.write_atomically(os.path.join(partial, SAFETENSORS),
+                           save({k: np.ascontiguousarray(v, np.float32)
+                                 for k, v in tensors.items()}, metadata={"format": "pt"}))
+    files.write_atomically(os.path.join(partial, CONFIG), json.dumps(hf_config, indent=2))
+    if has_tokenizer:
+      files.write_atomically(os.path.join(partial, HF_TOKENIZER_FILE),
+                             json.dumps(bundle["tokenizer_json"]))
   print(f"Exported {run.checkpoint_label()} of {run.workdir} to {target} ({family})",
         flush=True)
   if not has_tokenizer:

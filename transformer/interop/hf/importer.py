@@ -22,6 +22,7 @@ import numpy as np
 from absl import logging
 
 from configs import base
+from transformer import distributed
 from transformer import sharding
 from transformer.config.errors import ConfigError
 from transformer.config.validation import validate
@@ -139,18 +140,25 @@ def import_folder(hf_dir: str, workdir: str,
   params = converted.params
   if run_config.model.scan_layers:
     params = layers.unrolled_to_scanned(params)
-  if jax.process_index() == 0:
-    files.write_atomically(os.path.join(target, layout.CONFIG),
-                           run_config.to_json_best_effort(indent=2))
-    files.write_atomically(os.path.join(target, layout.HF_TOKENIZER),
-                           json.dumps(tokenizer_bundle(converted, hf_dir)))
-    sources.save_tokenizer(target, hf_tokenizer.HFTokenizer(
-        os.path.join(target, layout.HF_TOKENIZER)))
   abstract = loaded.abstract_params(run_config, sharding.make_mesh(run_config.mesh))
   _check_tree(params, abstract)
   placed = jax.tree.map(lambda a, s: jax.device_put(a.astype(s.dtype), s.sharding),
                         params, abstract)
-  path = checkpointing.save_params(os.path.join(target, layout.CHECKPOINTS), 0, placed)
+  writer = jax.process_index() == 0
+  # Complete or absent: a failure (a full disk, Ctrl-C) leaves no partial --workdir.
+  with files.complete_or_absent(target, "--workdir", writer=writer,
+                                barrier=distributed.barrier) as partial:
+    if writer:
+      files.write_atomically(os.path.join(partial, layout.CONFIG),
+                             run_config.to_json_best_effort(indent=2))
+      files.write_atomically(os.path.join(partial, layout.HF_TOKENIZER),
+                             json.dumps(tokenizer_bundle(converted, hf_dir)))
+      sources.save_tokenizer(partial, hf_tokenizer.HFTokenizer(
+          os.path.join(partial, layout.HF_TOKENIZER)))
+    checkpoints = os.path.join(partial, layout.CHECKPOINTS)
+    with files.disk_errors_as_oserror(checkpoints, "--workdir"):
+      checkpointing.save_params(checkpoints, 0, placed)
+  path = os.path.join(target, layout.CHECKPOINTS, "0")
   count = sum(x.size for x in jax.tree.leaves(params))
   if jax.process_index() == 0:
     print(f"Imported {converted.family} from {hf_dir} ({count:,} parameters) to {path}",

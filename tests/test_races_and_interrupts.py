@@ -1,0 +1,261 @@
+"""Commands started at once, and commands stopped midway: nothing raced, nothing partial.
+
+  - Three commands building the same new dataset and vocabulary at once take turns on
+    a build lock: one builds, the others wait (saying so) and reuse it.
+  - Ctrl-C / SIGTERM outside the training loop: one line, exit 130 / 143, no traceback,
+    no partial output (the dataset build, --mode=translate, SentencePiece training).
+  - The one divisibility check runs in every mode that places weights on a mesh.
+  - A folder written through `files.complete_or_absent` is whole or absent.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging as std_logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import jax
+import pytest
+
+from test_bad_inputs import _launch_in_process  # pylint: disable=protected-access
+from tiny import make_tiny_config
+from transformer import sharding
+from transformer.config.errors import ConfigError
+from transformer.data import catalog
+from transformer.data import local_text
+from transformer.data import sources
+from transformer.data import tokenizers
+from transformer.inference import loaded
+from transformer.training import trainer as trainer_lib
+from transformer.workdir import files
+from transformer.workdir import lock
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _lines(count: int) -> str:
+  return "".join(f"{i} the quick brown fox jumps over the lazy dog\n" for i in range(count))
+
+
+# ---------------------------------------------------------------- races
+
+
+def test_commands_started_at_once_build_the_dataset_and_vocabulary_once(tmp_path, caplog):
+  """Three builders at once (threads: flock locks open files, so threads contend like
+  processes) on one new file: one prepares, two wait and reuse, nobody fails."""
+  (tmp_path / "c.txt").write_text(_lines(200), encoding="utf-8")
+  config = make_tiny_config(str(tmp_path / "data"))
+  config.data.update(name="local_text", path=str(tmp_path / "c.txt"), tokenizer="char")
+  results, errors = [], []
+  start = threading.Barrier(3)
+
+  def build():
+    try:
+      start.wait()
+      builder = catalog.load_builder(config.data)
+      tokenizer = sources.load_tokenizer(config, builder, ("text",))
+      results.append((str(builder.data_dir), tokenizer.vocab_size))
+    except BaseException as e:  # pylint: disable=broad-except
+      errors.append(e)
+
+  caplog.set_level(std_logging.INFO)
+  threads = [threading.Thread(target=build) for _ in range(3)]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join()
+  assert not errors, errors
+  assert len(results) == 3 and len(set(results)) == 1, results
+  messages = [r.getMessage() for r in caplog.records]
+  assert sum(m.startswith("Preparing TFDS dataset") for m in messages) == 1, messages
+  # One vocabulary built; the two others read the file it wrote.
+  assert sum(m.startswith("Tokenizer: ") for m in messages) == 2, messages
+
+
+def test_a_build_lock_held_elsewhere_is_waited_for_with_one_line(tmp_path, caplog):
+  """The waiting command says whom it waits for, and goes on once the lock is free."""
+  path = str(tmp_path / ".thing.lock")
+  entered, waiting = threading.Event(), threading.Event()
+
+  class Seen(std_logging.Handler):
+    def emit(self, record):
+      if record.getMessage().startswith(f"Waiting for PID {os.getpid()} on "):
+        waiting.set()
+
+  seen = Seen()
+  std_logging.getLogger().addHandler(seen)
+  caplog.set_level(std_logging.INFO)
+  try:
+    with lock.building(path, "the thing"):
+      def second():
+        with lock.building(path, "the thing"):
+          entered.set()
+      thread = threading.Thread(target=second)
+      thread.start()
+      assert waiting.wait(timeout=600), "no 'Waiting for PID' line"
+      assert not entered.is_set()  # Held here: it waits.
+    thread.join()
+  finally:
+    std_logging.getLogger().removeHandler(seen)
+  assert entered.is_set()
+  line = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Waiting")][0]
+  assert f"which is building the thing ({path} is locked)" in line
+
+
+# ---------------------------------------------------------------- interrupts
+
+
+def test_ctrl_c_during_the_dataset_build_is_one_line_130_and_leaves_nothing(
+    tmp_path, monkeypatch):
+  """Ctrl-C while TFDS writes the examples: no workdir, no prepared or incomplete
+  dataset folder; the rerun builds it."""
+  (tmp_path / "c.txt").write_text(_lines(200), encoding="utf-8")
+  real = local_text.LocalText._generate_examples  # pylint: disable=protected-access
+
+  def interrupted(self, *args, **kwargs):
+    for example in real(self, *args, **kwargs):
+      yield example
+      raise KeyboardInterrupt  # After the first example: some are written.
+
+  data_dir = tmp_path / "data"
+  argv = ["--config=tests/tiny.py:" + str(data_dir), f"--workdir={tmp_path / 'run'}",
+          "--config.data.name=local_text", f"--config.data.path={tmp_path / 'c.txt'}"]
+  with monkeypatch.context() as patch:
+    patch.setattr(local_text.LocalText, "_generate_examples", interrupted)
+    try:
+      code, output = _launch_in_process(argv, patch)
+    except KeyboardInterrupt:  # Not a pytest abort: the regression is this test's failure.
+      pytest.fail("Ctrl-C escaped launch.run as a KeyboardInterrupt traceback")
+  assert code == 130, output[-3000:]
+  assert "Traceback" not in output and output.count("Stopped by") == 1, output[-3000:]
+  assert "Stopped by SIGINT: --mode=train did not finish and left no partial output" in output
+  assert not (tmp_path / "run").exists()
+  config = make_tiny_config(str(data_dir))
+  config.data.update(name="local_text", path=str(tmp_path / "c.txt"))
+  builder = local_text.make_builder(config.data)
+  assert not builder.is_prepared()
+  leftovers = [d for d, _, _ in os.walk(data_dir) if "incomplete" in os.path.basename(d)]
+  assert not leftovers, leftovers
+
+
+def test_sigterm_during_translate_is_one_line_143_and_writes_no_output(tmp_path, monkeypatch):
+  """SIGTERM unwinds like Ctrl-C (launch.py's handler): --output is never half there."""
+  from transformer.cli import common  # pylint: disable=g-import-not-at-top
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  (tmp_path / "in.txt").write_text("hello\n", encoding="utf-8")
+
+  def terminated(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(5)  # The handler raises before this ends.
+    raise AssertionError("SIGTERM did not stop the command")
+
+  def not_handled(signum, frame):
+    raise AssertionError("launch.run installed no SIGTERM handler")
+
+  # Without launch.py's handler SIGTERM would end pytest itself; this one fails the test.
+  previous = signal.signal(signal.SIGTERM, not_handled)
+  with monkeypatch.context() as patch:
+    patch.setattr(common, "read_lines", terminated)
+    code, output = _launch_in_process(
+        ["--mode=translate", f"--workdir={workdir}", f"--input={tmp_path / 'in.txt'}",
+         f"--output={tmp_path / 'out.txt'}"], patch)
+  try:
+    assert signal.getsignal(signal.SIGTERM) == not_handled  # launch.run puts it back.
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+  assert code == 143, output[-3000:]
+  assert "Traceback" not in output, output[-3000:]
+  assert "Stopped by SIGTERM: --mode=translate did not finish" in output
+  assert sorted(os.listdir(tmp_path)) == ["in.txt", "run"]
+
+
+def test_ctrl_c_in_a_real_process_is_one_line_and_130(tmp_path):
+  """A real SIGINT to `python launch.py --mode=translate` waiting on stdin."""
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+  process = subprocess.Popen(
+      [sys.executable, "launch.py", "--mode=translate", f"--workdir={workdir}"], cwd=ROOT,
+      env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  try:
+    # The workdir's log.txt gets its first lines once launch.py's main runs; then the
+    # mode reads stdin, which stays open.
+    log = workdir / "log.txt"
+    deadline = time.monotonic() + 600
+    while not (log.exists() and "JAX process 0 of 1" in log.read_text(encoding="utf-8")):
+      assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()
+      time.sleep(0.2)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+  finally:
+    if process.poll() is None:
+      process.kill()
+  text = stderr.decode("utf-8", "replace")
+  assert process.returncode == 130, text[-3000:]
+  assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-3000:]
+  assert "Stopped by SIGINT: --mode=translate did not finish" in text
+
+
+def test_ctrl_c_during_sentencepiece_training_stays_ctrl_c_and_writes_no_model(tmp_path):
+  """SentencePiece would turn it into RuntimeError('INTERNAL: KeyboardInterrupt') (exit 1)."""
+
+  def lines():
+    for i in range(2000):
+      if i == 1000:
+        raise KeyboardInterrupt
+      yield f"{i} the quick brown fox jumps over the lazy dog"
+
+  path = str(tmp_path / "spm.model")
+  with pytest.raises(KeyboardInterrupt):
+    tokenizers.train_sentencepiece(lines(), 300, path, max_sentences=10_000)
+  assert os.listdir(tmp_path) == []
+
+
+# ---------------------------------------------------------------- the one divisibility check
+
+
+def test_every_mode_checks_that_the_weights_divide_the_mesh(tiny_config):
+  """GQA with 2 kv heads on a tensor axis of 4: one ConfigError naming the field, in
+  training (Trainer.create) and in every mode that loads a run (loaded.abstract_params),
+  instead of jax's IndivisibleError."""
+  tiny_config.model.update(num_heads=4, num_kv_heads=2, vocab_size=384)
+  tiny_config.mesh.shape = (("data", 2), ("fsdp", 1), ("tensor", 4))
+  mesh = sharding.make_mesh(tiny_config.mesh, jax.devices()[:8])
+  expected = r"model.num_kv_heads=2 does not divide over mesh axes \('tensor',\) of size 4"
+  with pytest.raises(ConfigError, match=expected):
+    trainer_lib.Trainer.create(tiny_config, mesh)
+  with pytest.raises(ConfigError, match=expected):
+    loaded.abstract_params(tiny_config, mesh)
+  with pytest.raises(ConfigError, match=expected):
+    trainer_lib.check_divisible(tiny_config, mesh)  # Before launch.py touches the workdir.
+
+
+# ---------------------------------------------------------------- complete or absent
+
+
+def test_a_folder_is_complete_or_absent(tmp_path):
+  target = str(tmp_path / "out")
+  partial = files.partial_sibling(target)
+  with pytest.raises(OSError) as raised:
+    with files.complete_or_absent(target, "--output") as folder:
+      assert folder == partial and os.path.isdir(folder)
+      files.write_atomically(os.path.join(folder, "a.txt"), "a")
+      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # A write() names no file.
+  assert (raised.value.filename, raised.value.flag) == (target, "--output")
+  assert os.listdir(tmp_path) == []
+  with pytest.raises(KeyboardInterrupt):
+    with files.complete_or_absent(target, "--output") as folder:
+      raise KeyboardInterrupt
+  assert os.listdir(tmp_path) == []
+  os.makedirs(os.path.join(partial, "stale"))  # A killed attempt's leftover.
+  os.makedirs(target)  # An empty folder the user made is fine.
+  with files.complete_or_absent(target, "--output") as folder:
+    assert os.listdir(folder) == []
+    files.write_atomically(os.path.join(folder, "a.txt"), "a")
+  assert os.listdir(tmp_path) == ["out"] and os.listdir(target) == ["a.txt"]
