@@ -107,6 +107,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   mode = _MODE.value
+  usage.check_mode_flags(mode, MODES)  # A flag the mode would ignore: one line, exit 1.
   if mode in _NEEDS_CONFIG and _CONFIG.value is None:
     raise app.UsageError(f"--config is required for --mode={mode}")
   if mode not in _NO_WORKDIR and not _WORKDIR.value:

@@ -23,14 +23,16 @@ AVERAGE_LAST = flags.DEFINE_integer(
     "parameters of the newest N checkpoints (up to --checkpoint_step); the paper: 5 for "
     "base, 20 for big. 0: no averaging.")
 INPUT = flags.DEFINE_string(
-    "input", "", "translate, classify: a UTF-8 file, one text a line (default stdin).")
+    "input", "", "translate, classify, generate: a UTF-8 file (or pipe), one text a line "
+    "(default stdin).")
 OUTPUT = flags.DEFINE_string(
-    "output", "", "Where a mode writes its result: translate, the translations, and "
-    "classify, the classes (default stdout); evaluate, the result JSON (default in the workdir); average, the new "
+    "output", "", "Where a mode writes its result: translate, the translations, "
+    "generate, the continuations, and classify, the classes (default stdout); evaluate, the result JSON (default in the workdir); average, the new "
     "workdir; compile, the JSON report.")
 OVERWRITE = flags.DEFINE_bool(
-    "overwrite", False, "translate, evaluate: allow replacing an existing --output.")
-SEED = flags.DEFINE_integer("seed", None, "Sampling seed (default config.seed).")
+    "overwrite", False, "translate, generate, classify, evaluate: allow replacing an existing --output.")
+SEED = flags.DEFINE_integer(
+    "seed", None, "evaluate, translate, generate: sampling seed (default config.seed).")
 LOG_STEPS = flags.DEFINE_bool("log_steps", False, "plot, compare, sweep: log-scaled step axis.")
 HF_DIR = flags.DEFINE_string(
     "hf_dir", "", "import: the Hugging Face model folder to read (config.json + "
@@ -53,6 +55,12 @@ DECODE_FLAGS = {
         "overlong", None, ["truncate", "error"], "decode.overlong: a source or prompt "
         "longer than the context is truncated (warned) or stops the command."),
 }
+
+
+# The flags `loading_flags` reads: what a mode that loads a run for inference lists in
+# its SHARED_FLAGS.
+DECODE_FLAG_NAMES = tuple(flag.name for flag in DECODE_FLAGS.values())
+LOADING_FLAGS = ("checkpoint_step", "average_last", *DECODE_FLAG_NAMES)
 
 
 def loading_flags(config: Any) -> dict[str, Any]:
@@ -92,22 +100,42 @@ def check_text(text: str, where: str) -> str:
 def read_lines(path: str, stream: TextIO) -> list[str]:
   """Lines of a UTF-8 file (or `stream` for ""), without line ends; '\\n'-separated only.
 
+  `path` may be anything readable (a pipe such as `<(...)`, /dev/null, a FIFO), not only a
+  regular file. A leading UTF-8 byte-order mark is dropped, and said once (strip_bom).
+
   Raises:
-    ConfigError: a missing file, or bytes that are not UTF-8 (naming line and byte).
+    ConfigError: a missing, unreadable or folder path, or bytes that are not UTF-8
+      (naming line and byte).
   """
+  # Lazy: data/local_files imports tensorflow_datasets; flags parse before such imports.
+  from transformer.data import local_files  # pylint: disable=g-import-not-at-top
   if path:
-    if not os.path.isfile(path):
-      raise ConfigError(f"--input={path!r} is not a file")
-    with open(path, "rb") as f:
-      text = decode_utf8(f.read(), path)
+    text = decode_utf8(read_input(path), path)
   else:
     buffer = getattr(stream, "buffer", None)  # Bytes, so that a bad byte can be named.
     text = (decode_utf8(buffer.read(), "stdin") if buffer is not None
             else check_text(stream.read(), "stdin"))
+  text = local_files.strip_bom(text, path or "stdin")
   lines = text.split("\n")
   if lines and lines[-1] == "":
     lines.pop()  # The final newline ends the last line; it does not start another.
   return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def read_input(path: str, flag: str = "--input") -> bytes:
+  """The bytes of `path`: a file, a pipe, a FIFO or a device; ConfigError in one line if not."""
+  if os.path.isdir(path):
+    raise ConfigError(f"{flag}={path!r} is a folder; give a file (or a pipe) with one text a "
+                      f"line, or leave {flag} out to read stdin")
+  try:
+    with open(path, "rb") as f:
+      return f.read()
+  except FileNotFoundError:
+    raise ConfigError(f"{flag}={path!r} does not exist; give a file (or a pipe) with one text "
+                      f"a line, or leave {flag} out to read stdin") from None
+  except PermissionError:
+    raise ConfigError(f"{flag}={path!r} is not readable by this user (permission denied); "
+                      "chmod it, or pipe it on stdin") from None
 
 
 def check_output(path: str, overwrite: bool, inputs: Sequence[str] = (),

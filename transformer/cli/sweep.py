@@ -70,6 +70,8 @@ SWEEP = flags.DEFINE_string(
     "sweep", "", "sweep: config overrides to grid over, 'model.norm=pre,post;"
     "model.position=rope,alibi', or a JSON file (transformer/cli/sweep.py).")
 STARTS_JAX = False  # Each run is a launch.py process of its own that needs the devices.
+# The flags of cli/common.py this mode reads (launch.py refuses the others it is given).
+SHARED_FLAGS = ("log_steps",)
 # launch.py's flags passed on to each run of a sweep: every run is one jax.distributed job.
 LAUNCHER_FLAGS = ("distributed", "coordinator_address", "num_processes", "process_id",
                   "heartbeat_timeout_seconds")

@@ -32,6 +32,33 @@ _LOCATIONS_LOGGED = 5  # Drop logs and error messages list this many file:line p
 # (path, sha256) of files whose U+FFFD replacements were logged: a file read twice
 # (both ends of a positional split, a TSV's header and rows) is reported once.
 _REPLACEMENTS_LOGGED: set[tuple[str, str]] = set()
+# (path, sha256) of files whose byte-order mark was reported (once per file, as above).
+_BOMS_LOGGED: set[tuple[str, str]] = set()
+UTF8_BOM = "\ufeff"
+
+
+def strip_bom(text: str, where: str, logged: set[tuple[str, str]] | None = None,
+              key: tuple[str, str] | None = None) -> str:
+  """`text` without a leading UTF-8 byte-order mark, said once per `key` when one is dropped.
+
+  Windows editors start UTF-8 files with U+FEFF; kept, it would be a character of the
+  first line (a BOM-only line would get a translation, the character tokenizer an
+  unknown id). Every text input (training files, --input, stdin, --prompt) drops it.
+
+  Args:
+    text: decoded text.
+    where: the file (or "stdin", "--prompt") named in the log line.
+    logged: keys already reported (None: report every time).
+    key: what identifies this input in `logged`.
+  """
+  if not text.startswith(UTF8_BOM):
+    return text
+  if logged is None or key not in logged:
+    if logged is not None:
+      logged.add(key)
+    logging.info("%s starts with a UTF-8 byte-order mark (U+FEFF): dropped, not read as text",
+                 where)
+  return text[len(UTF8_BOM):]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,7 +241,7 @@ def read_text(source: SourceFile, decode_errors: str) -> str:
     decode_errors: "strict" (raise on undecodable bytes) or "replace" (U+FFFD, logged).
 
   Returns:
-    The decoded text.
+    The decoded text, without a leading byte-order mark (strip_bom).
 
   Raises:
     DataError: the file changed since it was hashed, or (strict) it is not UTF-8.
@@ -224,11 +251,13 @@ def read_text(source: SourceFile, decode_errors: str) -> str:
   if hashlib.sha256(raw).hexdigest() != source.sha256:
     raise DataError(f"{source.path}: the file changed while the dataset was being "
                     "built; build again once it no longer changes.")
+  key = (source.path, source.sha256)
   try:
-    return raw.decode("utf-8")
+    return strip_bom(raw.decode("utf-8"), source.path, _BOMS_LOGGED, key)
   except UnicodeDecodeError:
     pass  # Fall through to count and locate every undecodable byte.
   text, num_bad, first = _decode_replacing(raw)
+  text = strip_bom(text, source.path, _BOMS_LOGGED, key)
   line = raw.count(b"\n", 0, first) + 1
   if decode_errors == "strict":
     raise DataError(
@@ -236,8 +265,8 @@ def read_text(source: SourceFile, decode_errors: str) -> str:
         f"the start of the file); the file has {num_bad} undecodable bytes in total. "
         "Valid is UTF-8 text: re-encode the file, or set config.data.decode_errors="
         "'replace' to read them as U+FFFD.")
-  if (source.path, source.sha256) not in _REPLACEMENTS_LOGGED:
-    _REPLACEMENTS_LOGGED.add((source.path, source.sha256))
+  if key not in _REPLACEMENTS_LOGGED:
+    _REPLACEMENTS_LOGGED.add(key)
     logging.warning("%s: %d undecodable bytes decoded as U+FFFD (first at line %d, byte "
                     "offset %d)", source.path, num_bad, line, first)
   return text
