@@ -48,6 +48,7 @@ from ml_collections import config_flags
 from transformer.cli import average
 from transformer.cli import classify
 from transformer.cli import compare
+from transformer.cli import common
 from transformer.cli import compile as compile_mode
 from transformer.cli import evaluate
 from transformer.cli import generate
@@ -117,6 +118,10 @@ def main(argv):
     raise app.UsageError("--mode=sweep needs --sweep='model.norm=pre,post;...' or a JSON file")
   from transformer.workdir import console  # pylint: disable=g-import-not-at-top
   console.setup_console()  # Project INFO and all warnings, without absl's prefix.
+  if mode in ("train", "compile") and _CONFIG.value is not None:
+    # A preset's steps_per_call gives way to the cadences the command line sets (a sweep
+    # does this for each of its runs, whose processes do it again, alike).
+    common.fit_steps_per_call(_CONFIG.value, common.config_overrides())
   from transformer.configuration import ConfigError, DataError  # pylint: disable=g-import-not-at-top
   from transformer.workdir import lock  # pylint: disable=g-import-not-at-top
   if not MODES[mode].STARTS_JAX:

@@ -8,11 +8,15 @@ mode has (--config, --workdir, --mode and the jax.distributed ones).
 
 from __future__ import annotations
 
+import math
 import os
-from typing import Any, Sequence, TextIO
+from typing import Any, Collection, Sequence, TextIO
 
+import ml_collections
 from absl import flags
+from absl import logging
 
+from transformer import configuration
 from transformer.configuration import ConfigError
 
 CHECKPOINT_STEP = flags.DEFINE_integer(
@@ -61,6 +65,49 @@ DECODE_FLAGS = {
 # its SHARED_FLAGS.
 DECODE_FLAG_NAMES = tuple(flag.name for flag in DECODE_FLAGS.values())
 LOADING_FLAGS = ("checkpoint_step", "average_last", *DECODE_FLAG_NAMES)
+
+
+def config_overrides() -> dict[str, Any]:
+  """{key: value} of the --config.x flags given on the command line (config_flags records them)."""
+  return dict(flags.FLAGS["config"].override_values) if "config" in flags.FLAGS else {}
+
+
+def fit_steps_per_call(config: ml_collections.ConfigDict, explicit: Collection[str],
+                       where: str = "") -> None:
+  """Lowers a preset's train.steps_per_call to a divisor of every cadence, said in one line.
+
+  train.steps_per_call is a speed knob (the same updates, fewer compiled calls) that the
+  CPU presets set to 10; a cadence the user sets (--config.train.log_every=5) must not
+  be refused for it. Unless the command line sets train.steps_per_call itself, it
+  becomes the largest value <= the preset's that divides train.log_every,
+  train.eval_every and checkpoint.every; an explicit value that conflicts is left for
+  `validate` to refuse. Every process that builds the config (a sweep and each of its
+  runs) derives the same value from the same flags.
+
+  Args:
+    config: the config to adjust in place (a locked ConfigDict may change values).
+    explicit: the keys the command line sets (config_overrides(), a sweep run's keys).
+    where: what to prefix the line with (a sweep's run), "" for none.
+  """
+  per_call = config.train.steps_per_call
+  cadences = {key: configuration.lookup(config, key)
+              for key in configuration.STEPS_PER_CALL_CADENCES}
+  if ("train.steps_per_call" in explicit or isinstance(per_call, bool)
+      or not isinstance(per_call, int) or per_call < 1
+      or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1
+                 for v in cadences.values())):
+    return  # Explicit, or a value validate refuses in its own words.
+  common_divisor = math.gcd(*cadences.values())
+  if common_divisor % per_call == 0:
+    return
+  fitted = max(d for d in range(1, per_call + 1) if common_divisor % d == 0)
+  config.train.steps_per_call = fitted
+  logging.warning(
+      "%strain.steps_per_call=%d (the preset's) does not divide %s: using %d, the largest "
+      "value <= %d that divides them all (set --config.train.steps_per_call to choose)",
+      f"{where}: " if where else "", per_call,
+      ", ".join(f"{key}={every}" for key, every in cadences.items() if every % per_call),
+      fitted, per_call)
 
 
 def loading_flags(config: Any) -> dict[str, Any]:

@@ -279,6 +279,10 @@ def build_runs(config: ml_collections.ConfigDict, spec: str,
       node, last = _field(run_config, key)
       node[last] = value
     run = SweepArm(as_flags, name, run_config)
+    # As the run's own launch.py process will (its keys and --config.x flags are its
+    # command line's), so that the config recorded here is the one it trains.
+    common.fit_steps_per_call(run_config, set(fixed) | set(overrides),
+                              where=f"--sweep run {index}/{len(flags)} ({run.label})")
     try:
       validate(run_config)
     except ConfigError as e:
