@@ -43,8 +43,15 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
-# The mode modules define their flags on import; none imports JAX at module level, so
-# --help stays fast and flags parse before JAX starts.
+from transformer.workdir import console
+
+# Before anything loads JAX: a host without a TPU or GPU starts JAX's CPU backend only,
+# without libtpu's and the CUDA plugin's complaints (a real TPU VM or GPU host, or a
+# JAX_PLATFORMS the user set, is left alone).
+console.quiet_absent_accelerators()
+
+# The mode modules define their flags on import; JAX's backends start only once a mode
+# runs, so flags parse before any device is touched.
 from transformer.cli import average
 from transformer.cli import classify
 from transformer.cli import compare
@@ -116,7 +123,6 @@ def main(argv):
                          + _WORKDIR_OF.get(mode, "a trained run"))
   if mode == "sweep" and not sweep.SWEEP.value:
     raise app.UsageError("--mode=sweep needs --sweep='model.norm=pre,post;...' or a JSON file")
-  from transformer.workdir import console  # pylint: disable=g-import-not-at-top
   console.setup_console()  # Project INFO and all warnings, without absl's prefix.
   if mode in ("train", "compile") and _CONFIG.value is not None:
     # A preset's steps_per_call gives way to the cadences the command line sets (a sweep
@@ -150,6 +156,8 @@ def main(argv):
         heartbeat_timeout_seconds=_HEARTBEAT.value)
   except ValueError as e:  # Incomplete --coordinator_address/--num_processes/--process_id.
     raise app.UsageError(str(e)) from e
+  with console.backends_starting():  # Their start-up lines on a CPU-only host: log only.
+    jax.devices()
 
   workdir = _WORKDIR.value or default_workdir(flags.FLAGS["config"].config_filename)
   # One writer per workdir (process 0 holds it for the run's processes).
