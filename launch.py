@@ -3,7 +3,8 @@
   --mode=train (default)  train_and_evaluate(--config, --workdir); rerunning resumes
   --mode=evaluate         loss / perplexity / accuracy (+ sacreBLEU, chrF) on a split
   --mode=translate        --input (or stdin), one sentence a line -> --output (or stdout)
-  --mode=generate         continue --prompt (or each stdin line) with a decoder LM
+  --mode=generate         continue --prompt (or each line of --input or stdin) with a
+                          decoder LM -> --output (or stdout)
   --mode=classify         --input (or stdin), one text a line -> its class and probability
                           (a model.head='classification' run) -> --output (or stdout)
   --mode=average          the mean of the newest --average_last checkpoints -> --output
@@ -22,7 +23,9 @@
                           (the --config's values when one is given)
 
 Each mode is one module of transformer/cli/ (MODES below) that defines the flags it
-owns; the flags several modes share are in transformer/cli/common.py. Every mode but
+owns; the flags several modes share are in transformer/cli/common.py, and each mode
+lists those it reads (SHARED_FLAGS): a flag the chosen mode does not read stops the
+command in one line naming the modes that do. Every mode but
 train and sweep reads the model, vocabulary and checkpoints from --workdir; --config
 is then optional and only its data.* and decode.* are used
 (transformer/inference/loaded.py says what comes from where). plot and compare need no
