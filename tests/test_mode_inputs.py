@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import logging
@@ -64,8 +65,12 @@ def test_input_drops_a_byte_order_mark_once_and_reads_pipes_and_dev_null(tmp_pat
 def test_training_files_drop_a_byte_order_mark(tmp_path, caplog):
   raw = (BOM + "first line\n").encode("utf-8")
   (tmp_path / "a.txt").write_bytes(raw)
-  source = local_files.SourceFile(str(tmp_path), "a.txt", hashlib.sha256(raw).hexdigest(),
-                                  len(raw))
+  source, = local_files.hash_files(str(tmp_path), ["a.txt"])
+  assert source == local_files.SourceFile(str(tmp_path), "a.txt",
+                                          hashlib.sha256(raw).hexdigest(), len(raw), True)
+  # Its build is named apart from one that kept the mark (made before it was dropped).
+  name = lambda *files: local_files.make_config(str(tmp_path), "1.0.0", files, {}, {}).name
+  assert name(source) != name(dataclasses.replace(source, has_bom=False))
   with caplog.at_level(logging.INFO):
     for decode_errors in ("strict", "replace", "strict"):  # Said once per file.
       assert local_files.read_text(source, decode_errors) == "first line\n"

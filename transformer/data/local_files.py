@@ -69,6 +69,9 @@ class SourceFile:
   relative_path: str
   sha256: str
   num_bytes: int
+  # Whether it starts with a UTF-8 byte-order mark, which read_text drops: such a file's
+  # builds are named apart from those made before BOMs were dropped (make_config).
+  has_bom: bool = False
 
   @property
   def path(self) -> str:
@@ -183,7 +186,8 @@ def hash_files(root: str, relative_paths: Sequence[str]) -> list[SourceFile]:
   for relative in relative_paths:
     with open(os.path.join(root, relative), "rb") as f:
       raw = f.read()
-    files.append(SourceFile(root, relative, hashlib.sha256(raw).hexdigest(), len(raw)))
+    files.append(SourceFile(root, relative, hashlib.sha256(raw).hexdigest(), len(raw),
+                            raw.startswith(UTF8_BOM.encode("utf-8"))))
   return files
 
 
@@ -204,7 +208,10 @@ def make_config(source_path: str, version: tfds.core.Version, files: Sequence[So
   fingerprint = json.dumps({
       "version": str(version),
       "options": options,
-      "files": [[f.relative_path, f.sha256] for f in files],
+      # A BOM file's entry says so: its older builds kept the mark as text. Other files'
+      # names, and so every existing build, are unchanged.
+      "files": [[f.relative_path, f.sha256] + (["bom dropped"] if f.has_bom else [])
+                for f in files],
   }, sort_keys=True)
   digest = hashlib.sha256(fingerprint.encode("utf-8")).hexdigest()[:12]
   slug = re.sub(r"[^a-z0-9]+", "_", os.path.basename(source_path).lower()).strip("_")
