@@ -3,7 +3,8 @@
   --mode=train (default)  train_and_evaluate(--config, --workdir); rerunning resumes
   --mode=evaluate         loss / perplexity / accuracy (+ sacreBLEU, chrF) on a split
   --mode=translate        --input (or stdin), one sentence a line -> --output (or stdout)
-  --mode=generate         continue --prompt (or each stdin line) with a decoder LM
+  --mode=generate         continue --prompt (or each line of --input or stdin) with a
+                          decoder LM -> --output (or stdout)
   --mode=classify         --input (or stdin), one text a line -> its class and probability
                           (a model.head='classification' run) -> --output (or stdout)
   --mode=average          the mean of the newest --average_last checkpoints -> --output
@@ -22,7 +23,9 @@
                           (the --config's values when one is given)
 
 Each mode is one module of transformer/cli/ (MODES below) that defines the flags it
-owns; the flags several modes share are in transformer/cli/common.py. Every mode but
+owns; the flags several modes share are in transformer/cli/common.py, and each mode
+lists those it reads (SHARED_FLAGS): a flag the chosen mode does not read stops the
+command in one line naming the modes that do. Every mode but
 train and sweep reads the model, vocabulary and checkpoints from --workdir; --config
 is then optional and only its data.* and decode.* are used
 (transformer/inference/loaded.py says what comes from where). plot and compare need no
@@ -46,17 +49,19 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
-from transformer import plugin_noise
+from transformer.workdir import console
 
-# jax is imported below (transformer.cli's modules import the configuration): without a
-# GPU driver, jax's CUDA plugin (the compile mode's GPU targets) would print "Could not
-# find cuda drivers" lines as it loads.
-plugin_noise.import_jax_quietly()
-# The mode modules define their flags on import; none starts JAX at module level, so
-# flags parse before JAX starts.
+# Before anything loads JAX: a host without a TPU or GPU starts JAX's CPU backend only,
+# without libtpu's and the CUDA plugin's complaints (a real TPU VM or GPU host, or a
+# JAX_PLATFORMS the user set, is left alone).
+console.quiet_absent_accelerators()
+
+# The mode modules define their flags on import; JAX's backends start only once a mode
+# runs, so flags parse before any device is touched.
 from transformer.cli import average  # pylint: disable=g-import-not-at-top,wrong-import-position
 from transformer.cli import classify
 from transformer.cli import compare
+from transformer.cli import common
 from transformer.cli import compile as compile_mode
 from transformer.cli import evaluate
 from transformer.cli import generate
@@ -162,6 +167,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   mode = _MODE.value
+  usage.check_mode_flags(mode, MODES)  # A flag the mode would ignore: one line, exit 1.
   if mode in _NEEDS_CONFIG and _CONFIG.value is None:
     raise app.UsageError(f"--config is required for --mode={mode}")
   if mode not in _NO_WORKDIR and not _WORKDIR.value:
@@ -169,8 +175,11 @@ def main(argv):
                          + _WORKDIR_OF.get(mode, "a trained run"))
   if mode == "sweep" and not sweep.SWEEP.value:
     raise app.UsageError("--mode=sweep needs --sweep='model.norm=pre,post;...' or a JSON file")
-  from transformer.workdir import console  # pylint: disable=g-import-not-at-top
   console.setup_console()  # Project INFO and all warnings, without absl's prefix.
+  if mode in ("train", "compile") and _CONFIG.value is not None:
+    # A preset's steps_per_call gives way to the cadences the command line sets (a sweep
+    # does this for each of its runs, whose processes do it again, alike).
+    common.fit_steps_per_call(_CONFIG.value, common.config_overrides())
   from transformer.config.errors import ConfigError, DataError  # pylint: disable=g-import-not-at-top
   from transformer.workdir import lock  # pylint: disable=g-import-not-at-top
   if not MODES[mode].STARTS_JAX:
@@ -207,7 +216,8 @@ def main(argv):
         heartbeat_timeout_seconds=_HEARTBEAT.value)
   except ValueError as e:  # Incomplete --coordinator_address/--num_processes/--process_id.
     raise app.UsageError(str(e)) from e
-  plugin_noise.start_backends_quietly()  # No "cuda drivers" lines on a CPU/TPU host.
+  with console.backends_starting():  # Their start-up lines on a CPU-only host: log only.
+    jax.devices()
 
   workdir = _WORKDIR.value or default_workdir(flags.FLAGS["config"].config_filename)
   # One writer per workdir (process 0 holds it for the run's processes).

@@ -280,6 +280,36 @@ def test_generate_at_temperature_zero_is_decoding_generate(lm_run):
   assert continuation == run.tokenizer.decode(expected)
 
 
+def test_generate_reads_input_from_a_pipe_and_writes_output(lm_run, tmp_path, monkeypatch):
+  """generate reads --input (a `<(...)` pipe here) and writes --output as translate does;
+  the byte-order mark of the input (and of a --prompt) is not text given to the model."""
+  workdir, _, _ = lm_run
+  overrides = {"temperature": 0.0, "beam_size": 1, "max_new_tokens": 8}
+  seen = []
+  original = text.continue_texts
+  monkeypatch.setattr(text, "continue_texts", lambda *args, **kw: seen.append(args[3]) or
+                      original(*args, **kw))
+  expected = generate_mode.generate(workdir, ["the cat", "a dog"],
+                                    decode_overrides=overrides, stdout=io.StringIO())
+  read, write = os.pipe()
+  os.write(write, "\ufeffthe cat\na dog\n".encode("utf-8"))
+  os.close(write)
+  out, stdout = tmp_path / "out.txt", io.StringIO()
+  try:
+    got = generate_mode.generate(workdir, input_path=f"/dev/fd/{read}", output_path=str(out),
+                                 decode_overrides=overrides, stdout=stdout)
+  finally:
+    os.close(read)
+  assert seen[1] == ["the cat", "a dog"] and got == expected
+  assert out.read_text(encoding="utf-8") == "".join(c + "\n" for c in expected)
+  assert stdout.getvalue() == ""  # The continuations went to the file.
+  with pytest.raises(ConfigError, match=r"out\.txt' exists; pass --overwrite"):
+    generate_mode.generate(workdir, input_path="/dev/null", output_path=str(out))
+  generate_mode.generate(workdir, ["\ufeffthe cat"], decode_overrides=overrides,
+                         stdout=io.StringIO())
+  assert seen[2] == ["the cat"]
+
+
 # ---------------------------------------------------------------- average
 
 

@@ -27,7 +27,7 @@ ALLOWED: dict[str, set[str]] = {
     "accelerator": set(),
     "plugin_noise": set(),
     "sharding": {"config"},
-    "workdir": {"config"},
+    "workdir": {"config", "accelerator", "plugin_noise"},
     "model": {"config", "accelerator"},
     "data": {"config", "distributed", "workdir"},
     "inference": {"config", "sharding", "model", "data", "workdir"},

@@ -49,18 +49,29 @@ GPU_XLA_FLAGS: tuple[tuple[str, str], ...] = (
 GPU_MEMORY_FRACTION = 0.9
 
 
-def nvidia_gpus(dev: str = "/dev") -> list[str]:
-  """The NVIDIA GPU device files of this host (/dev/nvidia0, ...)."""
-  return sorted(p for p in glob.glob(os.path.join(dev, "nvidia*"))
-                if os.path.basename(p)[len("nvidia"):].isdigit())
+# Device nodes an attached accelerator creates (what libtpu and the CUDA driver open):
+# TPU v2-v4 /dev/accel<N>, TPU v5e/v5p/v6e /dev/vfio/<N> (an IOMMU group; /dev/vfio/vfio
+# alone exists on hosts without one), NVIDIA /dev/nvidia<N> and /dev/nvidiactl, WSL's
+# /dev/dxg, AMD's /dev/kfd.
+ACCELERATOR_NODES = ("/dev/accel[0-9]*", "/dev/vfio/[0-9]*", "/dev/nvidia[0-9]*",
+                     "/dev/nvidiactl", "/dev/dxg", "/dev/kfd")
 
 
-def tpu_chips(dev: str = "/dev") -> list[str]:
-  """The TPU chips' device files of this host (/dev/accel0, ..., or /dev/vfio/N on v5e
-  and later)."""
-  return sorted(glob.glob(os.path.join(dev, "accel[0-9]*")) +
-                [p for p in glob.glob(os.path.join(dev, "vfio", "*"))
-                 if os.path.basename(p).isdigit()])
+def attached_accelerators(root: str = "") -> list[str]:
+  """The accelerator device nodes present (under `root`, for tests); [] on a CPU-only host."""
+  return sorted(path for pattern in ACCELERATOR_NODES for path in glob.glob(root + pattern))
+
+
+def nvidia_gpus(root: str = "") -> list[str]:
+  """The NVIDIA GPUs' device nodes (/dev/nvidia0, ...)."""
+  return [p for p in attached_accelerators(root)
+          if os.path.basename(p)[len("nvidia"):].isdigit() and "nvidia" in p]
+
+
+def tpu_chips(root: str = "") -> list[str]:
+  """The TPU chips' device nodes (/dev/accel0, ..., or /dev/vfio/N on v5e and later)."""
+  return [p for p in attached_accelerators(root)
+          if os.path.basename(os.path.dirname(p)) == "vfio" or "/accel" in p]
 
 
 def memory_fraction(environ: Mapping[str, str] = os.environ) -> float:
@@ -84,10 +95,10 @@ def memory_fraction(environ: Mapping[str, str] = os.environ) -> float:
 
 
 def configure_environment(environ: MutableMapping[str, str] = os.environ,
-                          dev: str = "/dev") -> list[str]:
+                          root: str = "") -> list[str]:
   """Sets the GPU defaults in `environ` where a GPU is attached and the user set none;
   returns one line per setting made (for the log). Must run before JAX starts."""
-  if not nvidia_gpus(dev) or environ.get("JAX_PLATFORMS", "").strip().lower() == "cpu":
+  if not nvidia_gpus(root) or environ.get("JAX_PLATFORMS", "").strip().lower() == "cpu":
     return []
   made = []
   if "XLA_FLAGS" not in environ:
@@ -101,12 +112,12 @@ def configure_environment(environ: MutableMapping[str, str] = os.environ,
 
 
 def backend_mismatch(backend: str, environ: Mapping[str, str] = os.environ,
-                     dev: str = "/dev") -> str | None:
+                     root: str = "") -> str | None:
   """The one-line error for a host with an accelerator whose JAX started on the CPU, or
   None. `JAX_PLATFORMS=cpu` means the CPU was asked for: no error."""
   if backend != "cpu" or environ.get("JAX_PLATFORMS", "").strip().lower() == "cpu":
     return None
-  gpus, tpus = nvidia_gpus(dev), tpu_chips(dev)
+  gpus, tpus = nvidia_gpus(root), tpu_chips(root)
   if gpus:
     return (f"an NVIDIA GPU is attached ({gpus[0]}) but JAX started on the CPU: its CUDA "
             "plugin is missing or failed to load (log.txt has JAX's reason). Install it "
@@ -120,7 +131,7 @@ def backend_mismatch(backend: str, environ: Mapping[str, str] = os.environ,
 
 
 def local_device_ids(num_processes: int | None, environ: Mapping[str, str] = os.environ,
-                     dev: str = "/dev") -> list[int] | None:
+                     root: str = "") -> list[int] | None:
   """This process's GPU when several processes share a GPU host, one GPU each, else None
   (JAX's default: every local device).
 
@@ -130,7 +141,7 @@ def local_device_ids(num_processes: int | None, environ: Mapping[str, str] = os.
   """
   if not num_processes or num_processes < 2 or "CUDA_VISIBLE_DEVICES" in environ:
     return None
-  gpus = nvidia_gpus(dev)
+  gpus = nvidia_gpus(root)
   if len(gpus) < 2:
     return None
   for key in ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"):

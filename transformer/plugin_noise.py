@@ -16,7 +16,7 @@ import os
 import re
 import sys
 import tempfile
-from typing import Iterator
+from typing import Callable, Iterator
 
 NOISE = re.compile(r"Could not find cuda drivers|absl::InitializeLog\(\) is called")
 
@@ -27,8 +27,9 @@ def driver_present() -> bool:
 
 
 @contextlib.contextmanager
-def filtered() -> Iterator[None]:
-  """Drops the plugin's no-driver lines from stderr while the block runs.
+def filtered(keep: Callable[[str], None] | None = None) -> Iterator[None]:
+  """Takes the plugin's no-driver lines (and libtpu's start-up lines, `NOISE`) off stderr
+  while the block runs: each goes to `keep` (console.py: to log.txt) or is dropped.
 
   File descriptor 2 points at a file for the block and every other line is written
   back afterwards, so use it around short steps (an import, a device query, a
@@ -45,10 +46,12 @@ def filtered() -> Iterator[None]:
       os.dup2(saved, 2)
       os.close(saved)
       capture.seek(0)
-      kept = [line for line in capture.read().decode("utf-8", "replace").splitlines(True)
-              if not NOISE.search(line)]
-      if kept:
-        sys.stderr.write("".join(kept))
+      for line in capture.read().decode("utf-8", "replace").splitlines():
+        if NOISE.search(line):
+          if keep is not None:
+            keep(line)
+        elif line.strip():
+          sys.stderr.write(line + "\n")
 
 
 def import_jax_quietly() -> None:

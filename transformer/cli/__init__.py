@@ -3,7 +3,7 @@
   train.py      --mode=train: the loop, then the run's plots
   evaluate.py   --mode=evaluate (--split, --max_examples)
   translate.py  --mode=translate (--input)
-  generate.py   --mode=generate (--prompt)
+  generate.py   --mode=generate (--prompt; --input, --output as translate)
   classify.py   --mode=classify (--input, --class_names): a class and its probability a line
   average.py    --mode=average
   hf_import.py  --mode=import
@@ -16,9 +16,12 @@
   keys.py       --mode=keys: every config key with its value and base.py's comment
   common.py     flags several modes share (--input, --output, --checkpoint_step, decode flags)
                 and their file handling
-  usage.py      flag, config-file and disk/permission mistakes in one line
+  usage.py      flag, config-file and disk/permission mistakes in one line; the table of
+                which modes read which flag (check_mode_flags)
 
-Each module sets STARTS_JAX (plot, compare, keys, sweep and compile start no devices of
-this host's run: compile uses libtpu's abstract TPU devices). May import
+Each module sets SHARED_FLAGS, the cli/common.py flags it reads (with the flags its own
+module defines: the table launch.py refuses every other flag with), and STARTS_JAX
+(plot, compare, keys, sweep and compile start no devices of this host's run: compile
+uses libtpu's abstract TPU devices). May import
 every other part of the package; nothing imports cli/ but launch.py.
 """

@@ -19,6 +19,8 @@ from transformer.workdir import files
 from transformer.workdir import layout
 
 STARTS_JAX = True
+# The flags of cli/common.py this mode reads (launch.py refuses the others it is given).
+SHARED_FLAGS = ("output", "average_last", "checkpoint_step")
 
 
 def main(config: ml_collections.ConfigDict | None, workdir: str) -> None:

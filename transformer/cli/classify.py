@@ -35,6 +35,9 @@ from transformer.workdir import files
 CLASS_NAMES = flags.DEFINE_list(
     "class_names", [], "classify: names of classes 0, 1, ... written after each class id.")
 STARTS_JAX = True
+# The flags of cli/common.py this mode reads (launch.py refuses the others it is given).
+SHARED_FLAGS = ("input", "output", "overwrite", "checkpoint_step", "average_last",
+                "decode_batch_size", "overlong")
 
 
 def main(config: ml_collections.ConfigDict | None, workdir: str) -> None:

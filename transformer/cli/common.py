@@ -8,12 +8,17 @@ mode has (--config, --workdir, --mode and the jax.distributed ones).
 
 from __future__ import annotations
 
+import math
 import os
-from typing import Any, Sequence, TextIO
+from typing import Any, Collection, Sequence, TextIO
 
+import ml_collections
 from absl import flags
+from absl import logging
 
 from transformer.config.errors import ConfigError
+from transformer.config import train as train_config
+from transformer.config.checks import lookup
 
 CHECKPOINT_STEP = flags.DEFINE_integer(
     "checkpoint_step", None, "evaluate, translate, generate, average, export: the "
@@ -23,14 +28,16 @@ AVERAGE_LAST = flags.DEFINE_integer(
     "parameters of the newest N checkpoints (up to --checkpoint_step); the paper: 5 for "
     "base, 20 for big. 0: no averaging.")
 INPUT = flags.DEFINE_string(
-    "input", "", "translate, classify: a UTF-8 file, one text a line (default stdin).")
+    "input", "", "translate, classify, generate: a UTF-8 file (or pipe), one text a line "
+    "(default stdin).")
 OUTPUT = flags.DEFINE_string(
-    "output", "", "Where a mode writes its result: translate, the translations, and "
-    "classify, the classes (default stdout); evaluate, the result JSON (default in the workdir); average, the new "
+    "output", "", "Where a mode writes its result: translate, the translations, "
+    "generate, the continuations, and classify, the classes (default stdout); evaluate, the result JSON (default in the workdir); average, the new "
     "workdir; compile, the JSON report.")
 OVERWRITE = flags.DEFINE_bool(
-    "overwrite", False, "translate, evaluate: allow replacing an existing --output.")
-SEED = flags.DEFINE_integer("seed", None, "Sampling seed (default config.seed).")
+    "overwrite", False, "translate, generate, classify, evaluate: allow replacing an existing --output.")
+SEED = flags.DEFINE_integer(
+    "seed", None, "evaluate, translate, generate: sampling seed (default config.seed).")
 LOG_STEPS = flags.DEFINE_bool("log_steps", False, "plot, compare, sweep: log-scaled step axis.")
 HF_DIR = flags.DEFINE_string(
     "hf_dir", "", "import: the Hugging Face model folder to read (config.json + "
@@ -53,6 +60,54 @@ DECODE_FLAGS = {
         "overlong", None, ["truncate", "error"], "decode.overlong: a source or prompt "
         "longer than the context is truncated (warned) or stops the command."),
 }
+
+
+# The flags `loading_flags` reads: what a mode that loads a run for inference lists in
+# its SHARED_FLAGS.
+DECODE_FLAG_NAMES = tuple(flag.name for flag in DECODE_FLAGS.values())
+LOADING_FLAGS = ("checkpoint_step", "average_last", *DECODE_FLAG_NAMES)
+
+
+def config_overrides() -> dict[str, Any]:
+  """{key: value} of the --config.x flags given on the command line (config_flags records them)."""
+  return dict(flags.FLAGS["config"].override_values) if "config" in flags.FLAGS else {}
+
+
+def fit_steps_per_call(config: ml_collections.ConfigDict, explicit: Collection[str],
+                       where: str = "") -> None:
+  """Lowers a preset's train.steps_per_call to a divisor of every cadence, said in one line.
+
+  train.steps_per_call is a speed knob (the same updates, fewer compiled calls) that the
+  CPU presets set to 10; a cadence the user sets (--config.train.log_every=5) must not
+  be refused for it. Unless the command line sets train.steps_per_call itself, it
+  becomes the largest value <= the preset's that divides train.log_every,
+  train.eval_every and checkpoint.every; an explicit value that conflicts is left for
+  `validate` to refuse. Every process that builds the config (a sweep and each of its
+  runs) derives the same value from the same flags.
+
+  Args:
+    config: the config to adjust in place (a locked ConfigDict may change values).
+    explicit: the keys the command line sets (config_overrides(), a sweep run's keys).
+    where: what to prefix the line with (a sweep's run), "" for none.
+  """
+  per_call = config.train.steps_per_call
+  cadences = {key: lookup(config, key) for key in train_config.STEPS_PER_CALL_CADENCES}
+  if ("train.steps_per_call" in explicit or isinstance(per_call, bool)
+      or not isinstance(per_call, int) or per_call < 1
+      or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1
+                 for v in cadences.values())):
+    return  # Explicit, or a value validate refuses in its own words.
+  common_divisor = math.gcd(*cadences.values())
+  if common_divisor % per_call == 0:
+    return
+  fitted = max(d for d in range(1, per_call + 1) if common_divisor % d == 0)
+  config.train.steps_per_call = fitted
+  logging.warning(
+      "%strain.steps_per_call=%d (the preset's) does not divide %s: using %d, the largest "
+      "value <= %d that divides them all (set --config.train.steps_per_call to choose)",
+      f"{where}: " if where else "", per_call,
+      ", ".join(f"{key}={every}" for key, every in cadences.items() if every % per_call),
+      fitted, per_call)
 
 
 def loading_flags(config: Any) -> dict[str, Any]:
@@ -92,22 +147,42 @@ def check_text(text: str, where: str) -> str:
 def read_lines(path: str, stream: TextIO) -> list[str]:
   """Lines of a UTF-8 file (or `stream` for ""), without line ends; '\\n'-separated only.
 
+  `path` may be anything readable (a pipe such as `<(...)`, /dev/null, a FIFO), not only a
+  regular file. A leading UTF-8 byte-order mark is dropped, and said once (strip_bom).
+
   Raises:
-    ConfigError: a missing file, or bytes that are not UTF-8 (naming line and byte).
+    ConfigError: a missing, unreadable or folder path, or bytes that are not UTF-8
+      (naming line and byte).
   """
+  # Lazy: data/local_files imports tensorflow_datasets; flags parse before such imports.
+  from transformer.data import local_files  # pylint: disable=g-import-not-at-top
   if path:
-    if not os.path.isfile(path):
-      raise ConfigError(f"--input={path!r} is not a file")
-    with open(path, "rb") as f:
-      text = decode_utf8(f.read(), path)
+    text = decode_utf8(read_input(path), path)
   else:
     buffer = getattr(stream, "buffer", None)  # Bytes, so that a bad byte can be named.
     text = (decode_utf8(buffer.read(), "stdin") if buffer is not None
             else check_text(stream.read(), "stdin"))
+  text = local_files.strip_bom(text, path or "stdin")
   lines = text.split("\n")
   if lines and lines[-1] == "":
     lines.pop()  # The final newline ends the last line; it does not start another.
   return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def read_input(path: str, flag: str = "--input") -> bytes:
+  """The bytes of `path`: a file, a pipe, a FIFO or a device; ConfigError in one line if not."""
+  if os.path.isdir(path):
+    raise ConfigError(f"{flag}={path!r} is a folder; give a file (or a pipe) with one text a "
+                      f"line, or leave {flag} out to read stdin")
+  try:
+    with open(path, "rb") as f:
+      return f.read()
+  except FileNotFoundError:
+    raise ConfigError(f"{flag}={path!r} does not exist; give a file (or a pipe) with one text "
+                      f"a line, or leave {flag} out to read stdin") from None
+  except PermissionError:
+    raise ConfigError(f"{flag}={path!r} is not readable by this user (permission denied); "
+                      "chmod it, or pipe it on stdin") from None
 
 
 def check_output(path: str, overwrite: bool, inputs: Sequence[str] = (),

@@ -12,6 +12,8 @@ from transformer.reports import compare
 COMPARE_DIRS = flags.DEFINE_list(
     "compare_dirs", [], "compare: the workdirs to compare (default: the runs in --workdir).")
 STARTS_JAX = False
+# The flags of cli/common.py this mode reads (launch.py refuses the others it is given).
+SHARED_FLAGS = ("log_steps",)
 
 
 def main(config: ml_collections.ConfigDict | None, workdir: str) -> int:

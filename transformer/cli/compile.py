@@ -49,6 +49,8 @@ _TRY_LEVERS = flags.DEFINE_bool(
 
 
 STARTS_JAX = False  # No jax.distributed, no workdir: it compiles on this host's CPU.
+# The flags of cli/common.py this mode reads (launch.py refuses the others it is given).
+SHARED_FLAGS = ("output",)
 
 
 def main(config: ml_collections.ConfigDict, workdir: str | None) -> int:

@@ -33,6 +33,8 @@ SPLIT = flags.DEFINE_string("split", "", "evaluate: the split (default data.eval
 MAX_EXAMPLES = flags.DEFINE_integer(
     "max_examples", 0, "evaluate: score only the split's first N examples (0: all).")
 STARTS_JAX = True
+# The flags of cli/common.py this mode reads (launch.py refuses the others it is given).
+SHARED_FLAGS = ("output", "overwrite", "seed", *common.LOADING_FLAGS)
 
 
 def main(config: ml_collections.ConfigDict | None, workdir: str) -> None:

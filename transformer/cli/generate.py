@@ -1,4 +1,7 @@
-"""--mode=generate: continue --prompt (or each stdin line) with a decoder LM.
+"""--mode=generate: continue --prompt (or each line of --input, or of stdin) with a decoder LM.
+
+The continuations go to --output (written at the end, atomically; --overwrite to
+replace it) or stdout, each followed by a newline, as translate and classify write.
 
 Reads --workdir's model, vocabulary and checkpoint (inference/loaded.py says what comes
 from where); --config is optional and only its data.* and decode.* are used; the
@@ -13,24 +16,35 @@ from typing import Any, Mapping, Sequence, TextIO
 import jax
 import ml_collections
 from absl import flags
+from absl import logging
 
 from transformer.cli import common
 from transformer.config.errors import ConfigError
+from transformer.data import local_files
 from transformer.inference import loaded
 from transformer.inference import text
+from transformer.workdir import files
 
 PROMPT = flags.DEFINE_string(
-    "prompt", None, "generate: the text to continue (default: each line of stdin).")
+    "prompt", None, "generate: the text to continue (default: each line of --input, or of "
+    "stdin).")
 STARTS_JAX = True
+# The flags of cli/common.py this mode reads (launch.py refuses the others it is given).
+SHARED_FLAGS = ("input", "output", "overwrite", "seed", *common.LOADING_FLAGS)
 
 
 def main(config: ml_collections.ConfigDict | None, workdir: str) -> None:
   """launch.py --mode=generate."""
+  if PROMPT.value is not None and common.INPUT.value:
+    raise ConfigError("--prompt and --input both give prompts; pass one of them")
   prompts = None if PROMPT.value is None else [PROMPT.value]
-  generate(workdir, prompts, seed=common.SEED.value, **common.loading_flags(config))
+  generate(workdir, prompts, input_path=common.INPUT.value, output_path=common.OUTPUT.value,
+           overwrite=common.OVERWRITE.value, seed=common.SEED.value,
+           **common.loading_flags(config))
 
 
 def generate(workdir: str, prompts: Sequence[str] | None = None, *,
+             input_path: str = "", output_path: str = "", overwrite: bool = False,
              config: ml_collections.ConfigDict | None = None,
              checkpoint_step: int | None = None, average_last: int = 0,
              decode_overrides: Mapping[str, Any] | None = None, seed: int | None = None,
@@ -44,7 +58,12 @@ def generate(workdir: str, prompts: Sequence[str] | None = None, *,
 
   Args:
     workdir: the run's workdir.
-    prompts: the texts to continue; None reads stdin, one prompt per line.
+    prompts: the texts to continue; None reads `input_path` (or stdin), one prompt
+      per line. A leading UTF-8 byte-order mark is dropped from each source.
+    input_path: a UTF-8 file (or pipe), one prompt a line; "" reads `stdin`.
+    output_path: where the continuations go (atomically, at the end); "" prints them.
+      Never the input; an existing file only with `overwrite`.
+    overwrite: allow replacing an existing output file.
     config, checkpoint_step, average_last, decode_overrides: as for `inference.loaded.load_run`.
     seed: the sampling seed; None: the run's config.seed.
     stdin: where prompts are read when `prompts` is None (default sys.stdin).
@@ -55,31 +74,39 @@ def generate(workdir: str, prompts: Sequence[str] | None = None, *,
     The continuations, in prompt order.
 
   Raises:
-    ConfigError: not a decoder LM, an empty prompt, or (decode.overlong='error') a
+    ConfigError: not a decoder LM, an empty prompt, a missing input, an output that
+      exists (or is the input), or (decode.overlong='error') a
       prompt that does not fit the context with max_new_tokens.
   """
-  run = loaded.load_run(workdir, config=config, checkpoint_step=checkpoint_step,
-                 average_last=average_last, decode_overrides=decode_overrides)
-  run.require("decoder", "lm", "generate",
-           "Use --mode=translate for an encoder-decoder.")
-  if prompts is None:
-    prompts = common.read_lines("", stdin or sys.stdin)
-    names = [f"stdin line {i + 1}" for i in range(len(prompts))]
+  if output_path:
+    common.check_output(output_path, overwrite, [input_path])
+  if prompts is None:  # Read (and checked) before the model loads.
+    prompts = common.read_lines(input_path, stdin or sys.stdin)
+    names = [f"{input_path or 'stdin'} line {i + 1}" for i in range(len(prompts))]
   else:
     names = ["--prompt"] if len(prompts) == 1 else [f"prompt {i + 1}"
                                                      for i in range(len(prompts))]
+    prompts = [local_files.strip_bom(p, name) for p, name in zip(prompts, names)]
   if not prompts:
-    raise ConfigError("no prompt: give --prompt=TEXT or lines on stdin")
+    raise ConfigError("no prompt: give --prompt=TEXT, --input=FILE or lines on stdin")
   prompts = [common.check_text(p, name) for p, name in zip(prompts, names)]
+  run = loaded.load_run(workdir, config=config, checkpoint_step=checkpoint_step,
+                        average_last=average_last, decode_overrides=decode_overrides)
+  run.require("decoder", "lm", "generate", "Use --mode=translate for an encoder-decoder.")
   decode = run.config.decode
   policy = text.prompt_policy(run.config, decode.max_new_tokens, decode.overlong)
   with run.context():
     continuations = text.continue_texts(
         run.model_config, run.params, run.tokenizer, prompts, decode, policy,
         max_new_tokens=decode.max_new_tokens, names=names, rng=run.sampling_rng(seed))
-  out = stdout or sys.stdout
   if jax.process_index() == 0:
-    for continuation in continuations:
-      out.write(continuation + "\n")
-    out.flush()
+    result = "".join(continuation + "\n" for continuation in continuations)
+    if output_path:
+      common.check_output(output_path, overwrite, [input_path])  # None appeared meanwhile.
+      files.write_atomically(output_path, result)
+      logging.info("Wrote %d continuations to %s", len(continuations), output_path)
+    else:
+      out = stdout or sys.stdout
+      out.write(result)
+      out.flush()
   return continuations

@@ -16,6 +16,8 @@ from transformer.interop.hf import gpt2
 from transformer.interop.hf import llama
 
 STARTS_JAX = True
+# The flags of cli/common.py this mode reads (launch.py refuses the others it is given).
+SHARED_FLAGS = ("hf_dir", "checkpoint_step")
 
 
 def export(workdir: str, hf_dir: str, *, checkpoint_step: int | None = None) -> str:

@@ -11,6 +11,8 @@ from transformer.cli import common
 from transformer.interop.hf import importer
 
 STARTS_JAX = True
+# The flags of cli/common.py this mode reads (launch.py refuses the others it is given).
+SHARED_FLAGS = ("hf_dir",)
 
 
 def main(config: ml_collections.ConfigDict | None, workdir: str) -> None:

@@ -20,6 +20,8 @@ from configs import base
 from transformer.config.errors import ConfigError
 
 STARTS_JAX = False
+# The flags of cli/common.py this mode reads (launch.py refuses the others it is given).
+SHARED_FLAGS = ()
 BASE = os.path.abspath(base.__file__)
 # `alias.key = value  # comment` (the alias a group is bound to, `opt` for optimizer).
 _ASSIGNMENT = re.compile(r"^\s*(\w+)\.(\w+)\s*=")

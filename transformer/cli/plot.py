@@ -8,6 +8,8 @@ from transformer.cli import common
 from transformer.reports import plots
 
 STARTS_JAX = False
+# The flags of cli/common.py this mode reads (launch.py refuses the others it is given).
+SHARED_FLAGS = ("log_steps",)
 
 
 def main(config: ml_collections.ConfigDict | None, workdir: str) -> int:

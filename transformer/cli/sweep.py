@@ -82,6 +82,8 @@ SWEEP = flags.DEFINE_string(
     "sweep", "", "sweep: config overrides to grid over, 'model.norm=pre,post;"
     "model.position=rope,alibi', or a JSON file (transformer/cli/sweep.py).")
 STARTS_JAX = False  # Each run is a launch.py process of its own that needs the devices.
+# The flags of cli/common.py this mode reads (launch.py refuses the others it is given).
+SHARED_FLAGS = ("log_steps",)
 # launch.py's flags passed on to each run of a sweep: every run is one jax.distributed job.
 LAUNCHER_FLAGS = ("distributed", "coordinator_address", "num_processes", "process_id",
                   "heartbeat_timeout_seconds")
@@ -295,6 +297,10 @@ def build_runs(config: ml_collections.ConfigDict, spec: str,
       node, last = _field(run_config, key)
       node[last] = value
     run = SweepArm(as_flags, name, run_config)
+    # As the run's own launch.py process will (its keys and --config.x flags are its
+    # command line's), so that the config recorded here is the one it trains.
+    common.fit_steps_per_call(run_config, set(fixed) | set(overrides),
+                              where=f"--sweep run {index}/{len(flags)} ({run.label})")
     try:
       validate(run_config)
     except ConfigError as e:

@@ -33,6 +33,8 @@ from transformer.workdir import run_record
 from transformer.workdir.console import format_duration
 
 STARTS_JAX = True
+# The flags of cli/common.py this mode reads (launch.py refuses the others it is given).
+SHARED_FLAGS = ()
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:

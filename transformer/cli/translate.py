@@ -6,7 +6,6 @@ where); the decode flags (cli/common.py) set single decode.* fields.
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any, Mapping, TextIO
 
@@ -21,6 +20,8 @@ from transformer.inference import text
 from transformer.workdir import files
 
 STARTS_JAX = True
+# The flags of cli/common.py this mode reads (launch.py refuses the others it is given).
+SHARED_FLAGS = ("input", "output", "overwrite", "seed", *common.LOADING_FLAGS)
 
 
 def main(config: ml_collections.ConfigDict | None, workdir: str) -> None:
@@ -46,7 +47,8 @@ def translate(workdir: str, *, input_path: str = "", output_path: str = "",
 
   Args:
     workdir: the run's workdir.
-    input_path: a UTF-8 file, one sentence per line; "" reads stdin.
+    input_path: a UTF-8 file (or pipe), one sentence per line; "" reads stdin. A
+      leading byte-order mark is dropped (common.read_lines).
     output_path: where translations go, one per line; "" prints them. Never the
       input; an existing file only with `overwrite`. Written at the end, atomically.
     overwrite: allow replacing an existing output file.
@@ -60,8 +62,6 @@ def translate(workdir: str, *, input_path: str = "", output_path: str = "",
     ConfigError: not an encoder-decoder, a missing input, an output that exists (or
       is the input), or an overlong line with decode.overlong='error'.
   """
-  if input_path and not os.path.isfile(input_path):
-    raise ConfigError(f"--input={input_path!r} is not a file")
   if output_path:
     common.check_output(output_path, overwrite, [input_path])
   # Read (and checked: UTF-8, naming a bad line and byte) before the model loads.

@@ -5,6 +5,8 @@ console as a Python traceback:
   - flags that fail while absl parses them: a config file that is missing, does not
     parse, or whose `get_config(arg)` rejects its argument; an override of a key
     the config does not declare (`--config.model.nope=1`);
+  - a flag the chosen --mode does not read (`--output` with --mode=plot): refused,
+    naming the modes that read it (check_mode_flags);
   - the machine refusing a file operation: a full disk, no permission, a read-only
     file system, a path through a regular file, a --workdir that is a file.
 Imports nothing heavy: launch.py parses flags before JAX starts.
@@ -16,7 +18,8 @@ import errno
 import os
 import re
 import sys
-from typing import NoReturn, Sequence
+from types import ModuleType
+from typing import Mapping, NoReturn, Sequence
 
 from absl import flags
 
@@ -96,6 +99,39 @@ def parse_flags(argv: list[str]) -> list[str]:
     except OSError as e:
       _flags_error(f"--config: {' '.join(str(e).split())}")
   return remaining
+
+
+def flag_readers(modes: Mapping[str, ModuleType]) -> dict[str, list[str]]:
+  """{flag name: the modes that read it} for every flag a mode module or cli/common.py defines.
+
+  A mode reads the flags its own module defines (absl records each flag's module) and
+  the cli/common.py flags its SHARED_FLAGS lists. launch.py's own flags (--config,
+  --workdir, the jax.distributed ones) and absl's are not in the table.
+  """
+  readers: dict[str, list[str]] = {}
+  for name, module in modes.items():
+    own = [flag.name for flag in flags.FLAGS.get_flags_for_module(module.__name__)]
+    for flag in own + list(module.SHARED_FLAGS):
+      readers.setdefault(flag, []).append(name)
+  # cli/common.py's flags that no mode lists still belong to the table (read by none).
+  for flag in flags.FLAGS.get_flags_for_module("transformer.cli.common"):
+    readers.setdefault(flag.name, [])
+  return readers
+
+
+def check_mode_flags(mode: str, modes: Mapping[str, ModuleType]) -> None:
+  """Exits in one line if a flag given on the command line is one `mode` does not read.
+
+  Args:
+    mode: the --mode given.
+    modes: launch.py's MODES, {mode: its cli module}.
+  """
+  for flag, readers in sorted(flag_readers(modes).items()):
+    if flags.FLAGS[flag].present and mode not in readers:
+      taken = (f"only --mode={'/'.join(sorted(readers))} reads it" if readers
+               else "no mode reads it")
+      _flags_error(f"--{flag} is not used by --mode={mode}: {taken}. Leave it out (or "
+                   "choose the mode that uses it).")
 
 
 # Modes whose output file can go elsewhere: the fix for an unwritable workdir is --output.

@@ -72,10 +72,14 @@ def validate_train(config: ml_collections.ConfigDict) -> None:
           "one of its checkpoints/<step> directories")
 
 
+# The cadences train.steps_per_call must divide (cli/common.fit_steps_per_call reads it too).
+STEPS_PER_CALL_CADENCES = ("train.log_every", "train.eval_every", "checkpoint.every")
+
+
 def check_steps_per_call(config: ml_collections.ConfigDict) -> None:
   """Rows, evaluations and checkpoints fall between calls: each cadence is a multiple."""
   per_call = config.train.steps_per_call
-  for key in ("train.log_every", "train.eval_every", "checkpoint.every"):
+  for key in STEPS_PER_CALL_CADENCES:
     every = lookup(config, key)
     if every % per_call:
       divisors = [d for d in range(1, every + 1) if every % d == 0]

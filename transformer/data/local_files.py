@@ -32,6 +32,33 @@ _LOCATIONS_LOGGED = 5  # Drop logs and error messages list this many file:line p
 # (path, sha256) of files whose U+FFFD replacements were logged: a file read twice
 # (both ends of a positional split, a TSV's header and rows) is reported once.
 _REPLACEMENTS_LOGGED: set[tuple[str, str]] = set()
+# (path, sha256) of files whose byte-order mark was reported (once per file, as above).
+_BOMS_LOGGED: set[tuple[str, str]] = set()
+UTF8_BOM = "\ufeff"
+
+
+def strip_bom(text: str, where: str, logged: set[tuple[str, str]] | None = None,
+              key: tuple[str, str] | None = None) -> str:
+  """`text` without a leading UTF-8 byte-order mark, said once per `key` when one is dropped.
+
+  Windows editors start UTF-8 files with U+FEFF; kept, it would be a character of the
+  first line (a BOM-only line would get a translation, the character tokenizer an
+  unknown id). Every text input (training files, --input, stdin, --prompt) drops it.
+
+  Args:
+    text: decoded text.
+    where: the file (or "stdin", "--prompt") named in the log line.
+    logged: keys already reported (None: report every time).
+    key: what identifies this input in `logged`.
+  """
+  if not text.startswith(UTF8_BOM):
+    return text
+  if logged is None or key not in logged:
+    if logged is not None:
+      logged.add(key)
+    logging.info("%s starts with a UTF-8 byte-order mark (U+FEFF): dropped, not read as text",
+                 where)
+  return text[len(UTF8_BOM):]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +69,9 @@ class SourceFile:
   relative_path: str
   sha256: str
   num_bytes: int
+  # Whether it starts with a UTF-8 byte-order mark, which read_text drops: such a file's
+  # builds are named apart from those made before BOMs were dropped (make_config).
+  has_bom: bool = False
 
   @property
   def path(self) -> str:
@@ -156,7 +186,8 @@ def hash_files(root: str, relative_paths: Sequence[str]) -> list[SourceFile]:
   for relative in relative_paths:
     with open(os.path.join(root, relative), "rb") as f:
       raw = f.read()
-    files.append(SourceFile(root, relative, hashlib.sha256(raw).hexdigest(), len(raw)))
+    files.append(SourceFile(root, relative, hashlib.sha256(raw).hexdigest(), len(raw),
+                            raw.startswith(UTF8_BOM.encode("utf-8"))))
   return files
 
 
@@ -177,7 +208,10 @@ def make_config(source_path: str, version: tfds.core.Version, files: Sequence[So
   fingerprint = json.dumps({
       "version": str(version),
       "options": options,
-      "files": [[f.relative_path, f.sha256] for f in files],
+      # A BOM file's entry says so: its older builds kept the mark as text. Other files'
+      # names, and so every existing build, are unchanged.
+      "files": [[f.relative_path, f.sha256] + (["bom dropped"] if f.has_bom else [])
+                for f in files],
   }, sort_keys=True)
   digest = hashlib.sha256(fingerprint.encode("utf-8")).hexdigest()[:12]
   slug = re.sub(r"[^a-z0-9]+", "_", os.path.basename(source_path).lower()).strip("_")
@@ -214,7 +248,7 @@ def read_text(source: SourceFile, decode_errors: str) -> str:
     decode_errors: "strict" (raise on undecodable bytes) or "replace" (U+FFFD, logged).
 
   Returns:
-    The decoded text.
+    The decoded text, without a leading byte-order mark (strip_bom).
 
   Raises:
     DataError: the file changed since it was hashed, or (strict) it is not UTF-8.
@@ -224,11 +258,13 @@ def read_text(source: SourceFile, decode_errors: str) -> str:
   if hashlib.sha256(raw).hexdigest() != source.sha256:
     raise DataError(f"{source.path}: the file changed while the dataset was being "
                     "built; build again once it no longer changes.")
+  key = (source.path, source.sha256)
   try:
-    return raw.decode("utf-8")
+    return strip_bom(raw.decode("utf-8"), source.path, _BOMS_LOGGED, key)
   except UnicodeDecodeError:
     pass  # Fall through to count and locate every undecodable byte.
   text, num_bad, first = _decode_replacing(raw)
+  text = strip_bom(text, source.path, _BOMS_LOGGED, key)
   line = raw.count(b"\n", 0, first) + 1
   if decode_errors == "strict":
     raise DataError(
@@ -236,8 +272,8 @@ def read_text(source: SourceFile, decode_errors: str) -> str:
         f"the start of the file); the file has {num_bad} undecodable bytes in total. "
         "Valid is UTF-8 text: re-encode the file, or set config.data.decode_errors="
         "'replace' to read them as U+FFFD.")
-  if (source.path, source.sha256) not in _REPLACEMENTS_LOGGED:
-    _REPLACEMENTS_LOGGED.add((source.path, source.sha256))
+  if key not in _REPLACEMENTS_LOGGED:
+    _REPLACEMENTS_LOGGED.add(key)
     logging.warning("%s: %d undecodable bytes decoded as U+FFFD (first at line %d, byte "
                     "offset %d)", source.path, num_bad, line, first)
   return text

@@ -8,6 +8,12 @@ progress bars and SentencePiece's native trainer lines stay off it (the latter g
 the log through `native_stderr_to_log`). `<workdir>/log.txt` gets every record at INFO
 and above in absl's full format (level, date, time, thread, file:line), appended
 across restarts, so nothing filtered from the console is lost.
+
+On a host with no TPU and no GPU attached (`quiet_absent_accelerators`, before JAX
+loads), JAX starts its CPU backend only, so libtpu's "unexpected worker hostname" and
+the CUDA plugin's "Unable to load CUDA" lines never appear, and the CUDA plugin's
+"Could not find cuda drivers" line from loading JAX goes to log.txt only. A host with
+an accelerator's device node, or a JAX_PLATFORMS the user set, is left as it is.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from typing import Iterator
 
 from absl import logging as absl_logging
 
+from transformer import accelerator
+from transformer import plugin_noise
 from transformer.workdir import layout
 
 # This file is transformer/workdir/console.py: the package is one folder up, launch.py two.
@@ -121,6 +129,62 @@ class _LogFile(logging.FileHandler):
     absl_logging.warning("No longer writing %s: %s", self.baseFilename, error)
 
 
+_startup_lines: list[str] = []  # Captured while JAX loaded; logged by setup_console.
+
+
+_cpu_only = False  # Whether quiet_absent_accelerators took this host for CPU-only.
+_console_ready = False  # Whether setup_console has run.
+
+
+def quiet_absent_accelerators(root: str = "") -> bool:
+  """Before JAX loads: on a host without accelerators, starts only JAX's CPU backend.
+
+  Otherwise every command would print libtpu's and the CUDA plugin's complaints that
+  there is no TPU or GPU (the test requirements install both). JAX is imported here
+  with file descriptor 2 captured (`_startup_lines_kept`): the CUDA plugin's "no
+  driver" line goes to the log; any other line is written back to stderr.
+
+  Args:
+    root: prefix of the device paths (tests point it at a fake /dev).
+
+  Returns:
+    Whether the host was taken for CPU-only (JAX_PLATFORMS set to "cpu").
+  """
+  global _cpu_only
+  if "JAX_PLATFORMS" in os.environ or accelerator.attached_accelerators(root) or "jax" in sys.modules:
+    return False  # The user's choice, a real TPU/GPU host, or too late to choose.
+  os.environ["JAX_PLATFORMS"] = "cpu"
+  _cpu_only = True
+  with _startup_lines_kept():
+    import jax  # pylint: disable=g-import-not-at-top,unused-import
+  return True
+
+
+@contextlib.contextmanager
+def backends_starting() -> Iterator[None]:
+  """Around the first JAX device query (launch.py): on a CPU-only host, the CUDA plugin
+  library that JAX loads then prints its "no driver" line; it goes to the log."""
+  with _startup_lines_kept() if _cpu_only else contextlib.nullcontext():
+    yield
+
+
+def _startup_lines_kept():
+  """fd 2 captured (plugin_noise.filtered): the harmless start-up lines kept for the log."""
+  return plugin_noise.filtered(keep=_kept)
+
+
+def _kept(line: str) -> None:
+  _startup_lines.append(line)
+  if _console_ready:  # Else setup_console logs them, once its filter is in place.
+    _log_startup_lines()
+
+
+def _log_startup_lines() -> None:
+  for line in _startup_lines:  # Off the console, into log.txt (quiet_absent_accelerators).
+    logging.getLogger("jax_startup").info("%s", line, extra={"console": False})
+  _startup_lines.clear()
+
+
 def setup_console() -> None:
   """Applies the console format and filter to absl's stderr handler; hides TFDS progress bars.
 
@@ -130,6 +194,9 @@ def setup_console() -> None:
   handler.setFormatter(ConsoleFormatter())
   handler.addFilter(show_on_console)
   logging.getLogger().addHandler(_early_records)
+  global _console_ready
+  _console_ready = True
+  _log_startup_lines()
   # Nested tqdm bars written to a file or a pipe are a wall of "\x1b[A" lines; the
   # builders log what they prepare instead.
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
