@@ -49,12 +49,16 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from transformer import accelerator
 from transformer.workdir import console
 
 # Before anything loads JAX: a host without a TPU or GPU starts JAX's CPU backend only,
 # without libtpu's and the CUDA plugin's complaints (a real TPU VM or GPU host, or a
 # JAX_PLATFORMS the user set, is left alone).
 console.quiet_absent_accelerators()
+# On a GPU host: the XLA flags and memory fraction a GPU run should have, where the user
+# set none (transformer/accelerator.py lists them and why); logged once the console is up.
+_ACCELERATOR_SETTINGS = accelerator.configure_environment()
 
 # The mode modules define their flags on import; JAX's backends start only once a mode
 # runs, so flags parse before any device is touched.
@@ -213,11 +217,19 @@ def main(argv):
     distributed.initialize(
         auto=_DISTRIBUTED.value, coordinator_address=_COORDINATOR.value,
         num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value,
-        heartbeat_timeout_seconds=_HEARTBEAT.value)
+        heartbeat_timeout_seconds=_HEARTBEAT.value,
+        # One process per GPU on a host: each claims its own GPU, not all of them.
+        local_device_ids=accelerator.local_device_ids(_NUM_PROCESSES.value))
   except ValueError as e:  # Incomplete --coordinator_address/--num_processes/--process_id.
     raise app.UsageError(str(e)) from e
   with console.backends_starting():  # Their start-up lines on a CPU-only host: log only.
     jax.devices()
+  for setting in _ACCELERATOR_SETTINGS:
+    logging.info("GPU default: %s", setting)
+  mismatch = accelerator.backend_mismatch(jax.default_backend())
+  if mismatch and mode != "compile":  # compile runs on the CPU on purpose.
+    sys.stderr.write(f"\nConfigError: {mismatch}\n")
+    sys.exit(2)
 
   workdir = _WORKDIR.value or default_workdir(flags.FLAGS["config"].config_filename)
   # One writer per workdir (process 0 holds it for the run's processes).

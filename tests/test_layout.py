@@ -108,4 +108,4 @@ def test_each_package_docstring_is_its_map():
 def test_launch_dispatches_through_the_cli_package():
   """launch.py is thin: it imports the mode modules and the package's ground, no more."""
   imported = {part for _, part in _imported_parts(ROOT / "launch.py")}
-  assert imported <= {"cli", "workdir", "config", "distributed", "plugin_noise"}, imported
+  assert imported <= {"cli", "workdir", "config", "distributed", "plugin_noise", "accelerator"}, imported

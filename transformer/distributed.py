@@ -19,7 +19,8 @@ from jax.experimental import multihost_utils
 
 def initialize(*, auto: bool = False, coordinator_address: str | None = None,
                num_processes: int | None = None, process_id: int | None = None,
-               heartbeat_timeout_seconds: int = 100) -> bool:
+               heartbeat_timeout_seconds: int = 100,
+               local_device_ids: list[int] | None = None) -> bool:
   """Calls `jax.distributed.initialize` when several processes are in play.
 
   Args:
@@ -29,6 +30,8 @@ def initialize(*, auto: bool = False, coordinator_address: str | None = None,
     process_id: this process, 0..num_processes-1 (with coordinator_address).
     heartbeat_timeout_seconds: after this long without a heartbeat from a peer, every
       process stops with an error instead of waiting forever on a dead peer.
+    local_device_ids: the devices of this host this process uses (one GPU per process,
+      accelerator.local_device_ids); None: all of them.
 
   Returns:
     Whether the distributed runtime was started.
@@ -48,7 +51,8 @@ def initialize(*, auto: bool = False, coordinator_address: str | None = None,
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   jax.distributed.initialize(
       coordinator_address=coordinator_address, num_processes=num_processes,
-      process_id=process_id, heartbeat_timeout_seconds=heartbeat_timeout_seconds)
+      process_id=process_id, heartbeat_timeout_seconds=heartbeat_timeout_seconds,
+      local_device_ids=local_device_ids)
   logging.info("jax.distributed started: process %d of %d", jax.process_index(),
                jax.process_count())
   return True
