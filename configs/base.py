@@ -70,11 +70,11 @@ def get_config() -> ml_collections.ConfigDict:
   model.never_predict = ()  # Token ids never predicted: out of decoding and of the loss's softmax (rows hf_import adds for roles a vocabulary lacks).
   model.embed_dropout = 0.0  # Dropout on the summed token + position embedding.
   model.residual_dropout = 0.0  # Dropout on each sublayer output before the residual add.
-  model.attention_dropout = 0.0  # Dropout on attention probabilities (needs attention_impl="einsum").
+  model.attention_dropout = 0.0  # Dropout on attention probabilities (attention_impl "einsum", or "auto" which then uses it).
   model.mlp_dropout = 0.0  # Dropout on the MLP hidden activations.
   model.dtype = "auto"  # Compute dtype: "auto" (bfloat16 on GPU/TPU, float32 on CPU) | float32 | bfloat16.
   model.param_dtype = "float32"  # Storage dtype of parameters and optimizer state.
-  model.attention_impl = "xla"  # "xla" | "cudnn" (jax.nn.dot_product_attention) | "einsum" (reference).
+  model.attention_impl = "auto"  # "auto" (cuDNN on GPUs, splash on TPUs, xla on CPUs) | "xla" | "einsum" | "cudnn" | "splash" (model/attention_ops.py).
   # Mixture of experts (README "Mixture of experts"): the moe_* keys apply with mlp="moe".
   model.mlp = "dense"  # Feed-forward of a block: "dense" (one MLP) | "moe" (routed experts on the layers moe_every picks).
   model.num_experts = 8  # Routed experts per MoE layer (Mixtral 8, OLMoE 64, Switch-base 8..256).

@@ -101,13 +101,14 @@ def test_local_datasets_are_the_catalog_builders():
   assert data_config.LOCAL_DATASETS == tuple(catalog.LOCAL_BUILDERS)
 
 
-def test_attention_impls_are_einsum_or_what_jax_implements():
+def test_attention_impls_are_the_kernels_and_jax_implements_its_two():
+  """xla and cudnn go through jax's own implementations; the rest are attention_ops.py's."""
   annotation = jax.nn.dot_product_attention.__annotations__["implementation"]
   if isinstance(annotation, str):  # A postponed annotation: resolve it.
     annotation = typing.get_type_hints(jax.nn.dot_product_attention)["implementation"]
   jax_names = {name for arg in typing.get_args(annotation) for name in typing.get_args(arg)}
   assert jax_names, annotation
-  assert set(model_config.ATTENTION_IMPLS) - {"einsum"} <= jax_names
+  assert {"xla", "cudnn"} <= jax_names
   assert _rejected_listing("model.attention_impl") == list(model_config.ATTENTION_IMPLS)
 
 
@@ -176,3 +177,10 @@ def test_model_config_reads_each_field_from_the_config():
   assert hash(decoding) != hash(cfg) and decoding.d_model == cfg.d_model
   with pytest.raises(dataclasses.FrozenInstanceError):
     cfg.d_model = 1  # type: ignore[misc]
+
+
+def test_attention_impls_are_the_kernels():
+  """model.attention_impl's values are attention_ops.py's kernels, and splash's block is one."""
+  from transformer.model import attention_ops  # pylint: disable=g-import-not-at-top
+  assert model_config.ATTENTION_IMPLS == attention_ops.IMPLEMENTATIONS
+  assert model_config.SPLASH_BLOCK == attention_ops.SPLASH_BLOCK

@@ -54,8 +54,10 @@ INITS = ("gpt2", "bert", "xavier")
 SINUSOIDAL_LAYOUTS = ("interleaved", "halves")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh")
 GATED_ACTIVATIONS = ("swiglu", "geglu", "geglu_tanh")  # silu/gelu(x W) * (x V) in mlp.py.
-# "einsum": attention.py's reference; the others are jax.nn.dot_product_attention's.
-ATTENTION_IMPLS = ("xla", "cudnn", "einsum")
+# model/attention_ops.py's kernels (IMPLEMENTATIONS there; tests/test_config_registries.py
+# holds the two equal). "auto" picks the platform's fused kernel and falls back per layer.
+ATTENTION_IMPLS = ("auto", "xla", "einsum", "cudnn", "splash")
+SPLASH_BLOCK = 128  # attention_ops.SPLASH_BLOCK: splash tiles lengths in blocks of it.
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
@@ -110,11 +112,11 @@ def validate_model(config: ml_collections.ConfigDict) -> None:
   if model.num_heads % kv_heads:
     fail(m + "num_kv_heads", model.num_kv_heads,
           f"must divide model.num_heads={model.num_heads} (0 means num_heads)")
-  if model.attention_dropout > 0 and model.attention_impl != "einsum":
+  if model.attention_dropout > 0 and model.attention_impl not in ("einsum", "auto"):
     fail(m + "attention_dropout", model.attention_dropout,
           f"jax.nn.dot_product_attention (model.attention_impl={model.attention_impl!r}) "
           "has no dropout on attention probabilities; set model.attention_dropout=0.0 "
-          "or model.attention_impl='einsum'")
+          "or model.attention_impl='einsum' (or 'auto', which uses it for this)")
 
 
 def objective_of(arch: str, head: str) -> str:

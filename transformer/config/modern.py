@@ -25,10 +25,11 @@ def validate_modern_axes(config: ml_collections.ConfigDict) -> None:
     value = model[key]
     if not is_number(value) or not value >= 0:
       fail(m + key, value, "expected a float > 0, or 0 for off")
-  if model.attention_softcap and model.attention_impl != "einsum":
+  if model.attention_softcap and model.attention_impl not in ("einsum", "auto", "splash"):
     fail(m + "attention_softcap", model.attention_softcap,
           f"jax.nn.dot_product_attention (model.attention_impl={model.attention_impl!r}) "
-          "cannot cap the scores before its softmax; set model.attention_impl='einsum'")
+          "cannot cap the scores before its softmax; set model.attention_impl='einsum' (or "
+          "'auto': splash on TPUs, einsum elsewhere)")
   if model.final_logit_softcap and model.head == "classification":
     fail(m + "final_logit_softcap", model.final_logit_softcap,
           "caps the token logits of an 'lm' or 'mlm' head, not model.head='classification'")

@@ -1,4 +1,7 @@
-"""Multi-head attention and the one helper that builds every attention mask.
+"""Multi-head attention: the projections, RoPE, QK-norm and the KV cache around a kernel.
+
+The product itself (which kernel, and the mask as that kernel wants it) is
+attention_ops.py's.
 
 Shape letters as in the package legend (transformer/model/__init__.py); grouped-query
 attention splits the H query heads into K groups of G = H / K, one per key/value head.
@@ -6,85 +9,21 @@ attention splits the H query heads into K groups of G = H / K, one per key/value
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from transformer import accelerator
 from transformer.config.model import ModelConfig
+from transformer.model import attention_ops
 from transformer.model import initializers
 from transformer.model import norms
 from transformer.model import positions
-
-
-def make_attention_mask(q_segment_ids: jax.Array, kv_segment_ids: jax.Array, *,
-                        causal: bool, q_positions: jax.Array | None = None,
-                        kv_positions: jax.Array | None = None, window: int = 0) -> jax.Array:
-  """Builds a boolean [B, 1, L, S] mask: True where a query may attend to a key.
-
-  Segment ids are integers: 0 is padding, packed documents are 1, 2, ... A query
-  attends only to keys of its own segment, so packed documents never see each
-  other and real tokens never see padding. With `causal`, a query also sees only
-  keys at positions <= its own (positions default to the array index). With a
-  `window` > 0 (local attention) a query sees only keys less than `window` positions
-  away: its own and the window - 1 before it when causal (Mistral, Gemma 2), either
-  side otherwise.
-
-  Args:
-    q_segment_ids: [B, L] segment ids of the queries.
-    kv_segment_ids: [B, S] segment ids of the keys.
-    causal: whether to forbid attending to later positions.
-    q_positions: optional [B, L] positions of the queries.
-    kv_positions: optional [B, S] positions of the keys.
-    window: the sliding window in positions; 0 = no window.
-
-  Returns:
-    A [B, 1, L, S] boolean mask (the 1 broadcasts over heads).
-  """
-  mask_BLS = q_segment_ids[:, :, None] == kv_segment_ids[:, None, :]
-  if causal or window:
-    if q_positions is None:
-      q_positions = jnp.broadcast_to(jnp.arange(q_segment_ids.shape[1]), q_segment_ids.shape)
-    if kv_positions is None:
-      kv_positions = jnp.broadcast_to(jnp.arange(kv_segment_ids.shape[1]), kv_segment_ids.shape)
-    distance_BLS = q_positions[:, :, None] - kv_positions[:, None, :]
-    if causal:
-      mask_BLS &= distance_BLS >= 0
-    if window:
-      mask_BLS &= (distance_BLS if causal else jnp.abs(distance_BLS)) < window
-  return mask_BLS[:, None, :, :]
-
-
-def einsum_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array,
-                     mask_B1LS: jax.Array, *, bias_BHLS: jax.Array | None = None,
-                     softcap: float = 0.0, dropout_rate: float = 0.0,
-                     dropout_rng: jax.Array | None = None) -> jax.Array:
-  """Reference softmax(QK^T / sqrt(D) + bias + mask) V in plain einsums, softmax in float32.
-
-  With `softcap` > 0 the scaled scores become softcap * tanh(scores / softcap) before
-  the bias and the mask (Gemma 2).
-  """
-  B, L, H, D = q_BLHD.shape
-  K = k_BSKD.shape[2]
-  # Grouped-query attention: each of the K kv heads serves H // K query heads.
-  q_BLKGD = q_BLHD.reshape(B, L, K, H // K, D)
-  logits_BKGLS = jnp.einsum("BLKGD,BSKD->BKGLS", q_BLKGD, k_BSKD).astype(jnp.float32)
-  logits_BKGLS = logits_BKGLS / jnp.sqrt(jnp.float32(D))
-  if softcap:
-    logits_BKGLS = softcap * jnp.tanh(logits_BKGLS / softcap)
-  if bias_BHLS is not None:
-    bias_BKGLS = jnp.broadcast_to(bias_BHLS, (B, H) + bias_BHLS.shape[2:]).reshape(
-        B, K, H // K, L, bias_BHLS.shape[-1])  # Not -1: L may be 0 (a cache-filling call).
-    logits_BKGLS = logits_BKGLS + bias_BKGLS.astype(jnp.float32)
-  mask_B11LS = mask_B1LS[:, :, None, :, :]
-  logits_BKGLS = jnp.where(mask_B11LS, logits_BKGLS, jnp.finfo(jnp.float32).min)
-  probs_BKGLS = jax.nn.softmax(logits_BKGLS, axis=-1)
-  if dropout_rate > 0.0:
-    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs_BKGLS.shape)
-    probs_BKGLS = jnp.where(keep, probs_BKGLS / (1.0 - dropout_rate), 0.0)
-  out_BLKGD = jnp.einsum("BKGLS,BSKD->BLKGD", probs_BKGLS.astype(v_BSKD.dtype), v_BSKD)
-  return out_BLKGD.reshape(B, L, H, D)
+# The kernels and the mask helper live in attention_ops.py; these names stay importable here.
+from transformer.model.attention_ops import einsum_attention, make_attention_mask  # pylint: disable=unused-import
 
 
 class EinsumDense(nn.Module):
@@ -143,7 +82,9 @@ class MultiHeadAttention(nn.Module):
                bias_BHLS: jax.Array | None = None,
                rope_positions: tuple[jax.Array, jax.Array] | None = None,
                rope_timescale_R: jax.Array | None = None,
-               positions_BL: jax.Array | None = None) -> jax.Array:
+               positions_BL: jax.Array | None = None,
+               segments: attention_ops.Segments | None = None, causal: bool = False,
+               local: bool | jax.Array = False) -> jax.Array:
     """Attends from x to kv.
 
     Args:
@@ -156,6 +97,11 @@ class MultiHeadAttention(nn.Module):
       rope_timescale_R: RoPE's timescales (positions.rope_timescales); None: the
         unscaled ones of rope_max_wavelength over the whole head dim.
       positions_BL: the queries' positions: the cache slots a "self" cache writes.
+      segments: the queries' and keys' segment ids, for the fused kernels (which take
+        the mask as the kernel wants it, not as `mask_B1LS`); None when decoding.
+      causal: whether the mask is causal (a fused kernel's mask type).
+      local: whether this layer attends through model.sliding_window (a traced scalar
+        in a scanned stack with window_pattern): the fused kernels' window.
 
     Returns:
       The [B, L, E] attention output.
@@ -203,24 +149,42 @@ class MultiHeadAttention(nn.Module):
       elif self.cache == "self":
         k_BSKD, v_BSKD = self._update_cache(k_BSKD, v_BSKD, positions_BL)
 
-    if cfg.attention_impl == "einsum":
-      use_dropout = cfg.attention_dropout > 0.0 and not cfg.deterministic
-      out_BLHD = einsum_attention(
-          q_BLHD, k_BSKD, v_BSKD, mask_B1LS, bias_BHLS=bias_BHLS,
-          softcap=cfg.attention_softcap,
-          dropout_rate=cfg.attention_dropout if use_dropout else 0.0,
-          dropout_rng=self.make_rng("dropout") if use_dropout else None)
-    else:
-      if bias_BHLS is not None:
-        bias_BHLS = bias_BHLS.astype(q_BLHD.dtype)
-      out_BLHD = jax.nn.dot_product_attention(
-          q_BLHD, k_BSKD, v_BSKD, bias=bias_BHLS, mask=mask_B1LS,
-          implementation=cfg.attention_impl)
-
+    out_BLHD = self._attend(q_BLHD, k_BSKD, v_BSKD, mask_B1LS, bias_BHLS, segments,
+                            causal=causal, local=local)
     out_init = initializers.dense_kernel(cfg, in_axis=(0, 1), out_axis=2,
                                          residual_adds=self.residual_adds)
     return dense("BLHD,HDE->BLE", (H, D, E), ("heads", "head_dim", "embed"), ("embed",),
                  kernel_init=out_init, name="out")(out_BLHD)
+
+  def _attend(self, q_BLHD, k_BSKD, v_BSKD, mask_B1LS, bias_BHLS, segments, *,
+              causal: bool, local: bool | jax.Array) -> jax.Array:
+    """The product by the kernel `model.attention_impl` picks (attention_ops.py)."""
+    cfg = self.config
+    use_dropout = cfg.attention_dropout > 0.0 and not cfg.deterministic
+    kind = attention_ops.LayerKind(
+        causal=causal, has_bias=bias_BHLS is not None, softcap=cfg.attention_softcap,
+        dropout=use_dropout, decoding=self.cache is not None or segments is None,
+        cross=not causal and self.cache == "cross")
+    call = functools.partial(
+        attention_ops.dot_product_attention, q_BLHD, k_BSKD, v_BSKD, impl=cfg.attention_impl,
+        mask_B1LS=mask_B1LS, segments=segments, bias_BHLS=bias_BHLS,
+        dropout_rate=cfg.attention_dropout if use_dropout else 0.0,
+        dropout_rng=self.make_rng("dropout") if use_dropout else None)
+    if not cfg.sliding_window or local is False:
+      return call(kind=kind)
+    local_kind = dataclasses.replace(kind, window=cfg.sliding_window)
+    if local is True:
+      return call(kind=local_kind)
+    # A scanned stack mixing local and global layers: the flag is traced. The dense
+    # kernels read the per-layer mask already chosen; a fused one picks its window here.
+    chosen = {attention_ops.choose_kernel(cfg.attention_impl, k,
+                                          platform=accelerator.platform_of_mesh(),
+                                          dtype=q_BLHD.dtype, head_dim=q_BLHD.shape[-1],
+                                          q_len=q_BLHD.shape[1], kv_len=k_BSKD.shape[1])
+              for k in (kind, local_kind)}
+    if chosen <= {"xla", "einsum"} and len(chosen) == 1:
+      return call(kind=kind)
+    return jax.lax.cond(local, lambda: call(kind=local_kind), lambda: call(kind=kind))
 
   def _update_cache(self, k_BLKD: jax.Array, v_BLKD: jax.Array,
                     positions_BL: jax.Array) -> tuple[jax.Array, jax.Array]:

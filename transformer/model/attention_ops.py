@@ -112,14 +112,16 @@ def choose_kernel(impl: str, kind: LayerKind, *, platform: str, dtype, head_dim:
   """The kernel that computes a call: `impl` itself, or for "auto" the platform's fused
   kernel where it can serve `kind`, else xla (einsum where only einsum can). An explicit
   kernel that cannot serve raises ValueError (check_explicit says it before compiling)."""
-  if impl != "auto":
+  if impl != "auto" and not (impl in ("cudnn", "splash") and kind.decoding):
     reason = unsupported_reason(impl, kind, dtype=dtype, head_dim=head_dim, q_len=q_len,
                                 kv_len=kv_len)
     if reason:
       raise ValueError(f"model.attention_impl={impl!r} cannot compute this attention: "
                        f"{reason}")
     return impl
-  fused = _FUSED_PLATFORM.get(platform)
+  # An explicit fused kernel serves training and evaluation; a decoding step (a KV cache)
+  # falls back like "auto" (check_explicit said so before compiling).
+  fused = impl if impl != "auto" else _FUSED_PLATFORM.get(platform)
   if fused is None:
     return "xla" if unsupported_reason("xla", kind, dtype=dtype, head_dim=head_dim,
                                        q_len=q_len, kv_len=kv_len) is None else "einsum"
@@ -133,9 +135,24 @@ def choose_kernel(impl: str, kind: LayerKind, *, platform: str, dtype, head_dim:
           f"{'-decode' if kind.decoding else ''}", reason)
   if said not in _FALLBACKS_SAID:  # Once per layer kind and reason, not once per layer.
     _FALLBACKS_SAID.add(said)
-    logging.warning("model.attention_impl='auto': %s attention uses %s, not %s: %s",
-                    said[0], fallback, fused, reason)
+    logging.warning("model.attention_impl=%r: %s attention uses %s, not %s: %s",
+                    impl, said[0], fallback, fused, reason)
   return fallback
+
+
+def layer_kinds(config) -> list[LayerKind]:
+  """The attention calls a ModelConfig's model makes in training and evaluation."""
+  has_bias = config.position in ("relative", "alibi")
+  common = dict(has_bias=has_bias, softcap=config.attention_softcap,
+                dropout=config.attention_dropout > 0)
+  causal = {"decoder": (True,), "encoder": (False,), "encoder_decoder": (False, True)}
+  kinds = [LayerKind(causal=c, **common) for c in causal.get(config.arch, (True, False))]
+  if config.sliding_window:
+    kinds += [dataclasses.replace(k, window=config.sliding_window) for k in kinds]
+  if config.arch == "encoder_decoder":
+    kinds.append(LayerKind(causal=False, cross=True, softcap=config.attention_softcap,
+                           dropout=config.attention_dropout > 0))
+  return kinds
 
 
 def check_explicit(impl: str, kinds: list[LayerKind], *, dtype, head_dim: int,

@@ -12,7 +12,9 @@ from flax import linen as nn
 from flax import struct
 
 from transformer.config.model import REMAT_POLICIES, ModelConfig
+from transformer.model import attention_ops
 from transformer.model import positions as positions_lib
+from transformer.model.dropout import Dropout
 from transformer.model.attention import MultiHeadAttention
 from transformer.model.moe import MoeMLP
 from transformer.model.mlp import MLP
@@ -83,6 +85,9 @@ class StackInputs:
     is_local: which layers attend through `local_mask_B1LS`: the stack's flags (a
       [num_layers] array, or [num_layers / k, k] for groups of k) until `run_blocks`
       hands each scanned layer or group its slice and each unrolled layer its bool.
+    segment_ids_BL: the stack's own segment ids, for the fused attention kernels (which
+      take packed documents and padding as ids, not as a dense mask); None when decoding.
+    encoded_segment_ids_BS: the source's segment ids a cross-attention's fused kernel reads.
   """
 
   positions_BL: jax.Array
@@ -92,6 +97,8 @@ class StackInputs:
   encoded_BSE: jax.Array | None = None
   cross_mask_B1LS: jax.Array | None = None
   is_local: bool | jax.Array = False
+  segment_ids_BL: jax.Array | None = None
+  encoded_segment_ids_BS: jax.Array | None = None
 
   def scan_axes(self) -> StackInputs:
     """nn.scan's `in_axes` for these inputs: all broadcast, the local flags scanned."""
@@ -129,23 +136,29 @@ class Block(nn.Module):
     self_mask_B1LS = inputs.self_mask_B1LS
     if inputs.local_mask_B1LS is not None:
       self_mask_B1LS = _per_layer(inputs.is_local, inputs.local_mask_B1LS, self_mask_B1LS)
+    seg_BL = inputs.segment_ids_BL
+    self_segments = None if seg_BL is None else attention_ops.Segments(seg_BL, seg_BL)
+    local = inputs.is_local if cfg.sliding_window else False
     sublayers = [("self_attention", lambda h: MultiHeadAttention(
         cfg, cache="self" if cfg.decode and self.causal else None,
         residual_adds=self.residual_adds, name="self_attention")(
             h, h, self_mask_B1LS, bias_BHLS=inputs.self_bias_BHLS, rope_positions=rope,
-            rope_timescale_R=timescale_R, positions_BL=positions_BL))]
+            rope_timescale_R=timescale_R, positions_BL=positions_BL,
+            segments=self_segments, causal=self.causal, local=local))]
     if self.cross_attention:
       # No position signal across sequences: the source carries its own. When decoding,
       # encoded_BSE is None after the first step: the keys/values come from the cache.
+      cross_segments = (None if seg_BL is None or inputs.encoded_segment_ids_BS is None else
+                        attention_ops.Segments(seg_BL, inputs.encoded_segment_ids_BS))
       sublayers.append(("cross_attention", lambda h: MultiHeadAttention(
           cfg, cache="cross" if cfg.decode else None, residual_adds=self.residual_adds,
           name="cross_attention")(
-              h, inputs.encoded_BSE, inputs.cross_mask_B1LS)))
+              h, inputs.encoded_BSE, inputs.cross_mask_B1LS, segments=cross_segments)))
     feed_forward = MoeMLP if self.moe else MLP
     sublayers.append(("mlp", lambda h: feed_forward(cfg, self.residual_adds, name="mlp")(h)))
     # A Dropout per residual add, created where it is used: its auto-name (Dropout_0, ...)
     # picks its rng stream, which a checkpointed run's resumption depends on.
-    dropout = lambda: nn.Dropout(cfg.residual_dropout, deterministic=cfg.deterministic)
+    dropout = lambda: Dropout(cfg.residual_dropout, deterministic=cfg.deterministic)
 
     if cfg.parallel_block:  # GPT-J / PaLM: every sublayer reads the same normed input.
       h_BLE = make_norm(cfg, "parallel_norm")(x_BLE).astype(cfg.dtype)

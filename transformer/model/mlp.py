@@ -12,6 +12,7 @@ from flax import linen as nn
 
 from transformer.config.model import GATED_ACTIVATIONS, ModelConfig
 from transformer.model import initializers
+from transformer.model.dropout import Dropout
 
 
 def gelu_exact(x: jax.Array) -> jax.Array:
@@ -65,7 +66,7 @@ class MLP(nn.Module):
     h_NF = ACTIVATION_FNS[cfg.activation](_dense(cfg, width, ("embed", "mlp"), "wi")(x_NE))
     if cfg.activation in GATED_ACTIVATIONS:
       h_NF = h_NF * _dense(cfg, width, ("embed", "mlp"), "wi_gate")(x_NE)
-    h_NF = nn.Dropout(cfg.mlp_dropout, deterministic=cfg.deterministic)(h_NF)
+    h_NF = Dropout(cfg.mlp_dropout, deterministic=cfg.deterministic)(h_NF)
     y_NE = _dense(cfg, cfg.d_model, ("mlp", "embed"), "wo", self.residual_adds)(h_NF)
     return y_NE.reshape(x_BLE.shape)
 

@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from transformer.config.errors import ConfigError
+from transformer.model import attention_ops
 from transformer.model import initializers
 from transformer.model import positions as positions_lib
 from transformer.model.attention import make_attention_mask
@@ -21,6 +23,7 @@ from transformer.config.model import ModelConfig
 from transformer.model.layers import (StackInputs, activation_constraint, make_norm,
                                       run_blocks, sinusoidal_table)
 from transformer.model.mlp import ACTIVATION_FNS
+from transformer.model.dropout import Dropout
 
 
 class Embedder(nn.Module):
@@ -109,6 +112,7 @@ def _stack(config: ModelConfig, num_layers: int, x_BLE: jax.Array, segment_ids_B
     kv_segment_ids_BS = jnp.ones_like(kv_positions_BS)
   inputs = StackInputs(
       positions_BL=positions_BL,
+      segment_ids_BL=None if config.decode else segment_ids_BL,
       self_mask_B1LS=make_attention_mask(segment_ids_BL, kv_segment_ids_BS, causal=causal,
                                          q_positions=positions_BL,
                                          kv_positions=kv_positions_BS),
@@ -121,10 +125,11 @@ def _stack(config: ModelConfig, num_layers: int, x_BLE: jax.Array, segment_ids_B
   cross_attention = encoded_segment_ids_BS is not None
   if cross_attention:
     # Cross-attention: target segment k sees exactly source segment k of the same row.
-    inputs = inputs.replace(encoded_BSE=encoded_BSE, cross_mask_B1LS=make_attention_mask(
+    inputs = inputs.replace(encoded_BSE=encoded_BSE, encoded_segment_ids_BS=encoded_segment_ids_BS,
+                            cross_mask_B1LS=make_attention_mask(
         segment_ids_BL, encoded_segment_ids_BS, causal=False))
   x_BLE = activation_constraint(
-      nn.Dropout(config.embed_dropout, deterministic=config.deterministic)(x_BLE))
+      Dropout(config.embed_dropout, deterministic=config.deterministic)(x_BLE))
   return run_blocks(config, num_layers, x_BLE, inputs, cross_attention=cross_attention,
                     causal=causal)
 
@@ -170,7 +175,7 @@ class ClassificationHead(nn.Module):
       pooled_BE = jnp.take_along_axis(x_BLE, last_B[:, None, None], axis=1)[:, 0]
     if pooler is not None:
       pooled_BE = jnp.tanh(pooler(pooled_BE))
-    pooled_BE = nn.Dropout(cfg.residual_dropout, deterministic=cfg.deterministic)(pooled_BE)
+    pooled_BE = Dropout(cfg.residual_dropout, deterministic=cfg.deterministic)(pooled_BE)
     return nn.Dense(
         cfg.num_classes, dtype=jnp.float32, param_dtype=cfg.param_dtype, name="classifier",
         kernel_init=nn.with_logical_partitioning(initializers.dense_kernel(cfg),
@@ -363,4 +368,11 @@ def make_model(config: ModelConfig) -> nn.Module:
   if config.arch not in ARCHITECTURES:
     raise ValueError(f"model.arch={config.arch!r} is not a known architecture; "
                      f"valid: {sorted(ARCHITECTURES)}")
+  # An explicit fused attention kernel that cannot serve this model: one line, before
+  # anything is traced (the lengths' rule is config validation's: data.seq_len).
+  refused = attention_ops.check_explicit(
+      config.attention_impl, attention_ops.layer_kinds(config), dtype=config.dtype,
+      head_dim=config.head_dim, seq_len=None)
+  if refused:
+    raise ConfigError(refused)
   return ARCHITECTURES[config.arch](config)

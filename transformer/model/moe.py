@@ -44,6 +44,7 @@ from flax import linen as nn
 from transformer.config.model import GATED_ACTIVATIONS, ModelConfig
 from transformer.model import initializers
 from transformer.model.mlp import ACTIVATION_FNS, MLP
+from transformer.model.dropout import Dropout
 
 # The sown statistics of every MoE layer (the "moe" collection's leaf names).
 COLLECTION = "moe"
@@ -104,7 +105,7 @@ class Experts(nn.Module):
     h = ACTIVATION_FNS[cfg.activation](hidden("wi"))
     if cfg.activation in GATED_ACTIVATIONS:
       h = h * hidden("wi_gate")
-    h = nn.Dropout(cfg.mlp_dropout, deterministic=cfg.deterministic)(h)
+    h = Dropout(cfg.mlp_dropout, deterministic=cfg.deterministic)(h)
     return ExpertDense(cfg, cfg.d_model, ("mlp", "embed"), self.residual_adds, name="wo")(
         h, **route)
 

@@ -69,7 +69,9 @@ RESUME_SAFE_KEYS = ("train.num_steps", "train.log_every", "train.eval_every",
                     "train.steps_per_call",
                     "train.eval_batches", "train.eval_at_start", "train.bleu_examples",
                     "train.sample_prompt", "checkpoint.every", "checkpoint.keep",
-                    "checkpoint.async_save", "checkpoint.on_config_change", "data.num_threads")
+                    "checkpoint.async_save", "checkpoint.on_config_change", "data.num_threads",
+                    # Which kernel computes attention: the same function, no parameter moves.
+                    "model.attention_impl")
 RESUME_SAFE_PREFIXES = ("decode.", "mesh.")
 ON_CONFIG_CHANGE = ("stop", "allow")
 
