@@ -17,7 +17,7 @@ def get_config() -> ml_collections.ConfigDict:
   # Matched by path; new parameters are initialised; optimizer state and step start fresh.
   config.init_from = ""
 
-  # ---- model.* : the architecture (see README for every value) ----
+  # ---- model.* : the architecture (see docs/configuration.md for every value) ----
   model = config.model = ml_collections.ConfigDict()
   model.arch = "decoder"  # Topology: "decoder" (GPT) | "encoder" (BERT) | "encoder_decoder" (paper).
   model.head = "lm"  # "lm" (decoder, encoder_decoder) | "mlm" (encoder) | "classification".
@@ -75,7 +75,7 @@ def get_config() -> ml_collections.ConfigDict:
   model.dtype = "auto"  # Compute dtype: "auto" (bfloat16 on GPU/TPU, float32 on CPU) | float32 | bfloat16.
   model.param_dtype = "float32"  # Storage dtype of parameters and optimizer state.
   model.attention_impl = "auto"  # "auto" (cuDNN on GPUs, splash on TPUs, xla on CPUs) | "xla" | "einsum" | "cudnn" | "splash" (model/attention_ops.py).
-  # Mixture of experts (README "Mixture of experts"): the moe_* keys apply with mlp="moe".
+  # Mixture of experts (docs/configuration.md "Mixture of experts"): the moe_* keys apply with mlp="moe".
   model.mlp = "dense"  # Feed-forward of a block: "dense" (one MLP) | "moe" (routed experts on the layers moe_every picks).
   model.num_experts = 8  # Routed experts per MoE layer (Mixtral 8, OLMoE 64, Switch-base 8..256).
   model.experts_per_token = 2  # Experts each token goes to, top-k (Mixtral 2, OLMoE 8, Switch 1).
@@ -182,6 +182,11 @@ def get_config() -> ml_collections.ConfigDict:
       ("batch", ("data", "fsdp", "expert")),  # Expert-parallel devices take batch rows too.
       ("batch", ("data", "fsdp")),  # Beside an "expert" axis (the fallback above).
       ("length", None),
+      # The residual stream between blocks (layers.activation_constraint): its length over
+      # "tensor", as Megatron's sequence parallelism shards it, so that a tensor axis of n
+      # keeps 1/n of what remat saves; GSPMD gathers it before the attention / MLP matmuls
+      # and scatters their outputs. With tensor=1 it changes nothing.
+      ("activation_length", "tensor"),
       ("embed", "fsdp"),
       ("heads", "tensor"),
       ("kv_heads", "tensor"),

@@ -419,3 +419,22 @@ def test_logits_are_float32_with_bfloat16_compute(tie_embeddings):
                           tokens, segments, positions))
   assert logits.shape == (2, LENGTH, VOCAB)
   assert logits.dtype == jnp.float32
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_lm_head_is_a_compute_dtype_product_with_float32_accumulation(tie):
+  """Issue 31: the [B, L, V] product runs at the accelerator's bfloat16 rate, its logits
+  come out float32 (not rounded to bfloat16), and a float32 model is unchanged."""
+  cfg = tiny_config(tie_embeddings=tie, dtype="bfloat16")
+  model = make_model(cfg)
+  tokens = jnp.ones((2, 8), jnp.int32)
+  params = model.init(jax.random.PRNGKey(0), tokens, tokens, jnp.broadcast_to(jnp.arange(8), (2, 8)))
+  jaxpr = jax.make_jaxpr(model.apply)(params, tokens, tokens,
+                                      jnp.broadcast_to(jnp.arange(8), (2, 8)))
+  heads = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "dot_general"
+           and e.outvars[0].aval.shape == (2, 8, cfg.vocab_size)]
+  assert len(heads) == 1, heads
+  assert [v.aval.dtype for v in heads[0].invars] == [jnp.bfloat16, jnp.bfloat16]
+  assert heads[0].outvars[0].aval.dtype == jnp.float32
+  logits = model.apply(params, tokens, tokens, jnp.broadcast_to(jnp.arange(8), (2, 8)))
+  assert logits.dtype == jnp.float32

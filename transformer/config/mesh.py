@@ -15,8 +15,8 @@ from transformer.config.errors import fail
 MESH_AXES = ("data", "fsdp", "tensor")
 # Mesh axes a mesh.shape may leave out (a rule naming one maps to None then).
 OPTIONAL_MESH_AXES = ("expert",)
-LOGICAL_AXES = ("batch", "length", "embed", "heads", "kv_heads", "head_dim", "mlp",
-                "vocab", "layers", "expert")
+LOGICAL_AXES = ("batch", "length", "activation_length", "embed", "heads", "kv_heads",
+                "head_dim", "mlp", "vocab", "layers", "expert")
 
 
 def validate_mesh(config: ml_collections.ConfigDict) -> None:

@@ -21,8 +21,9 @@ from transformer.model.mlp import MLP
 from transformer.model.norms import make_norm
 
 def activation_constraint(x_BLE: jax.Array) -> jax.Array:
-  """Pins the residual stream's layout at block boundaries (batch over data/fsdp)."""
-  return nn.with_logical_constraint(x_BLE, ("batch", "length", None))
+  """Pins the residual stream's layout at block boundaries: rows over the batch axes, the
+  length over "activation_length"'s (the tensor axis in base.py: sequence parallelism)."""
+  return nn.with_logical_constraint(x_BLE, ("batch", "activation_length", None))
 
 
 def sinusoidal_table(max_len: int, d_model: int, layout: str = "interleaved") -> np.ndarray:

@@ -10,6 +10,8 @@ encoder-decoder, S is the source's length and L the target's.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
@@ -68,12 +70,15 @@ class Embedder(nn.Module):
     return x_BLE
 
   def attend(self, x_BLE: jax.Array) -> jax.Array:
-    """Logits against the token embedding, in float32.
+    """Logits against the token embedding: the product in the compute dtype (bfloat16 on
+    accelerators: their matmul rate), accumulated and returned in float32.
 
-    (nn.Embed.attend would cast back to the compute dtype, e.g. bfloat16.)
+    (nn.Embed.attend would return the compute dtype, rounding every logit to bfloat16.)
     """
-    embedding_VE = self.token_embed.embedding.astype(jnp.float32)
-    return jnp.einsum("BLE,VE->BLV", x_BLE.astype(jnp.float32), embedding_VE)
+    dtype = self.config.dtype
+    return jnp.einsum("BLE,VE->BLV", x_BLE.astype(dtype),
+                      self.token_embed.embedding.astype(dtype),
+                      preferred_element_type=jnp.float32)
 
 
 def self_attention_bias(config: ModelConfig, q_positions_BL: jax.Array,
@@ -219,14 +224,16 @@ def _never_predicted(config: ModelConfig, logits_BLV: jax.Array) -> jax.Array:
 
 
 def _lm_logits(config: ModelConfig, embedder: Embedder, x_BLE: jax.Array) -> jax.Array:
-  """Float32 token logits, tied to the embedding or through an `lm_head`."""
+  """Float32 token logits, tied to the embedding or through an `lm_head`; either way a
+  product in the compute dtype with float32 accumulation (the same numbers in float32)."""
   if config.tie_embeddings:
     return embedder.attend(x_BLE)
   return nn.Dense(
-      config.vocab_size, use_bias=False, dtype=jnp.float32, param_dtype=config.param_dtype,
-      name="lm_head",
+      config.vocab_size, use_bias=False, dtype=config.dtype, param_dtype=config.param_dtype,
+      name="lm_head", dot_general=functools.partial(jax.lax.dot_general,
+                                                    preferred_element_type=jnp.float32),
       kernel_init=nn.with_logical_partitioning(
-          initializers.dense_kernel(config), ("embed", "vocab")))(x_BLE.astype(jnp.float32))
+          initializers.dense_kernel(config), ("embed", "vocab")))(x_BLE.astype(config.dtype))
 
 
 class Decoder(nn.Module):
