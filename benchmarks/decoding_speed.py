@@ -8,7 +8,7 @@ beam-4 (and greedy) translation with a 2 + 2 layer, d_model 256 encoder-decoder.
 weights are random: only speed is measured. Compilation is excluded (one warm-up run);
 each row reports the best of --repeats runs, the least disturbed by other jobs.
 
-  python benchmarks/decoding_speed.py             # Defaults as in the README.
+  python benchmarks/decoding_speed.py             # Defaults as in docs/modes.md.
   python benchmarks/decoding_speed.py --batch 8 --new_tokens 128
 """
 

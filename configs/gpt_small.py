@@ -61,7 +61,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.data.update(tokenizer="bytes", seq_len=128, batch_size=16)
     config.optimizer.update(learning_rate=2e-3, warmup_steps=50)
     # Ten steps per compiled call: the same updates, without XLA:CPU's per-call
-    # allocation of the step's temporaries (README, Performance).
+    # allocation of the step's temporaries (docs/performance.md).
     config.train.update(num_steps=400, log_every=20, eval_every=100, eval_batches=10,
                         eval_at_start=True, microbatches=1, steps_per_call=10)
     config.checkpoint.update(every=100)

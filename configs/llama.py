@@ -25,7 +25,7 @@ over every chip (fsdp=-1). No training run has used them: they exist to ask
   python launch.py --mode=compile --config=configs/llama.py:7b --topology=v5p:2x4x4
   python launch.py --config=configs/llama.py:local
 
-The README's "Before renting" table lists what these compiled to on which slices.
+docs/compile.md's table lists what these compiled to on which slices.
 """
 
 import ml_collections

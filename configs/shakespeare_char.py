@@ -62,8 +62,8 @@ biases (as :cpu); 811,392 parameters against :cpu's 812,160.
   1.645 / 1.642 / 1.652 (mean 1.646, sample std 0.005). The same sweep of :cpu
   (--workdir=/tmp/r20b/sweep2019): 1.898 / 1.879 / 1.887 (mean 1.888, sample std 0.010; 32m17s wall), the
   same numbers as at commit 3d062a4 above.
-  One axis at a time on :cpu, seed 0, one run each (README "The 2019 recipe against
-  the 2024 recipe"): RMSNorm 1.891, SwiGLU at MLP 341 1.790, RoPE 1.771, QK-norm 1.878.
+  One axis at a time on :cpu, seed 0, one run each (docs/results.md "The 2019 recipe
+  against the 2024 recipe"): RMSNorm 1.891, SwiGLU at MLP 341 1.790, RoPE 1.771, QK-norm 1.878.
 
 `:cpu_moe`: `:cpu` with every MLP a mixture of experts at :cpu's ACTIVE size: 8 experts
 of half the width (mlp_dim 256), each token sent to 2 of them (top-2, softmax then
@@ -86,7 +86,7 @@ capacity), load-balancing loss 0.01, router z-loss 0.001 (the base defaults).
   1.888): -0.060 nats at equal active parameters and steps. 19m47s-28m25s of training a
   seed against 7m58s for the dense seed 0 beside it (1.2k-1.6k against 3.7k tokens/s):
   on XLA:CPU, jax.lax.ragged_dot multiplies every row by every expert under a mask
-  (README "Dense against a mixture of experts").
+  (docs/results.md "Dense against a mixture of experts").
 
 `:cpu15`: the best validation loss we reached within 15 minutes of training on the 2
 cores: 4 layers, 192 wide, RoPE instead of a learned position table, context 128,
@@ -102,7 +102,7 @@ batch 32, 1300 steps at learning rate 2e-3 (cosine to 2e-4), random windows
   about step 1000 on.
   With a learned position table (the preset before, same machine, commit 771b94f):
   1.617 at step 1300 in 14m24s wall (1500 steps: 1.574 in 17m08s). RoPE's lead here
-  agrees with the position ablation in the README (-0.18 nats at 1000 steps of :cpu).
+  agrees with the position ablation in docs/results.md (-0.18 nats at 1000 steps of :cpu).
 """
 
 import ml_collections
@@ -134,7 +134,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                         embed_dropout=0.0, residual_dropout=0.0)
     config.data.update(seq_len=64, batch_size=12)
     # Ten steps per compiled call: the same updates, without most of XLA:CPU's
-    # per-call overhead, which is a third of this small step (README, Performance).
+    # per-call overhead, which is a third of this small step (docs/performance.md).
     config.train.update(num_steps=2000, log_every=100, eval_every=250, eval_batches=-1,
                         steps_per_call=10)
     config.checkpoint.update(every=500)

@@ -1,7 +1,7 @@
 """Validation of the Llama / Mistral / Qwen / Gemma axes: softcaps, windows, RoPE variants.
 
 A step of `model.validate_model`: each value, then the combinations the modules
-cannot run (README "Modern architecture axes"). model/attention.py, positions.py and
+cannot run (docs/configuration.md, "Model fields"). model/attention.py, positions.py and
 layers.py implement what it allows.
 """
 

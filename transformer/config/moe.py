@@ -1,4 +1,4 @@
-"""Validation of the mixture-of-experts fields (model.mlp="moe"; README "Mixture of experts").
+"""Validation of the mixture-of-experts fields, model.mlp="moe" (docs/configuration.md).
 
 `validate_moe` is a step of `model.validate_model`, `validate_expert_mesh` one of
 `validation.validate` (after the mesh is checked); model/moe.py implements what

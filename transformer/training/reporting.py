@@ -150,7 +150,7 @@ def hint_steps_per_call(config: ml_collections.ConfigDict) -> None:
   """On a CPU, says when several steps per call would run the same updates faster.
 
   XLA:CPU allocates a step's temporaries at every call (fresh pages from the OS above
-  glibc's mmap threshold); a call of k steps pays that once (README, Performance).
+  glibc's mmap threshold); a call of k steps pays that once (docs/performance.md).
   """
   if config.train.steps_per_call != 1 or jax.devices()[0].platform != "cpu":
     return
@@ -158,7 +158,7 @@ def hint_steps_per_call(config: ml_collections.ConfigDict) -> None:
   per_call = max(d for d in range(1, 11) if cadence % d == 0)
   if per_call > 1:
     logging.info("On a CPU, --config.train.steps_per_call=%d runs the same updates faster "
-                 "(%d steps per compiled call; README, Performance)", per_call, per_call)
+                 "(%d steps per compiled call; docs/performance.md)", per_call, per_call)
 
 
 def format_metrics(metrics: dict[str, float]) -> str:

@@ -37,8 +37,8 @@ def _switch_sparse(fields: common.Fields, side: str, count: int) -> list[bool]:
 def _switch_fields(fields: common.Fields, encoder_layers: int,
                    decoder_layers: int) -> dict[str, Any]:
   """Switch's router and experts as model.* fields: top-1 of a float32 softmax, the output
-  times that probability (not renormalised), dropless here (see the README on
-  expert_capacity)."""
+  times that probability (not renormalised), dropless here (see docs/configuration.md,
+  "Mixture of experts", on expert_capacity)."""
   pattern = common.moe_layer_fields(
       fields.where, {"encoder": _switch_sparse(fields, "encoder", encoder_layers),
                      "decoder": _switch_sparse(fields, "decoder", decoder_layers)},
