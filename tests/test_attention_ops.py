@@ -92,7 +92,9 @@ def test_cudnn_gets_the_mask_as_the_kernels_own(monkeypatch):
   assert seen["mask_type"] == cudnn.MaskType.PADDING and seen["sliding_window_length"] is None
 
 
-def test_auto_picks_the_platforms_fused_kernel_and_falls_back_per_layer_kind(caplog):
+def test_auto_picks_the_platforms_fused_kernel_and_falls_back_per_layer_kind(caplog,
+                                                                             monkeypatch):
+  monkeypatch.setattr(ops, "packed_layout_supported", lambda: True)  # An H100's.
   choose = lambda kind, platform, dtype=jnp.bfloat16, head_dim=64, length=2048: (
       ops.choose_kernel("auto", kind, platform=platform, dtype=dtype, head_dim=head_dim,
                         q_len=length, kv_len=length))
@@ -114,6 +116,8 @@ def test_auto_picks_the_platforms_fused_kernel_and_falls_back_per_layer_kind(cap
   assert choose(ops.LayerKind(causal=True, decoding=True), "gpu") == "xla"
   assert choose(causal, "tpu", length=100) == "xla"  # Not a multiple of splash's block.
   assert choose(ops.LayerKind(causal=False, window=8), "gpu") == "xla"
+  monkeypatch.setattr(ops, "packed_layout_supported", lambda: False)  # An A100's.
+  assert choose(causal, "gpu") == "xla"
 
 
 def test_an_explicit_kernel_that_cannot_serve_is_refused_before_compiling():
@@ -122,13 +126,13 @@ def test_an_explicit_kernel_that_cannot_serve_is_refused_before_compiling():
   assert text.startswith("config.model.attention_impl='cudnn' is invalid")
   assert "bfloat16" in text and "'auto'" in text
   assert ops.check_explicit("cudnn", [ops.LayerKind(causal=True)], dtype=jnp.bfloat16,
-                            head_dim=64, seq_len=128) is None
+                            head_dim=64, seq_len=128) is None  # The device is not its to know.
   assert "blocks of 128" in ops.check_explicit(
       "splash", [ops.LayerKind(causal=True)], dtype=jnp.bfloat16, head_dim=64, seq_len=100)
   # A decoding step falls back whatever the choice (it is not a kernel call).
   assert ops.check_explicit("splash", [ops.LayerKind(causal=True, decoding=True)],
                             dtype=jnp.float32, head_dim=64, seq_len=100) is None
-  with pytest.raises(ValueError, match="cannot compute this attention"):
+  with pytest.raises(ValueError, match="cannot compute this attention here"):
     ops.choose_kernel("cudnn", ops.LayerKind(causal=True), platform="gpu", dtype=jnp.float32,
                       head_dim=64, q_len=128, kv_len=128)
 

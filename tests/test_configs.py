@@ -124,7 +124,6 @@ def _base():
     ("model.head", "mlm", r"config\.model\.head='mlm' is invalid: model\.arch='decoder' supports heads \['classification', 'lm'\]"),
     ("model.position", "rotary", r"valid values are 'learned', 'sinusoidal', 'rope', 'relative', 'alibi', 'none'"),
     ("model.num_kv_heads", 3, r"config\.model\.num_kv_heads=3 .* must divide model\.num_heads=4"),
-    ("model.attention_dropout", 0.1, r"attention_impl='xla'.*has no dropout"),
     ("model.embed_dropout", 1.5, r"expected a probability in \[0, 1\)"),
     ("data.tokenizer", "gpt2", r"config\.data\.tokenizer='gpt2'"),
     ("data.seq_len", 4096, r"config\.data\.seq_len=4096 .* model\.max_len=256"),
@@ -154,6 +153,16 @@ def test_invalid_values_name_key_value_and_choices(key, value, message):
   config[section][field] = value
   with pytest.raises(ConfigError, match=message):
     validate(config)
+
+
+def test_attention_dropout_needs_a_kernel_that_draws_it():
+  """xla's kernel has no dropout: refused there; 'auto' (the default) uses the einsum one."""
+  config = _base()
+  config.model.update(attention_dropout=0.1, attention_impl="xla")
+  with pytest.raises(ConfigError, match=r"attention_impl='xla'.*has no dropout"):
+    validate(config)
+  config.model.attention_impl = "auto"
+  validate(config)
 
 
 def test_samples_need_a_decoder():

@@ -39,6 +39,7 @@ from absl import logging
 from flax import linen as nn
 
 from transformer import accelerator
+from transformer.config.errors import ConfigError
 
 IMPLEMENTATIONS = ("auto", "xla", "einsum", "cudnn", "splash")
 # The fused kernels' limits (cuDNN 9 flash attention; splash's block tiling).
@@ -68,8 +69,10 @@ class LayerKind:
 
 
 def unsupported_reason(kernel: str, kind: LayerKind, *, dtype, head_dim: int,
-                       q_len: int | None, kv_len: int | None) -> str | None:
-  """Why `kernel` cannot compute this call, or None when it can."""
+                       q_len: int | None, kv_len: int | None,
+                       hardware: bool = True) -> str | None:
+  """Why `kernel` cannot compute this call, or None when it can; `hardware=False` leaves
+  out what depends on the GPU being compiled for (config checks know no device)."""
   if kernel in ("einsum",):
     return None
   if kernel == "xla":
@@ -94,6 +97,9 @@ def unsupported_reason(kernel: str, kind: LayerKind, *, dtype, head_dim: int,
               f"{CUDNN_MAX_HEAD_DIM} (model.head_dim is {head_dim})")
     if kind.window and not kind.causal:
       return "cuDNN's sliding window is causal only"
+    if hardware and not packed_layout_supported():
+      return ("cuDNN's packed layout (packed documents as segment offsets) needs an sm_90 "
+              "(Hopper) GPU or newer")
     return None
   if kernel == "splash":
     for name, length in (("query", q_len), ("key", kv_len)):
@@ -102,6 +108,23 @@ def unsupported_reason(kernel: str, kind: LayerKind, *, dtype, head_dim: int,
                 f"{name} length {length} is not a multiple of it")
     return None
   raise ValueError(f"unknown attention kernel {kernel!r}; valid: {IMPLEMENTATIONS}")
+
+
+# GPUs of compute capability 9.0 or newer by device kind, for a compile-only target
+# (a deviceless compile's abstract mesh names its device kind, not its capability).
+_HOPPER_OR_NEWER = ("H100", "H200", "H800", "H20", "GH200", "B100", "B200", "B300", "GB200")
+
+
+def packed_layout_supported() -> bool:
+  """Whether the GPU being compiled for runs cuDNN's packed layout (sm_90 or newer): a
+  real GPU by its capability, a compile-only target (--mode=compile) by its kind."""
+  if jax.default_backend() == "gpu":
+    capability = getattr(jax.devices()[0], "compute_capability", "0.0")
+    return tuple(int(x) for x in str(capability).split(".")[:2]) >= (9, 0)
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:  # No target named (a bare trace): jax's own check decides when it lowers.
+    return True
+  return any(name in str(mesh.abstract_device.device_kind) for name in _HOPPER_OR_NEWER)
 
 
 _FALLBACKS_SAID: set[tuple[str, str]] = set()
@@ -115,9 +138,10 @@ def choose_kernel(impl: str, kind: LayerKind, *, platform: str, dtype, head_dim:
   if impl != "auto" and not (impl in ("cudnn", "splash") and kind.decoding):
     reason = unsupported_reason(impl, kind, dtype=dtype, head_dim=head_dim, q_len=q_len,
                                 kv_len=kv_len)
-    if reason:
-      raise ValueError(f"model.attention_impl={impl!r} cannot compute this attention: "
-                       f"{reason}")
+    if reason:  # What the config allowed but the device cannot (an sm_80 GPU, say).
+      raise ConfigError(f"config.model.attention_impl={impl!r} cannot compute this attention here: "
+                        f"{reason}; use model.attention_impl='auto' (falls back per layer "
+                        "kind) or 'xla'")
     return impl
   # An explicit fused kernel serves training and evaluation; a decoding step (a KV cache)
   # falls back like "auto" (check_explicit said so before compiling).
@@ -165,7 +189,7 @@ def check_explicit(impl: str, kinds: list[LayerKind], *, dtype, head_dim: int,
     if kind.decoding:
       continue
     reason = unsupported_reason(impl, kind, dtype=dtype, head_dim=head_dim, q_len=seq_len,
-                                kv_len=seq_len)
+                                kv_len=seq_len, hardware=False)
     if reason:
       return (f"config.model.attention_impl={impl!r} is invalid for this model: {reason}; "
               f"use model.attention_impl='auto' (falls back per layer kind) or 'xla'")

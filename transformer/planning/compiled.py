@@ -322,7 +322,8 @@ def build_trainer(config: ml_collections.ConfigDict, mesh) -> trainer_lib.Traine
     ConfigError: the batch does not split over the mesh, or a weight does not.
   """
   trainer_lib.check_batch_size(config, mesh)
-  return trainer_lib.Trainer.create(config, mesh)  # Checks that the weights divide first.
+  with gpu.target_capability(mesh):  # init traces the attention for the target GPU.
+    return trainer_lib.Trainer.create(config, mesh)  # Checks that the weights divide first.
 
 
 def compile_steps(trainer: trainer_lib.Trainer, steps: tuple[str, ...] = STEPS) -> dict[str, StepCost]:
@@ -336,7 +337,8 @@ def compile_steps(trainer: trainer_lib.Trainer, steps: tuple[str, ...] = STEPS) 
     if name == "decode" and not decodes(trainer.config):
       continue
     try:
-      costs[name] = compilers[name](trainer)
+      with gpu.target_capability(trainer.mesh):
+        costs[name] = compilers[name](trainer)
     except (RuntimeError, NotImplementedError) as e:
       # Raised while lowering: a kernel the target cannot build (cuDNN's attention
       # without cuDNN, say). ConfigError is not a RuntimeError and passes through.

@@ -20,6 +20,7 @@ the memory verdict compares against that fraction, not the whole device.
 from __future__ import annotations
 
 import contextlib
+from typing import Iterator
 import dataclasses
 import importlib.util
 import os
@@ -130,3 +131,30 @@ def devices(topology: GpuTopology) -> list:
     raise ConfigError(f"--topology={topology.name!r}: jax's CUDA plugin cannot build it "
                       f"({str(e).splitlines()[0]})") from e
   return list(description.devices)
+
+
+@contextlib.contextmanager
+def target_capability(mesh) -> Iterator[None]:
+  """jax's cuDNN attention checks the compute capability of *this host's* GPU when it
+  traces (the packed layout needs sm_90); compiling for a target GPU from a CPU host,
+  the check must read the target's devices instead, or an H100 target is refused as
+  "not Hopper". A no-op for TPU and CPU meshes, and where a real GPU backend runs."""
+  device = mesh.devices.flat[0]
+  capability = getattr(device, "compute_capability", None)
+  if device.platform != "gpu" or not capability:
+    yield
+    return
+  import jax  # pylint: disable=g-import-not-at-top
+  if jax.default_backend() == "gpu":
+    yield
+    return
+  from jax._src.cudnn import fused_attention_stablehlo as cudnn  # pylint: disable=g-import-not-at-top
+  current = tuple(int(x) for x in capability.split("."))
+  as_tuple = lambda text: tuple(int(x) for x in text.split("."))
+  saved = cudnn.check_compute_capability, cudnn.is_cuda_compute_capability_equal
+  cudnn.check_compute_capability = lambda wanted: current >= as_tuple(wanted)
+  cudnn.is_cuda_compute_capability_equal = lambda wanted: current == as_tuple(wanted)
+  try:
+    yield
+  finally:
+    cudnn.check_compute_capability, cudnn.is_cuda_compute_capability_equal = saved
