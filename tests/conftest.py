@@ -40,3 +40,20 @@ def tfds_data_dir(tmp_path_factory) -> str:
 def tiny_config(tfds_data_dir):
   """A fresh tiny config per test (tests mutate it)."""
   return make_tiny_config(tfds_data_dir)
+
+
+@pytest.fixture(autouse=True)
+def _logging_state_restored():
+  """Each test leaves the loggers as it found them. launch.run() in-process (absl's flag
+  parsing, console.setup_console) sets absl's logger level and handlers; a later test
+  in the same worker that reads INFO records through caplog would otherwise depend on
+  which tests ran before it (seen: "said once" lines missing only in the full suite)."""
+  import logging  # pylint: disable=g-import-not-at-top
+  loggers = [logging.getLogger(), logging.getLogger("absl")]
+  saved = [(lg, lg.level, lg.propagate, list(lg.handlers), list(lg.filters)) for lg in loggers]
+  yield
+  for lg, level, propagate, handlers, filters in saved:
+    lg.setLevel(level)
+    lg.propagate = propagate
+    lg.handlers[:] = handlers
+    lg.filters[:] = filters

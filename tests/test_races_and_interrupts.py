@@ -97,7 +97,7 @@ def test_a_build_lock_held_elsewhere_is_waited_for_with_one_line(tmp_path, caplo
           entered.set()
       thread = threading.Thread(target=second)
       thread.start()
-      assert waiting.wait(timeout=600), "no 'Waiting for PID' line"
+      assert waiting.wait(timeout=120), "no 'Waiting for PID' line"
       assert not entered.is_set()  # Held here: it waits.
     thread.join()
   finally:
