@@ -30,7 +30,6 @@ from transformer.data import packing
 from transformer.data import tokenizers
 from transformer.inference import loaded
 from transformer.model.models import make_model
-from transformer.workdir import files
 
 CLASS_NAMES = flags.DEFINE_list(
     "class_names", [], "classify: names of classes 0, 1, ... written after each class id.")
@@ -95,14 +94,8 @@ def classify(workdir: str, *, input_path: str = "", output_path: str = "",
                  + (f"\t{class_names[label]}" if class_names else "") + "\n"
                  for label, probability in predictions)
   if jax.process_index() == 0:
-    if output_path:
-      common.check_output(output_path, overwrite, [input_path])
-      files.write_atomically(output_path, text)
-      logging.info("Wrote %d predictions to %s", len(predictions), output_path)
-    else:
-      out = stdout or sys.stdout
-      out.write(text)
-      out.flush()
+    common.write_result(text, len(predictions), "predictions", output_path, overwrite, input_path,
+                        stdout)
   return predictions
 
 

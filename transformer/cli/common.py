@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from typing import Any, Collection, Sequence, TextIO
 
 import ml_collections
@@ -19,6 +20,7 @@ from absl import logging
 from transformer.config.errors import ConfigError
 from transformer.config import train as train_config
 from transformer.config.checks import lookup
+from transformer.workdir import files
 
 CHECKPOINT_STEP = flags.DEFINE_integer(
     "checkpoint_step", None, "evaluate, translate, generate, average, export: the "
@@ -207,3 +209,17 @@ def check_output(path: str, overwrite: bool, inputs: Sequence[str] = (),
                         "write elsewhere")
     raise ConfigError(f"--output={path!r} exists; pass --overwrite to replace it, or choose "
                       "another path")
+
+
+def write_result(text: str, count: int, what: str, output_path: str | None,
+                 overwrite: bool, input_path: str | None, stdout=None) -> None:
+  """A text mode's result: to --output whole (checked again, written atomically), or to
+  stdout; process 0 only, the caller checks."""
+  if output_path:
+    check_output(output_path, overwrite, [input_path])  # None appeared meanwhile.
+    files.write_atomically(output_path, text)
+    logging.info("Wrote %d %s to %s", count, what, output_path)
+  else:
+    out = stdout or sys.stdout
+    out.write(text)
+    out.flush()

@@ -16,14 +16,12 @@ from typing import Any, Mapping, Sequence, TextIO
 import jax
 import ml_collections
 from absl import flags
-from absl import logging
 
 from transformer.cli import common
 from transformer.config.errors import ConfigError
 from transformer.data import local_files
 from transformer.inference import loaded
 from transformer.inference import text
-from transformer.workdir import files
 
 PROMPT = flags.DEFINE_string(
     "prompt", None, "generate: the text to continue (default: each line of --input, or of "
@@ -101,12 +99,6 @@ def generate(workdir: str, prompts: Sequence[str] | None = None, *,
         max_new_tokens=decode.max_new_tokens, names=names, rng=run.sampling_rng(seed))
   if jax.process_index() == 0:
     result = "".join(continuation + "\n" for continuation in continuations)
-    if output_path:
-      common.check_output(output_path, overwrite, [input_path])  # None appeared meanwhile.
-      files.write_atomically(output_path, result)
-      logging.info("Wrote %d continuations to %s", len(continuations), output_path)
-    else:
-      out = stdout or sys.stdout
-      out.write(result)
-      out.flush()
+    common.write_result(result, len(continuations), "continuations", output_path, overwrite, input_path,
+                        stdout)
   return continuations

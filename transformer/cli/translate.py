@@ -14,10 +14,8 @@ import ml_collections
 from absl import logging
 
 from transformer.cli import common
-from transformer.config.errors import ConfigError
 from transformer.inference import loaded
 from transformer.inference import text
-from transformer.workdir import files
 
 STARTS_JAX = True
 # The flags of cli/common.py this mode reads (launch.py refuses the others it is given).
@@ -87,12 +85,6 @@ def translate(workdir: str, *, input_path: str = "", output_path: str = "",
     # One line per input line, whatever the model emits (byte and character models can
     # produce a newline).
     result = "".join(line.replace("\r", " ").replace("\n", " ") + "\n" for line in outputs)
-    if output_path:
-      common.check_output(output_path, overwrite, [input_path])  # None appeared meanwhile.
-      files.write_atomically(output_path, result)
-      logging.info("Wrote %d translations to %s", len(outputs), output_path)
-    else:
-      out = stdout or sys.stdout
-      out.write(result)
-      out.flush()
+    common.write_result(result, len(outputs), "translations", output_path, overwrite, input_path,
+                        stdout)
   return outputs
