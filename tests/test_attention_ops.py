@@ -95,6 +95,7 @@ def test_cudnn_gets_the_mask_as_the_kernels_own(monkeypatch):
 def test_auto_picks_the_platforms_fused_kernel_and_falls_back_per_layer_kind(caplog,
                                                                              monkeypatch):
   monkeypatch.setattr(ops, "packed_layout_supported", lambda: True)  # An H100's.
+  monkeypatch.setattr(ops, "cudnn_available", lambda: True)
   choose = lambda kind, platform, dtype=jnp.bfloat16, head_dim=64, length=2048: (
       ops.choose_kernel("auto", kind, platform=platform, dtype=dtype, head_dim=head_dim,
                         q_len=length, kv_len=length))
@@ -117,6 +118,9 @@ def test_auto_picks_the_platforms_fused_kernel_and_falls_back_per_layer_kind(cap
   assert choose(causal, "tpu", length=100) == "xla"  # Not a multiple of splash's block.
   assert choose(ops.LayerKind(causal=False, window=8), "gpu") == "xla"
   monkeypatch.setattr(ops, "packed_layout_supported", lambda: False)  # An A100's.
+  assert choose(causal, "gpu") == "xla"
+  monkeypatch.setattr(ops, "packed_layout_supported", lambda: True)
+  monkeypatch.setattr(ops, "cudnn_available", lambda: False)  # A CPU host without cuDNN.
   assert choose(causal, "gpu") == "xla"
 
 

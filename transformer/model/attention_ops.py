@@ -97,6 +97,9 @@ def unsupported_reason(kernel: str, kind: LayerKind, *, dtype, head_dim: int,
               f"{CUDNN_MAX_HEAD_DIM} (model.head_dim is {head_dim})")
     if kind.window and not kind.causal:
       return "cuDNN's sliding window is causal only"
+    if hardware and not cudnn_available():
+      return ("cuDNN is not installed (pip install nvidia-cudnn-cu12; jax[cuda12] brings it "
+              "on a GPU host)")
     if hardware and not packed_layout_supported():
       return ("cuDNN's packed layout (packed documents as segment offsets) needs an sm_90 "
               "(Hopper) GPU or newer")
@@ -108,6 +111,18 @@ def unsupported_reason(kernel: str, kind: LayerKind, *, dtype, head_dim: int,
                 f"{name} length {length} is not a multiple of it")
     return None
   raise ValueError(f"unknown attention kernel {kernel!r}; valid: {IMPLEMENTATIONS}")
+
+
+@functools.lru_cache(maxsize=None)
+def cudnn_available() -> bool:
+  """Whether jax finds cuDNN (a GPU host's jax[cuda12] has it; a CPU host compiling for a
+  GPU target has it only with nvidia-cudnn-cu12 installed)."""
+  try:
+    # pylint: disable-next=g-import-not-at-top
+    from jax._src.cudnn import fused_attention_stablehlo as cudnn
+    return bool(cudnn.check_cudnn_version())
+  except Exception:  # pylint: disable=broad-except  (no plugin, no library: not there)
+    return False
 
 
 # GPUs of compute capability 9.0 or newer by device kind, for a compile-only target
