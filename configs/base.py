@@ -172,7 +172,11 @@ def get_config() -> ml_collections.ConfigDict:
   mesh = config.mesh = ml_collections.ConfigDict()
   # Mesh axes as (name, size); one size may be -1 to take the remaining devices.
   # "expert" (expert parallelism for mlp="moe") is optional; left out, it counts as 1.
-  mesh.shape = (("data", -1), ("fsdp", 1), ("tensor", 1), ("expert", 1))
+  # "context" (context parallelism, docs/scaling.md#context-parallelism) is optional too:
+  # ("context", n) cuts every sequence into n shards (the "length" rule below), each on
+  # its own devices; attention all-gathers the keys/values over it, in the zig-zag order
+  # that balances the causal work. n must divide data.seq_len / 2 (two chunks a shard).
+  mesh.shape = (("data", -1), ("fsdp", 1), ("tensor", 1), ("expert", 1), ("context", 1))
   # Logical axis name -> mesh axis (or axes, or None for replicated). Data, not code.
   # The first rule for a name whose mesh axes are still free wins (flax), so a name may
   # have fallbacks: an array with both "expert" and "batch" (MoE's capacity buffers
@@ -181,12 +185,15 @@ def get_config() -> ml_collections.ConfigDict:
       ("expert", "expert"),  # The [num_experts] axis of the stacked expert kernels.
       ("batch", ("data", "fsdp", "expert")),  # Expert-parallel devices take batch rows too.
       ("batch", ("data", "fsdp")),  # Beside an "expert" axis (the fallback above).
-      ("length", None),
+      # Activations' length (q/k/v, the scores' rows, the logits): over "context". A
+      # [max_len] table (learned positions) is split over it too, like fsdp.
+      ("length", "context"),
       # The residual stream between blocks (layers.activation_constraint): its length over
       # "tensor", as Megatron's sequence parallelism shards it, so that a tensor axis of n
       # keeps 1/n of what remat saves; GSPMD gathers it before the attention / MLP matmuls
-      # and scatters their outputs. With tensor=1 it changes nothing.
-      ("activation_length", "tensor"),
+      # and scatters their outputs. With tensor=1 it changes nothing. "context" first: a
+      # sequence sharded over context stays so between blocks.
+      ("activation_length", ("context", "tensor")),
       ("embed", "fsdp"),
       ("heads", "tensor"),
       ("kv_heads", "tensor"),

@@ -14,7 +14,7 @@ from transformer.config.errors import fail
 
 MESH_AXES = ("data", "fsdp", "tensor")
 # Mesh axes a mesh.shape may leave out (a rule naming one maps to None then).
-OPTIONAL_MESH_AXES = ("expert",)
+OPTIONAL_MESH_AXES = ("expert", "context")
 LOGICAL_AXES = ("batch", "length", "activation_length", "embed", "heads", "kv_heads",
                 "head_dim", "mlp", "vocab", "layers", "expert")
 

@@ -19,6 +19,7 @@ from flax import linen as nn
 from transformer import accelerator
 from transformer.config.model import ModelConfig
 from transformer.model import attention_ops
+from transformer.model import context
 from transformer.model import initializers
 from transformer.model import norms
 from transformer.model import positions
@@ -180,7 +181,8 @@ class MultiHeadAttention(nn.Module):
     chosen = {attention_ops.choose_kernel(cfg.attention_impl, k,
                                           platform=accelerator.platform_of_mesh(),
                                           dtype=q_BLHD.dtype, head_dim=q_BLHD.shape[-1],
-                                          q_len=q_BLHD.shape[1], kv_len=k_BSKD.shape[1])
+                                          q_len=q_BLHD.shape[1], kv_len=k_BSKD.shape[1],
+                                          context=1 if kind.decoding else context.size())
               for k in (kind, local_kind)}
     if chosen <= {"xla", "einsum"} and len(chosen) == 1:
       return call(kind=kind)

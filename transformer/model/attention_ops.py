@@ -19,6 +19,10 @@ discarding it:
           step, a head size, length or dtype it rejects) that layer kind falls back to
           xla (einsum where only einsum can) and the reason is logged once
 
+With the sequence sharded over a context axis (context.py), `context_attention` runs the
+einsum or xla kernel per shard on the shard's queries and all-gathered keys/values; a
+fused kernel there is not supported yet ("auto" uses xla, saying so once).
+
 An explicit `cudnn` or `splash` that cannot serve the config is a ConfigError before
 anything compiles (`check_explicit`), naming the field and what would work.
 
@@ -40,6 +44,7 @@ from flax import linen as nn
 
 from transformer import accelerator
 from transformer.config.errors import ConfigError
+from transformer.model import context
 
 IMPLEMENTATIONS = ("auto", "xla", "einsum", "cudnn", "splash")
 # The fused kernels' limits (cuDNN 9 flash attention; splash's block tiling).
@@ -70,15 +75,19 @@ class LayerKind:
 
 def unsupported_reason(kernel: str, kind: LayerKind, *, dtype, head_dim: int,
                        q_len: int | None, kv_len: int | None,
-                       hardware: bool = True) -> str | None:
+                       hardware: bool = True, context: int = 1) -> str | None:
   """Why `kernel` cannot compute this call, or None when it can; `hardware=False` leaves
-  out what depends on the GPU being compiled for (config checks know no device)."""
+  out what depends on the GPU being compiled for (config checks know no device);
+  `context` is how many shards the sequence is cut into (context.py)."""
   if kernel in ("einsum",):
     return None
   if kernel == "xla":
     if kind.softcap or kind.dropout:
       return "only the einsum attention applies softcapping and attention dropout"
     return None
+  if context > 1:
+    return (f"{kernel} attention does not run on a sequence sharded over a context axis "
+            f"({context} shards); context parallelism uses the xla or einsum kernel")
   if kind.softcap and kernel == "cudnn":
     return "cuDNN attention has no logit softcapping"
   if kind.dropout:
@@ -146,13 +155,13 @@ _FALLBACKS_SAID: set[tuple[str, str]] = set()
 
 
 def choose_kernel(impl: str, kind: LayerKind, *, platform: str, dtype, head_dim: int,
-                  q_len: int | None, kv_len: int | None) -> str:
+                  q_len: int | None, kv_len: int | None, context: int = 1) -> str:
   """The kernel that computes a call: `impl` itself, or for "auto" the platform's fused
   kernel where it can serve `kind`, else xla (einsum where only einsum can). An explicit
   kernel that cannot serve raises ValueError (check_explicit says it before compiling)."""
   if impl != "auto" and not (impl in ("cudnn", "splash") and kind.decoding):
     reason = unsupported_reason(impl, kind, dtype=dtype, head_dim=head_dim, q_len=q_len,
-                                kv_len=kv_len)
+                                kv_len=kv_len, context=context)
     if reason:  # What the config allowed but the device cannot (an sm_80 GPU, say).
       raise ConfigError(f"config.model.attention_impl={impl!r} cannot compute this attention here: "
                         f"{reason}; use model.attention_impl='auto' (falls back per layer "
@@ -165,7 +174,7 @@ def choose_kernel(impl: str, kind: LayerKind, *, platform: str, dtype, head_dim:
     return "xla" if unsupported_reason("xla", kind, dtype=dtype, head_dim=head_dim,
                                        q_len=q_len, kv_len=kv_len) is None else "einsum"
   reason = unsupported_reason(fused, kind, dtype=dtype, head_dim=head_dim, q_len=q_len,
-                              kv_len=kv_len)
+                              kv_len=kv_len, context=context)
   if reason is None:
     return fused
   fallback = "xla" if unsupported_reason("xla", kind, dtype=dtype, head_dim=head_dim,
@@ -384,17 +393,71 @@ def splash_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array,
                            q_BLHD, k_BSKD, v_BSKD, segments.q_BL, segments.kv_BS)
 
 
+def context_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array, *,
+                      kernel: str, mask_B1LS: jax.Array, bias_BHLS: jax.Array | None,
+                      softcap: float, dropout_rate: float,
+                      dropout_rng: jax.Array | None) -> jax.Array:
+  """Attention with the length sharded over the context axes (context.py): in a
+  `jax.shard_map`, each shard all-gathers the keys and values (tiled, so in the stack's
+  order) and attends from its own queries with its rows of the mask and bias.
+
+  The mask and bias were built at the top of the stack from global positions and
+  segment ids in the same (zig-zag) order as q/k/v, so a shard's [L / n, S] slab of them
+  is exactly what its queries may see. Memory per shard: the whole k/v of the row
+  (B, S, K, D) and the [L / n, S] scores of the dense kernels.
+  """
+  from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
+  axes = context.axes()
+  q_spec = nn.logical_to_mesh_axes(("batch", "length", "heads", "head_dim"))
+  kv_spec = nn.logical_to_mesh_axes(("batch", "length", "kv_heads", "head_dim"))
+  rows, length, heads = q_spec[0], q_spec[1], q_spec[2]
+  mask_spec = P(rows if mask_B1LS.shape[0] > 1 else None, None, length, None)
+  operands, specs = [q_BLHD, k_BSKD, v_BSKD, mask_B1LS], [q_spec, kv_spec, kv_spec, mask_spec]
+  if bias_BHLS is not None:  # T5's and ALiBi's biases may broadcast over the batch.
+    operands.append(bias_BHLS)
+    specs.append(P(rows if bias_BHLS.shape[0] > 1 else None,
+                   heads if bias_BHLS.shape[1] > 1 else None, length, None))
+  if dropout_rng is not None:
+    operands.append(dropout_rng)
+    specs.append(P())
+
+  def local(q_BLHD, k_BSKD, v_BSKD, mask_B1LS, *rest):
+    bias_BHLS = rest[0] if bias_BHLS_given else None
+    rng = rest[-1] if dropout_rng_given else None
+    k_BSKD = jax.lax.all_gather(k_BSKD, axes, axis=1, tiled=True)
+    v_BSKD = jax.lax.all_gather(v_BSKD, axes, axis=1, tiled=True)
+    if kernel == "einsum":
+      if rng is not None:  # Each shard draws its own queries' dropout.
+        rng = jax.random.fold_in(rng, jax.lax.axis_index(axes))
+      return einsum_attention(q_BLHD, k_BSKD, v_BSKD, mask_B1LS, bias_BHLS=bias_BHLS,
+                              softcap=softcap, dropout_rate=dropout_rate, dropout_rng=rng)
+    if bias_BHLS is not None:
+      bias_BHLS = bias_BHLS.astype(q_BLHD.dtype)
+    return jax.nn.dot_product_attention(q_BLHD, k_BSKD, v_BSKD, bias=bias_BHLS,
+                                        mask=mask_B1LS, implementation="xla")
+
+  bias_BHLS_given, dropout_rng_given = bias_BHLS is not None, dropout_rng is not None
+  return jax.shard_map(local, in_specs=tuple(specs), out_specs=q_spec,
+                       check_vma=False)(*operands)
+
+
 def dot_product_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array, *,
                           impl: str, kind: LayerKind, mask_B1LS: jax.Array | None,
                           segments: Segments | None, bias_BHLS: jax.Array | None = None,
                           dropout_rate: float = 0.0,
                           dropout_rng: jax.Array | None = None) -> jax.Array:
   """softmax(Q K^T / sqrt(D) + bias) V over what the mask allows, by the kernel that
-  `choose_kernel` picks for `impl` on the current mesh's platform."""
+  `choose_kernel` picks for `impl` on the current mesh's platform; with the length
+  sharded over a context axis, per shard (`context_attention`)."""
   platform = accelerator.platform_of_mesh()
+  shards = 1 if kind.decoding else context.size()
   kernel = choose_kernel(impl, kind, platform=platform, dtype=q_BLHD.dtype,
                          head_dim=q_BLHD.shape[-1], q_len=q_BLHD.shape[1],
-                         kv_len=k_BSKD.shape[1])
+                         kv_len=k_BSKD.shape[1], context=shards)
+  if shards > 1:
+    return context_attention(q_BLHD, k_BSKD, v_BSKD, kernel=kernel, mask_B1LS=mask_B1LS,
+                             bias_BHLS=bias_BHLS, softcap=kind.softcap,
+                             dropout_rate=dropout_rate, dropout_rng=dropout_rng)
   if kernel in ("cudnn", "splash") and segments is None:
     raise ValueError(f"the {kernel} attention needs the segment ids of its queries and keys")
   if kernel == "cudnn":

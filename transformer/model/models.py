@@ -18,6 +18,7 @@ from flax import linen as nn
 
 from transformer.config.errors import ConfigError
 from transformer.model import attention_ops
+from transformer.model import context
 from transformer.model import initializers
 from transformer.model import positions as positions_lib
 from transformer.model.attention import make_attention_mask
@@ -110,6 +111,11 @@ def _stack(config: ModelConfig, num_layers: int, x_BLE: jax.Array, segment_ids_B
   A stack has cross-attention when given `encoded_segment_ids_BS`; `encoded_BSE` may
   then be None, on decoding steps after the first (the keys/values are cached).
   """
+  # Context parallelism (context.py): the stack runs in the zig-zag order, undone on its
+  # output; masks and biases read positions and segment ids, so they follow the order.
+  shards = 1 if config.decode else context.size()
+  x_BLE, segment_ids_BL, positions_BL = (context.zigzag(a, shards)
+                                         for a in (x_BLE, segment_ids_BL, positions_BL))
   kv_segment_ids_BS, kv_positions_BS = segment_ids_BL, positions_BL
   if config.decode and causal:
     batch = segment_ids_BL.shape[0]
@@ -135,8 +141,9 @@ def _stack(config: ModelConfig, num_layers: int, x_BLE: jax.Array, segment_ids_B
         segment_ids_BL, encoded_segment_ids_BS, causal=False))
   x_BLE = activation_constraint(
       Dropout(config.embed_dropout, deterministic=config.deterministic)(x_BLE))
-  return run_blocks(config, num_layers, x_BLE, inputs, cross_attention=cross_attention,
-                    causal=causal)
+  x_BLE = run_blocks(config, num_layers, x_BLE, inputs, cross_attention=cross_attention,
+                     causal=causal)
+  return context.unzigzag(x_BLE, shards)
 
 
 def _final_norm(config: ModelConfig, x_BLE: jax.Array, name: str) -> jax.Array:
