@@ -464,6 +464,21 @@ CASES = [
     Case("mesh_shape_not_pairs", (TINY, WORKDIR, "--config.mesh.shape=((\"data\",2))"), 2,
          ("config.mesh.shape=('data', 2) is invalid: expected a tuple of (name, size) pairs",),
          creates_nothing=True),
+    Case("context_does_not_divide_seq_len",  # Two zig-zag chunks a shard: 32 % (2 x 8).
+         (TINY, WORKDIR, "--config.data.seq_len=24", "--config.mesh.shape=((\"data\",1),"
+          "(\"fsdp\",1),(\"tensor\",1),(\"context\",8))"), 2,
+         ("config.data.seq_len=24 is invalid: must be a multiple of 2 x 8 = 16", "context"),
+         creates_nothing=True),
+    Case("context_with_a_kernel_that_cannot_use_it",
+         (TINY, WORKDIR, "--config.model.attention_impl=cudnn", "--config.model.dtype=bfloat16",
+          "--config.mesh.shape=((\"data\",2),(\"fsdp\",1),(\"tensor\",1),(\"context\",4))"),
+         2, ("config.model.attention_impl='cudnn' is invalid: cannot attend across 4 context "
+             "shards", "'auto', 'xla', 'einsum'"), creates_nothing=True),
+    Case("context_axis_without_a_length_rule",
+         (TINY, WORKDIR, "--config.mesh.shape=((\"data\",2),(\"fsdp\",1),(\"tensor\",1),"
+          "(\"context\",4))", "--config.mesh.rules=((\"batch\",(\"data\",\"fsdp\")),)"), 2,
+         ("config.mesh.rules=('length', None) is invalid: mesh.shape has (\"context\", 4) "
+          "but no rule shards 'length' over it",), creates_nothing=True),
     Case("cosine_decay_shorter_than_warmup",
          (TINY, WORKDIR, "--config.optimizer.schedule=cosine", "--config.optimizer.decay_steps=2"),
          2, ("config.optimizer.decay_steps=2 is invalid", "expected > optimizer.warmup_steps=2"), creates_nothing=True),

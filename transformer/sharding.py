@@ -104,7 +104,8 @@ def replicated(mesh: Mesh) -> NamedSharding:
 _FIELD_OF_AXIS = {"heads": "model.num_heads", "kv_heads": "model.num_kv_heads",
                   "mlp": "model.mlp_dim", "embed": "model.d_model",
                   "vocab": "model.vocab_size", "head_dim": "model.head_dim",
-                  "layers": "model.num_layers", "expert": "model.num_experts"}
+                  "layers": "model.num_layers", "expert": "model.num_experts",
+                  "length": "model.max_len"}
 
 
 def check_divisible(boxed_params: Any, mesh: Mesh, rules: Rules) -> None:

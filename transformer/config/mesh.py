@@ -49,3 +49,49 @@ def validate_mesh(config: ml_collections.ConfigDict) -> None:
       if target is not None and target not in MESH_AXES + OPTIONAL_MESH_AXES:
         fail("mesh.rules", (logical, mesh_axes),
               f"mesh axes are {MESH_AXES + OPTIONAL_MESH_AXES} or None")
+
+
+# The kernels a sequence sharded over "context" can run (model/attention_ops.py
+# context_attention): the per-shard dense ones, and "auto", which picks xla there.
+CONTEXT_ATTENTION_IMPLS = ("auto", "xla", "einsum")
+
+
+def length_axes(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+  """The mesh axes the first "length" rule names that mesh.shape has (model/context.py)."""
+  present = {name for name, _ in config.mesh.shape}
+  for logical, mesh_axes in config.mesh.rules:
+    if logical == "length":
+      targets = mesh_axes if isinstance(mesh_axes, (tuple, list)) else (mesh_axes,)
+      return tuple(t for t in targets if t in present)
+  return ()
+
+
+def validate_context(config: ml_collections.ConfigDict) -> None:
+  """Context parallelism (docs/scaling.md#context-parallelism): the sequence splits into
+  2 chunks per shard, and attention can run on it; after validate_mesh."""
+  sizes = dict(config.mesh.shape)
+  context = sizes.get("context", 1)
+  if context == -1:
+    fail("mesh.shape", ("context", -1), "give the context axis a fixed size (e.g. "
+         "(\"context\", 4)); -1 belongs on a batch axis such as data")
+  axes = length_axes(config)
+  if context > 1 and "context" not in axes:
+    fail("mesh.rules", ("length", dict(config.mesh.rules).get("length")),
+         f"mesh.shape has (\"context\", {context}) but no rule shards 'length' over it; "
+         "add (\"length\", \"context\") (configs/base.py) or drop the axis")
+  shards = 1
+  for axis in axes:
+    shards *= max(sizes.get(axis, 1), 1)
+  if shards == 1:
+    return
+  seq_len = config.data.seq_len
+  if seq_len % (2 * shards):
+    fail("data.seq_len", seq_len, f"must be a multiple of 2 x {shards} = {2 * shards}: "
+         f"mesh.shape {tuple((a, sizes[a]) for a in axes)} cuts each sequence into "
+         f"{shards} context shards of two chunks each (the zig-zag order); pick such a "
+         "data.seq_len or a context size that divides it")
+  impl = config.model.attention_impl
+  if impl not in CONTEXT_ATTENTION_IMPLS:
+    fail("model.attention_impl", impl, f"cannot attend across {shards} context shards "
+         f"(mesh.shape context={shards}); use one of {CONTEXT_ATTENTION_IMPLS}, or "
+         "(\"context\", 1)")

@@ -36,4 +36,5 @@ def validate(config: ml_collections.ConfigDict) -> None:
   train.validate_optimizer(config)
   train.validate_train(config)
   mesh.validate_mesh(config)
+  mesh.validate_context(config)
   moe.validate_expert_mesh(config)

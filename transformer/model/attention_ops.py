@@ -411,6 +411,13 @@ def context_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array, *
   q_spec = nn.logical_to_mesh_axes(("batch", "length", "heads", "head_dim"))
   kv_spec = nn.logical_to_mesh_axes(("batch", "length", "kv_heads", "head_dim"))
   rows, length, heads = q_spec[0], q_spec[1], q_spec[2]
+  mesh = jax.sharding.get_abstract_mesh()
+  row_axes = rows if isinstance(rows, tuple) else (rows,) if rows else ()
+  if q_BLHD.shape[0] % int(np.prod([mesh.shape[a] for a in row_axes], dtype=np.int64)):
+    # A batch smaller than the batch axes (model.init's one row): rows stay whole.
+    rows = None
+    q_spec = P(None, *q_spec[1:])
+    kv_spec = P(None, *kv_spec[1:])
   mask_spec = P(rows if mask_B1LS.shape[0] > 1 else None, None, length, None)
   operands, specs = [q_BLHD, k_BSKD, v_BSKD, mask_B1LS], [q_spec, kv_spec, kv_spec, mask_spec]
   if bias_BHLS is not None:  # T5's and ALiBi's biases may broadcast over the batch.

@@ -1,0 +1,114 @@
+"""Context parallelism on 8 simulated CPU devices: the sequence sharded over a `context`
+mesh axis gives the unsharded model's logits, gradients and training losses."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen as nn
+
+from transformer import sharding
+from transformer.config.model import ModelConfig
+from transformer.model import context
+from transformer.model.models import make_model
+
+from test_sharding import _batch, _config, _train
+
+
+def test_zigzag_gives_each_shard_an_early_and_a_late_chunk_and_inverts():
+  x = np.arange(16)[None]  # 4 shards, 8 chunks of 2.
+  order = np.asarray(context.zigzag(jnp.asarray(x), 4))[0]
+  assert order.reshape(4, 4).tolist() == [[0, 1, 14, 15], [2, 3, 12, 13], [4, 5, 10, 11],
+                                          [6, 7, 8, 9]]
+  np.testing.assert_array_equal(context.unzigzag(jnp.asarray(order)[None], 4), x)
+  y = np.random.default_rng(0).normal(size=(2, 16, 3)).astype(np.float32)
+  np.testing.assert_array_equal(context.unzigzag(context.zigzag(jnp.asarray(y), 2), 2), y)
+
+
+def _logits_and_grads(config, shards):
+  """Logits and the gradient of a scalar of them, on a mesh of `shards` context shards."""
+  config.mesh.shape = (("data", 1), ("fsdp", 1), ("tensor", 1), ("context", shards))
+  cfg = ModelConfig.from_config(config.model)
+  model = make_model(cfg)
+  batch = _batch(config)
+  keys = (("inputs", "inputs_segment_ids", "inputs_positions", "decoder_inputs",
+           "targets_segment_ids", "targets_positions") if cfg.arch == "encoder_decoder"
+          else ("inputs", "segment_ids", "positions"))
+  args = tuple(batch[k] for k in keys)
+  mesh = sharding.make_mesh(config.mesh, jax.devices()[:shards])
+  with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.rules_of(config.mesh, mesh)):
+    params = jax.jit(model.init)(jax.random.PRNGKey(0), *args)["params"]
+
+    def scalar(params):  # sin: a gradient that differs per position and per vocab entry.
+      logits = model.apply({"params": params}, *args)
+      return jnp.sum(jnp.sin(logits)), logits
+
+    step = jax.jit(jax.value_and_grad(scalar, has_aux=True))
+    # GSPMD alone would also get the numbers right: check that attention is the
+    # per-shard all-gather of context_attention.
+    assert ("all_gather" in str(jax.make_jaxpr(step)(params))) == (shards > 1)
+    (_, logits), grads = step(params)
+  return np.asarray(logits), jax.device_get(grads)
+
+
+def _assert_same(got, want):
+  np.testing.assert_allclose(got[0], want[0], atol=2e-5, rtol=1e-5)
+  for (path, g), w in zip(jax.tree_util.tree_flatten_with_path(got[1])[0],
+                          jax.tree.leaves(want[1])):
+    # Whole-tensor relative error: an exactly-zero true gradient (the key bias: softmax
+    # ignores a per-query constant) is float noise either way.
+    scale = max(np.linalg.norm(w), 1e-3)
+    assert np.linalg.norm(np.asarray(g) - w) / scale < 1e-4, jax.tree_util.keystr(path)
+
+
+def _small(tiny_config, arch, **model):
+  config = _config(tiny_config)  # Sizes every mesh axis of 8 divides.
+  config.data.update(batch_size=2, seq_len=32)
+  config.model.update(dict(arch=arch, head="mlm" if arch == "encoder" else "lm",
+                           d_model=32, num_heads=4, mlp_dim=64, dtype="float32",
+                           attention_impl="xla", num_layers=1, num_decoder_layers=1) | model)
+  return config
+
+
+@pytest.fixture(scope="module")
+def decoder_reference(tfds_data_dir):
+  from tiny import make_tiny_config  # pylint: disable=g-import-not-at-top
+  return _logits_and_grads(_decoder(make_tiny_config(tfds_data_dir)), 1)
+
+
+def _decoder(tiny_config):
+  """Causal, packed (two documents and padding a row), GQA, a local and a global layer."""
+  return _small(tiny_config, "decoder", num_kv_heads=2, sliding_window=5,
+                window_pattern="lg", num_layers=2)
+
+
+@pytest.mark.parametrize("shards", [2, pytest.param(4, marks=pytest.mark.slow), 8])
+def test_decoder_with_context_shards_equals_unsharded(tiny_config, decoder_reference, shards):
+  _assert_same(_logits_and_grads(_decoder(tiny_config), shards), decoder_reference)
+
+
+# Slow (-m slow): a reference and a sharded compile each, ~30 s of CI time together.
+@pytest.mark.slow
+@pytest.mark.parametrize("arch,shards,model", [
+    ("encoder", 4, {}),  # Bidirectional, packed.
+    ("encoder_decoder", 2, {}),  # Cross-attention to a context-sharded source.
+    ("decoder", 2, {"position": "alibi", "attention_impl": "einsum"}),  # A logit bias.
+])
+def test_other_attentions_with_context_shards_equal_unsharded(tfds_data_dir, arch, shards,
+                                                              model):
+  from tiny import make_tiny_config  # pylint: disable=g-import-not-at-top
+  want = _logits_and_grads(_small(make_tiny_config(tfds_data_dir), arch, **model), 1)
+  got = _logits_and_grads(_small(make_tiny_config(tfds_data_dir), arch, **model), shards)
+  _assert_same(got, want)
+
+
+def test_training_with_context_4_gives_the_losses_of_context_1(tfds_data_dir):
+  """Three steps of the trainer (Trainer.train_step, AdamW) from the same seed and data."""
+  from tiny import make_tiny_config  # pylint: disable=g-import-not-at-top
+  runs = []
+  for shards in (1, 4):
+    config = _config(make_tiny_config(tfds_data_dir), use_bias=False)
+    config.mesh.shape = (("data", 2), ("fsdp", 1), ("tensor", 1), ("context", shards))
+    losses, _, _ = _train(config, jax.devices()[: 2 * shards])
+    runs.append(losses)
+  np.testing.assert_allclose(runs[1], runs[0], rtol=1e-5)
