@@ -112,3 +112,20 @@ def test_training_with_context_4_gives_the_losses_of_context_1(tfds_data_dir):
     losses, _, _ = _train(config, jax.devices()[: 2 * shards])
     runs.append(losses)
   np.testing.assert_allclose(runs[1], runs[0], rtol=1e-5)
+
+
+@pytest.mark.slow  # Pallas's interpreter on CPU: ~40 s.
+@pytest.mark.parametrize("window", [0, 40])
+def test_splash_per_context_shard_equals_unsharded_xla(tfds_data_dir, window):
+  """The TPU kernel (interpreted on CPU) with the zig-zag rows in its mask: causal, packed,
+  GQA, windowed; 256 tokens, the shortest two shards tile in blocks of 128."""
+  from tiny import make_tiny_config  # pylint: disable=g-import-not-at-top
+  results = []
+  for impl, shards in (("xla", 1), ("splash", 2)):
+    config = _small(make_tiny_config(tfds_data_dir), "decoder", num_kv_heads=2,
+                    sliding_window=window, max_len=256, attention_impl=impl)
+    config.data.update(batch_size=1, seq_len=256)
+    results.append(_logits_and_grads(config, shards))
+  np.testing.assert_allclose(results[1][0], results[0][0], atol=2e-5, rtol=1e-5)
+  for g, w in zip(jax.tree.leaves(results[1][1]), jax.tree.leaves(results[0][1])):
+    assert np.linalg.norm(g - w) / max(np.linalg.norm(w), 1e-3) < 1e-3

@@ -52,8 +52,9 @@ def validate_mesh(config: ml_collections.ConfigDict) -> None:
 
 
 # The kernels a sequence sharded over "context" can run (model/attention_ops.py
-# context_attention): the per-shard dense ones, and "auto", which picks xla there.
-CONTEXT_ATTENTION_IMPLS = ("auto", "xla", "einsum")
+# context_attention, context_splash_attention); cuDNN cannot ("auto" picks xla there).
+CONTEXT_ATTENTION_IMPLS = ("auto", "xla", "einsum", "splash")
+SPLASH_BLOCK = 128  # attention_ops.SPLASH_BLOCK: each shard's rows tile in blocks of it.
 
 
 def length_axes(config: ml_collections.ConfigDict) -> tuple[str, ...]:
@@ -91,6 +92,10 @@ def validate_context(config: ml_collections.ConfigDict) -> None:
          f"{shards} context shards of two chunks each (the zig-zag order); pick such a "
          "data.seq_len or a context size that divides it")
   impl = config.model.attention_impl
+  if impl == "splash" and seq_len % (SPLASH_BLOCK * shards):
+    fail("data.seq_len", seq_len, f"splash attention over {shards} context shards tiles "
+         f"each shard in blocks of {SPLASH_BLOCK}: use a multiple of {SPLASH_BLOCK * shards}, "
+         "or model.attention_impl='xla'")
   if impl not in CONTEXT_ATTENTION_IMPLS:
     fail("model.attention_impl", impl, f"cannot attend across {shards} context shards "
          f"(mesh.shape context={shards}); use one of {CONTEXT_ATTENTION_IMPLS}, or "

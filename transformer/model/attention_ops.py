@@ -20,8 +20,9 @@ discarding it:
           xla (einsum where only einsum can) and the reason is logged once
 
 With the sequence sharded over a context axis (context.py), `context_attention` runs the
-einsum or xla kernel per shard on the shard's queries and all-gathered keys/values; a
-fused kernel there is not supported yet ("auto" uses xla, saying so once).
+einsum or xla kernel per shard on the shard's queries and all-gathered keys/values, and
+`context_splash_attention` splash per shard with the load-balanced mask; cuDNN cannot
+serve there ("auto" uses xla on a GPU then, saying so once).
 
 An explicit `cudnn` or `splash` that cannot serve the config is a ConfigError before
 anything compiles (`check_explicit`), naming the field and what would work.
@@ -85,9 +86,9 @@ def unsupported_reason(kernel: str, kind: LayerKind, *, dtype, head_dim: int,
     if kind.softcap or kind.dropout:
       return "only the einsum attention applies softcapping and attention dropout"
     return None
-  if context > 1:
-    return (f"{kernel} attention does not run on a sequence sharded over a context axis "
-            f"({context} shards); context parallelism uses the xla or einsum kernel")
+  if context > 1 and kernel == "cudnn":
+    return (f"cuDNN attention does not run on a sequence sharded over a context axis "
+            f"({context} shards); context parallelism uses splash, xla or einsum")
   if kind.softcap and kernel == "cudnn":
     return "cuDNN attention has no logit softcapping"
   if kind.dropout:
@@ -115,7 +116,11 @@ def unsupported_reason(kernel: str, kind: LayerKind, *, dtype, head_dim: int,
     return None
   if kernel == "splash":
     for name, length in (("query", q_len), ("key", kv_len)):
-      if length is not None and length % SPLASH_BLOCK:
+      if length is not None and length % (SPLASH_BLOCK * context):
+        if context > 1:
+          return (f"splash attention tiles each of the {context} context shards in blocks "
+                  f"of {SPLASH_BLOCK}; the {name} length {length} is not a multiple of "
+                  f"{SPLASH_BLOCK * context}")
         return (f"splash attention tiles the sequence in blocks of {SPLASH_BLOCK}; the "
                 f"{name} length {length} is not a multiple of it")
     return None
@@ -331,7 +336,10 @@ def cudnn_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array,
       qkv_layout="BTNH", sliding_window_length=window or None)
 
 
-def _splash_mask(causal: bool, window: int, q_len: int, kv_len: int, heads: int):
+def _splash_mask(causal: bool, window: int, q_len: int, kv_len: int, heads: int,
+                 q_order: np.ndarray | None = None):
+  """The mask object of one MQA kernel; `q_order` gives each query row's position in the
+  natural order when the rows are permuted (context parallelism's zig-zag)."""
   # pylint: disable-next=g-import-not-at-top
   from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
   shape = (q_len, kv_len)
@@ -341,8 +349,42 @@ def _splash_mask(causal: bool, window: int, q_len: int, kv_len: int, heads: int)
   elif causal:
     one = masks.CausalMask(shape)
   else:
-    one = masks.FullMask(shape)
+    return masks.MultiHeadMask([masks.FullMask(shape)] * heads)  # Order-free.
+  if q_order is not None:
+    # A computable mask evaluates mask_function(q_sequence[rows], cols), in numpy when
+    # the block tables are built and in the kernel: rows in the zig-zag order, keys in
+    # the natural one (MaxText's load-balanced causal mask does the same).
+    one.q_sequence = np.asarray(q_order, np.int32)
   return masks.MultiHeadMask([one] * heads)
+
+
+def _splash_block_sizes(q_len: int, kv_len: int):
+  # pylint: disable-next=g-import-not-at-top
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+  bq, bkv = min(512, q_len), min(512, kv_len)
+  return sk.BlockSizes(block_q=bq, block_kv_compute=bkv, block_kv=bkv, block_q_dkv=bq,
+                       block_kv_dkv=bkv, block_kv_dkv_compute=bkv, block_q_dq=bq,
+                       block_kv_dq=bkv)
+
+
+def _splash_rows(kernel, q_BLHD, k_BSKD, v_BSKD, q_seg_BL, kv_seg_BS) -> jax.Array:
+  """An MQA splash `kernel` over each row and each k/v head (its G query heads)."""
+  # pylint: disable-next=g-import-not-at-top
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+  _, L, H, D = q_BLHD.shape
+  K = k_BSKD.shape[2]
+  G = H // K
+  scale = 1.0 / np.sqrt(D)
+
+  def row(q_LHD, k_SKD, v_SKD, q_seg_L, kv_seg_S):
+    q_KGLD = (q_LHD * scale).astype(q_LHD.dtype).reshape(L, K, G, D).transpose(1, 2, 0, 3)
+    k_KSD, v_KSD = k_SKD.transpose(1, 0, 2), v_SKD.transpose(1, 0, 2)
+    ids = sk.SegmentIds(q=q_seg_L, kv=kv_seg_S)
+    out_KGLD = jax.vmap(lambda q, k, v: kernel(q, k, v, segment_ids=ids))(
+        q_KGLD, k_KSD, v_KSD)
+    return out_KGLD.transpose(2, 0, 1, 3).reshape(L, H, D)
+
+  return jax.vmap(row)(q_BLHD, k_BSKD, v_BSKD, q_seg_BL, kv_seg_BS)
 
 
 def splash_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array,
@@ -362,29 +404,16 @@ def splash_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array,
   kv_spec = nn.logical_to_mesh_axes(("batch", "length", "kv_heads", "head_dim"))
   seg_spec = P(q_spec[0], q_spec[1])
   kv_seg_spec = P(kv_spec[0], kv_spec[1])
-  scale = 1.0 / np.sqrt(q_BLHD.shape[-1])
 
   def local(q_BLHD, k_BSKD, v_BSKD, q_seg_BL, kv_seg_BS):
-    _, L, H, D = q_BLHD.shape
+    L, H = q_BLHD.shape[1:3]
     S, K = k_BSKD.shape[1], k_BSKD.shape[2]
-    G = H // K
-    block = sk.BlockSizes(
-        block_q=min(512, L), block_kv_compute=min(512, S), block_kv=min(512, S),
-        block_q_dkv=min(512, L), block_kv_dkv=min(512, S),
-        block_kv_dkv_compute=min(512, S), block_q_dq=min(512, L), block_kv_dq=min(512, S))
     kernel = sk.make_splash_mqa(
-        _splash_mask(causal, window, L, S, G), block_sizes=block, head_shards=1,
-        q_seq_shards=1, attn_logits_soft_cap=softcap or None, interpret=interpret)
+        _splash_mask(causal, window, L, S, H // K), block_sizes=_splash_block_sizes(L, S),
+        head_shards=1, q_seq_shards=1, attn_logits_soft_cap=softcap or None,
+        interpret=interpret)
 
-    def row(q_LHD, k_SKD, v_SKD, q_seg_L, kv_seg_S):
-      q_KGLD = (q_LHD * scale).astype(q_LHD.dtype).reshape(L, K, G, D).transpose(1, 2, 0, 3)
-      k_KSD, v_KSD = k_SKD.transpose(1, 0, 2), v_SKD.transpose(1, 0, 2)
-      ids = sk.SegmentIds(q=q_seg_L, kv=kv_seg_S)
-      out_KGLD = jax.vmap(lambda q, k, v: kernel(q, k, v, segment_ids=ids))(
-          q_KGLD, k_KSD, v_KSD)
-      return out_KGLD.transpose(2, 0, 1, 3).reshape(L, H, D)
-
-    return jax.vmap(row)(q_BLHD, k_BSKD, v_BSKD, q_seg_BL, kv_seg_BS)
+    return _splash_rows(kernel, q_BLHD, k_BSKD, v_BSKD, q_seg_BL, kv_seg_BS)
 
   if jax.sharding.get_abstract_mesh().empty:
     return local(q_BLHD, k_BSKD, v_BSKD, segments.q_BL, segments.kv_BS)
@@ -410,14 +439,9 @@ def context_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array, *
   axes = context.axes()
   q_spec = nn.logical_to_mesh_axes(("batch", "length", "heads", "head_dim"))
   kv_spec = nn.logical_to_mesh_axes(("batch", "length", "kv_heads", "head_dim"))
+  q_spec, kv_spec = _whole_rows_if_indivisible(
+      q_BLHD.shape[0], jax.sharding.get_abstract_mesh(), q_spec, kv_spec)
   rows, length, heads = q_spec[0], q_spec[1], q_spec[2]
-  mesh = jax.sharding.get_abstract_mesh()
-  row_axes = rows if isinstance(rows, tuple) else (rows,) if rows else ()
-  if q_BLHD.shape[0] % int(np.prod([mesh.shape[a] for a in row_axes], dtype=np.int64)):
-    # A batch smaller than the batch axes (model.init's one row): rows stay whole.
-    rows = None
-    q_spec = P(None, *q_spec[1:])
-    kv_spec = P(None, *kv_spec[1:])
   mask_spec = P(rows if mask_B1LS.shape[0] > 1 else None, None, length, None)
   operands, specs = [q_BLHD, k_BSKD, v_BSKD, mask_B1LS], [q_spec, kv_spec, kv_spec, mask_spec]
   if bias_BHLS is not None:  # T5's and ALiBi's biases may broadcast over the batch.
@@ -448,6 +472,61 @@ def context_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array, *
                        check_vma=False)(*operands)
 
 
+def context_splash_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array,
+                             segments: Segments, *, causal: bool, window: int,
+                             softcap: float, cross: bool, interpret: bool) -> jax.Array:
+  """Splash attention with the length sharded over the context axes (context.py).
+
+  Each shard all-gathers the keys, values and key segment ids and puts them back in the
+  natural order (unzigzag, a local reshape; a cross-attention's source is in it already).
+  The mask is the whole [L, S] one with its rows in the zig-zag order (`_splash_mask`'s
+  q_order), cut into the shards' rows by splash itself (`q_seq_shards`): the block tables
+  travel into the shard_map beside q (`manual_sharding_spec`), so each shard skips
+  exactly the blocks its own queries cannot see, and every shard has the same work.
+  """
+  # pylint: disable-next=g-import-not-at-top
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+  from jax.sharding import NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
+  axes, shards = context.axes(), context.size()
+  mesh = jax.sharding.get_abstract_mesh()
+  q_spec = nn.logical_to_mesh_axes(("batch", "length", "heads", "head_dim"))
+  kv_spec = nn.logical_to_mesh_axes(("batch", "length", "kv_heads", "head_dim"))
+  q_spec, kv_spec = _whole_rows_if_indivisible(q_BLHD.shape[0], mesh, q_spec, kv_spec)
+  _, L, H, _ = q_BLHD.shape
+  S, K = k_BSKD.shape[1], k_BSKD.shape[2]
+  q_order = np.asarray(context.zigzag(np.arange(L)[None], shards))[0]
+  kernel = sk.make_splash_mqa(
+      _splash_mask(causal, window, L, S, H // K, q_order=q_order),
+      block_sizes=_splash_block_sizes(L // shards, S), head_shards=1, q_seq_shards=shards,
+      attn_logits_soft_cap=softcap or None, interpret=interpret)
+  kernel_spec = kernel.manual_sharding_spec(NamedSharding(mesh, P(None, axes)))
+
+  def local(kernel, q_BLHD, k_BSKD, v_BSKD, q_seg_BL, kv_seg_BS):
+    k_BSKD, v_BSKD, kv_seg_BS = (jax.lax.all_gather(a, axes, axis=1, tiled=True)
+                                 for a in (k_BSKD, v_BSKD, kv_seg_BS))
+    if not cross:  # Self-attention: the keys were in the zig-zag order too.
+      k_BSKD, v_BSKD, kv_seg_BS = (context.unzigzag(a, shards)
+                                   for a in (k_BSKD, v_BSKD, kv_seg_BS))
+    return _splash_rows(kernel, q_BLHD, k_BSKD, v_BSKD, q_seg_BL, kv_seg_BS)
+
+  return jax.shard_map(
+      local, in_specs=(kernel_spec, q_spec, kv_spec, kv_spec, P(q_spec[0], q_spec[1]),
+                       P(kv_spec[0], kv_spec[1])),
+      out_specs=q_spec, check_vma=False)(kernel, q_BLHD, k_BSKD, v_BSKD, segments.q_BL,
+                                         segments.kv_BS)
+
+
+def _whole_rows_if_indivisible(batch: int, mesh, *specs):
+  """The specs with their batch entry dropped when `batch` rows do not split over it
+  (model.init's one row): the rows then stay whole on every device."""
+  from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
+  rows = specs[0][0]
+  row_axes = rows if isinstance(rows, tuple) else (rows,) if rows else ()
+  if batch % int(np.prod([mesh.shape[a] for a in row_axes], dtype=np.int64)):
+    return tuple(P(None, *spec[1:]) for spec in specs)
+  return specs
+
+
 def dot_product_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array, *,
                           impl: str, kind: LayerKind, mask_B1LS: jax.Array | None,
                           segments: Segments | None, bias_BHLS: jax.Array | None = None,
@@ -461,6 +540,10 @@ def dot_product_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Arra
   kernel = choose_kernel(impl, kind, platform=platform, dtype=q_BLHD.dtype,
                          head_dim=q_BLHD.shape[-1], q_len=q_BLHD.shape[1],
                          kv_len=k_BSKD.shape[1], context=shards)
+  if shards > 1 and kernel == "splash":
+    return context_splash_attention(q_BLHD, k_BSKD, v_BSKD, segments, causal=kind.causal,
+                                    window=kind.window, softcap=kind.softcap,
+                                    cross=kind.cross, interpret=platform == "cpu")
   if shards > 1:
     return context_attention(q_BLHD, k_BSKD, v_BSKD, kernel=kernel, mask_B1LS=mask_B1LS,
                              bias_BHLS=bias_BHLS, softcap=kind.softcap,

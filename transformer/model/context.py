@@ -54,8 +54,9 @@ def zigzag(x: jax.Array, shards: int) -> jax.Array:
   B, L = x.shape[:2]
   rest = x.shape[2:]
   chunks = x.reshape((B, 2, shards, L // (2 * shards)) + rest)
-  early, late = chunks[:, 0], jnp.flip(chunks[:, 1], axis=1)
-  return jnp.stack([early, late], axis=2).reshape(x.shape)
+  xp = np if isinstance(x, np.ndarray) else jnp  # numpy: a static order (splash's mask).
+  early, late = chunks[:, 0], xp.flip(chunks[:, 1], axis=1)
+  return xp.stack([early, late], axis=2).reshape(x.shape)
 
 
 def unzigzag(x: jax.Array, shards: int) -> jax.Array:
@@ -65,5 +66,6 @@ def unzigzag(x: jax.Array, shards: int) -> jax.Array:
   B, L = x.shape[:2]
   rest = x.shape[2:]
   pairs = x.reshape((B, shards, 2, L // (2 * shards)) + rest)
-  early, late = pairs[:, :, 0], jnp.flip(pairs[:, :, 1], axis=1)
-  return jnp.stack([early, late], axis=1).reshape(x.shape)
+  xp = np if isinstance(x, np.ndarray) else jnp
+  early, late = pairs[:, :, 0], xp.flip(pairs[:, :, 1], axis=1)
+  return xp.stack([early, late], axis=1).reshape(x.shape)
