@@ -114,7 +114,8 @@ def _stack(config: ModelConfig, num_layers: int, x_BLE: jax.Array, segment_ids_B
   # Context parallelism (context.py): the stack runs in the zig-zag order, undone on its
   # output; masks and biases read positions and segment ids, so they follow the order.
   shards = 1 if config.decode else context.size()
-  x_BLE, segment_ids_BL, positions_BL = (context.zigzag(a, shards)
+  # jnp: numpy inputs (model.init's batch) would build an [L, L] mask eagerly in numpy.
+  x_BLE, segment_ids_BL, positions_BL = (context.zigzag(jnp.asarray(a), shards)
                                          for a in (x_BLE, segment_ids_BL, positions_BL))
   kv_segment_ids_BS, kv_positions_BS = segment_ids_BL, positions_BL
   if config.decode and causal:
