@@ -451,6 +451,7 @@ def context_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array, *
   if dropout_rng is not None:
     operands.append(dropout_rng)
     specs.append(P())
+  bias_BHLS_given, dropout_rng_given = bias_BHLS is not None, dropout_rng is not None
 
   def local(q_BLHD, k_BSKD, v_BSKD, mask_B1LS, *rest):
     bias_BHLS = rest[0] if bias_BHLS_given else None
@@ -467,7 +468,6 @@ def context_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array, *
     return jax.nn.dot_product_attention(q_BLHD, k_BSKD, v_BSKD, bias=bias_BHLS,
                                         mask=mask_B1LS, implementation="xla")
 
-  bias_BHLS_given, dropout_rng_given = bias_BHLS is not None, dropout_rng is not None
   return jax.shard_map(local, in_specs=tuple(specs), out_specs=q_spec,
                        check_vma=False)(*operands)
 

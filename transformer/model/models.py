@@ -144,7 +144,9 @@ def _stack(config: ModelConfig, num_layers: int, x_BLE: jax.Array, segment_ids_B
       Dropout(config.embed_dropout, deterministic=config.deterministic)(x_BLE))
   x_BLE = run_blocks(config, num_layers, x_BLE, inputs, cross_attention=cross_attention,
                      causal=causal)
-  return context.unzigzag(x_BLE, shards)
+  # Constrained again: the natural order's shards are not a reshape of the zig-zag ones,
+  # and unconstrained GSPMD gathered the whole row (every chip computed all the logits).
+  return activation_constraint(context.unzigzag(x_BLE, shards))
 
 
 def _final_norm(config: ModelConfig, x_BLE: jax.Array, name: str) -> jax.Array:
