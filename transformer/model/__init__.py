@@ -11,6 +11,7 @@
   moe.py           mixture of experts: router, dropless / capacity dispatch, aux losses
   layers.py        StackInputs (what every block of a stack reads), the shared Block
                    (dense or MoE MLP), sinusoidal table, scan/remat stacks
+  lm_head.py       LogitsHead: hidden states -> float32 logits, the one projection
   models.py        Decoder, Encoder, EncoderDecoder, heads, the ARCHITECTURES registry
   objectives.py    an Objective's batch fields into model.apply, logits and targets out
 

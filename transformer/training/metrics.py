@@ -19,6 +19,7 @@ from absl import logging
 
 from transformer.config.model import ModelConfig
 from transformer.model import moe
+from transformer.model.lm_head import LogitsHead
 from transformer.workdir import layout
 from transformer.workdir.console import format_duration
 from transformer.workdir.metrics_file import MOE_LOAD_PREFIX
@@ -76,6 +77,86 @@ def loss_sums(logits_BLV: jax.Array, targets_BL: jax.Array, weights_BL: jax.Arra
     sums["z_loss_sum"] = z_loss * jnp.sum(jnp.square(log_z_BL) * weights_BL)
     sums["objective_sum"] = sums["objective_sum"] + sums["z_loss_sum"]
   return sums
+
+
+# The auto chunk (model.logits_chunk = 0) keeps a chunk's float32 logits within this many
+# per row: 16 MiB, e.g. 64 positions of a 50k vocabulary, 32 of Llama 3's 128k.
+AUTO_LOGITS_PER_ROW = 1 << 22
+
+
+def logits_chunk_length(chunk: int, length: int, vocab_size: int) -> int:
+  """Positions projected at a time by head_loss_sums (model.logits_chunk; 0 = auto).
+
+  Auto: the whole sequence when a row's logits fit AUTO_LOGITS_PER_ROW (character and
+  small-vocabulary models: no loop, today's program), else the largest power of two
+  whose chunk does.
+  """
+  if chunk > 0:
+    return min(chunk, length)
+  if length * vocab_size <= AUTO_LOGITS_PER_ROW:
+    return length
+  return min(length, 1 << max(0, (AUTO_LOGITS_PER_ROW // vocab_size).bit_length() - 1))
+
+
+def head_loss_sums(head: LogitsHead, x_BLE: jax.Array,
+                   targets_BL: jax.Array, weights_BL: jax.Array, *, chunk: int = 0,
+                   label_smoothing: float = 0.0, z_loss: float = 0.0,
+                   never_predict: tuple[int, ...] = ()) -> dict[str, jax.Array]:
+  """loss_sums of `head(x_BLE)`, projecting `chunk` positions at a time.
+
+  The float32 [B, L, V] logits are never held whole, in the forward or the backward:
+  each chunk's logits are made, scored and dropped inside a `lax.scan` whose body is
+  rematerialised (jax.checkpoint), so the backward pass recomputes one chunk's logits
+  at a time from the hidden states it kept. The sums are those of loss_sums on the
+  whole logits (float32 reassociation aside). A length that `chunk` does not divide is
+  padded with weight-0 positions.
+
+  Args:
+    head: hidden states [B, c, E] -> float32 logits [B, c, V] (the model's LogitsHead).
+    x_BLE: final hidden states.
+    chunk: model.logits_chunk (0 = auto, see logits_chunk_length).
+    Others: as loss_sums.
+  """
+  B, L, _ = x_BLE.shape
+  c = logits_chunk_length(chunk, L, head.vocab_size)
+
+  def chunk_sums(x_BcE, targets_Bc, weights_Bc):
+    return loss_sums(head(x_BcE), targets_Bc, weights_Bc, label_smoothing, z_loss,
+                     never_predict)
+
+  if c >= L:
+    return chunk_sums(x_BLE, targets_BL, weights_BL)
+  pad = -L % c
+  if pad:
+    x_BLE = jnp.pad(x_BLE, ((0, 0), (0, pad), (0, 0)))
+    targets_BL = jnp.pad(targets_BL, ((0, 0), (0, pad)))
+    weights_BL = jnp.pad(weights_BL, ((0, 0), (0, pad)))
+  n = (L + pad) // c
+  # [n, B, c, ...]: the scan walks the chunks; every row stays where the batch put it.
+  chunks = jax.tree.map(lambda a: jnp.moveaxis(a.reshape((B, n, c) + a.shape[2:]), 1, 0),
+                        (x_BLE, targets_BL, weights_BL))
+  rematted = jax.checkpoint(chunk_sums, policy=jax.checkpoint_policies.nothing_saveable)
+
+  def body(total, xs):
+    sums = rematted(*xs)
+    return jax.tree.map(jnp.add, total, sums), None
+
+  zeros = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype),
+                       jax.eval_shape(chunk_sums, *jax.tree.map(lambda a: a[0], chunks)))
+  total, _ = jax.lax.scan(body, zeros, chunks)
+  return total
+
+
+def objective_sums(outputs: Any, targets_BL: jax.Array, weights_BL: jax.Array, *,
+                   chunk: int = 0, label_smoothing: float = 0.0, z_loss: float = 0.0,
+                   never_predict: tuple[int, ...] = ()) -> dict[str, jax.Array]:
+  """loss_sums of a forward's outputs: logits, or (hidden states, LogitsHead) in chunks."""
+  if isinstance(outputs, tuple):
+    x_BLE, head = outputs
+    return head_loss_sums(head, x_BLE, targets_BL, weights_BL, chunk=chunk,
+                          label_smoothing=label_smoothing, z_loss=z_loss,
+                          never_predict=never_predict)
+  return loss_sums(outputs, targets_BL, weights_BL, label_smoothing, z_loss, never_predict)
 
 
 def summarize(sums: Mapping[str, Any], prefix: str = "") -> dict[str, float]:

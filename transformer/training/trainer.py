@@ -53,7 +53,8 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, forward: Calla
                z_loss: float = 0.0,
                never_predict: tuple[int, ...] = (),
                moe_aux_loss: float = 0.0,
-               moe_z_loss: float = 0.0) -> tuple[TrainState, dict[str, jax.Array]]:
+               moe_z_loss: float = 0.0,
+               logits_chunk: int = 0) -> tuple[TrainState, dict[str, jax.Array]]:
   """One optimizer update; returns the new state and metric sums for this batch.
 
   With `microbatches` = k > 1 the batch is processed as k sequential slices whose
@@ -70,15 +71,18 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, forward: Calla
   `never_predict` rows are left out of the softmax (see metrics.loss_sums).
   With MoE layers the objective adds `moe_aux_loss` x the load-balancing loss and
   `moe_z_loss` x the router z-loss (metrics.add_moe_sums), logged as moe_* metrics.
+  `logits_chunk`: train.logits_chunk, the positions projected to the vocabulary at a time
+  when `forward` returns hidden states (metrics.head_loss_sums; 0 = auto).
   """
   rng = jax.random.fold_in(state.rng, state.step)
 
   def sums_and_grads(micro: dict[str, jax.Array], micro_rng: jax.Array):
     def objective(params):
-      logits, targets, weights, moe_stats = forward(params, micro,
-                                                    rngs={"dropout": micro_rng})
-      sums = metrics_lib.loss_sums(logits, targets, weights, label_smoothing, z_loss,
-                                   never_predict)
+      outputs, targets, weights, moe_stats = forward(params, micro,
+                                                     rngs={"dropout": micro_rng})
+      sums = metrics_lib.objective_sums(outputs, targets, weights, chunk=logits_chunk,
+                                        label_smoothing=label_smoothing, z_loss=z_loss,
+                                        never_predict=never_predict)
       sums = metrics_lib.add_moe_sums(sums, moe_stats, moe_aux_loss, moe_z_loss)
       return sums["objective_sum"], sums
 
@@ -128,13 +132,15 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, forward: Calla
 
 
 def eval_step(params: Any, batch: dict[str, jax.Array], *, forward: Callable,
-              never_predict: tuple[int, ...] = ()) -> dict[str, jax.Array]:
+              never_predict: tuple[int, ...] = (), logits_chunk: int = 0
+              ) -> dict[str, jax.Array]:
   """Metric sums of one evaluation batch (the forward of a deterministic model).
 
   MoE statistics are reported without the per-expert loads (training logs those).
   """
-  logits, targets, weights, moe_stats = forward(params, batch)
-  sums = metrics_lib.loss_sums(logits, targets, weights, never_predict=never_predict)
+  outputs, targets, weights, moe_stats = forward(params, batch)
+  sums = metrics_lib.objective_sums(outputs, targets, weights, chunk=logits_chunk,
+                                    never_predict=never_predict)
   sums = metrics_lib.add_moe_sums(sums, moe_stats, per_expert=False)
   del sums["objective_sum"]
   return sums
@@ -178,7 +184,8 @@ class Scorer:
     rules = sharding.rules_of(config.mesh, mesh)
     model_config = ModelConfig.from_config(config.model)
     return cls(config=config, mesh=mesh, rules=rules, model_config=model_config,
-               eval_step=_jit_eval_step(model_config, mesh, rules, param_shardings),
+               eval_step=_jit_eval_step(model_config, mesh, rules, param_shardings,
+                                        config.train.logits_chunk),
                batch_sharding=sharding.batch_sharding(mesh, rules))
 
   @contextlib.contextmanager
@@ -212,12 +219,12 @@ def predicted_rows_excluded(model_config: ModelConfig) -> tuple[int, ...]:
 
 
 def _jit_eval_step(model_config: ModelConfig, mesh: jax.sharding.Mesh, rules: tuple,
-                   param_shardings: Any) -> Callable:
+                   param_shardings: Any, logits_chunk: int) -> Callable:
   """eval_step of a deterministic copy of the model, jitted with explicit shardings."""
   eval_model = make_model(dataclasses.replace(model_config, deterministic=True))
   objective = objective_lib.resolve(model_config)
-  return jax.jit(functools.partial(eval_step, forward=objectives.make_forward(eval_model,
-                                                                              objective),
+  return jax.jit(functools.partial(eval_step, forward=objectives.make_forward(
+      eval_model, objective, hidden=True), logits_chunk=logits_chunk,
                                    never_predict=predicted_rows_excluded(model_config)),
                  in_shardings=(param_shardings, sharding.batch_sharding(mesh, rules)),
                  out_shardings=sharding.replicated(mesh))
@@ -261,12 +268,13 @@ class Trainer(Scorer):
 
     jit_init = jax.jit(lambda rng: nn.meta.unbox(init(rng)), out_shardings=state_shardings)
     one_step = functools.partial(
-        train_step, forward=objectives.make_forward(model, objective), tx=tx,
+        train_step, forward=objectives.make_forward(model, objective, hidden=True), tx=tx,
         schedule=schedule, label_smoothing=config.optimizer.label_smoothing,
         microbatches=config.train.microbatches,
         skip_nonfinite=config.optimizer.skip_nonfinite > 0, z_loss=config.optimizer.z_loss,
         never_predict=predicted_rows_excluded(model_config),
-        moe_aux_loss=config.model.moe_aux_loss, moe_z_loss=config.model.moe_z_loss)
+        moe_aux_loss=config.model.moe_aux_loss, moe_z_loss=config.model.moe_z_loss,
+        logits_chunk=config.train.logits_chunk)
     jit_train = jax.jit(one_step, in_shardings=(state_shardings, batch_sharding),
                         out_shardings=(state_shardings, replicated), donate_argnums=(0,))
     jit_train_steps = jax.jit(
@@ -274,7 +282,8 @@ class Trainer(Scorer):
         in_shardings=(state_shardings, stacked_sharding(batch_sharding)),
         out_shardings=(state_shardings, replicated), donate_argnums=(0,))
     return cls(config=config, mesh=mesh, rules=rules, model_config=model_config,
-               eval_step=_jit_eval_step(model_config, mesh, rules, state_shardings.params),
+               eval_step=_jit_eval_step(model_config, mesh, rules, state_shardings.params,
+                                        config.train.logits_chunk),
                batch_sharding=batch_sharding, state_shardings=state_shardings,
                abstract_state=abstract_state, init=jit_init, train_step=jit_train,
                train_steps=jit_train_steps)
