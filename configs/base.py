@@ -75,6 +75,7 @@ def get_config() -> ml_collections.ConfigDict:
   model.dtype = "auto"  # Compute dtype: "auto" (bfloat16 on GPU/TPU, float32 on CPU) | float32 | bfloat16.
   model.param_dtype = "float32"  # Storage dtype of parameters and optimizer state.
   model.attention_impl = "auto"  # "auto" (cuDNN on GPUs, splash on TPUs, xla on CPUs) | "xla" | "einsum" | "cudnn" | "splash" (model/attention_ops.py).
+  model.attention_max_segments = 32  # cuDNN attention (GPUs): the most packed documents a row may hold; sizes the kernel's float32 softmax statistics (B x this x heads x length per layer); a batch with more stops with one line naming this key.
   # Mixture of experts (docs/configuration.md "Mixture of experts"): the moe_* keys apply with mlp="moe".
   model.mlp = "dense"  # Feed-forward of a block: "dense" (one MLP) | "moe" (routed experts on the layers moe_every picks).
   model.num_experts = 8  # Routed experts per MoE layer (Mixtral 8, OLMoE 64, Switch-base 8..256).
@@ -141,7 +142,7 @@ def get_config() -> ml_collections.ConfigDict:
   train = config.train = ml_collections.ConfigDict()
   train.num_steps = 1000  # Optimizer steps in total (a resumed run continues to this).
   train.microbatches = 1  # Gradient accumulation: split each batch into this many slices.
-  train.logits_chunk = 0  # LM losses: positions projected to the vocabulary at a time, so float32 [B, L, V] logits are never held whole (training/metrics.head_loss_sums); 0 = auto (whole rows when a row's logits are <= 4M floats, else chunks of a power of two under that); the same losses.
+  train.logits_chunk = 0  # LM losses: positions projected to the vocabulary at a time, so float32 [B, L, V] logits are never held whole (training/metrics.head_loss_sums); 0 = auto (whole rows when a row's logits are <= 8M floats, else chunks of a power of two under that); the same losses.
   train.log_every = 10  # Steps between progress lines / metrics.jsonl rows.
   train.steps_per_call = 1  # Optimizer steps per compiled call (lax.scan; Keras's steps_per_execution): the same updates, less per-call overhead; must divide log_every, eval_every and checkpoint.every.
   train.eval_every = 200  # Steps between evaluations (and after the last step).

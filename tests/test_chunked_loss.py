@@ -103,8 +103,8 @@ def test_head_is_the_models_own_projection():
 
 @pytest.mark.parametrize("chunk,length,vocab,expected", [
     (0, 256, 65, 256),          # A character model: one chunk, no loop.
-    (0, 1024, 50257, 64),       # GPT-2's vocabulary: 64 x 50257 <= 4M floats a row.
-    (0, 2048, 128256, 32),      # Llama 3's.
+    (0, 1024, 50257, 128),      # GPT-2's vocabulary: 128 x 50257 <= 8M floats a row.
+    (0, 2048, 128256, 64),      # Llama 3's.
     (0, 16, 128256, 16),        # Never longer than the sequence.
     (100, 64, 50257, 64),       # An explicit chunk at most the length.
     (7, 64, 50257, 7),

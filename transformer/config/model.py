@@ -95,6 +95,7 @@ def validate_model(config: ml_collections.ConfigDict) -> None:
     fail(m + "never_predict", never, "expected a tuple of token ids in [0, model.vocab_size)")
   check_bool(config, m + "embed_norm")
   check_choice(config, m + "attention_impl", ATTENTION_IMPLS)
+  check_int(config, m + "attention_max_segments", 1)
   check_choice(config, m + "dtype", DTYPES)
   check_choice(config, m + "param_dtype", DTYPES[1:])
   for key in ("embed_dropout", "residual_dropout", "attention_dropout", "mlp_dropout"):

@@ -169,7 +169,8 @@ class MultiHeadAttention(nn.Module):
         attention_ops.dot_product_attention, q_BLHD, k_BSKD, v_BSKD, impl=cfg.attention_impl,
         mask_B1LS=mask_B1LS, segments=segments, bias_BHLS=bias_BHLS,
         dropout_rate=cfg.attention_dropout if use_dropout else 0.0,
-        dropout_rng=self.make_rng("dropout") if use_dropout else None)
+        dropout_rng=self.make_rng("dropout") if use_dropout else None,
+        max_segments=cfg.attention_max_segments)
     if not cfg.sliding_window or local is False:
       return call(kind=kind)
     local_kind = dataclasses.replace(kind, window=cfg.sliding_window)

@@ -29,6 +29,7 @@ from transformer import sharding
 from transformer.config.errors import ConfigError, DataError
 from transformer.config.model import ModelConfig
 from transformer.data import packing
+from transformer.model import attention_ops
 from transformer.model import objectives
 from transformer.model.models import make_model
 from transformer.training import metrics as metrics_lib
@@ -176,6 +177,9 @@ class Scorer:
   model_config: ModelConfig
   eval_step: Callable
   batch_sharding: jax.sharding.NamedSharding
+  # model.attention_max_segments where cuDNN's packed layout serves an attention on this
+  # mesh (each host batch is checked against it), else None.
+  packed_rows_limit: int | None
 
   @classmethod
   def create(cls, config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
@@ -186,7 +190,8 @@ class Scorer:
     return cls(config=config, mesh=mesh, rules=rules, model_config=model_config,
                eval_step=_jit_eval_step(model_config, mesh, rules, param_shardings,
                                         config.train.logits_chunk),
-               batch_sharding=sharding.batch_sharding(mesh, rules))
+               batch_sharding=sharding.batch_sharding(mesh, rules),
+               packed_rows_limit=_packed_rows_limit(model_config, mesh))
 
   @contextlib.contextmanager
   def context(self):
@@ -201,6 +206,7 @@ class Scorer:
     With `stacked`, every array has a leading axis of consecutive batches ([n, B, ...],
     the input of `Trainer.train_steps`), which stays whole on every device.
     """
+    attention_ops.check_packed_rows(local_batch, self.packed_rows_limit)
     placement = stacked_sharding(self.batch_sharding) if stacked else self.batch_sharding
     if jax.process_count() == 1:
       # This process's rows are the whole batch: one device_put of the dict (half the
@@ -216,6 +222,11 @@ def predicted_rows_excluded(model_config: ModelConfig) -> tuple[int, ...]:
   if objective_lib.resolve(model_config).classifies:
     return ()  # Its logits are classes, not the vocabulary rows never_predict names.
   return tuple(model_config.never_predict)
+
+
+def _packed_rows_limit(model_config: ModelConfig, mesh: jax.sharding.Mesh) -> int | None:
+  platform = mesh.devices.flat[0].platform
+  return attention_ops.packed_rows_limit(model_config, platform)
 
 
 def _jit_eval_step(model_config: ModelConfig, mesh: jax.sharding.Mesh, rules: tuple,
@@ -285,6 +296,7 @@ class Trainer(Scorer):
                eval_step=_jit_eval_step(model_config, mesh, rules, state_shardings.params,
                                         config.train.logits_chunk),
                batch_sharding=batch_sharding, state_shardings=state_shardings,
+               packed_rows_limit=_packed_rows_limit(model_config, mesh),
                abstract_state=abstract_state, init=jit_init, train_step=jit_train,
                train_steps=jit_train_steps)
 
