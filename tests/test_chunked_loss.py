@@ -101,16 +101,26 @@ def test_head_is_the_models_own_projection():
   assert logits.dtype == jnp.float32 and logits.shape == (ROWS, LENGTH, VOCAB)
 
 
-@pytest.mark.parametrize("chunk,length,vocab,expected", [
-    (0, 256, 65, 256),          # A character model: one chunk, no loop.
-    (0, 1024, 50257, 128),      # GPT-2's vocabulary: 128 x 50257 <= 8M floats a row.
-    (0, 2048, 128256, 64),      # Llama 3's.
-    (0, 16, 128256, 16),        # Never longer than the sequence.
-    (100, 64, 50257, 64),       # An explicit chunk at most the length.
-    (7, 64, 50257, 7),
+@pytest.mark.parametrize("chunk,length,vocab,rows,expected", [
+    (0, 256, 65, 64, 256),         # A character model: one chunk, no loop.
+    (0, 1024, 32768, 32, 64),      # gpt_small, 32 rows a device: 64 x 32 x 32768 <= 64M.
+    (0, 2048, 128256, 8, 64),      # llama 1B, 8 rows of Llama 3's vocabulary.
+    (0, 32768, 128256, 1, 512),    # One long row a chip: few, large chunks.
+    (0, 16, 128256, 1, 16),        # Never longer than the sequence.
+    (100, 64, 50257, 8, 64),       # An explicit chunk at most the length.
+    (7, 64, 50257, 8, 7),
 ])
-def test_chunk_length(chunk, length, vocab, expected):
-  assert metrics.logits_chunk_length(chunk, length, vocab) == expected
+def test_chunk_length(chunk, length, vocab, rows, expected):
+  assert metrics.logits_chunk_length(chunk, length, vocab, rows) == expected
+
+
+def test_rows_per_device_reads_the_batch_rule():
+  from flax import linen as nn  # pylint: disable=g-import-not-at-top
+  assert metrics.rows_per_device(32) == 32  # No mesh: the whole batch.
+  mesh = jax.sharding.AbstractMesh((2, 4, 1), ("data", "fsdp", "tensor"))
+  with jax.sharding.use_abstract_mesh(mesh), nn.logical_axis_rules(
+      (("batch", ("data", "fsdp")),)):
+    assert metrics.rows_per_device(32) == 4
 
 
 def test_compiled_step_never_holds_the_whole_logits():

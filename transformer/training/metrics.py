@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from flax import linen as nn
 from absl import logging
 
 from transformer.config.model import ModelConfig
@@ -79,25 +80,40 @@ def loss_sums(logits_BLV: jax.Array, targets_BL: jax.Array, weights_BL: jax.Arra
   return sums
 
 
-# The auto chunk (train.logits_chunk = 0) keeps a chunk's float32 logits within this many
-# per row: 32 MiB, e.g. 128 positions of a 50k vocabulary, 64 of Llama 3's 128k. Larger
-# chunks re-read the head's weight fewer times (every chunk reads it whole): on an H100,
-# llama 1B at 8 x 2048 is HBM-bound with 32 positions a chunk, compute-bound with 64.
-AUTO_LOGITS_PER_ROW = 1 << 23
+# The auto chunk (train.logits_chunk = 0) keeps one chunk's float32 logits on a device
+# within this many: 256 MiB. Measured on compile-only targets (docs/compile.md): chunks
+# sized per row instead (64 positions of Llama 3's 128k vocabulary) left a 32k-token row
+# per chip in 512 chunks, each re-reading the head's weight; chunks much smaller than
+# this made llama 1B on an H100 HBM-bound, much larger ones cost memory for nothing.
+AUTO_LOGITS_PER_DEVICE = 1 << 26
 
 
-def logits_chunk_length(chunk: int, length: int, vocab_size: int) -> int:
-  """Positions projected at a time by head_loss_sums (model.logits_chunk; 0 = auto).
+def logits_chunk_length(chunk: int, length: int, vocab_size: int, rows: int) -> int:
+  """Positions projected at a time by head_loss_sums (train.logits_chunk; 0 = auto).
 
-  Auto: the whole sequence when a row's logits fit AUTO_LOGITS_PER_ROW (character and
-  small-vocabulary models: no loop, today's program), else the largest power of two
-  whose chunk does.
+  Auto: the whole sequence when the `rows` a device holds fit AUTO_LOGITS_PER_DEVICE
+  (character and small-vocabulary models: no loop, the program of before), else the
+  largest power of two of positions whose chunk does.
   """
   if chunk > 0:
     return min(chunk, length)
-  if length * vocab_size <= AUTO_LOGITS_PER_ROW:
+  per_position = max(1, rows) * vocab_size
+  if length * per_position <= AUTO_LOGITS_PER_DEVICE:
     return length
-  return min(length, 1 << max(0, (AUTO_LOGITS_PER_ROW // vocab_size).bit_length() - 1))
+  return min(length, 1 << max(0, (AUTO_LOGITS_PER_DEVICE // per_position).bit_length() - 1))
+
+
+def rows_per_device(rows: int) -> int:
+  """The batch rows one device holds while tracing under a mesh and logical rules (the
+  mesh axes "batch" maps to divide them), else `rows`."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return rows
+  axes = nn.logical_to_mesh_axes(("batch",))[0]
+  if axes is None:
+    return rows
+  shards = math.prod(mesh.shape[a] for a in ((axes,) if isinstance(axes, str) else axes))
+  return max(1, rows // shards)
 
 
 def head_loss_sums(head: LogitsHead, x_BLE: jax.Array,
@@ -116,11 +132,11 @@ def head_loss_sums(head: LogitsHead, x_BLE: jax.Array,
   Args:
     head: hidden states [B, c, E] -> float32 logits [B, c, V] (the model's LogitsHead).
     x_BLE: final hidden states.
-    chunk: model.logits_chunk (0 = auto, see logits_chunk_length).
+    chunk: train.logits_chunk (0 = auto, see logits_chunk_length).
     Others: as loss_sums.
   """
   B, L, _ = x_BLE.shape
-  c = logits_chunk_length(chunk, L, head.vocab_size)
+  c = logits_chunk_length(chunk, L, head.vocab_size, rows_per_device(B))
 
   def chunk_sums(x_BcE, targets_Bc, weights_Bc):
     return loss_sums(head(x_BcE), targets_Bc, weights_Bc, label_smoothing, z_loss,
@@ -130,7 +146,11 @@ def head_loss_sums(head: LogitsHead, x_BLE: jax.Array,
     return chunk_sums(x_BLE, targets_BL, weights_BL)
   # Cast the head's weight to the compute dtype once, not once per chunk: every chunk
   # reads it whole (on llama 1B's 128k x 2048 head a float32 read is 1 GiB a chunk).
-  head = head.replace(weight=head.weight.astype(head.dtype))
+  # Gathered over the embed axis once too (an fsdp-sharded table would otherwise be
+  # all-gathered in every chunk: 504 GiB a step for llama 1B at 32k tokens on v5p:2x2x1).
+  weight = head.weight.astype(head.dtype)
+  head = head.replace(weight=nn.with_logical_constraint(
+      weight, ("vocab", None) if head.tied else (None, "vocab")))
   pad = -L % c
   if pad:
     x_BLE = jnp.pad(x_BLE, ((0, 0), (0, pad), (0, 0)))
