@@ -41,11 +41,20 @@ HEADS = ("lm", "mlm", "classification")
 POOLINGS = ("cls", "mean", "last")
 # model.remat -> the policy nn.remat saves activations by; "none" does not rematerialise.
 # The table itself: model/layers.py and planning/search.py read it from here.
+# The residual stream between a block's sublayers, named (jax.ad_checkpoint.checkpoint_name)
+# in its sharded layout: the dot policies keep it rather than the attention projection's
+# output that rebuilds it, which tensor parallelism all-reduces to every chip (24 GiB a
+# chip on the 32B recipe of docs/scaling.md, 6 GiB as the stream's shard). No larger
+# without tensor parallelism: the same [B, L, E] either way.
+RESIDUAL_NAME = "residual_stream"
+_SAVE_RESIDUAL = jax.checkpoint_policies.save_only_these_names(RESIDUAL_NAME)
 REMAT_POLICIES: dict[str, Any] = {
     "none": None,
     "full": jax.checkpoint_policies.nothing_saveable,
-    "dots": jax.checkpoint_policies.checkpoint_dots,
-    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "dots": jax.checkpoint_policies.save_from_both_policies(
+        jax.checkpoint_policies.checkpoint_dots, _SAVE_RESIDUAL),
+    "dots_no_batch": jax.checkpoint_policies.save_from_both_policies(
+        jax.checkpoint_policies.dots_with_no_batch_dims_saveable, _SAVE_RESIDUAL),
 }
 POSITIONS = ("learned", "sinusoidal", "rope", "relative", "alibi", "none")
 NORMS = ("pre", "post", "sandwich")

@@ -10,8 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 from flax import struct
+from jax.ad_checkpoint import checkpoint_name
 
-from transformer.config.model import REMAT_POLICIES, ModelConfig
+from transformer.config.model import REMAT_POLICIES, RESIDUAL_NAME, ModelConfig
 from transformer.model import attention_ops
 from transformer.model import positions as positions_lib
 from transformer.model.dropout import Dropout
@@ -157,6 +158,12 @@ class Block(nn.Module):
               h, inputs.encoded_BSE, inputs.cross_mask_B1LS, segments=cross_segments)))
     feed_forward = MoeMLP if self.moe else MLP
     sublayers.append(("mlp", lambda h: feed_forward(cfg, self.residual_adds, name="mlp")(h)))
+    # Every sublayer's output enters the residual stream in the stream's layout: under
+    # tensor parallelism the projection into it (attention out, MLP down) then ends in a
+    # reduce-scatter over the length, not an all-reduce whose full [B, L, E] result remat
+    # keeps (24 GiB a chip on the 32B recipe of docs/scaling.md; one constraint at the
+    # block's end is too late for the attention's).
+    sublayers = [(name, lambda h, f=f: activation_constraint(f(h))) for name, f in sublayers]
     # A Dropout per residual add, created where it is used: its auto-name (Dropout_0, ...)
     # picks its rng stream, which a checkpointed run's resumption depends on.
     dropout = lambda: Dropout(cfg.residual_dropout, deterministic=cfg.deterministic)
@@ -166,7 +173,7 @@ class Block(nn.Module):
       for _, sublayer in sublayers:
         x_BLE = x_BLE + dropout()(sublayer(h_BLE))
       return activation_constraint(x_BLE), None
-    for name, sublayer in sublayers:
+    for i, (name, sublayer) in enumerate(sublayers):
       norm = make_norm(cfg, f"{name}_norm")
       if cfg.norm == "pre":
         y = sublayer(norm(x_BLE).astype(cfg.dtype))
@@ -178,6 +185,8 @@ class Block(nn.Module):
       else:  # The paper's post-norm: LayerNorm(x + Sublayer(x)).
         y = sublayer(x_BLE)
         x_BLE = norm(x_BLE + dropout()(y)).astype(cfg.dtype)
+      if i < len(sublayers) - 1:  # The stream inside the block, in its own layout.
+        x_BLE = checkpoint_name(activation_constraint(x_BLE), RESIDUAL_NAME)
     return activation_constraint(x_BLE), None
 
 
