@@ -14,7 +14,9 @@ that it has exactly those fields, each read from the config.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import pathlib
 import re
 import typing
 
@@ -99,6 +101,27 @@ def test_table_positions_are_the_positions_with_an_embedding_table():
   tables = tuple(name for name, position in positions.POSITIONS.items()
                  if position.embedding_table is not None)
   assert model_config.TABLE_POSITIONS == tables
+
+
+# Keys the model code reads through their table (POSITIONS[cfg.position].rotary, ...):
+# comparing one with a name outside config/ (validation) is a branch beside the table.
+TABLE_READ_KEYS = ("position", "norm", "init", "sinusoidal_layout")
+
+
+def _compared_keys(source: str) -> list[int]:
+  """Lines comparing a `<x>.position` (or another TABLE_READ_KEYS attribute) with anything."""
+  return [node.lineno for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Compare)
+          and any(isinstance(operand, ast.Attribute) and operand.attr in TABLE_READ_KEYS
+                  for operand in (node.left, *node.comparators))]
+
+
+def test_the_code_reads_the_tables_not_the_names():
+  package = pathlib.Path(model_config.__file__).resolve().parents[1]
+  found = [f"{path.relative_to(package)}:{line}" for path in sorted(package.rglob("*.py"))
+           if path.relative_to(package).parts[0] != "config"
+           for line in _compared_keys(path.read_text(encoding="utf-8"))]
+  assert not found, f"ask the table's entry (e.g. POSITIONS[cfg.position].rotary): {found}"
+  assert _compared_keys('a = cfg.position == "rope" or config.norm in ("pre", "post")') == [1, 1]
 
 
 def test_objectives_table_covers_the_topologies_and_the_objective_code():
