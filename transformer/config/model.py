@@ -8,10 +8,11 @@ decode variants come from `dataclasses.replace` (Flax wmt style).
 
 The valid values of each choice key are the tuples below. REMAT_POLICIES is the
 implementing table itself (jax's policies: data, so it lives at the ground, and
-model/layers.py and planning/search.py read it); ARCHS, ACTIVATIONS and NORM_TYPES
-name code in model/ (architecture classes, activation functions, norm modules) that
-this ground module may not import, and tests/test_config_registries.py holds each
-equal to its table.
+model/layers.py and planning/search.py read it); ARCHS, ACTIVATIONS, POSITIONS, NORMS,
+NORM_TYPES, INITS and SINUSOIDAL_LAYOUTS name code in model/ (architecture classes,
+activation functions, position encodings, norm placements and modules, initialisation
+families, sinusoidal layouts) that this ground module may not import, and
+tests/test_config_registries.py holds each equal to its table.
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ from transformer.config.errors import fail
 # The valid values of each model.* choice key, each in the order its error lists them.
 # Tables in model/ the names must equal (tests/test_config_registries.py): ARCHS is
 # models.py's ARCHITECTURES (and OBJECTIVES' topologies), ACTIVATIONS mlp.py's
-# ACTIVATION_FNS, NORM_TYPES norms.py's NORM_TYPES. The others are branches of model/
-# code, tied by the modules' tests.
+# ACTIVATION_FNS, POSITIONS and SINUSOIDAL_LAYOUTS positions.py's tables of the same
+# names, NORMS norms.py's NORM_PLACEMENTS, NORM_TYPES norms.py's NORM_TYPES, INITS
+# initializers.py's INITS.
 ARCHS = ("decoder", "encoder", "encoder_decoder")
 HEADS = ("lm", "mlm", "classification")
 POOLINGS = ("cls", "mean", "last")
@@ -57,6 +59,9 @@ REMAT_POLICIES: dict[str, Any] = {
         jax.checkpoint_policies.dots_with_no_batch_dims_saveable, _SAVE_RESIDUAL),
 }
 POSITIONS = ("learned", "sinusoidal", "rope", "relative", "alibi", "none")
+# The positions read from a table of model.max_len rows (positions.py's entries with an
+# embedding_table): a longer sequence would read past it.
+TABLE_POSITIONS = ("learned", "sinusoidal")
 NORMS = ("pre", "post", "sandwich")
 NORM_TYPES = ("layernorm", "rmsnorm")
 INITS = ("gpt2", "bert", "xavier")

@@ -34,6 +34,7 @@ from flax import linen as nn
 
 from transformer.config.model import ModelConfig
 from transformer.data import tokenizers
+from transformer.model import positions as positions_lib
 from transformer.model.models import make_model
 
 # (tokens_B fed at step i, cache, i) -> (float logits_BV of token i + 1, updated cache).
@@ -509,7 +510,8 @@ def generate_seq2seq(config: ModelConfig, params, inputs_BS: jax.Array,
   width = inputs_BS.shape[1]
   # A position past the table is not clamped: the lookup returns NaN, the encoder rows
   # turn to NaN and the output to padding, without an error.
-  if width > config.max_len and config.position in ("learned", "sinusoidal"):
+  table = positions_lib.POSITIONS[config.position].embedding_table
+  if width > config.max_len and table is not None:
     raise ValueError(f"sources have {width} positions (longest source {lengths_B.max()} "
                      f"tokens) but model.max_len={config.max_len} with {config.position} "
                      "positions; shorten or split the sources, trim their padding, or "

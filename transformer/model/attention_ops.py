@@ -40,6 +40,7 @@ from flax import linen as nn
 
 from transformer import accelerator
 from transformer.config.errors import ConfigError, DataError
+from transformer.model import positions
 
 IMPLEMENTATIONS = ("auto", "xla", "einsum", "cudnn", "splash")
 # The fused kernels' limits (cuDNN 9 flash attention; splash's block tiling).
@@ -181,7 +182,7 @@ def choose_kernel(impl: str, kind: LayerKind, *, platform: str, dtype, head_dim:
 
 def layer_kinds(config) -> list[LayerKind]:
   """The attention calls a ModelConfig's model makes in training and evaluation."""
-  has_bias = config.position in ("relative", "alibi")
+  has_bias = positions.POSITIONS[config.position].self_attention_bias is not None
   common = dict(has_bias=has_bias, softcap=config.attention_softcap,
                 dropout=config.attention_dropout > 0)
   causal = {"decoder": (True,), "encoder": (False,), "encoder_decoder": (False, True)}

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import linen as nn
 from flax import struct
 from jax.ad_checkpoint import checkpoint_name
@@ -19,29 +18,12 @@ from transformer.model.dropout import Dropout
 from transformer.model.attention import MultiHeadAttention
 from transformer.model.moe import MoeMLP
 from transformer.model.mlp import MLP
-from transformer.model.norms import make_norm
+from transformer.model.norms import NORM_PLACEMENTS, make_norm
 
 def activation_constraint(x_BLE: jax.Array) -> jax.Array:
   """Pins the residual stream's layout at block boundaries: rows over the batch axes, the
   length over "activation_length"'s (the tensor axis in base.py: sequence parallelism)."""
   return nn.with_logical_constraint(x_BLE, ("batch", "activation_length", None))
-
-
-def sinusoidal_table(max_len: int, d_model: int, layout: str = "interleaved") -> np.ndarray:
-  """The paper's PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(...).
-
-  `layout="halves"` puts the same sines in the first half of the features and the
-  cosines in the second (Marian's table, which Hugging Face's opus-mt models use).
-  """
-  positions = np.arange(max_len)[:, None]
-  div = np.power(10000.0, np.arange(0, d_model, 2) / d_model)
-  sines, cosines = np.sin(positions / div), np.cos(positions / div)[:, : d_model // 2]
-  table = np.zeros((max_len, d_model), dtype=np.float32)
-  if layout == "halves":
-    table[:, :sines.shape[1]], table[:, sines.shape[1]:] = sines, cosines
-  else:
-    table[:, 0::2], table[:, 1::2] = sines, cosines
-  return table
 
 
 def _per_layer(is_local: bool | jax.Array, local, global_):
@@ -133,7 +115,8 @@ class Block(nn.Module):
     """Applies the block to the residual stream `x_BLE`; returns (x_BLE, None)."""
     cfg = self.config
     positions_BL = inputs.positions_BL
-    rope = (positions_BL, positions_BL) if cfg.position == "rope" else None
+    rotary = positions_lib.POSITIONS[cfg.position].rotary
+    rope = (positions_BL, positions_BL) if rotary else None
     timescale_R = rope_timescale(cfg, inputs.is_local) if rope else None
     self_mask_B1LS = inputs.self_mask_B1LS
     if inputs.local_mask_B1LS is not None:
@@ -173,18 +156,9 @@ class Block(nn.Module):
       for _, sublayer in sublayers:
         x_BLE = x_BLE + dropout()(sublayer(h_BLE))
       return activation_constraint(x_BLE), None
+    placement = NORM_PLACEMENTS[cfg.norm]
     for i, (name, sublayer) in enumerate(sublayers):
-      norm = make_norm(cfg, f"{name}_norm")
-      if cfg.norm == "pre":
-        y = sublayer(norm(x_BLE).astype(cfg.dtype))
-        x_BLE = x_BLE + dropout()(y)
-      elif cfg.norm == "sandwich":  # Gemma 2/3: the sublayer's output is normed too.
-        y = sublayer(norm(x_BLE).astype(cfg.dtype))
-        y = make_norm(cfg, f"{name}_post_norm")(y).astype(cfg.dtype)
-        x_BLE = x_BLE + dropout()(y)
-      else:  # The paper's post-norm: LayerNorm(x + Sublayer(x)).
-        y = sublayer(x_BLE)
-        x_BLE = norm(x_BLE + dropout()(y)).astype(cfg.dtype)
+      x_BLE = placement.residual(cfg, name, sublayer, x_BLE, dropout)
       if i < len(sublayers) - 1:  # The stream inside the block, in its own layout.
         x_BLE = checkpoint_name(activation_constraint(x_BLE), RESIDUAL_NAME)
     return activation_constraint(x_BLE), None

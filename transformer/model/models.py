@@ -23,9 +23,9 @@ from transformer.model.lm_head import HeadKernel, LogitsHead, make_head
 from transformer.model import positions as positions_lib
 from transformer.model.attention import make_attention_mask
 from transformer.config.model import ModelConfig
-from transformer.model.layers import (StackInputs, activation_constraint, make_norm,
-                                      run_blocks, sinusoidal_table)
+from transformer.model.layers import StackInputs, activation_constraint, make_norm, run_blocks
 from transformer.model.mlp import ACTIVATION_FNS
+from transformer.model.norms import NORM_PLACEMENTS
 from transformer.model.dropout import Dropout
 
 
@@ -40,12 +40,8 @@ class Embedder(nn.Module):
         cfg.vocab_size, cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
         embedding_init=nn.with_logical_partitioning(
             initializers.token_embedding(cfg), ("vocab", "embed")))
-    if cfg.position == "learned":
-      self.position_embed = self.param(
-          "position_embed",
-          nn.with_logical_partitioning(initializers.position_embedding(cfg),
-                                       ("length", "embed")),
-          (cfg.max_len, cfg.d_model), cfg.param_dtype)
+    absolute = positions_lib.POSITIONS[cfg.position].embedding_table
+    self.position_table = absolute(self, cfg) if absolute is not None else None
     if cfg.num_token_types:  # BERT's segment A/B table; single-segment inputs add row 0.
       self.token_type_embed = self.param(
           "token_type_embed",
@@ -61,11 +57,8 @@ class Embedder(nn.Module):
       x_BLE = x_BLE * jnp.sqrt(jnp.asarray(cfg.d_model, cfg.dtype))
     if cfg.num_token_types:
       x_BLE = x_BLE + self.token_type_embed[0].astype(cfg.dtype)[None, None, :]
-    if cfg.position == "learned":
-      x_BLE = x_BLE + jnp.take(self.position_embed, positions_BL, axis=0).astype(cfg.dtype)
-    elif cfg.position == "sinusoidal":
-      table = jnp.asarray(sinusoidal_table(cfg.max_len, cfg.d_model, cfg.sinusoidal_layout))
-      x_BLE = x_BLE + jnp.take(table, positions_BL, axis=0).astype(cfg.dtype)
+    if self.position_table is not None:
+      x_BLE = x_BLE + jnp.take(self.position_table, positions_BL, axis=0).astype(cfg.dtype)
     if cfg.embed_norm:
       x_BLE = self.embed_norm(x_BLE).astype(cfg.dtype)
     return x_BLE
@@ -83,15 +76,10 @@ def self_attention_bias(config: ModelConfig, q_positions_BL: jax.Array,
 
   Must be called inside a compact module; T5's bias table is shared by the stack.
   """
-  if config.position == "relative":
-    return positions_lib.RelativePositionBias(
-        num_heads=config.num_heads, num_buckets=config.relative_buckets,
-        max_distance=config.relative_max_distance, bidirectional=not causal,
-        param_dtype=config.param_dtype, name=name)(q_positions_BL, kv_positions_BS)
-  if config.position == "alibi":
-    return positions_lib.alibi_bias(q_positions_BL, kv_positions_BS, config.num_heads,
-                                    causal=causal)
-  return None
+  bias = positions_lib.POSITIONS[config.position].self_attention_bias
+  if bias is None:
+    return None
+  return bias(config, q_positions_BL, kv_positions_BS, causal=causal, name=name)
 
 
 def _stack(config: ModelConfig, num_layers: int, x_BLE: jax.Array, segment_ids_BL: jax.Array,
@@ -135,7 +123,7 @@ def _stack(config: ModelConfig, num_layers: int, x_BLE: jax.Array, segment_ids_B
 
 
 def _final_norm(config: ModelConfig, x_BLE: jax.Array, name: str) -> jax.Array:
-  if config.norm != "post":  # Post-norm blocks already end in a norm.
+  if not NORM_PLACEMENTS[config.norm].ends_in_norm:
     return make_norm(config, name)(x_BLE)
   return x_BLE
 

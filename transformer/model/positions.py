@@ -1,4 +1,5 @@
-"""Position encodings that act inside attention: RoPE, T5 relative bias and ALiBi.
+"""Position encodings that act inside attention: RoPE, T5 relative bias and ALiBi;
+the sinusoidal table; and `POSITIONS`, what each model.position value does.
 
 Each one is a function of integer token positions, never of array indices, so
 packed documents whose positions restart at 0 per segment are handled for free,
@@ -9,12 +10,17 @@ Shape letters as in the package legend (transformer/model/__init__.py).
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
+
+from transformer.config.model import ModelConfig
+from transformer.model import initializers
 
 
 def rope_timescales(rotary_dim: int, max_wavelength: float | jax.Array = 10000.0, *,
@@ -244,3 +250,94 @@ def alibi_bias(q_positions_BL: jax.Array, kv_positions_BS: jax.Array, num_heads:
     distance_BLS = jnp.abs(distance_BLS)
   slopes_H = jnp.asarray(alibi_slopes(num_heads), dtype=jnp.float32)
   return -slopes_H[None, :, None, None] * distance_BLS[:, None, :, :]
+
+
+def _interleaved(table: np.ndarray, sines: np.ndarray, cosines: np.ndarray) -> None:
+  """The paper's layout: sines in the even features, cosines in the odd ones."""
+  table[:, 0::2], table[:, 1::2] = sines, cosines
+
+
+def _halves(table: np.ndarray, sines: np.ndarray, cosines: np.ndarray) -> None:
+  """Marian's layout (Hugging Face's opus-mt): every sine, then every cosine."""
+  table[:, :sines.shape[1]], table[:, sines.shape[1]:] = sines, cosines
+
+
+# model.sinusoidal_layout -> where the sines and cosines go, writing into the table;
+# the names config/model.py's SINUSOIDAL_LAYOUTS validates (tests/test_config_registries.py).
+SINUSOIDAL_LAYOUTS: dict[str, Callable[[np.ndarray, np.ndarray, np.ndarray], None]] = {
+    "interleaved": _interleaved,
+    "halves": _halves,
+}
+
+
+def sinusoidal_table(max_len: int, d_model: int, layout: str = "interleaved") -> np.ndarray:
+  """The paper's PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(...).
+
+  `layout="halves"` puts the same sines in the first half of the features and the
+  cosines in the second (Marian's table, which Hugging Face's opus-mt models use).
+  """
+  positions = np.arange(max_len)[:, None]
+  div = np.power(10000.0, np.arange(0, d_model, 2) / d_model)
+  sines, cosines = np.sin(positions / div), np.cos(positions / div)[:, : d_model // 2]
+  table = np.zeros((max_len, d_model), dtype=np.float32)
+  SINUSOIDAL_LAYOUTS[layout](table, sines, cosines)
+  return table
+
+
+def _learned_table(embedder: nn.Module, config: ModelConfig) -> jax.Array:
+  """The learned table: the embedder's `position_embed` parameter."""
+  return embedder.param(
+      "position_embed",
+      nn.with_logical_partitioning(initializers.position_embedding(config), ("length", "embed")),
+      (config.max_len, config.d_model), config.param_dtype)
+
+
+def _sinusoidal_table(embedder: nn.Module, config: ModelConfig) -> jax.Array:
+  del embedder  # A constant: no parameter.
+  return jnp.asarray(sinusoidal_table(config.max_len, config.d_model, config.sinusoidal_layout))
+
+
+def _relative_bias(config: ModelConfig, q_positions_BL: jax.Array, kv_positions_BS: jax.Array,
+                   *, causal: bool, name: str) -> jax.Array:
+  return RelativePositionBias(
+      num_heads=config.num_heads, num_buckets=config.relative_buckets,
+      max_distance=config.relative_max_distance, bidirectional=not causal,
+      param_dtype=config.param_dtype, name=name)(q_positions_BL, kv_positions_BS)
+
+
+def _alibi_bias(config: ModelConfig, q_positions_BL: jax.Array, kv_positions_BS: jax.Array,
+                *, causal: bool, name: str) -> jax.Array:
+  del name  # No parameters.
+  return alibi_bias(q_positions_BL, kv_positions_BS, config.num_heads, causal=causal)
+
+
+@dataclasses.dataclass(frozen=True)
+class Position:
+  """One `model.position` value: how token positions enter the model (None: not this way).
+
+  Attributes:
+    embedding_table: (embedder, config) -> the [max_len, E] table whose row at each
+      token's position is added to its embedding, built in the embedder's setup (where
+      a learned table becomes its parameter). Its max_len rows bound the sequences
+      (config/model.py's TABLE_POSITIONS names these values).
+    self_attention_bias: (config, q_positions_BL, kv_positions_BS, causal=, name=) ->
+      the [B, H, L, S] float32 bias added to a stack's self-attention logits, called
+      inside the stack's compact module (`name`: a table shared by its layers).
+    rotary: RoPE: every self-attention rotates its queries and keys by their positions.
+  """
+
+  embedding_table: Callable[[nn.Module, ModelConfig], jax.Array] | None = None
+  self_attention_bias: Callable[..., jax.Array] | None = None
+  rotary: bool = False
+
+
+# model.position -> what it does; the names config/model.py's POSITIONS validates
+# (tests/test_config_registries.py holds them equal).
+POSITIONS: dict[str, Position] = {
+    "learned": Position(embedding_table=_learned_table),
+    "sinusoidal": Position(embedding_table=_sinusoidal_table),
+    "rope": Position(rotary=True),
+    "relative": Position(self_attention_bias=_relative_bias),
+    "alibi": Position(self_attention_bias=_alibi_bias),
+    "none": Position(),
+}
