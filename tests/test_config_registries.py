@@ -38,6 +38,7 @@ from transformer.model import models
 from transformer.model import moe
 from transformer.model import norms
 from transformer.model import objectives
+from transformer.model import positions
 from transformer.planning import search
 from transformer.training import optim
 
@@ -62,6 +63,7 @@ REGISTRIES = [
     ("model.arch", model_config.ARCHS, tuple(models.ARCHITECTURES)),
     ("model.moe_router", moe_config.MOE_ROUTERS, tuple(moe.ROUTERS)),
     ("model.norm_type", model_config.NORM_TYPES, tuple(norms.NORM_TYPES)),
+    ("model.rope_scaling", modern_config.ROPE_SCALINGS, tuple(positions.ROPE_SCALINGS)),
     ("optimizer.schedule", train_config.SCHEDULES, tuple(optim.SCHEDULES)),
 ]
 
