@@ -1,5 +1,8 @@
 """Position encodings that act inside attention: RoPE, T5 relative bias and ALiBi.
 
+RoPE's long-context scalings (none, linear, llama3, yarn, dynamic, longrope) are one
+table, ROPE_SCALINGS: each entry makes the timescales and names its source.
+
 Each one is a function of integer token positions, never of array indices, so
 packed documents whose positions restart at 0 per segment are handled for free,
 and queries and keys may have different lengths (cross-attention, decoding).
