@@ -3,7 +3,7 @@
 The folders under tests/fixtures/hf were written by `make_fixtures.py` beside them
 (transformers 4.57.6, torch 2.13.0): tiny random GPT-2, BERT, Marian, T5 (v1.0 and
 v1.1), Llama 2 / 3 (and with YaRN, dynamic NTK and LongRoPE scaling), Mistral, Qwen2 / 3,
-Gemma 1 / 2 / 3 and the mixture-of-experts Mixtral,
+Gemma 1 / 2 / 3, Phi-3 (LongRoPE, partial rotary) and the mixture-of-experts Mixtral,
 Qwen2-MoE and Switch Transformers models and their outputs on
 fixed inputs, padding included. Every comparison maps the source ids to this
 codebase's renumbered ids (pad 0, eos 1, bos 2, unk 3) and the logits back, and
@@ -47,10 +47,12 @@ TOLERANCE = 1e-5
 # rope_scalings): their teacher-forced rows and generations run past the length where
 # the dynamic and LongRoPE scalings switch.
 ROPE_FAMILIES = ("llama_yarn", "llama_dynamic", "llama_longrope")
+# Phi3ForCausalLM with its own LongRoPE form and partial rotary (make_fixtures.py phi3).
+PHI3 = ("phi3_longrope",)
 # Issue 20's decoders (make_fixtures.py modern_decoders) and issue 21's
 # mixture-of-experts decoders (moe_families).
 DECODERS = ("llama2", "llama3", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3",
-            "mixtral", "qwen2_moe") + ROPE_FAMILIES
+            "mixtral", "qwen2_moe") + ROPE_FAMILIES + PHI3
 ENCODER_DECODERS = ("marian", "t5", "t5_v1_1", "switch")
 # Gemma 3's fixture (three layers, QK-norm and sandwich norms on weights drawn wide) is
 # beyond float32's reach at 1e-5: transformers' own float32 forward of it is 2.67e-5
@@ -135,9 +137,10 @@ def test_gpt2_greedy_generation_matches_transformers():
   _check_greedy_generation("gpt2")
 
 
-def _check_greedy_generation(family: str) -> None:
+def _check_greedy_generation(family: str, until_position: int | None = None) -> None:
   """Right-padded prompts decoded together (the cached decode path), each equal to HF's
-  `generate` decoding it alone."""
+  `generate` decoding it alone; with `until_position`, the tokens predicted from
+  positions below it only."""
   converted, model_config, expected, to_internal = _converted(family)
   prompts = [to_internal[expected[f"prompt_{i}"]] for i in range(3)]
   width = max(len(p) for p in prompts)
@@ -148,6 +151,9 @@ def _check_greedy_generation(family: str) -> None:
   out = np.asarray(decoding.generate(model_config, converted.params, prompts_BP, steps))
   for i in range(3):
     wanted = to_internal[expected[f"generated_{i}"]]
+    if until_position is not None:  # Token j is predicted from position len(prompt) - 1 + j.
+      wanted = wanted[:until_position - len(prompts[i]) + 1]
+      assert len(wanted) > 0
     assert out[i, :len(wanted)].tolist() == wanted.tolist(), (family, i)
 
 
@@ -215,9 +221,18 @@ def test_gemma_query_pre_attn_scalar_other_than_head_dim(tmp_path, family):
   assert error <= TOLERANCES.get(family, TOLERANCE), error
 
 
-@pytest.mark.parametrize("family", DECODERS)
+@pytest.mark.parametrize("family", [f for f in DECODERS if f not in PHI3])
 def test_decoder_family_greedy_generation_matches_transformers(family):
   _check_greedy_generation(family)
+
+
+def test_phi3_greedy_generation_matches_transformers_until_longrope_switches():
+  """transformers' Phi3ForCausalLM (not its Llama) recomputes its whole cache with the
+  long factors at the step the length first passes original_max_position_embeddings
+  (its prepare_inputs_for_generation); the cache here keeps the keys rotated with the
+  short ones, as transformers' Llama does. Up to that step the tokens are equal; the
+  step-by-step logits past it differ (by 2.3 at the switch on this fixture)."""
+  _check_greedy_generation("phi3_longrope", until_position=15)
 
 
 # make_fixtures.py's YARN_VARIANT: llama_yarn/ read with an untruncated ramp and
@@ -517,6 +532,8 @@ def test_a_pickle_only_folder_stops_with_the_conversion_command(tmp_path):
     ("llama_longrope", "rope_scaling", {"rope_type": "longrope", "short_factor": [1.0] * 8,
                                         "long_factor": "many"},
      r"rope_scaling\.long_factor='many'; expected a list of numbers"),
+    ("phi3_longrope", "num_key_value_heads", 4, r"'layers\.0\.self_attn\.qkv_proj\.weight' "
+     r"has 128 rows; the config makes 64 \(layers\.0\.self_attn\.q_proj\.weight\) \+ 64"),
     ("qwen3", "layer_types", ["full_attention", "chunked_attention"], "layer_types="),
     ("gemma2", "sliding_window", None, "sliding_window=None"),
     ("gemma3", "use_bidirectional_attention", True, "use_bidirectional_attention=True"),
@@ -540,6 +557,19 @@ def test_an_unsupported_config_field_stops_naming_it(tmp_path, family, key, valu
     json.dump(config, f)
   with pytest.raises(ConfigError, match=message):
     importer.convert_folder(folder)
+
+
+def test_phi3s_older_su_rope_type_is_longrope(tmp_path):
+  """transformers' Phi3Config reads rope_scaling type "su" (and "yarn") as LongRoPE."""
+  folder = _copy("phi3_longrope", tmp_path)
+  path = os.path.join(folder, "config.json")
+  with open(path, encoding="utf-8") as f:
+    config = json.load(f)
+  config["rope_scaling"]["type"] = "su"
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(config, f)
+  assert (importer.convert_folder(folder).model ==
+          importer.convert_folder(_fixture("phi3_longrope")[0]).model)
 
 
 def test_longrope_factors_of_the_wrong_length_stop_naming_the_field(tmp_path):

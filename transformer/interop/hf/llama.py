@@ -3,10 +3,10 @@
 One mapping serves the four `model_type`s: RMSNorm before each sublayer, SwiGLU
 (gate_proj -> mlp/wi, the activated half; up_proj -> mlp/wi_gate), rotary positions
 in transformers' rotate-half layout (which is this codebase's, so q/k need no
-permutation), grouped-query attention. What differs is a field each: Llama 3's
-frequency-dependent RoPE scaling (`rope_scaling`), Mistral's sliding window on every
-layer, Qwen2's biases on q/k/v only (`qkv_bias`), Qwen3's per-head q/k RMSNorm
-(`qk_norm`). gemma.py reuses `decoder_params`, `rope_fields` and `window_fields`.
+permutation), grouped-query attention. What differs is a field each: RoPE scaling
+(`rope_scaling`: linear, Llama 3.1's, YaRN, dynamic NTK, LongRoPE), Mistral's sliding
+window on every layer, Qwen2's biases on q/k/v only (`qkv_bias`), Qwen3's per-head q/k
+RMSNorm (`qk_norm`). gemma.py reuses `decoder_params`, `rope_fields` and `window_fields`.
 
 `export_llama` writes the reverse: a Llama-shaped run as a Llama folder, or as Qwen2
 (q/k/v biases), Qwen3 (QK-norm) or Mistral (a sliding window on every layer) when the
@@ -67,14 +67,17 @@ _ROPE_KEYS = {
 ROPE_TYPES = tuple(_ROPE_KEYS)
 
 
-def rope_fields(fields: common.Fields) -> dict[str, Any]:
+def rope_fields(fields: common.Fields,
+                aliases: dict[str, str] | None = None) -> dict[str, Any]:
   """rope_theta and rope_scaling (docs/huggingface.md: every rope_type but "default" is
-  the model.rope_scaling of its name) as model.rope_* fields."""
+  the model.rope_scaling of its name) as model.rope_* fields; `aliases` renames a
+  family's older rope_types (Phi-3's "su")."""
   result = {"rope_max_wavelength": float(fields.get("rope_theta", 10000.0))}
   scaling = fields.get("rope_scaling")
   if scaling is None:
     return result
   kind = scaling.get("rope_type", scaling.get("type"))
+  kind = (aliases or {}).get(kind, kind)
   if kind not in ROPE_TYPES:
     raise ConfigError(f"{fields.where}: rope_scaling.rope_type={kind!r} is not supported; "
                       f"this codebase implements {', '.join(map(repr, ROPE_TYPES))} "
