@@ -29,11 +29,17 @@ def get_config() -> ml_collections.ConfigDict:
   model.remat = "none"  # Rematerialise blocks: "none" | "full" | "dots" | "dots_no_batch".
   model.rope_max_wavelength = 10000.0  # RoPE base wavelength (position="rope").
   model.rope_local_max_wavelength = 0.0  # RoPE base of the local (sliding-window) layers; 0 = rope_max_wavelength (Gemma 3: 10000).
-  model.rope_scaling = "none"  # Long-context RoPE: "none" | "linear" (positions / factor) | "llama3" (frequency-dependent).
-  model.rope_scaling_factor = 1.0  # rope_scaling: how many times longer the context is; 1.0 with "none".
+  model.rope_scaling = "none"  # Long-context RoPE (docs/configuration.md#long-context-rope): "none" | "linear" (positions / factor) | "llama3" (Llama 3.1, frequency-dependent) | "yarn" (YaRN, arXiv:2309.00071) | "dynamic" (dynamic NTK: the base grows with the length) | "longrope" (LongRoPE / Phi-3 su, arXiv:2402.13753).
+  model.rope_scaling_factor = 1.0  # rope_scaling: how many times longer the context is; 1.0 with "none" ("longrope": only derives the attention factor).
   model.rope_low_freq_factor = 1.0  # rope_scaling="llama3": wavelengths above original_max_len / this are divided by the factor.
   model.rope_high_freq_factor = 4.0  # rope_scaling="llama3": wavelengths below original_max_len / this are kept.
-  model.rope_original_max_len = 8192  # rope_scaling="llama3": the context the model was pretrained on.
+  model.rope_original_max_len = 8192  # rope_scaling="llama3" | "yarn" | "longrope": the context the model was pretrained on; "dynamic": the length past which the base grows.
+  model.rope_yarn_beta_fast = 32.0  # rope_scaling="yarn": pairs turning more than this many times over original_max_len keep their frequency (the paper's beta).
+  model.rope_yarn_beta_slow = 1.0  # rope_scaling="yarn": pairs turning fewer times than this are interpolated by the factor (the paper's alpha); a linear ramp in between.
+  model.rope_yarn_truncate = True  # rope_scaling="yarn": round the ramp's ends to whole pairs (transformers' `truncate`; False for gpt-oss).
+  model.rope_short_factor = ()  # rope_scaling="longrope": rotary_dim / 2 timescale multipliers for rows of up to original_max_len tokens.
+  model.rope_long_factor = ()  # rope_scaling="longrope": the multipliers for rows longer than original_max_len.
+  model.rope_attention_factor = 0.0  # rope_scaling="yarn" | "longrope": multiplies the rotated q and k (logits by its square); 0 = derived: YaRN 0.1 ln(factor) + 1, LongRoPE sqrt(1 + ln(factor) / ln(original_max_len)).
   model.rope_fraction = 1.0  # Fraction of head_dim that RoPE rotates (partial rotary); the rest passes through.
   model.relative_buckets = 32  # T5 relative-position buckets (position="relative").
   model.relative_max_distance = 128  # T5 largest distinguished distance (position="relative").

@@ -72,6 +72,7 @@ REGISTRIES = [
     ("model.init", model_config.INITS, tuple(initializers.INITS)),
     ("model.sinusoidal_layout", model_config.SINUSOIDAL_LAYOUTS,
      tuple(positions.SINUSOIDAL_LAYOUTS)),
+    ("model.rope_scaling", modern_config.ROPE_SCALINGS, tuple(positions.ROPE_SCALINGS)),
     ("optimizer.schedule", train_config.SCHEDULES, tuple(optim.SCHEDULES)),
 ]
 

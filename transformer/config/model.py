@@ -182,7 +182,9 @@ def resolve_dtype(name: str) -> jnp.dtype:
 # loss (training/), so a change to them does not make a new model (nor a new jit key).
 NOT_MODEL_FIELDS = ("moe_aux_loss", "moe_z_loss")
 # Fields whose type after `from_config` is not the key's: names resolved to dtypes.
-_RESOLVED_TYPES = {"dtype": Any, "param_dtype": Any, "never_predict": tuple[int, ...]}
+_RESOLVED_TYPES = {"dtype": Any, "param_dtype": Any, "never_predict": tuple[int, ...],
+                   "rope_short_factor": tuple[float, ...],
+                   "rope_long_factor": tuple[float, ...]}
 
 
 class _ModelConfigMethods:
@@ -200,6 +202,8 @@ class _ModelConfigMethods:
     values["head_dim"] = model.head_dim or model.d_model // model.num_heads
     values["num_decoder_layers"] = model.num_decoder_layers or model.num_layers
     values["never_predict"] = tuple(model.never_predict)
+    for key in ("rope_short_factor", "rope_long_factor"):  # Hashable, for jit.
+      values[key] = tuple(float(f) for f in model[key])
     values["moe_mlp_dim"] = model.moe_mlp_dim or model.mlp_dim
     values["rope_local_max_wavelength"] = (model.rope_local_max_wavelength
                                            or model.rope_max_wavelength)

@@ -5,6 +5,8 @@ Shape letters as in the package legend (transformer/model/__init__.py).
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
@@ -33,19 +35,48 @@ def _per_layer(is_local: bool | jax.Array, local, global_):
   return jnp.where(is_local, local, global_)
 
 
-def rope_timescale(config: ModelConfig, is_local: bool | jax.Array = False) -> jax.Array:
-  """RoPE's timescales for a layer: local layers (sliding window) use their own base and
-  no long-context scaling (Gemma 3), global layers the scaled `rope_max_wavelength`."""
-  rotary_dim = round(config.head_dim * config.rope_fraction)
-  global_R = positions_lib.rope_timescales(
-      rotary_dim, config.rope_max_wavelength, scaling=config.rope_scaling,
+def rope_scaling_params(config: ModelConfig) -> positions_lib.RopeScaling:
+  """model.rope_*'s long-context scaling parameters (positions.RopeScaling)."""
+  return positions_lib.RopeScaling(
       factor=config.rope_scaling_factor, low_freq_factor=config.rope_low_freq_factor,
       high_freq_factor=config.rope_high_freq_factor,
-      original_max_len=config.rope_original_max_len)
+      original_max_len=config.rope_original_max_len, beta_fast=config.rope_yarn_beta_fast,
+      beta_slow=config.rope_yarn_beta_slow, truncate=config.rope_yarn_truncate,
+      short_factor=config.rope_short_factor, long_factor=config.rope_long_factor,
+      attention_factor=config.rope_attention_factor)
+
+
+def rope_timescale(config: ModelConfig, is_local: bool | jax.Array = False,
+                   positions_BL: jax.Array | None = None) -> jax.Array:
+  """RoPE's timescales for a layer: local layers (sliding window) use their own base and
+  no long-context scaling (Gemma 3), global layers the scaled `rope_max_wavelength`.
+
+  [R], or [B, R] for a scaling that reads each row's length from `positions_BL`
+  (positions.LENGTH_DEPENDENT: "dynamic", "longrope").
+  """
+  rotary_dim = round(config.head_dim * config.rope_fraction)
+  length_B = (positions_lib.rope_lengths(positions_BL)
+              if config.rope_scaling in positions_lib.LENGTH_DEPENDENT else None)
+  global_R = positions_lib.rope_timescales(
+      rotary_dim, config.rope_max_wavelength, scaling=config.rope_scaling,
+      length_B=length_B, **dataclasses.asdict(rope_scaling_params(config)))
   if not config.sliding_window:
     return global_R
   local_R = positions_lib.rope_timescales(rotary_dim, config.rope_local_max_wavelength)
+  if global_R.ndim == 2:  # Per row: the local layers' one row, for the per-layer choice.
+    local_R = local_R[None, :]
   return _per_layer(is_local, local_R, global_R)
+
+
+def rope_attention_factor(config: ModelConfig,
+                          is_local: bool | jax.Array = False) -> float | jax.Array:
+  """YaRN's / LongRoPE's factor on the rotated q and k of a layer; 1.0 on local layers,
+  which are never scaled."""
+  factor = positions_lib.rope_attention_factor(config.rope_scaling,
+                                               rope_scaling_params(config))
+  if not config.sliding_window or factor == 1.0:
+    return factor
+  return _per_layer(is_local, 1.0, factor)
 
 
 @struct.dataclass
@@ -117,7 +148,8 @@ class Block(nn.Module):
     positions_BL = inputs.positions_BL
     rotary = positions_lib.POSITIONS[cfg.position].rotary
     rope = (positions_BL, positions_BL) if rotary else None
-    timescale_R = rope_timescale(cfg, inputs.is_local) if rope else None
+    timescale_R = rope_timescale(cfg, inputs.is_local, positions_BL) if rope else None
+    rope_factor = rope_attention_factor(cfg, inputs.is_local) if rope else 1.0
     self_mask_B1LS = inputs.self_mask_B1LS
     if inputs.local_mask_B1LS is not None:
       self_mask_B1LS = _per_layer(inputs.is_local, inputs.local_mask_B1LS, self_mask_B1LS)
@@ -128,7 +160,8 @@ class Block(nn.Module):
         cfg, cache="self" if cfg.decode and self.causal else None,
         residual_adds=self.residual_adds, name="self_attention")(
             h, h, self_mask_B1LS, bias_BHLS=inputs.self_bias_BHLS, rope_positions=rope,
-            rope_timescale_R=timescale_R, positions_BL=positions_BL,
+            rope_timescale_R=timescale_R, rope_attention_factor=rope_factor,
+            positions_BL=positions_BL,
             segments=self_segments, causal=self.causal, local=local))]
     if self.cross_attention:
       # No position signal across sequences: the source carries its own. When decoding,
