@@ -27,6 +27,9 @@ from transformer.workdir.metrics_file import MOE_LOAD_PREFIX
 
 # Keys that are sums to be divided by `weight_sum` when reported.
 SUM_KEYS = ("loss_sum", "correct_sum")
+# The per-bucket arrays of loss_sums' by-position sums: by_position_rows reports them,
+# summarize leaves them out.
+BY_POSITION_PREFIX = "by_position_"
 # Row keys that measure speed: the only ones a rerun of the same steps may not reproduce.
 TIMING_KEYS = ("seconds_per_step", "tokens_per_second", "mfu")
 
@@ -38,7 +41,8 @@ _EXCLUDED_LOGIT = -1e9
 
 def loss_sums(logits_BLV: jax.Array, targets_BL: jax.Array, weights_BL: jax.Array,
               label_smoothing: float = 0.0, z_loss: float = 0.0,
-              never_predict: tuple[int, ...] = ()) -> dict[str, jax.Array]:
+              never_predict: tuple[int, ...] = (), positions_BL: jax.Array | None = None,
+              bucket: int = 0, num_buckets: int = 0) -> dict[str, jax.Array]:
   """Token-weighted sums for the objective and the reported metrics.
 
   Args:
@@ -50,11 +54,18 @@ def loss_sums(logits_BLV: jax.Array, targets_BL: jax.Array, weights_BL: jax.Arra
       target token, Z the softmax normaliser, which keeps log Z near 0.
     never_predict: vocabulary rows left out of the softmax (model.never_predict: rows
       an import adds), so the loss, accuracy and perplexity are the source model's.
+    positions_BL: with `bucket` > 0, each target's position id (p: p tokens of its
+      document before it in the row), for the sums by position.
+    bucket, num_buckets: > 0: also loss_sum, correct_sum and weight_sum per bucket of
+      `bucket` positions, [num_buckets] arrays under BY_POSITION_PREFIX + the key
+      (bucket p // bucket; positions past the last bucket count in it). Each token
+      counts in one bucket, so they add up to the totals exactly.
 
   Returns:
     `objective_sum` (with label smoothing and the z-loss), `loss_sum` (plain NLL),
     `correct_sum` (argmax hits) and `weight_sum` (number of real target tokens); with
-    `z_loss` > 0 also `z_loss_sum`, the z-loss term's token-weighted sum.
+    `z_loss` > 0 also `z_loss_sum`, the z-loss term's token-weighted sum; with `bucket`
+    the sums by position.
   """
   logits_BLV = logits_BLV.astype(jnp.float32)
   if never_predict:
@@ -77,7 +88,34 @@ def loss_sums(logits_BLV: jax.Array, targets_BL: jax.Array, weights_BL: jax.Arra
     log_z_BL = jax.nn.logsumexp(logits_BLV, axis=-1)
     sums["z_loss_sum"] = z_loss * jnp.sum(jnp.square(log_z_BL) * weights_BL)
     sums["objective_sum"] = sums["objective_sum"] + sums["z_loss_sum"]
+  if bucket > 0:
+    bucket_N = jnp.minimum(positions_BL // bucket, num_buckets - 1).ravel()
+    per_bucket = lambda values_BL: jax.ops.segment_sum(values_BL.ravel(), bucket_N,
+                                                       num_segments=num_buckets)
+    weights_BL = weights_BL.astype(jnp.float32)
+    sums.update({BY_POSITION_PREFIX + "loss_sum": per_bucket(nll_BL * weights_BL),
+                 BY_POSITION_PREFIX + "correct_sum": per_bucket(correct_BL * weights_BL),
+                 BY_POSITION_PREFIX + "weight_sum": per_bucket(weights_BL)})
   return sums
+
+
+def by_position_rows(sums: Mapping[str, Any], bucket: int) -> list[dict[str, float]]:
+  """loss_sums' sums by position (added over batches) -> a row per bucket holding tokens.
+
+  Each row: start, end (the positions [start, end) it covers), tokens, loss, perplexity
+  and accuracy of the tokens there.
+  """
+  loss = np.asarray(sums[BY_POSITION_PREFIX + "loss_sum"], np.float64)
+  correct = np.asarray(sums[BY_POSITION_PREFIX + "correct_sum"], np.float64)
+  weight = np.asarray(sums[BY_POSITION_PREFIX + "weight_sum"], np.float64)
+  rows = []
+  for index in np.flatnonzero(weight > 0):
+    mean = float(loss[index] / weight[index])
+    rows.append({"start": int(index) * bucket, "end": (int(index) + 1) * bucket,
+                 "tokens": float(weight[index]), "loss": mean,
+                 "perplexity": math.exp(min(mean, 50.0)),
+                 "accuracy": float(correct[index] / weight[index])})
+  return rows
 
 
 # The auto chunk (train.logits_chunk = 0) keeps one chunk's float32 logits on a device
@@ -119,7 +157,8 @@ def rows_per_device(rows: int) -> int:
 def head_loss_sums(head: LogitsHead, x_BLE: jax.Array,
                    targets_BL: jax.Array, weights_BL: jax.Array, *, chunk: int = 0,
                    label_smoothing: float = 0.0, z_loss: float = 0.0,
-                   never_predict: tuple[int, ...] = ()) -> dict[str, jax.Array]:
+                   never_predict: tuple[int, ...] = (), positions_BL: jax.Array | None = None,
+                   bucket: int = 0, num_buckets: int = 0) -> dict[str, jax.Array]:
   """loss_sums of `head(x_BLE)`, projecting `chunk` positions at a time.
 
   The float32 [B, L, V] logits are never held whole, in the forward or the backward:
@@ -138,12 +177,15 @@ def head_loss_sums(head: LogitsHead, x_BLE: jax.Array,
   B, L, _ = x_BLE.shape
   c = logits_chunk_length(chunk, L, head.vocab_size, rows_per_device(B))
 
-  def chunk_sums(x_BcE, targets_Bc, weights_Bc):
+  if positions_BL is None:  # Only read with bucket > 0; a stand-in keeps one code path.
+    positions_BL = jnp.zeros_like(targets_BL)
+
+  def chunk_sums(x_BcE, targets_Bc, weights_Bc, positions_Bc):
     return loss_sums(head(x_BcE), targets_Bc, weights_Bc, label_smoothing, z_loss,
-                     never_predict)
+                     never_predict, positions_Bc, bucket, num_buckets)
 
   if c >= L:
-    return chunk_sums(x_BLE, targets_BL, weights_BL)
+    return chunk_sums(x_BLE, targets_BL, weights_BL, positions_BL)
   # Cast the head's weight to the compute dtype once, not once per chunk: every chunk
   # reads it whole (on llama 1B's 128k x 2048 head a float32 read is 1 GiB a chunk).
   # Gathered over the embed axis once too (an fsdp-sharded table would otherwise be
@@ -156,10 +198,11 @@ def head_loss_sums(head: LogitsHead, x_BLE: jax.Array,
     x_BLE = jnp.pad(x_BLE, ((0, 0), (0, pad), (0, 0)))
     targets_BL = jnp.pad(targets_BL, ((0, 0), (0, pad)))
     weights_BL = jnp.pad(weights_BL, ((0, 0), (0, pad)))
+    positions_BL = jnp.pad(positions_BL, ((0, 0), (0, pad)))  # Weight 0: counted nowhere.
   n = (L + pad) // c
   # [n, B, c, ...]: the scan walks the chunks; every row stays where the batch put it.
   chunks = jax.tree.map(lambda a: jnp.moveaxis(a.reshape((B, n, c) + a.shape[2:]), 1, 0),
-                        (x_BLE, targets_BL, weights_BL))
+                        (x_BLE, targets_BL, weights_BL, positions_BL))
   rematted = jax.checkpoint(chunk_sums, policy=jax.checkpoint_policies.nothing_saveable)
 
   def body(total, xs):
@@ -174,14 +217,17 @@ def head_loss_sums(head: LogitsHead, x_BLE: jax.Array,
 
 def objective_sums(outputs: Any, targets_BL: jax.Array, weights_BL: jax.Array, *,
                    chunk: int = 0, label_smoothing: float = 0.0, z_loss: float = 0.0,
-                   never_predict: tuple[int, ...] = ()) -> dict[str, jax.Array]:
+                   never_predict: tuple[int, ...] = (), positions_BL: jax.Array | None = None,
+                   bucket: int = 0, num_buckets: int = 0) -> dict[str, jax.Array]:
   """loss_sums of a forward's outputs: logits, or (hidden states, LogitsHead) in chunks."""
   if isinstance(outputs, tuple):
     x_BLE, head = outputs
     return head_loss_sums(head, x_BLE, targets_BL, weights_BL, chunk=chunk,
                           label_smoothing=label_smoothing, z_loss=z_loss,
-                          never_predict=never_predict)
-  return loss_sums(outputs, targets_BL, weights_BL, label_smoothing, z_loss, never_predict)
+                          never_predict=never_predict, positions_BL=positions_BL,
+                          bucket=bucket, num_buckets=num_buckets)
+  return loss_sums(outputs, targets_BL, weights_BL, label_smoothing, z_loss, never_predict,
+                   positions_BL, bucket, num_buckets)
 
 
 def summarize(sums: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
@@ -195,11 +241,12 @@ def summarize(sums: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
     out[prefix + "accuracy"] = float(sums["correct_sum"]) / weight
     # Other token-weighted sums (z_loss_sum, moe_*_sum) are reported as per-token means.
     for key, value in sums.items():
-      if key.endswith("_sum") and key not in SUM_KEYS + ("weight_sum", "objective_sum"):
+      if (key.endswith("_sum") and key not in SUM_KEYS + ("weight_sum", "objective_sum")
+          and not key.startswith(BY_POSITION_PREFIX)):
         out[prefix + key[:-len("_sum")]] = float(value) / weight
   out[prefix + "tokens"] = weight
   for key, value in sums.items():
-    if not key.endswith("_sum"):
+    if not key.endswith("_sum") and not key.startswith(BY_POSITION_PREFIX):
       out[prefix + key] = float(value)
   return out
 

@@ -133,15 +133,19 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, forward: Calla
 
 
 def eval_step(params: Any, batch: dict[str, jax.Array], *, forward: Callable,
-              never_predict: tuple[int, ...] = (), logits_chunk: int = 0
-              ) -> dict[str, jax.Array]:
+              never_predict: tuple[int, ...] = (), logits_chunk: int = 0,
+              position_bucket: int = 0, num_buckets: int = 0) -> dict[str, jax.Array]:
   """Metric sums of one evaluation batch (the forward of a deterministic model).
 
   MoE statistics are reported without the per-expert loads (training logs those).
+  With `position_bucket` > 0 also the sums per bucket of that many token positions
+  (batch["positions"], `num_buckets` buckets; metrics.loss_sums).
   """
   outputs, targets, weights, moe_stats = forward(params, batch)
-  sums = metrics_lib.objective_sums(outputs, targets, weights, chunk=logits_chunk,
-                                    never_predict=never_predict)
+  sums = metrics_lib.objective_sums(
+      outputs, targets, weights, chunk=logits_chunk, never_predict=never_predict,
+      positions_BL=batch["positions"] if position_bucket else None, bucket=position_bucket,
+      num_buckets=num_buckets)
   sums = metrics_lib.add_moe_sums(sums, moe_stats, per_expert=False)
   del sums["objective_sum"]
   return sums
@@ -183,13 +187,18 @@ class Scorer:
 
   @classmethod
   def create(cls, config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
-             param_shardings: Any) -> "Scorer":
-    """The jitted eval step of `config.model` for parameters placed as `param_shardings`."""
+             param_shardings: Any, position_bucket: int = 0) -> "Scorer":
+    """The jitted eval step of `config.model` for parameters placed as `param_shardings`.
+
+    `position_bucket` > 0 adds the loss sums per bucket of that many positions over
+    data.seq_len (metrics.loss_sums; a batch with `positions`: a decoder LM).
+    """
     rules = sharding.rules_of(config.mesh, mesh)
     model_config = ModelConfig.from_config(config.model)
     return cls(config=config, mesh=mesh, rules=rules, model_config=model_config,
                eval_step=_jit_eval_step(model_config, mesh, rules, param_shardings,
-                                        config.train.logits_chunk),
+                                        config.train.logits_chunk, position_bucket,
+                                        config.data.seq_len),
                batch_sharding=sharding.batch_sharding(mesh, rules),
                packed_rows_limit=_packed_rows_limit(model_config, mesh))
 
@@ -230,13 +239,17 @@ def _packed_rows_limit(model_config: ModelConfig, mesh: jax.sharding.Mesh) -> in
 
 
 def _jit_eval_step(model_config: ModelConfig, mesh: jax.sharding.Mesh, rules: tuple,
-                   param_shardings: Any, logits_chunk: int) -> Callable:
+                   param_shardings: Any, logits_chunk: int, position_bucket: int = 0,
+                   seq_len: int = 0) -> Callable:
   """eval_step of a deterministic copy of the model, jitted with explicit shardings."""
   eval_model = make_model(dataclasses.replace(model_config, deterministic=True))
   objective = objective_lib.resolve(model_config)
+  num_buckets = -(-seq_len // position_bucket) if position_bucket > 0 else 0
   return jax.jit(functools.partial(eval_step, forward=objectives.make_forward(
       eval_model, objective, hidden=True), logits_chunk=logits_chunk,
-                                   never_predict=predicted_rows_excluded(model_config)),
+                                   never_predict=predicted_rows_excluded(model_config),
+                                   position_bucket=position_bucket,
+                                   num_buckets=num_buckets),
                  in_shardings=(param_shardings, sharding.batch_sharding(mesh, rules)),
                  out_shardings=sharding.replicated(mesh))
 
@@ -346,6 +359,16 @@ def evaluate_split(scorer: Scorer, params: Any, dataset,
   Used by the training loop and by --mode=evaluate alike (`scorer` is a Trainer or a
   Scorer; its config supplies train.eval_batches and data.eval_split).
   """
+  return metrics_lib.summarize(sum_split(scorer, params, dataset, local_batch_size),
+                               prefix="eval_")
+
+
+def sum_split(scorer: Scorer, params: Any, dataset, local_batch_size: int) -> dict[str, Any]:
+  """The eval step's sums over the split (evaluate_split's), before any mean is taken.
+
+  Raises:
+    DataError: the split produced no batch.
+  """
   total = None
   batches = packing.iterate_eval(dataset, local_batch_size, scorer.config.train.eval_batches)
   template = None  # An all-padding batch for a process whose eval shard ran out first.
@@ -373,4 +396,4 @@ def evaluate_split(scorer: Scorer, params: Any, dataset,
     raise DataError(f"config.data.eval_split={scorer.config.data.eval_split!r} produced no "
                     "batch to evaluate: the split is empty, or every example was dropped (the "
                     "warnings above say why)")
-  return metrics_lib.summarize(total, prefix="eval_")
+  return total
