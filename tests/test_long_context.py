@@ -173,8 +173,8 @@ def test_a_model_field_that_moves_parameters_is_refused_not_ignored(rope_run):
     loaded.load_config(rope_run, model_overrides={"model.d_model": 64})
   with pytest.raises(ConfigError, match=r"--config\.model\.no_such_key: not a model\.\* field"):
     loaded.load_config(rope_run, model_overrides={"model.no_such_key": 1})
-  with pytest.raises(ConfigError, match=r"model\.rope_scaling='yarn'"):  # validate's line.
-    loaded.load_config(rope_run, model_overrides={"model.rope_scaling": "yarn"})
+  with pytest.raises(ConfigError, match=r"model\.rope_scaling='ntk_by_parts'"):  # validate's line.
+    loaded.load_config(rope_run, model_overrides={"model.rope_scaling": "ntk_by_parts"})
 
 
 def test_evaluate_by_position_needs_a_decoder_lm_and_a_width(rope_run):
