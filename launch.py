@@ -1,12 +1,15 @@
 """Trains a model, or uses a trained one: `python launch.py --config=configs/gpt_small.py:local`.
 
   --mode=train (default)  train_and_evaluate(--config, --workdir); rerunning resumes
-  --mode=evaluate         loss / perplexity / accuracy (+ sacreBLEU, chrF) on a split
+  --mode=evaluate         loss / perplexity / accuracy (+ sacreBLEU, chrF) on a split;
+                          --by_position=W: by bucket of W token positions
   --mode=translate        --input (or stdin), one sentence a line -> --output (or stdout)
   --mode=generate         continue --prompt (or each line of --input or stdin) with a
                           decoder LM -> --output (or stdout)
   --mode=classify         --input (or stdin), one text a line -> its class and probability
                           (a model.head='classification' run) -> --output (or stdout)
+  --mode=passkey          passkey retrieval of a decoder LM at --passkey_lengths x
+                          --passkey_depths -> a table, JSON and a heat map PNG
   --mode=average          the mean of the newest --average_last checkpoints -> --output
   --mode=import           a local Hugging Face folder (--hf_dir: GPT-2, BERT, Marian, T5) ->
                           a new --workdir that the other modes and init_from read
@@ -72,6 +75,7 @@ from transformer.cli import generate
 from transformer.cli import hf_export
 from transformer.cli import hf_import
 from transformer.cli import keys
+from transformer.cli import passkey
 from transformer.cli import plot
 from transformer.cli import sweep
 from transformer.cli import train
@@ -81,7 +85,7 @@ from transformer.cli import usage
 MODES = {"train": train, "evaluate": evaluate, "translate": translate, "generate": generate,
          "average": average, "plot": plot, "sweep": sweep, "compare": compare,
          "import": hf_import, "export": hf_export, "compile": compile_mode, "keys": keys,
-         "classify": classify}
+         "classify": classify, "passkey": passkey}
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file, optionally with an argument: configs/gpt_small.py:local.",

@@ -29,11 +29,17 @@ def get_config() -> ml_collections.ConfigDict:
   model.remat = "none"  # Rematerialise blocks: "none" | "full" | "dots" | "dots_no_batch".
   model.rope_max_wavelength = 10000.0  # RoPE base wavelength (position="rope").
   model.rope_local_max_wavelength = 0.0  # RoPE base of the local (sliding-window) layers; 0 = rope_max_wavelength (Gemma 3: 10000).
-  model.rope_scaling = "none"  # Long-context RoPE: "none" | "linear" (positions / factor) | "llama3" (frequency-dependent).
-  model.rope_scaling_factor = 1.0  # rope_scaling: how many times longer the context is; 1.0 with "none".
+  model.rope_scaling = "none"  # Long-context RoPE (docs/configuration.md#long-context-rope): "none" | "linear" (positions / factor) | "llama3" (Llama 3.1, frequency-dependent) | "yarn" (YaRN, arXiv:2309.00071) | "dynamic" (dynamic NTK: the base grows with the length) | "longrope" (LongRoPE / Phi-3 su, arXiv:2402.13753).
+  model.rope_scaling_factor = 1.0  # rope_scaling: how many times longer the context is; 1.0 with "none" ("longrope": only derives the attention factor).
   model.rope_low_freq_factor = 1.0  # rope_scaling="llama3": wavelengths above original_max_len / this are divided by the factor.
   model.rope_high_freq_factor = 4.0  # rope_scaling="llama3": wavelengths below original_max_len / this are kept.
-  model.rope_original_max_len = 8192  # rope_scaling="llama3": the context the model was pretrained on.
+  model.rope_original_max_len = 8192  # rope_scaling="llama3" | "yarn" | "longrope": the context the model was pretrained on; "dynamic": the length past which the base grows.
+  model.rope_yarn_beta_fast = 32.0  # rope_scaling="yarn": pairs turning more than this many times over original_max_len keep their frequency (the paper's beta).
+  model.rope_yarn_beta_slow = 1.0  # rope_scaling="yarn": pairs turning fewer times than this are interpolated by the factor (the paper's alpha); a linear ramp in between.
+  model.rope_yarn_truncate = True  # rope_scaling="yarn": round the ramp's ends to whole pairs (transformers' `truncate`; False for gpt-oss).
+  model.rope_short_factor = ()  # rope_scaling="longrope": rotary_dim / 2 timescale multipliers for rows of up to original_max_len tokens.
+  model.rope_long_factor = ()  # rope_scaling="longrope": the multipliers for rows longer than original_max_len.
+  model.rope_attention_factor = 0.0  # rope_scaling="yarn" | "longrope": multiplies the rotated q and k (logits by its square); 0 = derived: YaRN 0.1 ln(factor) + 1, LongRoPE sqrt(1 + ln(factor) / ln(original_max_len)).
   model.rope_fraction = 1.0  # Fraction of head_dim that RoPE rotates (partial rotary); the rest passes through.
   model.relative_buckets = 32  # T5 relative-position buckets (position="relative").
   model.relative_max_distance = 128  # T5 largest distinguished distance (position="relative").
@@ -75,6 +81,7 @@ def get_config() -> ml_collections.ConfigDict:
   model.dtype = "auto"  # Compute dtype: "auto" (bfloat16 on GPU/TPU, float32 on CPU) | float32 | bfloat16.
   model.param_dtype = "float32"  # Storage dtype of parameters and optimizer state.
   model.attention_impl = "auto"  # "auto" (cuDNN on GPUs, splash on TPUs, xla on CPUs) | "xla" | "einsum" | "cudnn" | "splash" (model/attention_ops.py).
+  model.attention_max_segments = 32  # cuDNN attention (GPUs): the most packed documents a row may hold; sizes the kernel's float32 softmax statistics (B x this x heads x length per layer); a batch with more stops with one line naming this key.
   # Mixture of experts (docs/configuration.md "Mixture of experts"): the moe_* keys apply with mlp="moe".
   model.mlp = "dense"  # Feed-forward of a block: "dense" (one MLP) | "moe" (routed experts on the layers moe_every picks).
   model.num_experts = 8  # Routed experts per MoE layer (Mixtral 8, OLMoE 64, Switch-base 8..256).
@@ -141,6 +148,7 @@ def get_config() -> ml_collections.ConfigDict:
   train = config.train = ml_collections.ConfigDict()
   train.num_steps = 1000  # Optimizer steps in total (a resumed run continues to this).
   train.microbatches = 1  # Gradient accumulation: split each batch into this many slices.
+  train.logits_chunk = 0  # LM losses: positions projected to the vocabulary at a time, so float32 [B, L, V] logits are never held whole (training/metrics.head_loss_sums); 0 = auto (whole rows when a device's float32 logits are <= 256 MiB, else the largest power of two of positions under that); the same losses.
   train.log_every = 10  # Steps between progress lines / metrics.jsonl rows.
   train.steps_per_call = 1  # Optimizer steps per compiled call (lax.scan; Keras's steps_per_execution): the same updates, less per-call overhead; must divide log_every, eval_every and checkpoint.every.
   train.eval_every = 200  # Steps between evaluations (and after the last step).

@@ -7,12 +7,17 @@ the kernel's mask type, packed documents as segment lengths and offsets).
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import linen as nn
 
+from configs import base
+from transformer.config.errors import DataError
+from transformer.config.model import ModelConfig
 from transformer.model import attention_ops as ops
 from transformer.model import dropout as dropout_lib
 
@@ -60,13 +65,39 @@ def test_splash_equals_the_reference_forward_and_gradient(causal, window, packed
 
 def test_segment_lengths_and_offsets_by_hand():
   seg = jnp.asarray([[1, 1, 1, 2, 2, 3, 0, 0], [1, 1, 1, 1, 1, 1, 1, 1], [0] * 8])
-  lengths, offsets = ops.segment_lengths_and_offsets(seg)
-  assert lengths.shape == (3, 8) and offsets.shape == (3, 9)
+  lengths, offsets = ops.segment_lengths_and_offsets(seg, 32)
+  assert lengths.shape == (3, 8) and offsets.shape == (3, 9)  # M = min(32, L).
   np.testing.assert_array_equal(lengths[:, :4], [[3, 2, 1, -1], [8, -1, -1, -1],
                                                  [-1, -1, -1, -1]])
   np.testing.assert_array_equal(offsets[:, :4], [[0, 3, 5, -1], [0, -1, -1, -1],
                                                  [-1, -1, -1, -1]])
   assert (np.asarray(offsets)[:, 4:] == -1).all()
+  lengths, offsets = ops.segment_lengths_and_offsets(seg, 3)  # The softmax stats' M.
+  assert lengths.shape == (3, 3) and offsets.shape == (3, 4)
+  np.testing.assert_array_equal(lengths[0], [3, 2, 1])
+  np.testing.assert_array_equal(offsets[0], [0, 3, 5, -1])
+
+
+def test_rows_with_more_documents_than_the_cudnn_layout_holds_are_refused():
+  seg = np.asarray([[1, 1, 2, 2, 3, 4, 0, 0], [1] * 8])
+  ops.check_packed_rows({"segment_ids": seg, "tokens": seg * 9}, 4)  # 4 documents: fine.
+  ops.check_packed_rows({"segment_ids": seg}, None)  # No cuDNN packed layout: no limit.
+  with pytest.raises(DataError, match=r"holds 4 packed documents \(inputs_segment_ids\), "
+                     r"more than config\.model\.attention_max_segments=3.*at least 4"):
+    ops.check_packed_rows({"inputs_segment_ids": seg[None]}, 3)  # Stacked batches too.
+
+
+def test_packed_rows_limit_only_where_cudnn_serves(monkeypatch):
+  monkeypatch.setattr(ops, "packed_layout_supported", lambda: True)
+  monkeypatch.setattr(ops, "cudnn_available", lambda: True)
+  model = base.get_config().model
+  model.update(vocab_size=64, dtype="bfloat16", attention_max_segments=7)
+  config = ModelConfig.from_config(model)
+  assert ops.packed_rows_limit(config, "gpu") == 7
+  assert ops.packed_rows_limit(config, "cpu") is None
+  assert ops.packed_rows_limit(config, "tpu") is None
+  as_f32 = dataclasses.replace(config, dtype=jnp.float32)  # cuDNN refuses it: xla, no limit.
+  assert ops.packed_rows_limit(as_f32, "gpu") is None
 
 
 def test_cudnn_gets_the_mask_as_the_kernels_own(monkeypatch):
@@ -82,13 +113,15 @@ def test_cudnn_gets_the_mask_as_the_kernels_own(monkeypatch):
   monkeypatch.setattr(cudnn, "dot_product_attention", fake)
   q, k, v = (x.astype(jnp.bfloat16) for x in _qkv())
   seg = _segments()
-  ops.cudnn_attention(q, k, v, ops.Segments(seg, seg), causal=True, window=8)
+  ops.cudnn_attention(q, k, v, ops.Segments(seg, seg), causal=True, window=8, max_segments=4)
+  assert seen["q_seqlen"].shape == (seg.shape[0], 4)  # M = 4 segments a row, not L.
   assert seen["bias"] is None and seen["mask"] is None  # No dense [B, 1, L, S], no dbias.
   assert seen["mask_type"] == cudnn.MaskType.PADDING_CAUSAL
   assert seen["sliding_window_length"] == 8 and seen["qkv_layout"] == "BTNH"
   np.testing.assert_array_equal(seen["q_seqlen"][0, :3], [50, 50, -1])
   np.testing.assert_array_equal(seen["q_offsets"][0, :3], [0, 50, -1])
-  ops.cudnn_attention(q, k, v, ops.Segments(seg, seg), causal=False, window=0)
+  ops.cudnn_attention(q, k, v, ops.Segments(seg, seg), causal=False, window=0,
+                      max_segments=4)
   assert seen["mask_type"] == cudnn.MaskType.PADDING and seen["sliding_window_length"] is None
 
 

@@ -2,7 +2,8 @@
 
 config/ is the ground of the package and may not import model/ or training/, so
 where the implementing table holds their code (activation functions, architecture
-classes, norms, schedule builders, routers) validation keeps the names and this file holds
+classes, positions, norm placements and types, init families, sinusoidal layouts,
+schedule builders, routers) validation keeps the names and this file holds
 the two equal. REMAT_POLICIES is the table itself, read by every user. A new value
 is one entry in the implementing table plus its name in config/: forgetting either
 fails here, naming the key.
@@ -13,7 +14,9 @@ that it has exactly those fields, each read from the config.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import pathlib
 import re
 import typing
 
@@ -32,12 +35,14 @@ from transformer.config import train as train_config
 from transformer.config.errors import ConfigError
 from transformer.config.validation import validate
 from transformer.data import catalog
+from transformer.model import initializers
 from transformer.model import layers
 from transformer.model import mlp
 from transformer.model import models
 from transformer.model import moe
 from transformer.model import norms
 from transformer.model import objectives
+from transformer.model import positions
 from transformer.planning import search
 from transformer.training import optim
 
@@ -62,6 +67,12 @@ REGISTRIES = [
     ("model.arch", model_config.ARCHS, tuple(models.ARCHITECTURES)),
     ("model.moe_router", moe_config.MOE_ROUTERS, tuple(moe.ROUTERS)),
     ("model.norm_type", model_config.NORM_TYPES, tuple(norms.NORM_TYPES)),
+    ("model.position", model_config.POSITIONS, tuple(positions.POSITIONS)),
+    ("model.norm", model_config.NORMS, tuple(norms.NORM_PLACEMENTS)),
+    ("model.init", model_config.INITS, tuple(initializers.INITS)),
+    ("model.sinusoidal_layout", model_config.SINUSOIDAL_LAYOUTS,
+     tuple(positions.SINUSOIDAL_LAYOUTS)),
+    ("model.rope_scaling", modern_config.ROPE_SCALINGS, tuple(positions.ROPE_SCALINGS)),
     ("optimizer.schedule", train_config.SCHEDULES, tuple(optim.SCHEDULES)),
 ]
 
@@ -84,6 +95,34 @@ def test_remat_policies_are_one_table():
 
 def test_gated_activations_are_activations():
   assert set(model_config.GATED_ACTIVATIONS) <= set(mlp.ACTIVATION_FNS)
+
+
+def test_table_positions_are_the_positions_with_an_embedding_table():
+  """data.seq_len's bound by model.max_len (config/data.py) covers every table position."""
+  tables = tuple(name for name, position in positions.POSITIONS.items()
+                 if position.embedding_table is not None)
+  assert model_config.TABLE_POSITIONS == tables
+
+
+# Keys the model code reads through their table (POSITIONS[cfg.position].rotary, ...):
+# comparing one with a name outside config/ (validation) is a branch beside the table.
+TABLE_READ_KEYS = ("position", "norm", "init", "sinusoidal_layout")
+
+
+def _compared_keys(source: str) -> list[int]:
+  """Lines comparing a `<x>.position` (or another TABLE_READ_KEYS attribute) with anything."""
+  return [node.lineno for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Compare)
+          and any(isinstance(operand, ast.Attribute) and operand.attr in TABLE_READ_KEYS
+                  for operand in (node.left, *node.comparators))]
+
+
+def test_the_code_reads_the_tables_not_the_names():
+  package = pathlib.Path(model_config.__file__).resolve().parents[1]
+  found = [f"{path.relative_to(package)}:{line}" for path in sorted(package.rglob("*.py"))
+           if path.relative_to(package).parts[0] != "config"
+           for line in _compared_keys(path.read_text(encoding="utf-8"))]
+  assert not found, f"ask the table's entry (e.g. POSITIONS[cfg.position].rotary): {found}"
+  assert _compared_keys('a = cfg.position == "rope" or config.norm in ("pre", "post")') == [1, 1]
 
 
 def test_objectives_table_covers_the_topologies_and_the_objective_code():

@@ -509,6 +509,22 @@ def test_generate_length_check_counts_the_positions_it_feeds():
     decoding.generate(cfg, params, prompt, 8)
 
 
+def test_rope_decodes_past_max_len_with_one_warning(monkeypatch, caplog):
+  """Only a position table ends at max_len: RoPE decodes on, as a model whose max_len
+  holds the positions does, and says so once for any number of calls."""
+  monkeypatch.setattr(decoding, "_WARNED_PAST_MAX_LEN", set())
+  cfg = model_config("decoder", position="rope")
+  params, prompt = random_params(cfg), tokens(length=10)
+  with caplog.at_level("WARNING"):
+    past = decoding.generate(cfg, params, prompt, 8)
+    decoding.generate(cfg, params, prompt, 8)
+  warned = [r.getMessage() for r in caplog.records if "past model.max_len" in r.getMessage()]
+  assert len(warned) == 1 and warned[0].startswith(
+      "Decoding to 17 positions, past model.max_len=16"), warned
+  longer = dataclasses.replace(cfg, max_len=17)
+  np.testing.assert_array_equal(past, decoding.generate(longer, params, prompt, 8))
+
+
 def test_decoding_rejects_bad_inputs_with_clear_errors():
   cfg = model_config("decoder")
   params = random_params(cfg)

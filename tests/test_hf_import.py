@@ -2,7 +2,8 @@
 
 The folders under tests/fixtures/hf were written by `make_fixtures.py` beside them
 (transformers 4.57.6, torch 2.13.0): tiny random GPT-2, BERT, Marian, T5 (v1.0 and
-v1.1), Llama 2 / 3, Mistral, Qwen2 / 3, Gemma 1 / 2 / 3 and the mixture-of-experts Mixtral,
+v1.1), Llama 2 / 3 (and with YaRN, dynamic NTK and LongRoPE scaling), Mistral, Qwen2 / 3,
+Gemma 1 / 2 / 3, Phi-3 (LongRoPE, partial rotary) and the mixture-of-experts Mixtral,
 Qwen2-MoE and Switch Transformers models and their outputs on
 fixed inputs, padding included. Every comparison maps the source ids to this
 codebase's renumbered ids (pad 0, eos 1, bos 2, unk 3) and the logits back, and
@@ -28,7 +29,9 @@ from transformer.interop.hf import common as hf_common
 from transformer.cli import hf_export
 from transformer.interop.hf import gpt2
 from transformer.interop.hf import importer
+from transformer.interop.hf import llama
 from transformer.model import layers
+from transformer.model import positions
 from transformer.config.errors import ConfigError
 from transformer.config.model import ModelConfig, objective_of
 from transformer.data import hf_tokenizer
@@ -40,10 +43,16 @@ from transformer.workdir import layout
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "hf")
 TOLERANCE = 1e-5
+# Issue 32's Llama decoders with YaRN, dynamic NTK and LongRoPE (make_fixtures.py
+# rope_scalings): their teacher-forced rows and generations run past the length where
+# the dynamic and LongRoPE scalings switch.
+ROPE_FAMILIES = ("llama_yarn", "llama_dynamic", "llama_longrope")
+# Phi3ForCausalLM with its own LongRoPE form and partial rotary (make_fixtures.py phi3).
+PHI3 = ("phi3_longrope",)
 # Issue 20's decoders (make_fixtures.py modern_decoders) and issue 21's
 # mixture-of-experts decoders (moe_families).
 DECODERS = ("llama2", "llama3", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3",
-            "mixtral", "qwen2_moe")
+            "mixtral", "qwen2_moe") + ROPE_FAMILIES + PHI3
 ENCODER_DECODERS = ("marian", "t5", "t5_v1_1", "switch")
 # Gemma 3's fixture (three layers, QK-norm and sandwich norms on weights drawn wide) is
 # beyond float32's reach at 1e-5: transformers' own float32 forward of it is 2.67e-5
@@ -128,9 +137,10 @@ def test_gpt2_greedy_generation_matches_transformers():
   _check_greedy_generation("gpt2")
 
 
-def _check_greedy_generation(family: str) -> None:
+def _check_greedy_generation(family: str, until_position: int | None = None) -> None:
   """Right-padded prompts decoded together (the cached decode path), each equal to HF's
-  `generate` decoding it alone."""
+  `generate` decoding it alone; with `until_position`, the tokens predicted from
+  positions below it only."""
   converted, model_config, expected, to_internal = _converted(family)
   prompts = [to_internal[expected[f"prompt_{i}"]] for i in range(3)]
   width = max(len(p) for p in prompts)
@@ -141,6 +151,9 @@ def _check_greedy_generation(family: str) -> None:
   out = np.asarray(decoding.generate(model_config, converted.params, prompts_BP, steps))
   for i in range(3):
     wanted = to_internal[expected[f"generated_{i}"]]
+    if until_position is not None:  # Token j is predicted from position len(prompt) - 1 + j.
+      wanted = wanted[:until_position - len(prompts[i]) + 1]
+      assert len(wanted) > 0
     assert out[i, :len(wanted)].tolist() == wanted.tolist(), (family, i)
 
 
@@ -208,9 +221,78 @@ def test_gemma_query_pre_attn_scalar_other_than_head_dim(tmp_path, family):
   assert error <= TOLERANCES.get(family, TOLERANCE), error
 
 
-@pytest.mark.parametrize("family", DECODERS)
+@pytest.mark.parametrize("family", [f for f in DECODERS if f not in PHI3])
 def test_decoder_family_greedy_generation_matches_transformers(family):
   _check_greedy_generation(family)
+
+
+def test_phi3_greedy_generation_matches_transformers_until_longrope_switches():
+  """transformers' Phi3ForCausalLM (not its Llama) recomputes its whole cache with the
+  long factors at the step the length first passes original_max_position_embeddings
+  (its prepare_inputs_for_generation); the cache here keeps the keys rotated with the
+  short ones, as transformers' Llama does. Up to that step the tokens are equal; the
+  step-by-step logits past it differ (by 2.3 at the switch on this fixture)."""
+  _check_greedy_generation("phi3_longrope", until_position=15)
+
+
+# make_fixtures.py's YARN_VARIANT: llama_yarn/ read with an untruncated ramp and
+# DeepSeek's mscale / mscale_all_dim attention factor.
+YARN_VARIANT = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024,
+                "beta_fast": 16.0, "beta_slow": 2.0, "truncate": False, "mscale": 0.707,
+                "mscale_all_dim": 1.0}
+
+
+def test_yarn_with_its_other_parameters_matches_transformers(tmp_path):
+  folder = _copy("llama_yarn", tmp_path)
+  path = os.path.join(folder, "config.json")
+  with open(path, encoding="utf-8") as f:
+    config = json.load(f)
+  config["rope_scaling"] = YARN_VARIANT
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(config, f)
+  converted = importer.convert_folder(folder)
+  model = converted.model
+  assert (model["rope_yarn_truncate"], model["rope_yarn_beta_fast"]) == (False, 16.0)
+  assert model["rope_attention_factor"] == pytest.approx(
+      (0.1 * 0.707 * np.log(4) + 1) / (0.1 * np.log(4) + 1))
+  model_config = dataclasses.replace(
+      ModelConfig.from_config(importer.imported_config(converted).model), deterministic=True)
+  vocab = converted.vocabulary
+  to_internal = np.asarray([vocab.internal(h) for h in range(vocab.hf_vocab_size)])
+  expected = np.load(os.path.join(folder, "expected.npz"))
+  reference = np.load(os.path.join(folder, "expected_yarn_variant.npz"))["logits"]
+  ids, real = to_internal[expected["input_ids"]], expected["attention_mask"]
+  logits = make_model(model_config).apply({"params": converted.params}, ids, real,
+                                          _positions(ids))
+  assert _max_error(logits, reference, to_internal, real) <= TOLERANCE
+
+
+def test_the_imported_rope_types_are_the_implemented_scalings():
+  """transformers' "default" is model.rope_scaling="none"; every other rope_type the
+  importer reads is the positions.ROPE_SCALINGS entry of its name."""
+  assert llama.ROPE_TYPES == ("default",) + tuple(
+      k for k in positions.ROPE_SCALINGS if k != "none")
+
+
+def test_generating_past_max_position_embeddings_warns_once(monkeypatch, caplog):
+  """llama_dynamic/'s max_position_embeddings (model.max_len) is 16: decoding to 20
+  positions goes on, past it, with one warning for any number of calls."""
+  monkeypatch.setattr(decoding, "_WARNED_PAST_MAX_LEN", set())
+  converted, model_config, expected, to_internal = _converted("llama_dynamic")
+  assert model_config.max_len == 16
+  prompt = to_internal[expected["prompt_1"]][None]
+  steps = 21 - prompt.shape[1]
+  with caplog.at_level("WARNING"):
+    first = decoding.generate(model_config, converted.params, prompt, steps)
+    again = decoding.generate(model_config, converted.params, prompt, steps)
+  warnings = [r.getMessage() for r in caplog.records if "past model.max_len" in r.getMessage()]
+  assert warnings == ["Decoding to 20 positions, past model.max_len=16 (an imported model's "
+                      "max_position_embeddings): positions from 16 on are extrapolated "
+                      "(model.position='rope', model.rope_scaling='dynamic'); the cache "
+                      "grows to 20 slots"]
+  np.testing.assert_array_equal(first, again)
+  wanted = to_internal[expected["generated_1"]][:steps]
+  assert np.asarray(first)[0, :len(wanted)].tolist() == wanted.tolist()
 
 
 def test_bert_mlm_logits_and_pooler_match_transformers():
@@ -439,7 +521,19 @@ def test_a_pickle_only_folder_stops_with_the_conversion_command(tmp_path):
     ("gpt2", "model_type", "falcon", "model_type='falcon'"),
     ("llama2", "attention_bias", True, "attention_bias=True"),
     ("llama2", "hidden_act", "relu", "hidden_act='relu'"),
-    ("llama3", "rope_scaling", {"rope_type": "yarn", "factor": 4.0}, "rope_type='yarn'"),
+    ("llama3", "rope_scaling", {"rope_type": "su", "factor": 4.0},
+     r"rope_scaling\.rope_type='su' is not supported; this codebase implements 'default', "
+     r"'linear', 'llama3', 'yarn', 'dynamic', 'longrope' \(model\.rope_scaling\)$"),
+    ("llama_yarn", "rope_scaling", {"rope_type": "yarn", "factor": 4.0, "alpha": 1.0},
+     r"rope_scaling has alpha, which rope_type='yarn' does not read here"),
+    ("llama_dynamic", "rope_scaling", {"rope_type": "dynamic", "factor": 2.0,
+                                       "original_max_position_embeddings": 8},
+     r"original_max_position_embeddings=8 differs from max_position_embeddings=16"),
+    ("llama_longrope", "rope_scaling", {"rope_type": "longrope", "short_factor": [1.0] * 8,
+                                        "long_factor": "many"},
+     r"rope_scaling\.long_factor='many'; expected a list of numbers"),
+    ("phi3_longrope", "num_key_value_heads", 4, r"'layers\.0\.self_attn\.qkv_proj\.weight' "
+     r"has 128 rows; the config makes 64 \(layers\.0\.self_attn\.q_proj\.weight\) \+ 64"),
     ("qwen3", "layer_types", ["full_attention", "chunked_attention"], "layer_types="),
     ("gemma2", "sliding_window", None, "sliding_window=None"),
     ("gemma3", "use_bidirectional_attention", True, "use_bidirectional_attention=True"),
@@ -463,6 +557,34 @@ def test_an_unsupported_config_field_stops_naming_it(tmp_path, family, key, valu
     json.dump(config, f)
   with pytest.raises(ConfigError, match=message):
     importer.convert_folder(folder)
+
+
+def test_phi3s_older_su_rope_type_is_longrope(tmp_path):
+  """transformers' Phi3Config reads rope_scaling type "su" (and "yarn") as LongRoPE."""
+  folder = _copy("phi3_longrope", tmp_path)
+  path = os.path.join(folder, "config.json")
+  with open(path, encoding="utf-8") as f:
+    config = json.load(f)
+  config["rope_scaling"]["type"] = "su"
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(config, f)
+  assert (importer.convert_folder(folder).model ==
+          importer.convert_folder(_fixture("phi3_longrope")[0]).model)
+
+
+def test_longrope_factors_of_the_wrong_length_stop_naming_the_field(tmp_path):
+  """Read as given; the imported config's validation counts them, before anything runs."""
+  folder = _copy("llama_longrope", tmp_path)
+  path = os.path.join(folder, "config.json")
+  with open(path, encoding="utf-8") as f:
+    config = json.load(f)
+  config["rope_scaling"]["long_factor"] = [1.0] * 7
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(config, f)
+  with pytest.raises(ConfigError, match=r"^config\.model\.rope_long_factor=\(1\.0, .*\) is "
+                     r"invalid: expected 8 floats > 0, one per rotated pair \(head_dim=16 "
+                     r"x rope_fraction=1\.0 / 2\)\.$"):
+    importer.imported_config(importer.convert_folder(folder))
 
 
 def test_a_decoder_whose_pad_is_its_eos_still_predicts_eos(tmp_path):
@@ -516,7 +638,8 @@ def test_only_gpt2_shaped_models_export(tmp_path):
   assert not os.path.exists(tmp_path / "out")
 
 
-@pytest.mark.parametrize("family", ["llama2", "llama3", "mistral", "qwen2", "qwen3"])
+@pytest.mark.parametrize("family", ["llama2", "llama3", "mistral", "qwen2", "qwen3",
+                                    *ROPE_FAMILIES])
 def test_llama_family_import_export_import_is_lossless(tmp_path, family):
   """--mode=export picks the Llama family by the model's shape; the folder it writes
   holds the source's tensors exactly and imports to the same model and parameters."""

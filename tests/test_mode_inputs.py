@@ -88,7 +88,7 @@ def test_every_cli_flag_is_read_by_the_modes_that_list_it():
   readers = launch.usage.flag_readers(launch.MODES)
   assert readers["input"] == ["translate", "generate", "classify"]
   assert sorted(readers["output"]) == ["average", "classify", "compile", "evaluate",
-                                       "generate", "translate"]
+                                       "generate", "passkey", "translate"]
   assert readers["prompt"] == ["generate"] and readers["split"] == ["evaluate"]
   assert readers["beam_size"] == ["evaluate", "translate", "generate"]
   # Each name a mode lists is a flag cli/common.py defines (a typo would read nothing),

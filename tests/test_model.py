@@ -21,7 +21,7 @@ from configs import gpt_small
 from transformer.model import attention
 from transformer.config.mesh import LOGICAL_AXES
 from transformer.config.model import ModelConfig
-from transformer.model.layers import sinusoidal_table
+from transformer.model.positions import sinusoidal_table
 from transformer.model.models import Embedder, make_model
 
 jax.config.update("jax_numpy_rank_promotion", "raise")

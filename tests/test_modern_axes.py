@@ -151,6 +151,18 @@ LOCAL_GLOBAL = dict(position="rope", sliding_window=3, window_pattern="lg",
                     rope_local_max_wavelength=100.0)
 
 
+def test_scanned_local_global_with_a_per_row_rope_scaling_equals_unrolled():
+  """Dynamic NTK's [B, R] timescales on the global layers beside the local layers' [R]."""
+  dynamic = dict(LOCAL_GLOBAL, rope_scaling="dynamic", rope_scaling_factor=2.0,
+                 rope_original_max_len=8)
+  unrolled, params = logits_of(model_config("decoder", **dynamic))
+  scanned, _ = logits_of(model_config("decoder", scan_layers=True, **dynamic),
+                         unrolled_to_scanned(params))
+  close(scanned, unrolled)
+  plain, _ = logits_of(model_config("decoder", **LOCAL_GLOBAL), params)
+  assert changed(unrolled, plain)
+
+
 @pytest.mark.parametrize("arch", ["decoder", "encoder_decoder"])
 def test_scanned_local_global_pattern_equals_unrolled(arch):
   """The per-layer flags travel through nn.scan: the same params give the same logits,
@@ -352,6 +364,13 @@ def test_rope_scaling_and_fraction_change_the_model():
   for overrides in (dict(rope_scaling="linear", rope_scaling_factor=4.0),
                     dict(rope_scaling="llama3", rope_scaling_factor=8.0,
                          rope_original_max_len=8),
+                    dict(rope_scaling="yarn", rope_scaling_factor=4.0, rope_original_max_len=8),
+                    # Rows of 12 and 9 tokens, past the original 8.
+                    dict(rope_scaling="dynamic", rope_scaling_factor=2.0,
+                         rope_original_max_len=8),
+                    dict(rope_scaling="longrope", rope_scaling_factor=4.0,
+                         rope_original_max_len=8, rope_short_factor=(1.0,) * 4,
+                         rope_long_factor=(1.0, 2.0, 4.0, 8.0)),
                     dict(rope_fraction=0.5)):
     other, _ = logits_of(model_config("decoder", position="rope", **overrides), params)
     assert changed(base, other), overrides
@@ -483,6 +502,21 @@ BAD = [
                  "rope_high_freq_factor": 1.0}, r"model\.rope_high_freq_factor=1\.0"),
     ("decoder", {"position": "rope", "sliding_window": 4, "rope_scaling": "linear",
                  "rope_scaling_factor": 2.0}, r"model\.rope_scaling='linear'.*global"),
+    ("decoder", {"position": "rope", "rope_scaling": "longrope", "rope_scaling_factor": 4.0,
+                 "rope_short_factor": (1.0,) * 4, "rope_long_factor": (1.0, 2.0)},
+     r"model\.rope_long_factor=\(1\.0, 2\.0\).*expected 4 floats > 0"),
+    ("decoder", {"position": "rope", "rope_scaling": "longrope", "rope_scaling_factor": 4.0,
+                 "rope_short_factor": (1.0, 1.0, 0.0, 1.0), "rope_long_factor": (1.0,) * 4},
+     r"model\.rope_short_factor=\(1\.0, 1\.0, 0\.0, 1\.0\).*floats > 0"),
+    ("decoder", {"position": "rope", "rope_short_factor": (1.0,) * 4},
+     r"model\.rope_short_factor=.*only 'longrope' reads it"),
+    ("decoder", {"position": "rope", "rope_scaling": "linear", "rope_scaling_factor": 2.0,
+                 "rope_attention_factor": 1.2},
+     r"model\.rope_attention_factor=1\.2.*only 'yarn' and 'longrope'"),
+    ("decoder", {"position": "rope", "rope_scaling": "yarn", "rope_scaling_factor": 4.0,
+                 "rope_yarn_beta_fast": 0.5}, r"model\.rope_yarn_beta_fast=0\.5.*beta_slow=1\.0"),
+    ("decoder", {"position": "rope", "rope_scaling": "dynamic", "rope_scaling_factor": 2.0,
+                 "rope_original_max_len": 0}, r"model\.rope_original_max_len=0"),
     ("decoder", {"position": "rope", "rope_fraction": 0.3}, r"model\.rope_fraction=0\.3"),
     ("decoder", {"rope_fraction": 0.5}, r"model\.rope_fraction=0\.5.*rope"),
     ("decoder", {"norm_scale_plus_one": True}, r"model\.norm_scale_plus_one=True.*rmsnorm"),

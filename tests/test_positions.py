@@ -91,6 +91,61 @@ def test_rope_at_position_zero_is_identity_and_norm_is_preserved():
                              jnp.linalg.norm(x_BLHD, axis=-1), rtol=1e-5)
 
 
+# ----------------------------------------------------------- long-context scalings
+# Parity with transformers, model included, is tests/test_hf_import.py's (llama_yarn/,
+# llama_dynamic/, llama_longrope/); these pin the per-row length each one reads.
+
+
+def test_the_length_a_scaling_reads_is_each_rows_largest_position_plus_one():
+  positions_BL = jnp.array([[0, 1, 2, 3, 4, 5], [0, 1, 2, 0, 1, 0]], jnp.int32)
+  np.testing.assert_array_equal(positions.rope_lengths(positions_BL), [6, 3])
+
+
+def test_dynamic_ntk_grows_the_base_only_past_the_original_length():
+  plain_R = np.asarray(positions.rope_timescales(16, 10000.0))
+  got_BR = np.asarray(positions.rope_timescales(
+      16, 10000.0, scaling="dynamic", factor=2.0, original_max_len=16,
+      length_B=jnp.array([5, 16, 32])))
+  np.testing.assert_allclose(got_BR[:2], [plain_R, plain_R], rtol=1e-6)
+  # base (factor n / original - (factor - 1))^(d / (d - 2)) with n = 32, d = 16.
+  grown = 10000.0 * (2.0 * 32 / 16 - 1) ** (16 / 14)
+  np.testing.assert_allclose(got_BR[2], grown ** (np.arange(8) / 8), rtol=1e-5)
+
+
+def test_longrope_uses_the_long_factors_past_the_original_length_per_row():
+  plain_R = np.asarray(positions.rope_timescales(8, 10000.0))
+  short, long = (1.0, 1.5, 2.0, 2.5), (1.0, 4.0, 9.0, 16.0)
+  got_BR = np.asarray(positions.rope_timescales(
+      8, 10000.0, scaling="longrope", original_max_len=16, short_factor=short,
+      long_factor=long, length_B=jnp.array([16, 17])))
+  np.testing.assert_allclose(got_BR, [plain_R * short, plain_R * long], rtol=1e-6)
+  with pytest.raises(ValueError, match="depends on the sequence length"):
+    positions.rope_timescales(8, scaling="longrope", short_factor=short, long_factor=long)
+
+
+def test_yarn_keeps_fast_pairs_interpolates_slow_ones_and_ramps_between():
+  """llama_yarn/'s setting: factor 4 over 1024 tokens on 16 rotated features."""
+  params = dict(factor=4.0, original_max_len=1024)
+  assert positions.yarn_ramp_ends(16, 10000.0, positions.RopeScaling(**params)) == (1, 5)
+  ratio_R = (np.asarray(positions.rope_timescales(16, 10000.0, scaling="yarn", **params))
+             / np.asarray(positions.rope_timescales(16, 10000.0)))
+  np.testing.assert_allclose(ratio_R[:2], 1.0, rtol=1e-6)
+  np.testing.assert_allclose(ratio_R[5:], 4.0, rtol=1e-6)
+  assert np.all((ratio_R[2:5] > 1.0) & (ratio_R[2:5] < 4.0))
+  assert positions.rope_attention_factor("yarn", positions.RopeScaling(**params)) == (
+      pytest.approx(0.1 * math.log(4.0) + 1))
+
+
+def test_the_attention_factor_scales_the_rotated_features_only():
+  x_BLHD = jnp.asarray(np.random.default_rng(5).normal(size=(1, 3, 2, 8)), jnp.float32)
+  pos_BL = jnp.array([[0, 4, 9]], jnp.int32)
+  timescale_R = positions.rope_timescales(4)  # Partial rotary: 4 of 8 features turn.
+  plain = positions.apply_rope(x_BLHD, pos_BL, timescale_R=timescale_R)
+  scaled = positions.apply_rope(x_BLHD, pos_BL, timescale_R=timescale_R, attention_factor=1.3)
+  np.testing.assert_allclose(scaled[..., :4], 1.3 * plain[..., :4], rtol=1e-6)
+  np.testing.assert_array_equal(scaled[..., 4:], x_BLHD[..., 4:])
+
+
 def test_rope_keeps_dtype():
   x_BLHD = jnp.ones((1, 3, 2, 4), jnp.bfloat16)
   assert positions.apply_rope(x_BLHD, jnp.array([[0, 1, 2]])).dtype == jnp.bfloat16

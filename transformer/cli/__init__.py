@@ -1,7 +1,9 @@
 """launch.py's modes, one module each, with the flags it owns and a `main(config, workdir)`.
 
   train.py      --mode=train: the loop, then the run's plots
-  evaluate.py   --mode=evaluate (--split, --max_examples)
+  evaluate.py   --mode=evaluate (--split, --max_examples, --by_position)
+  passkey.py    --mode=passkey (--passkey_lengths, --passkey_depths, ...): retrieval of a
+                key hidden in filler, a length x depth table and heat map
   translate.py  --mode=translate (--input)
   generate.py   --mode=generate (--prompt; --input, --output as translate)
   classify.py   --mode=classify (--input, --class_names): a class and its probability a line

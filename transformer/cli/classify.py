@@ -51,6 +51,7 @@ def classify(workdir: str, *, input_path: str = "", output_path: str = "",
              config: ml_collections.ConfigDict | None = None,
              checkpoint_step: int | None = None, average_last: int = 0,
              decode_overrides: Mapping[str, Any] | None = None,
+             model_overrides: Mapping[str, Any] | None = None,
              stdin: TextIO | None = None, stdout: TextIO | None = None,
              **unused) -> list[tuple[int, float]]:
   """Predicts a class for every input line; writes `<class>\\t<probability>` lines.
@@ -61,7 +62,8 @@ def classify(workdir: str, *, input_path: str = "", output_path: str = "",
     output_path: where the lines go; "" writes to `stdout`.
     overwrite: replace an existing `output_path`.
     class_names: names of the classes, in class order (optional).
-    config, checkpoint_step, average_last, decode_overrides: as for loaded.load_run
+    config, checkpoint_step, average_last, decode_overrides, model_overrides: as for
+      loaded.load_run
       (decode.batch_size and decode.overlong are used).
     stdin, stdout: the streams for "" paths (default sys.stdin / sys.stdout).
 
@@ -78,7 +80,8 @@ def classify(workdir: str, *, input_path: str = "", output_path: str = "",
     common.check_output(output_path, overwrite, [input_path])
   lines = common.read_lines(input_path, stdin or sys.stdin)
   run = loaded.load_run(workdir, config=config, checkpoint_step=checkpoint_step,
-                        average_last=average_last, decode_overrides=decode_overrides)
+                        average_last=average_last, decode_overrides=decode_overrides,
+                        model_overrides=model_overrides)
   if not objective_lib.resolve(run.config.model).classifies:
     raise ConfigError(f"--mode=classify needs a model with head='classification'; {workdir} "
                       f"holds arch={run.config.model.arch!r}, head={run.config.model.head!r}. "

@@ -23,10 +23,10 @@ from transformer.config.checks import lookup
 from transformer.workdir import files
 
 CHECKPOINT_STEP = flags.DEFINE_integer(
-    "checkpoint_step", None, "evaluate, translate, generate, average, export: the "
+    "checkpoint_step", None, "evaluate, translate, generate, passkey, average, export: the "
     "checkpoint to use (default: the newest).")
 AVERAGE_LAST = flags.DEFINE_integer(
-    "average_last", 0, "evaluate, translate, generate, average: use the mean of the "
+    "average_last", 0, "evaluate, translate, generate, passkey, average: use the mean of the "
     "parameters of the newest N checkpoints (up to --checkpoint_step); the paper: 5 for "
     "base, 20 for big. 0: no averaging.")
 INPUT = flags.DEFINE_string(
@@ -34,12 +34,14 @@ INPUT = flags.DEFINE_string(
     "(default stdin).")
 OUTPUT = flags.DEFINE_string(
     "output", "", "Where a mode writes its result: translate, the translations, "
-    "generate, the continuations, and classify, the classes (default stdout); evaluate, the result JSON (default in the workdir); average, the new "
+    "generate, the continuations, and classify, the classes (default stdout); evaluate and "
+    "passkey, the result JSON (default in the workdir); average, the new "
     "workdir; compile, the JSON report.")
 OVERWRITE = flags.DEFINE_bool(
     "overwrite", False, "translate, generate, classify, evaluate: allow replacing an existing --output.")
 SEED = flags.DEFINE_integer(
-    "seed", None, "evaluate, translate, generate: sampling seed (default config.seed).")
+    "seed", None, "evaluate, translate, generate: sampling seed; passkey: the keys' seed (default "
+    "config.seed).")
 LOG_STEPS = flags.DEFINE_bool("log_steps", False, "plot, compare, sweep: log-scaled step axis.")
 HF_DIR = flags.DEFINE_string(
     "hf_dir", "", "import: the Hugging Face model folder to read (config.json + "
@@ -72,7 +74,9 @@ LOADING_FLAGS = ("checkpoint_step", "average_last", *DECODE_FLAG_NAMES)
 
 def config_overrides() -> dict[str, Any]:
   """{key: value} of the --config.x flags given on the command line (config_flags records them)."""
-  return dict(flags.FLAGS["config"].override_values) if "config" in flags.FLAGS else {}
+  if "config" not in flags.FLAGS or flags.FLAGS["config"].value is None:
+    return {}  # No --config (a reading mode): no overrides, and none recorded to ask for.
+  return dict(flags.FLAGS["config"].override_values)
 
 
 def fit_steps_per_call(config: ml_collections.ConfigDict, explicit: Collection[str],
@@ -112,11 +116,22 @@ def fit_steps_per_call(config: ml_collections.ConfigDict, explicit: Collection[s
       fitted, per_call)
 
 
+def model_overrides() -> dict[str, Any]:
+  """The --config.model.* flags of the command line, {"model.rope_scaling": "linear", ...}.
+
+  A mode that reads a run takes its model from config.json; these are the fields the
+  command changes on purpose (loaded.load_config refuses those that would not fit the
+  checkpoint, rather than ignoring them).
+  """
+  return {k: v for k, v in config_overrides().items() if k.startswith("model.")}
+
+
 def loading_flags(config: Any) -> dict[str, Any]:
   """The keyword arguments of `inference.loaded.load_run` that the flags give."""
   return dict(config=config, checkpoint_step=CHECKPOINT_STEP.value,
               average_last=AVERAGE_LAST.value,
-              decode_overrides={key: flag.value for key, flag in DECODE_FLAGS.items()})
+              decode_overrides={key: flag.value for key, flag in DECODE_FLAGS.items()},
+              model_overrides=model_overrides())
 
 
 def decode_utf8(raw: bytes, where: str) -> str:

@@ -4,6 +4,13 @@ The loss comes from the training loop's own eval step (training/trainer.py's Sco
 built for the loaded parameters alone: no optimizer); translations through
 inference/text.py. The result is printed and written as JSON (--output, default
 `<workdir>/eval_<split>_step<N>.json`).
+
+A long-context check: `--by_position=W` adds the loss, perplexity and accuracy of a
+decoder LM per bucket of W token positions (a table, the JSON's "by_position" and a
+PNG beside the JSON), at any evaluation length `--config.data.seq_len` the model's
+positions allow, with its RoPE scaling changed for the command if asked
+(`--config.model.rope_scaling=linear --config.model.rope_scaling_factor=4`; see
+inference/loaded.py for the model fields a reading mode may change).
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ from transformer.data import pipeline
 from transformer.data import sources
 from transformer.inference import loaded
 from transformer.inference import text
+from transformer.reports import long_context
+from transformer.training import metrics as metrics_lib
 from transformer.training import trainer as trainer_lib
 from transformer.workdir import files
 from transformer.workdir import layout
@@ -32,6 +41,10 @@ from transformer.workdir import layout
 SPLIT = flags.DEFINE_string("split", "", "evaluate: the split (default data.eval_split).")
 MAX_EXAMPLES = flags.DEFINE_integer(
     "max_examples", 0, "evaluate: score only the split's first N examples (0: all).")
+BY_POSITION = flags.DEFINE_integer(
+    "by_position", 0, "evaluate: also loss and perplexity by token position, in buckets "
+    "of this many positions (a decoder LM; 0: off): a table, the JSON's by_position and "
+    "a PNG beside the JSON.")
 STARTS_JAX = True
 # The flags of cli/common.py this mode reads (launch.py refuses the others it is given).
 SHARED_FLAGS = ("output", "overwrite", "seed", *common.LOADING_FLAGS)
@@ -40,7 +53,7 @@ SHARED_FLAGS = ("output", "overwrite", "seed", *common.LOADING_FLAGS)
 def main(config: ml_collections.ConfigDict | None, workdir: str) -> None:
   """launch.py --mode=evaluate."""
   evaluate(workdir, split=SPLIT.value, max_examples=MAX_EXAMPLES.value,
-           output=common.OUTPUT.value, overwrite=common.OVERWRITE.value,
+           by_position=BY_POSITION.value, output=common.OUTPUT.value, overwrite=common.OVERWRITE.value,
            seed=common.SEED.value, **common.loading_flags(config))
 
 
@@ -60,21 +73,38 @@ class _FirstExamples:
     return self._source[index]
 
 
-def result_path(workdir: str, split: str, steps: Sequence[int], max_examples: int = 0) -> str:
-  """`<workdir>/eval_<split>_step<step>[_avg<N>][_first<M>].json`."""
+def result_path(workdir: str, split: str, steps: Sequence[int], max_examples: int = 0,
+                variant: Mapping[str, Any] | None = None) -> str:
+  """`<workdir>/eval_<split>_step<step>[_avg<N>][_first<M>][_<key>-<value>...].json`.
+
+  `variant`: what this evaluation changes of the run, {"len": 1024, "rope_scaling":
+  "linear", ...}, so that evaluations of one checkpoint at several lengths or scalings
+  each keep a file of their own.
+  """
   name = f"eval_{split.replace('/', '_')}_step{steps[-1]}"
   if len(steps) > 1:
     name += f"_avg{len(steps)}"
   if max_examples > 0:
     name += f"_first{max_examples}"  # A quick look is never mistaken for the full split.
+  for key, value in (variant or {}).items():
+    name += f"_{key}-{value}"
   return os.path.join(workdir, name + ".json")
+
+
+def _variant(workdir: str, config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """What the evaluated setting changes of the run: a seq_len, model fields (result_path)."""
+  variant: dict[str, Any] = {}
+  if config.data.seq_len != loaded.load_config(workdir).data.seq_len:
+    variant["len"] = config.data.seq_len
+  return variant | loaded.changed_model_fields(workdir, config)
 
 
 def evaluate(workdir: str, *, config: ml_collections.ConfigDict | None = None,
              split: str = "", checkpoint_step: int | None = None, average_last: int = 0,
-             decode_overrides: Mapping[str, Any] | None = None, max_examples: int = 0,
-             output: str = "", overwrite: bool = False, seed: int | None = None,
-             stdout: TextIO | None = None) -> dict[str, Any]:
+             decode_overrides: Mapping[str, Any] | None = None,
+             model_overrides: Mapping[str, Any] | None = None, max_examples: int = 0,
+             by_position: int = 0, output: str = "", overwrite: bool = False,
+             seed: int | None = None, stdout: TextIO | None = None) -> dict[str, Any]:
   """Scores a checkpoint on a whole split; prints the result and writes it as JSON.
 
   Loss, perplexity and token accuracy with the training loop's own eval step over
@@ -84,9 +114,13 @@ def evaluate(workdir: str, *, config: ml_collections.ConfigDict | None = None,
 
   Args:
     workdir: the run's workdir.
-    config, checkpoint_step, average_last, decode_overrides, seed: as for `generate`.
+    config, checkpoint_step, average_last, decode_overrides, model_overrides, seed: as
+      for `generate`.
     split: the split to score; "" means data.eval_split.
     max_examples: > 0 scores only the split's first examples (a quick look).
+    by_position: > 0 (a decoder LM): also the metrics per bucket of this many token
+      positions (the model's position ids), in the record's "by_position" and a PNG
+      `<JSON path without .json>_by_position.png`.
     output: the JSON path; "" means `result_path` in the workdir.
     overwrite: allow replacing an existing result file.
     stdout: where the readable result goes (default sys.stdout).
@@ -96,12 +130,19 @@ def evaluate(workdir: str, *, config: ml_collections.ConfigDict | None = None,
     sacreBLEU signatures.
   """
   run = loaded.load_run(workdir, config=config, checkpoint_step=checkpoint_step,
-                 average_last=average_last, decode_overrides=decode_overrides)
+                        average_last=average_last, decode_overrides=decode_overrides,
+                        model_overrides=model_overrides)
   given_config, config = config, run.config
   given_split = bool(split)
   config.data.eval_split = split or config.data.eval_split
   split = config.data.eval_split
-  path = output or result_path(workdir, split, run.steps, max_examples)
+  objective = objective_lib.resolve(config.model)
+  if by_position < 0 or (by_position and not objective.generates):
+    raise ConfigError(f"--by_position={by_position}: expected a bucket width >= 1 (0: off) "
+                      "for a decoder LM" + ("" if by_position < 0 else
+                      f"; {workdir} holds a {objective.name} model"))
+  variant = _variant(workdir, config)
+  path = output or result_path(workdir, split, run.steps, max_examples, variant)
   common.check_output(path, overwrite, given=bool(output))
   config.train.eval_batches = -1  # The whole split.
   try:
@@ -114,7 +155,6 @@ def evaluate(workdir: str, *, config: ml_collections.ConfigDict | None = None,
     raise ConfigError(str(e).replace(named, f"--split={split!r}")) from None
   sources.check_features(config, builder)
   loaded.check_run_data(workdir, given_config, builder, "evaluate")
-  objective = objective_lib.resolve(config.model)
   source = catalog.data_source(builder, split)
   if max_examples > 0:
     source = _FirstExamples(source, max_examples)
@@ -125,10 +165,11 @@ def evaluate(workdir: str, *, config: ml_collections.ConfigDict | None = None,
                                   process_count=jax.process_count())
   # The eval step alone, for the loaded parameters' shardings; scorer.config is `config`,
   # whose train.eval_batches (-1 above) evaluate_split reads.
-  scorer = trainer_lib.Scorer.create(config, run.mesh, run.param_shardings)
+  scorer = trainer_lib.Scorer.create(config, run.mesh, run.param_shardings,
+                                     position_bucket=by_position)
   with scorer.context():
-    sums = trainer_lib.evaluate_split(scorer, run.params, dataset, local_batch_size)
-  metrics = {k.removeprefix("eval_"): v for k, v in sums.items()}
+    sums = trainer_lib.sum_split(scorer, run.params, dataset, local_batch_size)
+  metrics = metrics_lib.summarize(sums)
   if objective.classifies:  # One weight per example; perplexity means little.
     metrics["examples"] = metrics.pop("tokens")
     metrics.pop("perplexity", None)
@@ -138,6 +179,13 @@ def evaluate(workdir: str, *, config: ml_collections.ConfigDict | None = None,
       "checkpoint_steps": run.steps, "metrics": metrics}
   if max_examples > 0:
     record["max_examples"] = max_examples
+  if variant or by_position:
+    record["seq_len"] = config.data.seq_len
+  if variant:
+    record["changed"] = variant  # What this evaluation changes of the run (result_path).
+  if by_position:
+    record["by_position"] = {"bucket": by_position, "plot": position_plot_path(path),
+                             "rows": metrics_lib.by_position_rows(sums, by_position)}
   if objective.translates and sources.is_translation(config.data):
     texts, references = text.source_and_reference_texts(config.data, source)
     policy = text.LengthPolicy(config.decode.overlong, text.source_context(config),
@@ -163,8 +211,24 @@ def evaluate(workdir: str, *, config: ml_collections.ConfigDict | None = None,
   if jax.process_index() == 0:
     common.check_output(path, overwrite, given=bool(output))
     files.write_atomically(path, json.dumps(record, indent=2) + "\n")
+    if by_position:
+      long_context.write_position_plot(
+          record["by_position"]["rows"], record["by_position"]["plot"],
+          _plot_title(record, run), trained_len=loaded.load_config(workdir).data.seq_len)
     _print_result(record, run, path, stdout or sys.stdout)
   return record
+
+
+def position_plot_path(path: str) -> str:
+  """The PNG of --by_position beside the JSON at `path`: `<path without .json>_by_position.png`."""
+  return path.removesuffix(".json") + "_by_position.png"
+
+
+def _plot_title(record: dict[str, Any], run: loaded.LoadedRun) -> str:
+  changed = ", ".join(f"{k} {v}" for k, v in record.get("changed", {}).items())
+  return (f"{os.path.basename(os.path.normpath(record['workdir']))} step {run.step}, "
+          f"{record['split']} at {record['seq_len']} tokens" + (f" ({changed})" if changed
+                                                                  else ""))
 
 
 def _print_result(record: dict[str, Any], run: loaded.LoadedRun, path: str, out: TextIO) -> None:
@@ -183,6 +247,11 @@ def _print_result(record: dict[str, Any], run: loaded.LoadedRun, path: str, out:
     lines += [f"  {'BLEU':<11}{metrics['bleu']:<8.2f}{record['sacrebleu']['bleu_signature']}",
               f"  {'chrF':<11}{metrics['chrf']:<8.2f}{record['sacrebleu']['chrf_signature']}",
               f"  {record['sacrebleu']['bleu_detail']}", f"  decoding: {search}"]
+  if "by_position" in record:
+    lines.append(f"  by position (buckets of {record['by_position']['bucket']} positions, "
+                 f"at {record['seq_len']} tokens a row):")
+    lines += long_context.position_table(record["by_position"]["rows"])
+    lines.append(f"Wrote {record['by_position']['plot']}")
   lines.append(f"Wrote {path}")
   out.write("\n".join(lines) + "\n")
   out.flush()

@@ -45,7 +45,8 @@ def generate(workdir: str, prompts: Sequence[str] | None = None, *,
              input_path: str = "", output_path: str = "", overwrite: bool = False,
              config: ml_collections.ConfigDict | None = None,
              checkpoint_step: int | None = None, average_last: int = 0,
-             decode_overrides: Mapping[str, Any] | None = None, seed: int | None = None,
+             decode_overrides: Mapping[str, Any] | None = None,
+             model_overrides: Mapping[str, Any] | None = None, seed: int | None = None,
              stdin: TextIO | None = None, stdout: TextIO | None = None) -> list[str]:
   """Continues prompts with a decoder LM and prints each continuation.
 
@@ -62,7 +63,8 @@ def generate(workdir: str, prompts: Sequence[str] | None = None, *,
     output_path: where the continuations go (atomically, at the end); "" prints them.
       Never the input; an existing file only with `overwrite`.
     overwrite: allow replacing an existing output file.
-    config, checkpoint_step, average_last, decode_overrides: as for `inference.loaded.load_run`.
+    config, checkpoint_step, average_last, decode_overrides, model_overrides: as for
+      `inference.loaded.load_run`.
     seed: the sampling seed; None: the run's config.seed.
     stdin: where prompts are read when `prompts` is None (default sys.stdin).
     stdout: where continuations are printed, one after another, each followed by a
@@ -89,7 +91,8 @@ def generate(workdir: str, prompts: Sequence[str] | None = None, *,
     raise ConfigError("no prompt: give --prompt=TEXT, --input=FILE or lines on stdin")
   prompts = [common.check_text(p, name) for p, name in zip(prompts, names)]
   run = loaded.load_run(workdir, config=config, checkpoint_step=checkpoint_step,
-                        average_last=average_last, decode_overrides=decode_overrides)
+                        average_last=average_last, decode_overrides=decode_overrides,
+                        model_overrides=model_overrides)
   run.require("decoder", "lm", "generate", "Use --mode=translate for an encoder-decoder.")
   decode = run.config.decode
   policy = text.prompt_policy(run.config, decode.max_new_tokens, decode.overlong)

@@ -32,7 +32,8 @@ def main(config: ml_collections.ConfigDict | None, workdir: str) -> None:
 def translate(workdir: str, *, input_path: str = "", output_path: str = "",
               overwrite: bool = False, config: ml_collections.ConfigDict | None = None,
               checkpoint_step: int | None = None, average_last: int = 0,
-              decode_overrides: Mapping[str, Any] | None = None, seed: int | None = None,
+              decode_overrides: Mapping[str, Any] | None = None,
+              model_overrides: Mapping[str, Any] | None = None, seed: int | None = None,
               stdin: TextIO | None = None, stdout: TextIO | None = None) -> list[str]:
   """Translates one sentence per line with an encoder-decoder.
 
@@ -50,7 +51,8 @@ def translate(workdir: str, *, input_path: str = "", output_path: str = "",
     output_path: where translations go, one per line; "" prints them. Never the
       input; an existing file only with `overwrite`. Written at the end, atomically.
     overwrite: allow replacing an existing output file.
-    config, checkpoint_step, average_last, decode_overrides, seed: as for `generate`.
+    config, checkpoint_step, average_last, decode_overrides, model_overrides, seed: as
+      for `generate`.
     stdin, stdout: the streams for "" paths (default sys.stdin / sys.stdout).
 
   Returns:
@@ -65,7 +67,8 @@ def translate(workdir: str, *, input_path: str = "", output_path: str = "",
   # Read (and checked: UTF-8, naming a bad line and byte) before the model loads.
   lines = common.read_lines(input_path, stdin or sys.stdin)
   run = loaded.load_run(workdir, config=config, checkpoint_step=checkpoint_step,
-                 average_last=average_last, decode_overrides=decode_overrides)
+                 average_last=average_last, decode_overrides=decode_overrides,
+                 model_overrides=model_overrides)
   run.require("encoder_decoder", "lm", "translate",
            "Use --mode=generate for a decoder LM.")
   limit = text.source_context(run.config)

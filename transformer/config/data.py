@@ -11,7 +11,7 @@ import ml_collections
 from transformer.config.checks import check_choice, check_int, check_rate, is_number
 from transformer.config.errors import fail
 from transformer.config import objective as objective_lib
-from transformer.config.model import SPLASH_BLOCK
+from transformer.config.model import SPLASH_BLOCK, TABLE_POSITIONS
 
 TOKENIZERS = ("sentencepiece", "bytes", "char")
 SPM_MODEL_TYPES = ("unigram", "bpe")
@@ -71,7 +71,7 @@ def validate_data(config: ml_collections.ConfigDict) -> None:
     fail(d + "spm_vocab_size", 0, "with model.vocab_size=0 (take the tokenizer's size), "
           "SentencePiece needs its own size: set data.spm_vocab_size, e.g. 8000")
   # Position tables have max_len rows; a lookup past the end returns NaN, not an error.
-  if data.seq_len > model.max_len and model.position in ("learned", "sinusoidal"):
+  if data.seq_len > model.max_len and model.position in TABLE_POSITIONS:
     fail(d + "seq_len", data.seq_len,
           f"must be <= model.max_len={model.max_len} with {model.position} positions")
   if model.attention_impl == "splash" and data.seq_len % SPLASH_BLOCK:

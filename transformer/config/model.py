@@ -8,10 +8,11 @@ decode variants come from `dataclasses.replace` (Flax wmt style).
 
 The valid values of each choice key are the tuples below. REMAT_POLICIES is the
 implementing table itself (jax's policies: data, so it lives at the ground, and
-model/layers.py and planning/search.py read it); ARCHS, ACTIVATIONS and NORM_TYPES
-name code in model/ (architecture classes, activation functions, norm modules) that
-this ground module may not import, and tests/test_config_registries.py holds each
-equal to its table.
+model/layers.py and planning/search.py read it); ARCHS, ACTIVATIONS, POSITIONS, NORMS,
+NORM_TYPES, INITS and SINUSOIDAL_LAYOUTS name code in model/ (architecture classes,
+activation functions, position encodings, norm placements and modules, initialisation
+families, sinusoidal layouts) that this ground module may not import, and
+tests/test_config_registries.py holds each equal to its table.
 """
 
 from __future__ import annotations
@@ -34,20 +35,33 @@ from transformer.config.errors import fail
 # The valid values of each model.* choice key, each in the order its error lists them.
 # Tables in model/ the names must equal (tests/test_config_registries.py): ARCHS is
 # models.py's ARCHITECTURES (and OBJECTIVES' topologies), ACTIVATIONS mlp.py's
-# ACTIVATION_FNS, NORM_TYPES norms.py's NORM_TYPES. The others are branches of model/
-# code, tied by the modules' tests.
+# ACTIVATION_FNS, POSITIONS and SINUSOIDAL_LAYOUTS positions.py's tables of the same
+# names, NORMS norms.py's NORM_PLACEMENTS, NORM_TYPES norms.py's NORM_TYPES, INITS
+# initializers.py's INITS.
 ARCHS = ("decoder", "encoder", "encoder_decoder")
 HEADS = ("lm", "mlm", "classification")
 POOLINGS = ("cls", "mean", "last")
 # model.remat -> the policy nn.remat saves activations by; "none" does not rematerialise.
 # The table itself: model/layers.py and planning/search.py read it from here.
+# The residual stream between a block's sublayers, named (jax.ad_checkpoint.checkpoint_name)
+# in its sharded layout: the dot policies keep it rather than the attention projection's
+# output that rebuilds it, which tensor parallelism all-reduces to every chip (24 GiB a
+# chip on the 32B recipe of docs/scaling.md, 6 GiB as the stream's shard). No larger
+# without tensor parallelism: the same [B, L, E] either way.
+RESIDUAL_NAME = "residual_stream"
+_SAVE_RESIDUAL = jax.checkpoint_policies.save_only_these_names(RESIDUAL_NAME)
 REMAT_POLICIES: dict[str, Any] = {
     "none": None,
     "full": jax.checkpoint_policies.nothing_saveable,
-    "dots": jax.checkpoint_policies.checkpoint_dots,
-    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "dots": jax.checkpoint_policies.save_from_both_policies(
+        jax.checkpoint_policies.checkpoint_dots, _SAVE_RESIDUAL),
+    "dots_no_batch": jax.checkpoint_policies.save_from_both_policies(
+        jax.checkpoint_policies.dots_with_no_batch_dims_saveable, _SAVE_RESIDUAL),
 }
 POSITIONS = ("learned", "sinusoidal", "rope", "relative", "alibi", "none")
+# The positions read from a table of model.max_len rows (positions.py's entries with an
+# embedding_table): a longer sequence would read past it.
+TABLE_POSITIONS = ("learned", "sinusoidal")
 NORMS = ("pre", "post", "sandwich")
 NORM_TYPES = ("layernorm", "rmsnorm")
 INITS = ("gpt2", "bert", "xavier")
@@ -95,6 +109,7 @@ def validate_model(config: ml_collections.ConfigDict) -> None:
     fail(m + "never_predict", never, "expected a tuple of token ids in [0, model.vocab_size)")
   check_bool(config, m + "embed_norm")
   check_choice(config, m + "attention_impl", ATTENTION_IMPLS)
+  check_int(config, m + "attention_max_segments", 1)
   check_choice(config, m + "dtype", DTYPES)
   check_choice(config, m + "param_dtype", DTYPES[1:])
   for key in ("embed_dropout", "residual_dropout", "attention_dropout", "mlp_dropout"):
@@ -167,7 +182,9 @@ def resolve_dtype(name: str) -> jnp.dtype:
 # loss (training/), so a change to them does not make a new model (nor a new jit key).
 NOT_MODEL_FIELDS = ("moe_aux_loss", "moe_z_loss")
 # Fields whose type after `from_config` is not the key's: names resolved to dtypes.
-_RESOLVED_TYPES = {"dtype": Any, "param_dtype": Any, "never_predict": tuple[int, ...]}
+_RESOLVED_TYPES = {"dtype": Any, "param_dtype": Any, "never_predict": tuple[int, ...],
+                   "rope_short_factor": tuple[float, ...],
+                   "rope_long_factor": tuple[float, ...]}
 
 
 class _ModelConfigMethods:
@@ -185,6 +202,8 @@ class _ModelConfigMethods:
     values["head_dim"] = model.head_dim or model.d_model // model.num_heads
     values["num_decoder_layers"] = model.num_decoder_layers or model.num_layers
     values["never_predict"] = tuple(model.never_predict)
+    for key in ("rope_short_factor", "rope_long_factor"):  # Hashable, for jit.
+      values[key] = tuple(float(f) for f in model[key])
     values["moe_mlp_dim"] = model.moe_mlp_dim or model.mlp_dim
     values["rope_local_max_wavelength"] = (model.rope_local_max_wavelength
                                            or model.rope_max_wavelength)

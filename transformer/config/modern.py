@@ -13,7 +13,9 @@ from transformer.config.checks import check_bool, check_choice, is_int, is_numbe
 from transformer.config.errors import fail
 
 # model.rope_scaling; model/positions.py implements each (tests/test_config_registries.py).
-ROPE_SCALINGS = ("none", "linear", "llama3")
+ROPE_SCALINGS = ("none", "linear", "llama3", "yarn", "dynamic", "longrope")
+# The scalings that read model.rope_original_max_len.
+_ORIGINAL_LEN_SCALINGS = ("llama3", "yarn", "dynamic", "longrope")
 
 
 def validate_modern_axes(config: ml_collections.ConfigDict) -> None:
@@ -69,25 +71,28 @@ def validate_modern_axes(config: ml_collections.ConfigDict) -> None:
   factor = model.rope_scaling_factor
   if not is_number(factor) or not factor > 0:
     fail(m + "rope_scaling_factor", factor, "expected a float > 0")
-  if model.rope_scaling == "none" and factor != 1.0:
-    fail(m + "rope_scaling_factor", factor, "only applies with model.rope_scaling='linear' "
-          "or 'llama3'; leave it at 1.0 with 'none'")
-  if model.rope_scaling != "none" and window and "g" not in pattern:
-    fail(m + "rope_scaling", model.rope_scaling, "long-context scaling applies to global "
+  scaling = model.rope_scaling
+  if scaling == "none" and factor != 1.0:
+    fail(m + "rope_scaling_factor", factor, "only applies with a model.rope_scaling other "
+          "than 'none'; leave it at 1.0 with 'none'")
+  if scaling != "none" and window and "g" not in pattern:
+    fail(m + "rope_scaling", scaling, "long-context scaling applies to global "
           f"layers only (Gemma 3), and model.window_pattern={pattern!r} has none")
-  if model.rope_scaling != "none" and model.position != "rope":
-    fail(m + "rope_scaling", model.rope_scaling, "scales rotary positions: needs "
+  if scaling != "none" and model.position != "rope":
+    fail(m + "rope_scaling", scaling, "scales rotary positions: needs "
           f"model.position='rope' (got {model.position!r})")
-  if model.rope_scaling == "llama3":
+  if scaling == "llama3":
     low, high = model.rope_low_freq_factor, model.rope_high_freq_factor
     if not (is_number(low) and low > 0):
       fail(m + "rope_low_freq_factor", low, "expected a float > 0")
     if not (is_number(high) and high > low):
       fail(m + "rope_high_freq_factor", high,
             f"expected a float > model.rope_low_freq_factor={low}")
+  if scaling in _ORIGINAL_LEN_SCALINGS:
     original = model.rope_original_max_len
-    if not is_int(original) or original < 1:
-      fail(m + "rope_original_max_len", original, "expected an integer >= 1")
+    if not is_int(original) or original < 1 or (scaling == "longrope" and original < 2):
+      fail(m + "rope_original_max_len", original, "expected an integer >= 1 (>= 2 with "
+            "'longrope', whose attention factor divides by its log)")
   fraction = model.rope_fraction
   head_dim = model.head_dim or model.d_model // model.num_heads
   if not is_number(fraction) or not 0 < fraction <= 1:
@@ -99,4 +104,40 @@ def validate_modern_axes(config: ml_collections.ConfigDict) -> None:
   if model.position == "rope" and (rotary != int(rotary) or int(rotary) % 2 or not rotary):
     fail(m + "rope_fraction", fraction, f"head_dim={head_dim} x rope_fraction must be an "
           "even number of features to rotate in pairs")
+  _validate_yarn_and_longrope(config)
 
+
+def _validate_yarn_and_longrope(config: ml_collections.ConfigDict) -> None:
+  """YaRN's ramp, LongRoPE's factor lists and their attention factor."""
+  m, model = "model.", config.model
+  scaling = model.rope_scaling
+  check_bool(config, m + "rope_yarn_truncate")
+  fast, slow = model.rope_yarn_beta_fast, model.rope_yarn_beta_slow
+  if not (is_number(slow) and slow > 0):
+    fail(m + "rope_yarn_beta_slow", slow, "expected a float > 0 (rotations)")
+  if not (is_number(fast) and fast >= slow):
+    fail(m + "rope_yarn_beta_fast", fast,
+          f"expected a float >= model.rope_yarn_beta_slow={slow}")
+  attention = model.rope_attention_factor
+  if not (is_number(attention) and attention >= 0):
+    fail(m + "rope_attention_factor", attention, "expected a float > 0, or 0 for derived")
+  if attention and scaling not in ("yarn", "longrope"):
+    fail(m + "rope_attention_factor", attention, "only 'yarn' and 'longrope' scale the "
+          f"attention; leave it at 0 with model.rope_scaling={scaling!r}")
+  head_dim = model.head_dim or model.d_model // model.num_heads
+  pairs = round(head_dim * model.rope_fraction) // 2
+  if scaling == "dynamic" and pairs < 2:
+    fail(m + "rope_scaling", scaling, "dynamic NTK raises the base to d / (d - 2), d the "
+          f"rotated features: needs at least 4 (head_dim={head_dim} x rope_fraction="
+          f"{model.rope_fraction})")
+  for key in ("rope_short_factor", "rope_long_factor"):
+    value = model[key]
+    if scaling != "longrope":
+      if len(value):
+        fail(m + key, value, f"only 'longrope' reads it; leave it () with "
+              f"model.rope_scaling={scaling!r}")
+      continue
+    if (not isinstance(value, (tuple, list)) or len(value) != pairs or
+        not all(is_number(f) and f > 0 for f in value)):
+      fail(m + key, value, f"expected {pairs} floats > 0, one per rotated pair "
+            f"(head_dim={head_dim} x rope_fraction={model.rope_fraction} / 2)")

@@ -58,6 +58,7 @@ def validate_train(config: ml_collections.ConfigDict) -> None:
   t = "train."
   check_int(config, t + "num_steps", 1)
   check_int(config, t + "microbatches", 1)
+  check_int(config, t + "logits_chunk", 0)
   check_int(config, t + "log_every", 1)
   check_int(config, t + "eval_every", 1)
   if config.train.eval_batches != -1:

@@ -18,7 +18,11 @@ them around a model; each compiles once per (batch size, prompt or source length
 Batches of different lengths are right-padded with PAD_ID (0). Every row keeps its own
 positions (its first token at 0), so its cache slots, position encodings and outputs
 are exactly those it gets when decoded alone; rows simply write different slots at the
-same step. Output rows hold the generated tokens, the first eos included, then PAD.
+same step. (Not quite with model.rope_scaling "dynamic" or "longrope", whose rotation
+depends on the length: the prefill's is the padded width, the batch's as in
+transformers; see positions.rope_lengths.) Output rows hold the generated tokens, the
+first eos included, then PAD. Past model.max_len only learned and sinusoidal positions
+stop; the others decode on with a longer cache and one warning (`generate`).
 """
 
 from __future__ import annotations
@@ -30,10 +34,12 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import logging
 from flax import linen as nn
 
 from transformer.config.model import ModelConfig
 from transformer.data import tokenizers
+from transformer.model import positions as positions_lib
 from transformer.model.models import make_model
 
 # (tokens_B fed at step i, cache, i) -> (float logits_BV of token i + 1, updated cache).
@@ -382,6 +388,25 @@ def _generate(config: ModelConfig, params, prompts_BP: jax.Array, lengths_B: jax
                  top_p=top_p, rng=rng)
 
 
+# (max_len, position, rope_scaling) of the models already warned about in this process.
+_WARNED_PAST_MAX_LEN: set[tuple[int, str, str]] = set()
+
+
+def _warn_past_max_len(config: ModelConfig, used: int) -> None:
+  """One log line per model kind and process: decoding past model.max_len (an import's
+  max_position_embeddings) runs on positions the model never saw in training."""
+  key = (config.max_len, config.position, config.rope_scaling)
+  if key in _WARNED_PAST_MAX_LEN:
+    return
+  _WARNED_PAST_MAX_LEN.add(key)
+  scaling = (f", model.rope_scaling={config.rope_scaling!r}"
+             if positions_lib.POSITIONS[config.position].rotary else "")
+  logging.warning("Decoding to %d positions, past model.max_len=%d (an imported model's "
+                  "max_position_embeddings): positions from %d on are extrapolated "
+                  "(model.position=%r%s); the cache grows to %d slots", used,
+                  config.max_len, config.max_len, config.position, scaling, used)
+
+
 def generate(config: ModelConfig, params, prompts_BP: jax.Array, num_steps: int, *,
              beam_size: int | None = None, alpha: float = 0.6, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0,
@@ -408,9 +433,13 @@ def generate(config: ModelConfig, params, prompts_BP: jax.Array, num_steps: int,
   Returns:
     [B, num_steps] generated ids, through each row's first eos, then PAD (0).
 
+  Past model.max_len (an import's max_position_embeddings) only learned and
+  sinusoidal positions stop: the others decode on, with a cache as long as needed, and
+  a warning, once per process, that those positions are extrapolated.
+
   Raises:
     ValueError: on a wrong topology, an empty or left-padded prompt, prompts that do
-      not fit model.max_len, or inconsistent search options.
+      not fit model.max_len's position table, or inconsistent search options.
   """
   if config.arch != "decoder" or config.head != "lm":
     raise ValueError(f"generate needs a decoder LM, got arch={config.arch!r}, "
@@ -425,9 +454,13 @@ def generate(config: ModelConfig, params, prompts_BP: jax.Array, num_steps: int,
   # Token t of a row sits at position t; the last generated token is never fed back.
   used = width + num_steps - 1
   if used > config.max_len:
-    raise ValueError(f"decoding needs {used} positions but model.max_len={config.max_len} "
-                     f"(prompt width {width} + num_steps {num_steps} - 1); shorten the "
-                     "prompt or num_steps, or raise model.max_len")
+    if positions_lib.POSITIONS[config.position].embedding_table is not None:
+      raise ValueError(f"decoding needs {used} positions but model.max_len={config.max_len} "
+                       f"(prompt width {width} + num_steps {num_steps} - 1) with "
+                       f"{config.position} positions, whose table ends there; shorten the "
+                       "prompt or num_steps, or raise model.max_len")
+    _warn_past_max_len(config, used)
+    config = dataclasses.replace(config, max_len=used)  # A cache of `used` slots.
   lengths_B = _right_padded_lengths(np.asarray(prompts_BP) != tokenizers.PAD_ID, "prompt")
   return _generate(config, params, jnp.asarray(prompts_BP, jnp.int32), jnp.asarray(lengths_B),
                    rng, num_steps=num_steps, beam_size=beam_size, alpha=alpha,
@@ -509,7 +542,8 @@ def generate_seq2seq(config: ModelConfig, params, inputs_BS: jax.Array,
   width = inputs_BS.shape[1]
   # A position past the table is not clamped: the lookup returns NaN, the encoder rows
   # turn to NaN and the output to padding, without an error.
-  if width > config.max_len and config.position in ("learned", "sinusoidal"):
+  table = positions_lib.POSITIONS[config.position].embedding_table
+  if width > config.max_len and table is not None:
     raise ValueError(f"sources have {width} positions (longest source {lengths_B.max()} "
                      f"tokens) but model.max_len={config.max_len} with {config.position} "
                      "positions; shorten or split the sources, trim their padding, or "

@@ -10,7 +10,11 @@ What comes from where:
     one asked for, or the mean of the newest N (`average_last`, the paper's averaging);
   - an optional config (launch.py --config): its data.* (another dataset or split,
     batch size, seq_len; not the tokenizer fields) and decode.* replace the run's;
-  - `decode_overrides` (launch.py's --beam_size, ...): single decode.* fields, over either.
+  - `decode_overrides` (launch.py's --beam_size, ...): single decode.* fields, over either;
+  - `model_overrides` (the --config.model.* flags given on the command line): only the
+    fields that move no parameter (INFERENCE_MODEL_KEYS: RoPE's scaling and base, the
+    attention kernel, max_len without a learned table), so the checkpoint still fits:
+    a model trained at 256 tokens evaluated at 1024 with --config.model.rope_scaling=linear.
 
 Loading builds only the model's parameter shardings (no optimizer, no training state),
 so the inference modes (cli/generate.py, translate.py, evaluate.py, average.py) and the
@@ -51,6 +55,18 @@ from transformer.workdir import layout
 
 # data.* fields that make the tokenizer; a run's own vocabulary always wins over them.
 TOKENIZER_FIELDS = ("tokenizer", "spm_vocab_size", "spm_model_type", "spm_train_sentences")
+# model.* fields a mode that reads a run may change (--config.model.X on its command line):
+# none of them moves or reshapes a parameter. Every RoPE field (how positions turn:
+# long-context scaling such as "linear", the base), the attention kernel (the same
+# function), and max_len, the positions a model without a learned table may take (a
+# learned table has max_len rows in the checkpoint: refused in `_apply_model_overrides`).
+INFERENCE_MODEL_PREFIXES = ("model.rope_",)
+INFERENCE_MODEL_KEYS = ("model.max_len", "model.attention_impl")
+
+
+def is_inference_model_key(key: str) -> bool:
+  """Whether `key` ("model.rope_scaling") is a model field a reading mode may change."""
+  return key in INFERENCE_MODEL_KEYS or key.startswith(INFERENCE_MODEL_PREFIXES)
 
 
 # ---------------------------------------------------------------- a run from its workdir
@@ -63,8 +79,8 @@ def _as_tuples(value: Any, like: Any) -> Any:
   return value
 
 
-def load_config(workdir: str,
-                config: ml_collections.ConfigDict | None = None) -> ml_collections.ConfigDict:
+def load_config(workdir: str, config: ml_collections.ConfigDict | None = None,
+                model_overrides: Mapping[str, Any] | None = None) -> ml_collections.ConfigDict:
   """The run's config from `<workdir>/config.json`, with `config`'s data.* and decode.*.
 
   Keys config.json lacks (a run older than a key) take configs/base.py's default.
@@ -73,12 +89,15 @@ def load_config(workdir: str,
     workdir: a run's workdir.
     config: optional: its data.* (except the tokenizer fields) and decode.* replace
       the run's.
+    model_overrides: optional {"model.key": value}, the --config.model.* flags given on
+      the command line: those that differ from the run's must be INFERENCE_MODEL_KEYS.
 
   Returns:
     A validated, locked ConfigDict.
 
   Raises:
-    ConfigError: no config.json, a key configs/base.py does not declare, an invalid value.
+    ConfigError: no config.json, a key configs/base.py does not declare, an invalid value,
+      a model override that would not fit the checkpoint.
   """
   path = os.path.join(workdir, layout.CONFIG)
   if not os.path.isfile(path):
@@ -123,8 +142,46 @@ def load_config(workdir: str,
   if not result.model.vocab_size:
     raise ConfigError(f"{path} has model.vocab_size=0; train_and_evaluate writes it "
                       "resolved, so this file was not written by a training run")
+  _apply_model_overrides(result, model_overrides or {}, path)
   validate(result)  # decode.* included.
   return result
+
+
+def _apply_model_overrides(config: ml_collections.ConfigDict, overrides: Mapping[str, Any],
+                           path: str) -> None:
+  """Sets the model.* overrides that differ from the run's; refuses those that cannot apply."""
+  for key, value in sorted(overrides.items()):
+    field = key.removeprefix("model.")
+    if not key.startswith("model.") or field not in config.model:
+      raise ConfigError(f"--config.{key}: not a model.* field of configs/base.py")
+    stored = config.model[field]
+    if value == stored:
+      continue  # The training command's own flags, repeated: nothing changes.
+    if not is_inference_model_key(key):
+      raise ConfigError(
+          f"--config.{key}={value!r}: the run's model has {field}={stored!r} ({path}) and "
+          "its parameters fit only that; a reading mode may change only the fields that "
+          "move no parameter: " + ", ".join(INFERENCE_MODEL_KEYS)
+          + ", and " + ", ".join(p + "*" for p in INFERENCE_MODEL_PREFIXES))
+    if field == "max_len" and config.model.position == "learned":
+      raise ConfigError(
+          f"--config.model.max_len={value!r}: the run's learned position table has "
+          f"model.max_len={stored} rows and learned positions cannot extrapolate past "
+          "them; evaluate at data.seq_len <= that, or use a model with rope / alibi / "
+          "relative / none positions")
+    logging.info("model.%s=%r for this command (the run trained with %r)", field, value, stored)
+    config.model[field] = value
+
+
+def changed_model_fields(workdir: str, config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """{field: value} of `config.model` that differ from the run's config.json (its overrides).
+
+  What a result file names, so that evaluations of one checkpoint with several
+  settings (rope_scaling 'none' and 'linear') each keep a file of their own.
+  """
+  stored = load_config(workdir).model
+  return {field: config.model[field] for field in sorted(config.model)
+          if config.model[field] != stored[field]}
 
 
 def check_run_data(workdir: str, config: ml_collections.ConfigDict | None,
@@ -337,7 +394,8 @@ class LoadedRun:
 
 def load_run(workdir: str, *, config: ml_collections.ConfigDict | None = None,
              checkpoint_step: int | None = None, average_last: int = 0,
-             decode_overrides: Mapping[str, Any] | None = None) -> LoadedRun:
+             decode_overrides: Mapping[str, Any] | None = None,
+             model_overrides: Mapping[str, Any] | None = None) -> LoadedRun:
   """Reads a run's config, tokenizer and parameters (see the module docstring for which from where).
 
   Args:
@@ -347,6 +405,7 @@ def load_run(workdir: str, *, config: ml_collections.ConfigDict | None = None,
     average_last: N > 1: the mean of the newest N checkpoints (up to checkpoint_step).
     decode_overrides: decode.* fields to set (launch.py's --beam_size, ...); None
       values are ignored.
+    model_overrides: {"model.key": value} from --config.model.* flags (load_config).
 
   Returns:
     The LoadedRun, its parameters in the model's shardings.
@@ -355,7 +414,7 @@ def load_run(workdir: str, *, config: ml_collections.ConfigDict | None = None,
     ConfigError: a missing config.json, tokenizer or checkpoint, an unknown step,
       too few checkpoints to average, or a checkpoint that does not fit the model.
   """
-  config = load_config(workdir, config)
+  config = load_config(workdir, config, model_overrides)
   overrides = {k: v for k, v in (decode_overrides or {}).items() if v is not None}
   if (overrides.get("temperature", 0) > 0 and overrides.get("beam_size", 1) > 1):
     raise ConfigError(f"--beam_size={overrides['beam_size']} with --temperature="

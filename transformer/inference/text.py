@@ -143,8 +143,8 @@ def _until_eos(row: np.ndarray) -> np.ndarray:
 class DecodeProgress:
   """'translate: 640/3003 sentences (21.3 sentences/s)' lines every `every` seconds."""
 
-  def __init__(self, total: int, what: str, every: float = 10.0):
-    self.total, self.what, self.every = total, what, every
+  def __init__(self, total: int, what: str, every: float = 10.0, unit: str = "sentences"):
+    self.total, self.what, self.every, self.unit = total, what, every, unit
     self.done = 0
     self._start = self._last = time.perf_counter()
 
@@ -155,8 +155,8 @@ class DecodeProgress:
     if now - self._last >= self.every or self.done == self.total:
       self._last = now
       rate = self.done / max(now - self._start, 1e-9)
-      logging.info("%s: %d/%d sentences (%.1f sentences/s)", self.what, self.done,
-                   self.total, rate)
+      logging.info("%s: %d/%d %s (%.1f %s/s)", self.what, self.done, self.total,
+                   self.unit, rate, self.unit)
 
 
 def _decode_batches(run: Callable[[np.ndarray, np.ndarray, int], jax.Array],

@@ -1,16 +1,19 @@
 """The model: pure flax.linen modules, every architectural choice a ModelConfig field.
 
-  initializers.py  the initialisation families (gpt2, bert, xavier)
+  initializers.py  the initialisation families (gpt2, bert, xavier): INITS
   attention.py     MultiHeadAttention: projections, RoPE, norms, the KV cache
   attention_ops.py the kernels (einsum, xla, cuDNN, Pallas splash, auto) and the masks
                    each wants; make_attention_mask, the einsum reference
   dropout.py       flax's Dropout with hardware random bits off the CPU
-  positions.py     RoPE (scaled, partial), T5 relative bias, ALiBi
-  norms.py         LayerNorm / RMSNorm / Gemma's (1 + scale) RMSNorm, one make_norm
+  positions.py     RoPE (scaled, partial), T5 relative bias, ALiBi, the sinusoidal table;
+                   POSITIONS, what each model.position value does
+  norms.py         LayerNorm / RMSNorm / Gemma's (1 + scale) RMSNorm, one make_norm;
+                   NORM_PLACEMENTS, where a block puts them (pre, post, sandwich)
   mlp.py           the dense MLP and the activation table
   moe.py           mixture of experts: router, dropless / capacity dispatch, aux losses
   layers.py        StackInputs (what every block of a stack reads), the shared Block
-                   (dense or MoE MLP), sinusoidal table, scan/remat stacks
+                   (dense or MoE MLP), scan/remat stacks
+  lm_head.py       LogitsHead: hidden states -> float32 logits, the one projection
   models.py        Decoder, Encoder, EncoderDecoder, heads, the ARCHITECTURES registry
   objectives.py    an Objective's batch fields into model.apply, logits and targets out
 

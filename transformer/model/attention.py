@@ -83,6 +83,7 @@ class MultiHeadAttention(nn.Module):
                bias_BHLS: jax.Array | None = None,
                rope_positions: tuple[jax.Array, jax.Array] | None = None,
                rope_timescale_R: jax.Array | None = None,
+               rope_attention_factor: float | jax.Array = 1.0,
                positions_BL: jax.Array | None = None,
                segments: attention_ops.Segments | None = None, causal: bool = False,
                local: bool | jax.Array = False) -> jax.Array:
@@ -97,6 +98,8 @@ class MultiHeadAttention(nn.Module):
       rope_positions: (query positions [B, L], key positions [B, S]) to rotate q and k.
       rope_timescale_R: RoPE's timescales (positions.rope_timescales); None: the
         unscaled ones of rope_max_wavelength over the whole head dim.
+      rope_attention_factor: multiplies the rotated q and k features (YaRN's and
+        LongRoPE's temperature, positions.rope_attention_factor).
       positions_BL: the queries' positions: the cache slots a "self" cache writes.
       segments: the queries' and keys' segment ids, for the fused kernels (which take
         the mask as the kernel wants it, not as `mask_B1LS`); None when decoding.
@@ -121,7 +124,8 @@ class MultiHeadAttention(nn.Module):
       q_BLHD = norms.make_norm(cfg, "query_norm", axis_name="head_dim")(q_BLHD).astype(
           cfg.dtype)
     rope = functools.partial(positions.apply_rope, max_wavelength=cfg.rope_max_wavelength,
-                             timescale_R=rope_timescale_R)
+                             timescale_R=rope_timescale_R,
+                             attention_factor=rope_attention_factor)
     if rope_positions is not None:
       q_BLHD = rope(q_BLHD, rope_positions[0])
 
@@ -170,7 +174,8 @@ class MultiHeadAttention(nn.Module):
         attention_ops.dot_product_attention, q_BLHD, k_BSKD, v_BSKD, impl=cfg.attention_impl,
         mask_B1LS=mask_B1LS, segments=segments, bias_BHLS=bias_BHLS,
         dropout_rate=cfg.attention_dropout if use_dropout else 0.0,
-        dropout_rng=self.make_rng("dropout") if use_dropout else None)
+        dropout_rng=self.make_rng("dropout") if use_dropout else None,
+        max_segments=cfg.attention_max_segments)
     if not cfg.sliding_window or local is False:
       return call(kind=kind)
     local_kind = dataclasses.replace(kind, window=cfg.sliding_window)

@@ -44,8 +44,9 @@ from absl import logging
 from flax import linen as nn
 
 from transformer import accelerator
-from transformer.config.errors import ConfigError
+from transformer.config.errors import ConfigError, DataError
 from transformer.model import context
+from transformer.model import positions
 
 IMPLEMENTATIONS = ("auto", "xla", "einsum", "cudnn", "splash")
 # The fused kernels' limits (cuDNN 9 flash attention; splash's block tiling).
@@ -195,7 +196,7 @@ def choose_kernel(impl: str, kind: LayerKind, *, platform: str, dtype, head_dim:
 
 def layer_kinds(config) -> list[LayerKind]:
   """The attention calls a ModelConfig's model makes in training and evaluation."""
-  has_bias = config.position in ("relative", "alibi")
+  has_bias = positions.POSITIONS[config.position].self_attention_bias is not None
   common = dict(has_bias=has_bias, softcap=config.attention_softcap,
                 dropout=config.attention_dropout > 0)
   causal = {"decoder": (True,), "encoder": (False,), "encoder_decoder": (False, True)}
@@ -294,40 +295,46 @@ def einsum_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array,
   return out_BLKGD.reshape(B, L, H, D)
 
 
-def segment_lengths_and_offsets(segment_ids_BL: jax.Array) -> tuple[jax.Array, jax.Array]:
+def segment_lengths_and_offsets(segment_ids_BL: jax.Array, max_segments: int
+                                ) -> tuple[jax.Array, jax.Array]:
   """cuDNN's packed layout from segment ids: per row, each segment's length [B, M] and
-  start [B, M + 1], -1 past the row's last segment; M = L, so no row can overflow.
+  start [B, M + 1], -1 past the row's last segment; M = min(max_segments, L).
 
   Segments are the runs of equal non-zero ids (packing writes each document as one
-  run); padding (0) belongs to no segment.
+  run); padding (0) belongs to no segment. M sizes the kernel's softmax statistics,
+  float32 [B * M, H, L] kept per layer for the backward pass: M = L would make them as
+  large as the scores flash attention exists to avoid (1.5 GiB a layer for gpt_small at
+  32 x 1024). Rows with more segments are refused on the host (check_packed_rows).
   """
   B, L = segment_ids_BL.shape
+  M = min(max_segments, L)
   real_BL = segment_ids_BL != 0
   previous_BL = jnp.pad(segment_ids_BL, ((0, 0), (1, 0)))[:, :-1]
   starts_BL = real_BL & (segment_ids_BL != previous_BL)
   # The k-th start of a row goes to slot k; the other slots stay -1.
-  slot_BL = jnp.where(starts_BL, jnp.cumsum(starts_BL, axis=1) - 1, L + 1)  # L + 1: dropped.
+  slot_BL = jnp.where(starts_BL, jnp.cumsum(starts_BL, axis=1) - 1, M + 1)  # M + 1: dropped.
   index_BL = jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L))
   rows_BL = jnp.broadcast_to(jnp.arange(B)[:, None], (B, L))
-  offsets_BM = jnp.full((B, L + 1), -1, jnp.int32).at[rows_BL, slot_BL].set(
+  offsets_BM = jnp.full((B, M + 1), -1, jnp.int32).at[rows_BL, slot_BL].set(
       index_BL, mode="drop")
   # A segment's length: its real tokens (a run's ids are equal; later ids start later).
-  lengths_BM = jnp.zeros((B, L + 1), jnp.int32).at[
-      rows_BL, jnp.where(real_BL, jnp.cumsum(starts_BL, axis=1) - 1, L)].add(
-          1, mode="drop")[:, :L]
-  lengths_BM = jnp.where(offsets_BM[:, :L] >= 0, lengths_BM, -1)
+  lengths_BM = jnp.zeros((B, M + 1), jnp.int32).at[
+      rows_BL, jnp.where(real_BL, jnp.cumsum(starts_BL, axis=1) - 1, M)].add(
+          1, mode="drop")[:, :M]
+  lengths_BM = jnp.where(offsets_BM[:, :M] >= 0, lengths_BM, -1)
   return lengths_BM, offsets_BM
 
 
 def cudnn_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array,
-                    segments: Segments, *, causal: bool, window: int) -> jax.Array:
+                    segments: Segments, *, causal: bool, window: int,
+                    max_segments: int) -> jax.Array:
   """cuDNN flash attention with the mask as the kernel's own: causal as its mask type,
   padding and packed documents as per-segment lengths and offsets, the window as its
   sliding window. No dense [B, 1, L, S] array exists, so no bias gradient either."""
   # pylint: disable-next=g-import-not-at-top
   from jax._src.cudnn import fused_attention_stablehlo as cudnn
-  q_lengths, q_offsets = segment_lengths_and_offsets(segments.q_BL)
-  kv_lengths, kv_offsets = segment_lengths_and_offsets(segments.kv_BS)
+  q_lengths, q_offsets = segment_lengths_and_offsets(segments.q_BL, max_segments)
+  kv_lengths, kv_offsets = segment_lengths_and_offsets(segments.kv_BS, max_segments)
   mask_type = cudnn.MaskType.PADDING_CAUSAL if causal else cudnn.MaskType.PADDING
   return cudnn.dot_product_attention(
       q_BLHD, k_BSKD, v_BSKD, q_seqlen=q_lengths, kv_seqlen=kv_lengths,
@@ -531,10 +538,13 @@ def dot_product_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Arra
                           impl: str, kind: LayerKind, mask_B1LS: jax.Array | None,
                           segments: Segments | None, bias_BHLS: jax.Array | None = None,
                           dropout_rate: float = 0.0,
-                          dropout_rng: jax.Array | None = None) -> jax.Array:
+                          dropout_rng: jax.Array | None = None,
+                          max_segments: int = 1) -> jax.Array:
   """softmax(Q K^T / sqrt(D) + bias) V over what the mask allows, by the kernel that
   `choose_kernel` picks for `impl` on the current mesh's platform; with the length
-  sharded over a context axis, per shard (`context_attention`)."""
+  sharded over a context axis, per shard (`context_attention`, `context_splash_attention`).
+  `max_segments`: model.attention_max_segments, the packed documents a row may hold
+  (cuDNN's layout)."""
   platform = accelerator.platform_of_mesh()
   shards = 1 if kind.decoding else context.size()
   kernel = choose_kernel(impl, kind, platform=platform, dtype=q_BLHD.dtype,
@@ -552,7 +562,7 @@ def dot_product_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Arra
     raise ValueError(f"the {kernel} attention needs the segment ids of its queries and keys")
   if kernel == "cudnn":
     return cudnn_attention(q_BLHD, k_BSKD, v_BSKD, segments, causal=kind.causal,
-                           window=kind.window)
+                           window=kind.window, max_segments=max_segments)
   if kernel == "splash":
     return splash_attention(q_BLHD, k_BSKD, v_BSKD, segments, causal=kind.causal,
                             window=kind.window, softcap=kind.softcap,
@@ -565,3 +575,34 @@ def dot_product_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Arra
     bias_BHLS = bias_BHLS.astype(q_BLHD.dtype)
   return jax.nn.dot_product_attention(q_BLHD, k_BSKD, v_BSKD, bias=bias_BHLS,
                                       mask=mask_B1LS, implementation="xla")
+
+
+def packed_rows_limit(config, platform: str) -> int | None:
+  """model.attention_max_segments when a training or evaluation attention of `config`'s
+  model runs cuDNN's packed layout on `platform`, else None (no limit on packing)."""
+  for kind in layer_kinds(config):
+    kernel = choose_kernel(config.attention_impl, kind, platform=platform, dtype=config.dtype,
+                           head_dim=config.head_dim, q_len=None, kv_len=None)
+    if kernel == "cudnn":
+      return config.attention_max_segments
+  return None
+
+
+def check_packed_rows(batch: dict, limit: int | None) -> None:
+  """Refuses a host batch with a row of more than `limit` packed documents (cuDNN's
+  packed layout was compiled for at most that many; more would be attended wrongly)."""
+  if limit is None:
+    return
+  for key, ids in batch.items():
+    if not key.endswith("segment_ids"):
+      continue
+    ids = np.asarray(ids)
+    previous = np.concatenate([np.zeros_like(ids[..., :1]), ids[..., :-1]], axis=-1)
+    most = int(((ids != 0) & (ids != previous)).sum(axis=-1).max(initial=0))
+    if most > limit:
+      raise DataError(
+          f"a batch row holds {most} packed documents ({key}), more than "
+          f"config.model.attention_max_segments={limit}, the most cuDNN's packed attention "
+          f"layout was compiled for: raise it to at least {most} (its softmax statistics "
+          f"take B x that x heads x length float32 per layer) or set "
+          f"model.attention_impl='xla'")

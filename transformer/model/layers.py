@@ -5,42 +5,27 @@ Shape letters as in the package legend (transformer/model/__init__.py).
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import linen as nn
 from flax import struct
+from jax.ad_checkpoint import checkpoint_name
 
-from transformer.config.model import REMAT_POLICIES, ModelConfig
+from transformer.config.model import REMAT_POLICIES, RESIDUAL_NAME, ModelConfig
 from transformer.model import attention_ops
 from transformer.model import positions as positions_lib
 from transformer.model.dropout import Dropout
 from transformer.model.attention import MultiHeadAttention
 from transformer.model.moe import MoeMLP
 from transformer.model.mlp import MLP
-from transformer.model.norms import make_norm
+from transformer.model.norms import NORM_PLACEMENTS, make_norm
 
 def activation_constraint(x_BLE: jax.Array) -> jax.Array:
   """Pins the residual stream's layout at block boundaries: rows over the batch axes, the
   length over "activation_length"'s (the tensor axis in base.py: sequence parallelism)."""
   return nn.with_logical_constraint(x_BLE, ("batch", "activation_length", None))
-
-
-def sinusoidal_table(max_len: int, d_model: int, layout: str = "interleaved") -> np.ndarray:
-  """The paper's PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(...).
-
-  `layout="halves"` puts the same sines in the first half of the features and the
-  cosines in the second (Marian's table, which Hugging Face's opus-mt models use).
-  """
-  positions = np.arange(max_len)[:, None]
-  div = np.power(10000.0, np.arange(0, d_model, 2) / d_model)
-  sines, cosines = np.sin(positions / div), np.cos(positions / div)[:, : d_model // 2]
-  table = np.zeros((max_len, d_model), dtype=np.float32)
-  if layout == "halves":
-    table[:, :sines.shape[1]], table[:, sines.shape[1]:] = sines, cosines
-  else:
-    table[:, 0::2], table[:, 1::2] = sines, cosines
-  return table
 
 
 def _per_layer(is_local: bool | jax.Array, local, global_):
@@ -50,19 +35,48 @@ def _per_layer(is_local: bool | jax.Array, local, global_):
   return jnp.where(is_local, local, global_)
 
 
-def rope_timescale(config: ModelConfig, is_local: bool | jax.Array = False) -> jax.Array:
-  """RoPE's timescales for a layer: local layers (sliding window) use their own base and
-  no long-context scaling (Gemma 3), global layers the scaled `rope_max_wavelength`."""
-  rotary_dim = round(config.head_dim * config.rope_fraction)
-  global_R = positions_lib.rope_timescales(
-      rotary_dim, config.rope_max_wavelength, scaling=config.rope_scaling,
+def rope_scaling_params(config: ModelConfig) -> positions_lib.RopeScaling:
+  """model.rope_*'s long-context scaling parameters (positions.RopeScaling)."""
+  return positions_lib.RopeScaling(
       factor=config.rope_scaling_factor, low_freq_factor=config.rope_low_freq_factor,
       high_freq_factor=config.rope_high_freq_factor,
-      original_max_len=config.rope_original_max_len)
+      original_max_len=config.rope_original_max_len, beta_fast=config.rope_yarn_beta_fast,
+      beta_slow=config.rope_yarn_beta_slow, truncate=config.rope_yarn_truncate,
+      short_factor=config.rope_short_factor, long_factor=config.rope_long_factor,
+      attention_factor=config.rope_attention_factor)
+
+
+def rope_timescale(config: ModelConfig, is_local: bool | jax.Array = False,
+                   positions_BL: jax.Array | None = None) -> jax.Array:
+  """RoPE's timescales for a layer: local layers (sliding window) use their own base and
+  no long-context scaling (Gemma 3), global layers the scaled `rope_max_wavelength`.
+
+  [R], or [B, R] for a scaling that reads each row's length from `positions_BL`
+  (positions.LENGTH_DEPENDENT: "dynamic", "longrope").
+  """
+  rotary_dim = round(config.head_dim * config.rope_fraction)
+  length_B = (positions_lib.rope_lengths(positions_BL)
+              if config.rope_scaling in positions_lib.LENGTH_DEPENDENT else None)
+  global_R = positions_lib.rope_timescales(
+      rotary_dim, config.rope_max_wavelength, scaling=config.rope_scaling,
+      length_B=length_B, **dataclasses.asdict(rope_scaling_params(config)))
   if not config.sliding_window:
     return global_R
   local_R = positions_lib.rope_timescales(rotary_dim, config.rope_local_max_wavelength)
+  if global_R.ndim == 2:  # Per row: the local layers' one row, for the per-layer choice.
+    local_R = local_R[None, :]
   return _per_layer(is_local, local_R, global_R)
+
+
+def rope_attention_factor(config: ModelConfig,
+                          is_local: bool | jax.Array = False) -> float | jax.Array:
+  """YaRN's / LongRoPE's factor on the rotated q and k of a layer; 1.0 on local layers,
+  which are never scaled."""
+  factor = positions_lib.rope_attention_factor(config.rope_scaling,
+                                               rope_scaling_params(config))
+  if not config.sliding_window or factor == 1.0:
+    return factor
+  return _per_layer(is_local, 1.0, factor)
 
 
 @struct.dataclass
@@ -132,8 +146,10 @@ class Block(nn.Module):
     """Applies the block to the residual stream `x_BLE`; returns (x_BLE, None)."""
     cfg = self.config
     positions_BL = inputs.positions_BL
-    rope = (positions_BL, positions_BL) if cfg.position == "rope" else None
-    timescale_R = rope_timescale(cfg, inputs.is_local) if rope else None
+    rotary = positions_lib.POSITIONS[cfg.position].rotary
+    rope = (positions_BL, positions_BL) if rotary else None
+    timescale_R = rope_timescale(cfg, inputs.is_local, positions_BL) if rope else None
+    rope_factor = rope_attention_factor(cfg, inputs.is_local) if rope else 1.0
     self_mask_B1LS = inputs.self_mask_B1LS
     if inputs.local_mask_B1LS is not None:
       self_mask_B1LS = _per_layer(inputs.is_local, inputs.local_mask_B1LS, self_mask_B1LS)
@@ -144,7 +160,8 @@ class Block(nn.Module):
         cfg, cache="self" if cfg.decode and self.causal else None,
         residual_adds=self.residual_adds, name="self_attention")(
             h, h, self_mask_B1LS, bias_BHLS=inputs.self_bias_BHLS, rope_positions=rope,
-            rope_timescale_R=timescale_R, positions_BL=positions_BL,
+            rope_timescale_R=timescale_R, rope_attention_factor=rope_factor,
+            positions_BL=positions_BL,
             segments=self_segments, causal=self.causal, local=local))]
     if self.cross_attention:
       # No position signal across sequences: the source carries its own. When decoding,
@@ -157,6 +174,12 @@ class Block(nn.Module):
               h, inputs.encoded_BSE, inputs.cross_mask_B1LS, segments=cross_segments)))
     feed_forward = MoeMLP if self.moe else MLP
     sublayers.append(("mlp", lambda h: feed_forward(cfg, self.residual_adds, name="mlp")(h)))
+    # Every sublayer's output enters the residual stream in the stream's layout: under
+    # tensor parallelism the projection into it (attention out, MLP down) then ends in a
+    # reduce-scatter over the length, not an all-reduce whose full [B, L, E] result remat
+    # keeps (24 GiB a chip on the 32B recipe of docs/scaling.md; one constraint at the
+    # block's end is too late for the attention's).
+    sublayers = [(name, lambda h, f=f: activation_constraint(f(h))) for name, f in sublayers]
     # A Dropout per residual add, created where it is used: its auto-name (Dropout_0, ...)
     # picks its rng stream, which a checkpointed run's resumption depends on.
     dropout = lambda: Dropout(cfg.residual_dropout, deterministic=cfg.deterministic)
@@ -166,18 +189,11 @@ class Block(nn.Module):
       for _, sublayer in sublayers:
         x_BLE = x_BLE + dropout()(sublayer(h_BLE))
       return activation_constraint(x_BLE), None
-    for name, sublayer in sublayers:
-      norm = make_norm(cfg, f"{name}_norm")
-      if cfg.norm == "pre":
-        y = sublayer(norm(x_BLE).astype(cfg.dtype))
-        x_BLE = x_BLE + dropout()(y)
-      elif cfg.norm == "sandwich":  # Gemma 2/3: the sublayer's output is normed too.
-        y = sublayer(norm(x_BLE).astype(cfg.dtype))
-        y = make_norm(cfg, f"{name}_post_norm")(y).astype(cfg.dtype)
-        x_BLE = x_BLE + dropout()(y)
-      else:  # The paper's post-norm: LayerNorm(x + Sublayer(x)).
-        y = sublayer(x_BLE)
-        x_BLE = norm(x_BLE + dropout()(y)).astype(cfg.dtype)
+    placement = NORM_PLACEMENTS[cfg.norm]
+    for i, (name, sublayer) in enumerate(sublayers):
+      x_BLE = placement.residual(cfg, name, sublayer, x_BLE, dropout)
+      if i < len(sublayers) - 1:  # The stream inside the block, in its own layout.
+        x_BLE = checkpoint_name(activation_constraint(x_BLE), RESIDUAL_NAME)
     return activation_constraint(x_BLE), None
 
 

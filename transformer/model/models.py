@@ -10,7 +10,7 @@ encoder-decoder, S is the source's length and L the target's.
 
 from __future__ import annotations
 
-import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -20,17 +20,18 @@ from transformer.config.errors import ConfigError
 from transformer.model import attention_ops
 from transformer.model import context
 from transformer.model import initializers
+from transformer.model.lm_head import HeadKernel, LogitsHead, make_head
 from transformer.model import positions as positions_lib
 from transformer.model.attention import make_attention_mask
 from transformer.config.model import ModelConfig
-from transformer.model.layers import (StackInputs, activation_constraint, make_norm,
-                                      run_blocks, sinusoidal_table)
+from transformer.model.layers import StackInputs, activation_constraint, make_norm, run_blocks
 from transformer.model.mlp import ACTIVATION_FNS
+from transformer.model.norms import NORM_PLACEMENTS
 from transformer.model.dropout import Dropout
 
 
 class Embedder(nn.Module):
-  """Token (+ absolute position) embedding, and the tied output projection (`attend`)."""
+  """Token (+ absolute position) embedding; its table is the tied LM head's weight."""
 
   config: ModelConfig
 
@@ -40,12 +41,8 @@ class Embedder(nn.Module):
         cfg.vocab_size, cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
         embedding_init=nn.with_logical_partitioning(
             initializers.token_embedding(cfg), ("vocab", "embed")))
-    if cfg.position == "learned":
-      self.position_embed = self.param(
-          "position_embed",
-          nn.with_logical_partitioning(initializers.position_embedding(cfg),
-                                       ("length", "embed")),
-          (cfg.max_len, cfg.d_model), cfg.param_dtype)
+    absolute = positions_lib.POSITIONS[cfg.position].embedding_table
+    self.position_table = absolute(self, cfg) if absolute is not None else None
     if cfg.num_token_types:  # BERT's segment A/B table; single-segment inputs add row 0.
       self.token_type_embed = self.param(
           "token_type_embed",
@@ -61,25 +58,16 @@ class Embedder(nn.Module):
       x_BLE = x_BLE * jnp.sqrt(jnp.asarray(cfg.d_model, cfg.dtype))
     if cfg.num_token_types:
       x_BLE = x_BLE + self.token_type_embed[0].astype(cfg.dtype)[None, None, :]
-    if cfg.position == "learned":
-      x_BLE = x_BLE + jnp.take(self.position_embed, positions_BL, axis=0).astype(cfg.dtype)
-    elif cfg.position == "sinusoidal":
-      table = jnp.asarray(sinusoidal_table(cfg.max_len, cfg.d_model, cfg.sinusoidal_layout))
-      x_BLE = x_BLE + jnp.take(table, positions_BL, axis=0).astype(cfg.dtype)
+    if self.position_table is not None:
+      x_BLE = x_BLE + jnp.take(self.position_table, positions_BL, axis=0).astype(cfg.dtype)
     if cfg.embed_norm:
       x_BLE = self.embed_norm(x_BLE).astype(cfg.dtype)
     return x_BLE
 
-  def attend(self, x_BLE: jax.Array) -> jax.Array:
-    """Logits against the token embedding: the product in the compute dtype (bfloat16 on
-    accelerators: their matmul rate), accumulated and returned in float32.
-
-    (nn.Embed.attend would return the compute dtype, rounding every logit to bfloat16.)
-    """
-    dtype = self.config.dtype
-    return jnp.einsum("BLE,VE->BLV", x_BLE.astype(dtype),
-                      self.token_embed.embedding.astype(dtype),
-                      preferred_element_type=jnp.float32)
+  @property
+  def embedding_VE(self) -> jax.Array:
+    """The [V, E] token table (the tied LM head's weight)."""
+    return self.token_embed.embedding
 
 
 def self_attention_bias(config: ModelConfig, q_positions_BL: jax.Array,
@@ -89,15 +77,10 @@ def self_attention_bias(config: ModelConfig, q_positions_BL: jax.Array,
 
   Must be called inside a compact module; T5's bias table is shared by the stack.
   """
-  if config.position == "relative":
-    return positions_lib.RelativePositionBias(
-        num_heads=config.num_heads, num_buckets=config.relative_buckets,
-        max_distance=config.relative_max_distance, bidirectional=not causal,
-        param_dtype=config.param_dtype, name=name)(q_positions_BL, kv_positions_BS)
-  if config.position == "alibi":
-    return positions_lib.alibi_bias(q_positions_BL, kv_positions_BS, config.num_heads,
-                                    causal=causal)
-  return None
+  bias = positions_lib.POSITIONS[config.position].self_attention_bias
+  if bias is None:
+    return None
+  return bias(config, q_positions_BL, kv_positions_BS, causal=causal, name=name)
 
 
 def _stack(config: ModelConfig, num_layers: int, x_BLE: jax.Array, segment_ids_BL: jax.Array,
@@ -150,7 +133,7 @@ def _stack(config: ModelConfig, num_layers: int, x_BLE: jax.Array, segment_ids_B
 
 
 def _final_norm(config: ModelConfig, x_BLE: jax.Array, name: str) -> jax.Array:
-  if config.norm != "post":  # Post-norm blocks already end in a norm.
+  if not NORM_PLACEMENTS[config.norm].ends_in_norm:
     return make_norm(config, name)(x_BLE)
   return x_BLE
 
@@ -220,12 +203,6 @@ def _logits_bias(module: nn.Module, config: ModelConfig) -> jax.Array:
                       (config.vocab_size,), config.param_dtype)
 
 
-def _softcapped(config: ModelConfig, logits_BLV: jax.Array) -> jax.Array:
-  """cap * tanh(logits / cap) with model.final_logit_softcap (Gemma 2); else unchanged."""
-  cap = config.final_logit_softcap
-  return cap * jnp.tanh(logits_BLV / cap) if cap else logits_BLV
-
-
 def _never_predicted(config: ModelConfig, logits_BLV: jax.Array) -> jax.Array:
   """When decoding, -inf on the `never_predict` ids (metrics.loss_sums leaves them out)."""
   if not (config.decode and config.never_predict):
@@ -233,17 +210,22 @@ def _never_predicted(config: ModelConfig, logits_BLV: jax.Array) -> jax.Array:
   return logits_BLV.at[:, :, jnp.asarray(config.never_predict)].set(-jnp.inf)
 
 
-def _lm_logits(config: ModelConfig, embedder: Embedder, x_BLE: jax.Array) -> jax.Array:
-  """Float32 token logits, tied to the embedding or through an `lm_head`; either way a
-  product in the compute dtype with float32 accumulation (the same numbers in float32)."""
+def _lm_head(config: ModelConfig, embedder: Embedder, bias_V: jax.Array | None,
+             kernel: nn.Module | None = None) -> LogitsHead:
+  """The LM head: tied to the embedding, or the `lm_head` kernel (created here when a
+  compact model gives no `kernel` module of its own)."""
   if config.tie_embeddings:
-    return embedder.attend(x_BLE)
-  return nn.Dense(
-      config.vocab_size, use_bias=False, dtype=config.dtype, param_dtype=config.param_dtype,
-      name="lm_head", dot_general=functools.partial(jax.lax.dot_general,
-                                                    preferred_element_type=jnp.float32),
-      kernel_init=nn.with_logical_partitioning(
-          initializers.dense_kernel(config), ("embed", "vocab")))(x_BLE.astype(config.dtype))
+    return make_head(config, embedder.embedding_VE, bias_V, tied=True)
+  kernel = kernel if kernel is not None else HeadKernel(config, name="lm_head")
+  return make_head(config, kernel(), bias_V, tied=False)
+
+
+def _outputs(config: ModelConfig, head: LogitsHead, x_BLE: jax.Array, hidden: bool
+             ) -> jax.Array | tuple[jax.Array, LogitsHead]:
+  """(hidden states, head) when asked for `hidden`, else the float32 [B, L, V] logits."""
+  if hidden:
+    return x_BLE, head
+  return _never_predicted(config, head(x_BLE))
 
 
 class Decoder(nn.Module):
@@ -253,23 +235,22 @@ class Decoder(nn.Module):
 
   @nn.compact
   def __call__(self, tokens_BL: jax.Array, segment_ids_BL: jax.Array,
-               positions_BL: jax.Array) -> jax.Array:
+               positions_BL: jax.Array, hidden: bool = False) -> Any:
     """Returns float32 logits: [B, L, V] for the LM head, [B, num_classes] for classification.
 
     Args:
       tokens_BL: int token ids.
       segment_ids_BL: 0 for padding, 1, 2, ... for the packed documents of a row.
       positions_BL: position of each token inside its own document.
+      hidden: return (final hidden states [B, L, E], LogitsHead) instead of LM logits.
     """
     cfg = self.config
     embedder, x_BLE = _single_stack(cfg, tokens_BL, segment_ids_BL, positions_BL, causal=True)
     if cfg.head == "classification":
       return ClassificationHead(cfg, name="classification_head")(x_BLE, segment_ids_BL,
                                                                  _pooler(cfg))
-    logits_BLV = _lm_logits(cfg, embedder, x_BLE)
-    if cfg.logits_bias:
-      logits_BLV = logits_BLV + _logits_bias(self, cfg).astype(jnp.float32)[None, None, :]
-    return _never_predicted(cfg, _softcapped(cfg, logits_BLV))
+    bias_V = _logits_bias(self, cfg) if cfg.logits_bias else None
+    return _outputs(cfg, _lm_head(cfg, embedder, bias_V), x_BLE, hidden)
 
 
 class Encoder(nn.Module):
@@ -279,8 +260,11 @@ class Encoder(nn.Module):
 
   @nn.compact
   def __call__(self, tokens_BL: jax.Array, segment_ids_BL: jax.Array,
-               positions_BL: jax.Array) -> jax.Array:
-    """Returns float32 logits: [B, L, V] for the MLM head, [B, num_classes] for classification."""
+               positions_BL: jax.Array, hidden: bool = False) -> Any:
+    """Returns float32 logits: [B, L, V] for the MLM head, [B, num_classes] for classification.
+
+    With `hidden`, the MLM head's transformed states [B, L, E] and its LogitsHead instead.
+    """
     cfg = self.config
     embedder, x_BLE = _single_stack(cfg, tokens_BL, segment_ids_BL, positions_BL,
                                     causal=False)
@@ -296,11 +280,10 @@ class Encoder(nn.Module):
                                                  ("embed", None)),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (None,)))(x_BLE)
     h_BLE = make_norm(cfg, "mlm_norm")(ACTIVATION_FNS[cfg.activation](h_BLE))
-    logits_BLV = _lm_logits(cfg, embedder, h_BLE)
     bias_V = self.param("mlm_bias", nn.with_logical_partitioning(nn.initializers.zeros,
                                                                  ("vocab",)),
                         (cfg.vocab_size,), cfg.param_dtype)
-    return _softcapped(cfg, logits_BLV + bias_V.astype(jnp.float32)[None, None, :])
+    return _outputs(cfg, _lm_head(cfg, embedder, bias_V), h_BLE, hidden)
 
 
 class Stack(nn.Module):
@@ -332,10 +315,7 @@ class EncoderDecoder(nn.Module):
     self.encoder = Stack(cfg, cfg.num_layers, causal=False)
     self.decoder = Stack(cfg, cfg.num_decoder_layers, causal=True)
     if not cfg.tie_embeddings:
-      self.lm_head = nn.Dense(
-          cfg.vocab_size, use_bias=False, dtype=jnp.float32, param_dtype=cfg.param_dtype,
-          kernel_init=nn.with_logical_partitioning(
-              initializers.dense_kernel(cfg), ("embed", "vocab")))
+      self.lm_head = HeadKernel(cfg)
     if cfg.logits_bias:
       self.logits_bias = _logits_bias(self, cfg)
 
@@ -347,29 +327,28 @@ class EncoderDecoder(nn.Module):
 
   def decode(self, decoder_inputs_BL: jax.Array, targets_segment_ids_BL: jax.Array,
              targets_positions_BL: jax.Array, encoded_BSE: jax.Array | None,
-             inputs_segment_ids_BS: jax.Array) -> jax.Array:
+             inputs_segment_ids_BS: jax.Array, hidden: bool = False) -> Any:
     """Float32 next-token logits [B, L, V] of the target given the encoded source.
 
     In decode mode the first call fills the cross-attention cache from `encoded_BSE`;
-    later calls may pass None and reuse it (decoding.py).
+    later calls may pass None and reuse it (decoding.py). With `hidden`, the decoder's
+    final states [B, L, E] and its LogitsHead instead.
     """
     x_BLE = self.decoder(self.target_embedder(decoder_inputs_BL, targets_positions_BL),
                          targets_segment_ids_BL, targets_positions_BL, encoded_BSE,
                          inputs_segment_ids_BS)
-    if self.config.tie_embeddings:
-      logits_BLV = self.target_embedder.attend(x_BLE)
-    else:
-      logits_BLV = self.lm_head(x_BLE.astype(jnp.float32))
-    if self.config.logits_bias:
-      logits_BLV = logits_BLV + self.logits_bias.astype(jnp.float32)[None, None, :]
-    return _never_predicted(self.config, _softcapped(self.config, logits_BLV))
+    cfg = self.config
+    head = _lm_head(cfg, self.target_embedder, self.logits_bias if cfg.logits_bias else None,
+                    kernel=None if cfg.tie_embeddings else self.lm_head)
+    return _outputs(cfg, head, x_BLE, hidden)
 
   def __call__(self, inputs_BS: jax.Array, inputs_segment_ids_BS: jax.Array,
                inputs_positions_BS: jax.Array, decoder_inputs_BL: jax.Array,
-               targets_segment_ids_BL: jax.Array, targets_positions_BL: jax.Array) -> jax.Array:
+               targets_segment_ids_BL: jax.Array, targets_positions_BL: jax.Array,
+               hidden: bool = False) -> Any:
     encoded_BSE = self.encode(inputs_BS, inputs_segment_ids_BS, inputs_positions_BS)
     return self.decode(decoder_inputs_BL, targets_segment_ids_BL, targets_positions_BL,
-                       encoded_BSE, inputs_segment_ids_BS)
+                       encoded_BSE, inputs_segment_ids_BS, hidden=hidden)
 
 
 # The one place an architecture name becomes a class.

@@ -44,17 +44,20 @@ def init_batch(objective: ObjectiveLike, batch_size: int, seq_len: int) -> dict[
 Forward = Callable[..., tuple[jax.Array, jax.Array, jax.Array, dict[str, jax.Array]]]
 
 
-def make_forward(model, objective: ObjectiveLike) -> Forward:
-  """forward(params, batch, rngs) -> (logits, targets, weights, moe statistics).
+def make_forward(model, objective: ObjectiveLike, hidden: bool = False) -> Forward:
+  """forward(params, batch, rngs) -> (outputs, targets, weights, moe statistics).
 
-  The statistics are `moe.moe_metrics` of the MoE layers (aux_loss, z_loss,
-  dropped_fraction, load), averaged over them; {} for a model without MoE layers.
+  The outputs are the logits, or with `hidden` (for an objective that predicts the
+  vocabulary) the pair (final hidden states, LogitsHead) that metrics.objective_sums
+  projects a chunk at a time. The statistics are `moe.moe_metrics` of the MoE layers
+  (aux_loss, z_loss, dropped_fraction, load), averaged over them; {} without MoE layers.
   """
   objective = objective_lib.get(objective)
+  kwargs = {"hidden": True} if hidden and not objective.classifies else {}
 
   def forward(params, batch: Batch, rngs=None):
     logits, sown = model.apply({"params": params}, *model_inputs(objective, batch),
-                               rngs=rngs, mutable=[moe.COLLECTION])
+                               rngs=rngs, mutable=[moe.COLLECTION], **kwargs)
     targets, weights = targets_and_weights(objective, batch)
     return logits, targets, weights, moe.moe_metrics(sown)
   return forward

@@ -15,16 +15,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from flax import linen as nn
 from absl import logging
 
 from transformer.config.model import ModelConfig
 from transformer.model import moe
+from transformer.model.lm_head import LogitsHead
 from transformer.workdir import layout
 from transformer.workdir.console import format_duration
 from transformer.workdir.metrics_file import MOE_LOAD_PREFIX
 
 # Keys that are sums to be divided by `weight_sum` when reported.
 SUM_KEYS = ("loss_sum", "correct_sum")
+# The per-bucket arrays of loss_sums' by-position sums: by_position_rows reports them,
+# summarize leaves them out.
+BY_POSITION_PREFIX = "by_position_"
 # Row keys that measure speed: the only ones a rerun of the same steps may not reproduce.
 TIMING_KEYS = ("seconds_per_step", "tokens_per_second", "mfu")
 
@@ -36,7 +41,8 @@ _EXCLUDED_LOGIT = -1e9
 
 def loss_sums(logits_BLV: jax.Array, targets_BL: jax.Array, weights_BL: jax.Array,
               label_smoothing: float = 0.0, z_loss: float = 0.0,
-              never_predict: tuple[int, ...] = ()) -> dict[str, jax.Array]:
+              never_predict: tuple[int, ...] = (), positions_BL: jax.Array | None = None,
+              bucket: int = 0, num_buckets: int = 0) -> dict[str, jax.Array]:
   """Token-weighted sums for the objective and the reported metrics.
 
   Args:
@@ -48,11 +54,18 @@ def loss_sums(logits_BLV: jax.Array, targets_BL: jax.Array, weights_BL: jax.Arra
       target token, Z the softmax normaliser, which keeps log Z near 0.
     never_predict: vocabulary rows left out of the softmax (model.never_predict: rows
       an import adds), so the loss, accuracy and perplexity are the source model's.
+    positions_BL: with `bucket` > 0, each target's position id (p: p tokens of its
+      document before it in the row), for the sums by position.
+    bucket, num_buckets: > 0: also loss_sum, correct_sum and weight_sum per bucket of
+      `bucket` positions, [num_buckets] arrays under BY_POSITION_PREFIX + the key
+      (bucket p // bucket; positions past the last bucket count in it). Each token
+      counts in one bucket, so they add up to the totals exactly.
 
   Returns:
     `objective_sum` (with label smoothing and the z-loss), `loss_sum` (plain NLL),
     `correct_sum` (argmax hits) and `weight_sum` (number of real target tokens); with
-    `z_loss` > 0 also `z_loss_sum`, the z-loss term's token-weighted sum.
+    `z_loss` > 0 also `z_loss_sum`, the z-loss term's token-weighted sum; with `bucket`
+    the sums by position.
   """
   logits_BLV = logits_BLV.astype(jnp.float32)
   if never_predict:
@@ -75,7 +88,146 @@ def loss_sums(logits_BLV: jax.Array, targets_BL: jax.Array, weights_BL: jax.Arra
     log_z_BL = jax.nn.logsumexp(logits_BLV, axis=-1)
     sums["z_loss_sum"] = z_loss * jnp.sum(jnp.square(log_z_BL) * weights_BL)
     sums["objective_sum"] = sums["objective_sum"] + sums["z_loss_sum"]
+  if bucket > 0:
+    bucket_N = jnp.minimum(positions_BL // bucket, num_buckets - 1).ravel()
+    per_bucket = lambda values_BL: jax.ops.segment_sum(values_BL.ravel(), bucket_N,
+                                                       num_segments=num_buckets)
+    weights_BL = weights_BL.astype(jnp.float32)
+    sums.update({BY_POSITION_PREFIX + "loss_sum": per_bucket(nll_BL * weights_BL),
+                 BY_POSITION_PREFIX + "correct_sum": per_bucket(correct_BL * weights_BL),
+                 BY_POSITION_PREFIX + "weight_sum": per_bucket(weights_BL)})
   return sums
+
+
+def by_position_rows(sums: Mapping[str, Any], bucket: int) -> list[dict[str, float]]:
+  """loss_sums' sums by position (added over batches) -> a row per bucket holding tokens.
+
+  Each row: start, end (the positions [start, end) it covers), tokens, loss, perplexity
+  and accuracy of the tokens there.
+  """
+  loss = np.asarray(sums[BY_POSITION_PREFIX + "loss_sum"], np.float64)
+  correct = np.asarray(sums[BY_POSITION_PREFIX + "correct_sum"], np.float64)
+  weight = np.asarray(sums[BY_POSITION_PREFIX + "weight_sum"], np.float64)
+  rows = []
+  for index in np.flatnonzero(weight > 0):
+    mean = float(loss[index] / weight[index])
+    rows.append({"start": int(index) * bucket, "end": (int(index) + 1) * bucket,
+                 "tokens": float(weight[index]), "loss": mean,
+                 "perplexity": math.exp(min(mean, 50.0)),
+                 "accuracy": float(correct[index] / weight[index])})
+  return rows
+
+
+# The auto chunk (train.logits_chunk = 0) keeps one chunk's float32 logits on a device
+# within this many: 256 MiB. Measured on compile-only targets (docs/compile.md): chunks
+# sized per row instead (64 positions of Llama 3's 128k vocabulary) left a 32k-token row
+# per chip in 512 chunks, each re-reading the head's weight; chunks much smaller than
+# this made llama 1B on an H100 HBM-bound, much larger ones cost memory for nothing.
+AUTO_LOGITS_PER_DEVICE = 1 << 26
+
+
+def logits_chunk_length(chunk: int, length: int, vocab_size: int, rows: int) -> int:
+  """Positions projected at a time by head_loss_sums (train.logits_chunk; 0 = auto).
+
+  Auto: the whole sequence when the `rows` a device holds fit AUTO_LOGITS_PER_DEVICE
+  (character and small-vocabulary models: no loop, the program of before), else the
+  largest power of two of positions whose chunk does.
+  """
+  if chunk > 0:
+    return min(chunk, length)
+  per_position = max(1, rows) * vocab_size
+  if length * per_position <= AUTO_LOGITS_PER_DEVICE:
+    return length
+  return min(length, 1 << max(0, (AUTO_LOGITS_PER_DEVICE // per_position).bit_length() - 1))
+
+
+def rows_per_device(rows: int) -> int:
+  """The batch rows one device holds while tracing under a mesh and logical rules (the
+  mesh axes "batch" maps to divide them), else `rows`."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return rows
+  axes = nn.logical_to_mesh_axes(("batch",))[0]
+  if axes is None:
+    return rows
+  shards = math.prod(mesh.shape[a] for a in ((axes,) if isinstance(axes, str) else axes))
+  return max(1, rows // shards)
+
+
+def head_loss_sums(head: LogitsHead, x_BLE: jax.Array,
+                   targets_BL: jax.Array, weights_BL: jax.Array, *, chunk: int = 0,
+                   label_smoothing: float = 0.0, z_loss: float = 0.0,
+                   never_predict: tuple[int, ...] = (), positions_BL: jax.Array | None = None,
+                   bucket: int = 0, num_buckets: int = 0) -> dict[str, jax.Array]:
+  """loss_sums of `head(x_BLE)`, projecting `chunk` positions at a time.
+
+  The float32 [B, L, V] logits are never held whole, in the forward or the backward:
+  each chunk's logits are made, scored and dropped inside a `lax.scan` whose body is
+  rematerialised (jax.checkpoint), so the backward pass recomputes one chunk's logits
+  at a time from the hidden states it kept. The sums are those of loss_sums on the
+  whole logits (float32 reassociation aside). A length that `chunk` does not divide is
+  padded with weight-0 positions.
+
+  Args:
+    head: hidden states [B, c, E] -> float32 logits [B, c, V] (the model's LogitsHead).
+    x_BLE: final hidden states.
+    chunk: train.logits_chunk (0 = auto, see logits_chunk_length).
+    Others: as loss_sums.
+  """
+  B, L, _ = x_BLE.shape
+  c = logits_chunk_length(chunk, L, head.vocab_size, rows_per_device(B))
+
+  if positions_BL is None:  # Only read with bucket > 0; a stand-in keeps one code path.
+    positions_BL = jnp.zeros_like(targets_BL)
+
+  def chunk_sums(x_BcE, targets_Bc, weights_Bc, positions_Bc):
+    return loss_sums(head(x_BcE), targets_Bc, weights_Bc, label_smoothing, z_loss,
+                     never_predict, positions_Bc, bucket, num_buckets)
+
+  if c >= L:
+    return chunk_sums(x_BLE, targets_BL, weights_BL, positions_BL)
+  # Cast the head's weight to the compute dtype once, not once per chunk: every chunk
+  # reads it whole (on llama 1B's 128k x 2048 head a float32 read is 1 GiB a chunk).
+  # Gathered over the embed axis once too (an fsdp-sharded table would otherwise be
+  # all-gathered in every chunk: 504 GiB a step for llama 1B at 32k tokens on v5p:2x2x1).
+  weight = head.weight.astype(head.dtype)
+  head = head.replace(weight=nn.with_logical_constraint(
+      weight, ("vocab", None) if head.tied else (None, "vocab")))
+  pad = -L % c
+  if pad:
+    x_BLE = jnp.pad(x_BLE, ((0, 0), (0, pad), (0, 0)))
+    targets_BL = jnp.pad(targets_BL, ((0, 0), (0, pad)))
+    weights_BL = jnp.pad(weights_BL, ((0, 0), (0, pad)))
+    positions_BL = jnp.pad(positions_BL, ((0, 0), (0, pad)))  # Weight 0: counted nowhere.
+  n = (L + pad) // c
+  # [n, B, c, ...]: the scan walks the chunks; every row stays where the batch put it.
+  chunks = jax.tree.map(lambda a: jnp.moveaxis(a.reshape((B, n, c) + a.shape[2:]), 1, 0),
+                        (x_BLE, targets_BL, weights_BL, positions_BL))
+  rematted = jax.checkpoint(chunk_sums, policy=jax.checkpoint_policies.nothing_saveable)
+
+  def body(total, xs):
+    sums = rematted(*xs)
+    return jax.tree.map(jnp.add, total, sums), None
+
+  zeros = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype),
+                       jax.eval_shape(chunk_sums, *jax.tree.map(lambda a: a[0], chunks)))
+  total, _ = jax.lax.scan(body, zeros, chunks)
+  return total
+
+
+def objective_sums(outputs: Any, targets_BL: jax.Array, weights_BL: jax.Array, *,
+                   chunk: int = 0, label_smoothing: float = 0.0, z_loss: float = 0.0,
+                   never_predict: tuple[int, ...] = (), positions_BL: jax.Array | None = None,
+                   bucket: int = 0, num_buckets: int = 0) -> dict[str, jax.Array]:
+  """loss_sums of a forward's outputs: logits, or (hidden states, LogitsHead) in chunks."""
+  if isinstance(outputs, tuple):
+    x_BLE, head = outputs
+    return head_loss_sums(head, x_BLE, targets_BL, weights_BL, chunk=chunk,
+                          label_smoothing=label_smoothing, z_loss=z_loss,
+                          never_predict=never_predict, positions_BL=positions_BL,
+                          bucket=bucket, num_buckets=num_buckets)
+  return loss_sums(outputs, targets_BL, weights_BL, label_smoothing, z_loss, never_predict,
+                   positions_BL, bucket, num_buckets)
 
 
 def summarize(sums: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
@@ -89,11 +241,12 @@ def summarize(sums: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
     out[prefix + "accuracy"] = float(sums["correct_sum"]) / weight
     # Other token-weighted sums (z_loss_sum, moe_*_sum) are reported as per-token means.
     for key, value in sums.items():
-      if key.endswith("_sum") and key not in SUM_KEYS + ("weight_sum", "objective_sum"):
+      if (key.endswith("_sum") and key not in SUM_KEYS + ("weight_sum", "objective_sum")
+          and not key.startswith(BY_POSITION_PREFIX)):
         out[prefix + key[:-len("_sum")]] = float(value) / weight
   out[prefix + "tokens"] = weight
   for key, value in sums.items():
-    if not key.endswith("_sum"):
+    if not key.endswith("_sum") and not key.startswith(BY_POSITION_PREFIX):
       out[prefix + key] = float(value)
   return out
 

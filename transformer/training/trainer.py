@@ -29,6 +29,7 @@ from transformer import sharding
 from transformer.config.errors import ConfigError, DataError
 from transformer.config.model import ModelConfig
 from transformer.data import packing
+from transformer.model import attention_ops
 from transformer.model import objectives
 from transformer.model.models import make_model
 from transformer.training import metrics as metrics_lib
@@ -53,7 +54,8 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, forward: Calla
                z_loss: float = 0.0,
                never_predict: tuple[int, ...] = (),
                moe_aux_loss: float = 0.0,
-               moe_z_loss: float = 0.0) -> tuple[TrainState, dict[str, jax.Array]]:
+               moe_z_loss: float = 0.0,
+               logits_chunk: int = 0) -> tuple[TrainState, dict[str, jax.Array]]:
   """One optimizer update; returns the new state and metric sums for this batch.
 
   With `microbatches` = k > 1 the batch is processed as k sequential slices whose
@@ -70,15 +72,18 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, forward: Calla
   `never_predict` rows are left out of the softmax (see metrics.loss_sums).
   With MoE layers the objective adds `moe_aux_loss` x the load-balancing loss and
   `moe_z_loss` x the router z-loss (metrics.add_moe_sums), logged as moe_* metrics.
+  `logits_chunk`: train.logits_chunk, the positions projected to the vocabulary at a time
+  when `forward` returns hidden states (metrics.head_loss_sums; 0 = auto).
   """
   rng = jax.random.fold_in(state.rng, state.step)
 
   def sums_and_grads(micro: dict[str, jax.Array], micro_rng: jax.Array):
     def objective(params):
-      logits, targets, weights, moe_stats = forward(params, micro,
-                                                    rngs={"dropout": micro_rng})
-      sums = metrics_lib.loss_sums(logits, targets, weights, label_smoothing, z_loss,
-                                   never_predict)
+      outputs, targets, weights, moe_stats = forward(params, micro,
+                                                     rngs={"dropout": micro_rng})
+      sums = metrics_lib.objective_sums(outputs, targets, weights, chunk=logits_chunk,
+                                        label_smoothing=label_smoothing, z_loss=z_loss,
+                                        never_predict=never_predict)
       sums = metrics_lib.add_moe_sums(sums, moe_stats, moe_aux_loss, moe_z_loss)
       return sums["objective_sum"], sums
 
@@ -128,13 +133,19 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, forward: Calla
 
 
 def eval_step(params: Any, batch: dict[str, jax.Array], *, forward: Callable,
-              never_predict: tuple[int, ...] = ()) -> dict[str, jax.Array]:
+              never_predict: tuple[int, ...] = (), logits_chunk: int = 0,
+              position_bucket: int = 0, num_buckets: int = 0) -> dict[str, jax.Array]:
   """Metric sums of one evaluation batch (the forward of a deterministic model).
 
   MoE statistics are reported without the per-expert loads (training logs those).
+  With `position_bucket` > 0 also the sums per bucket of that many token positions
+  (batch["positions"], `num_buckets` buckets; metrics.loss_sums).
   """
-  logits, targets, weights, moe_stats = forward(params, batch)
-  sums = metrics_lib.loss_sums(logits, targets, weights, never_predict=never_predict)
+  outputs, targets, weights, moe_stats = forward(params, batch)
+  sums = metrics_lib.objective_sums(
+      outputs, targets, weights, chunk=logits_chunk, never_predict=never_predict,
+      positions_BL=batch["positions"] if position_bucket else None, bucket=position_bucket,
+      num_buckets=num_buckets)
   sums = metrics_lib.add_moe_sums(sums, moe_stats, per_expert=False)
   del sums["objective_sum"]
   return sums
@@ -170,16 +181,26 @@ class Scorer:
   model_config: ModelConfig
   eval_step: Callable
   batch_sharding: jax.sharding.NamedSharding
+  # model.attention_max_segments where cuDNN's packed layout serves an attention on this
+  # mesh (each host batch is checked against it), else None.
+  packed_rows_limit: int | None
 
   @classmethod
   def create(cls, config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
-             param_shardings: Any) -> "Scorer":
-    """The jitted eval step of `config.model` for parameters placed as `param_shardings`."""
+             param_shardings: Any, position_bucket: int = 0) -> "Scorer":
+    """The jitted eval step of `config.model` for parameters placed as `param_shardings`.
+
+    `position_bucket` > 0 adds the loss sums per bucket of that many positions over
+    data.seq_len (metrics.loss_sums; a batch with `positions`: a decoder LM).
+    """
     rules = sharding.rules_of(config.mesh, mesh)
     model_config = ModelConfig.from_config(config.model)
     return cls(config=config, mesh=mesh, rules=rules, model_config=model_config,
-               eval_step=_jit_eval_step(model_config, mesh, rules, param_shardings),
-               batch_sharding=sharding.batch_sharding(mesh, rules))
+               eval_step=_jit_eval_step(model_config, mesh, rules, param_shardings,
+                                        config.train.logits_chunk, position_bucket,
+                                        config.data.seq_len),
+               batch_sharding=sharding.batch_sharding(mesh, rules),
+               packed_rows_limit=_packed_rows_limit(model_config, mesh))
 
   @contextlib.contextmanager
   def context(self):
@@ -194,6 +215,7 @@ class Scorer:
     With `stacked`, every array has a leading axis of consecutive batches ([n, B, ...],
     the input of `Trainer.train_steps`), which stays whole on every device.
     """
+    attention_ops.check_packed_rows(local_batch, self.packed_rows_limit)
     placement = stacked_sharding(self.batch_sharding) if stacked else self.batch_sharding
     if jax.process_count() == 1:
       # This process's rows are the whole batch: one device_put of the dict (half the
@@ -211,14 +233,23 @@ def predicted_rows_excluded(model_config: ModelConfig) -> tuple[int, ...]:
   return tuple(model_config.never_predict)
 
 
+def _packed_rows_limit(model_config: ModelConfig, mesh: jax.sharding.Mesh) -> int | None:
+  platform = mesh.devices.flat[0].platform
+  return attention_ops.packed_rows_limit(model_config, platform)
+
+
 def _jit_eval_step(model_config: ModelConfig, mesh: jax.sharding.Mesh, rules: tuple,
-                   param_shardings: Any) -> Callable:
+                   param_shardings: Any, logits_chunk: int, position_bucket: int = 0,
+                   seq_len: int = 0) -> Callable:
   """eval_step of a deterministic copy of the model, jitted with explicit shardings."""
   eval_model = make_model(dataclasses.replace(model_config, deterministic=True))
   objective = objective_lib.resolve(model_config)
-  return jax.jit(functools.partial(eval_step, forward=objectives.make_forward(eval_model,
-                                                                              objective),
-                                   never_predict=predicted_rows_excluded(model_config)),
+  num_buckets = -(-seq_len // position_bucket) if position_bucket > 0 else 0
+  return jax.jit(functools.partial(eval_step, forward=objectives.make_forward(
+      eval_model, objective, hidden=True), logits_chunk=logits_chunk,
+                                   never_predict=predicted_rows_excluded(model_config),
+                                   position_bucket=position_bucket,
+                                   num_buckets=num_buckets),
                  in_shardings=(param_shardings, sharding.batch_sharding(mesh, rules)),
                  out_shardings=sharding.replicated(mesh))
 
@@ -261,12 +292,13 @@ class Trainer(Scorer):
 
     jit_init = jax.jit(lambda rng: nn.meta.unbox(init(rng)), out_shardings=state_shardings)
     one_step = functools.partial(
-        train_step, forward=objectives.make_forward(model, objective), tx=tx,
+        train_step, forward=objectives.make_forward(model, objective, hidden=True), tx=tx,
         schedule=schedule, label_smoothing=config.optimizer.label_smoothing,
         microbatches=config.train.microbatches,
         skip_nonfinite=config.optimizer.skip_nonfinite > 0, z_loss=config.optimizer.z_loss,
         never_predict=predicted_rows_excluded(model_config),
-        moe_aux_loss=config.model.moe_aux_loss, moe_z_loss=config.model.moe_z_loss)
+        moe_aux_loss=config.model.moe_aux_loss, moe_z_loss=config.model.moe_z_loss,
+        logits_chunk=config.train.logits_chunk)
     jit_train = jax.jit(one_step, in_shardings=(state_shardings, batch_sharding),
                         out_shardings=(state_shardings, replicated), donate_argnums=(0,))
     jit_train_steps = jax.jit(
@@ -274,8 +306,10 @@ class Trainer(Scorer):
         in_shardings=(state_shardings, stacked_sharding(batch_sharding)),
         out_shardings=(state_shardings, replicated), donate_argnums=(0,))
     return cls(config=config, mesh=mesh, rules=rules, model_config=model_config,
-               eval_step=_jit_eval_step(model_config, mesh, rules, state_shardings.params),
+               eval_step=_jit_eval_step(model_config, mesh, rules, state_shardings.params,
+                                        config.train.logits_chunk),
                batch_sharding=batch_sharding, state_shardings=state_shardings,
+               packed_rows_limit=_packed_rows_limit(model_config, mesh),
                abstract_state=abstract_state, init=jit_init, train_step=jit_train,
                train_steps=jit_train_steps)
 
@@ -325,6 +359,16 @@ def evaluate_split(scorer: Scorer, params: Any, dataset,
   Used by the training loop and by --mode=evaluate alike (`scorer` is a Trainer or a
   Scorer; its config supplies train.eval_batches and data.eval_split).
   """
+  return metrics_lib.summarize(sum_split(scorer, params, dataset, local_batch_size),
+                               prefix="eval_")
+
+
+def sum_split(scorer: Scorer, params: Any, dataset, local_batch_size: int) -> dict[str, Any]:
+  """The eval step's sums over the split (evaluate_split's), before any mean is taken.
+
+  Raises:
+    DataError: the split produced no batch.
+  """
   total = None
   batches = packing.iterate_eval(dataset, local_batch_size, scorer.config.train.eval_batches)
   template = None  # An all-padding batch for a process whose eval shard ran out first.
@@ -352,4 +396,4 @@ def evaluate_split(scorer: Scorer, params: Any, dataset,
     raise DataError(f"config.data.eval_split={scorer.config.data.eval_split!r} produced no "
                     "batch to evaluate: the split is empty, or every example was dropped (the "
                     "warnings above say why)")
-  return metrics_lib.summarize(total, prefix="eval_")
+  return total

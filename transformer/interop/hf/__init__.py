@@ -12,6 +12,8 @@
                Llama-shaped decoder mapping gemma.py reuses
   gemma.py     Gemma 1, 2, 3 (text) in
   mixtral.py   Mixtral and Qwen2-MoE in: llama.py's decoder with routed experts
+  phi3.py      Phi-3 / Phi-4-mini in: llama.py's decoder with fused projections, partial
+               rotary and LongRoPE
 
 A family module has PREFIXES and convert(fields, tensors, files) -> common.Converted.
 May import: config, sharding, model, data, inference, workdir.

@@ -177,6 +177,21 @@ class Tensors:
                           "config ties them (untied weights are not supported here)")
     return value
 
+  def split(self, name: str, parts: list[tuple[str, int]]) -> None:
+    """Replaces the fused tensor `name` by its row blocks, each (name, rows) in order
+    (Phi-3's qkv_proj and gate_up_proj); each part is then taken like any tensor."""
+    if name not in self._tensors:
+      raise ConfigError(f"{self.where} has no tensor {name!r}, which this model needs")
+    value = self._tensors[name]
+    if sum(rows for _, rows in parts) != value.shape[0]:
+      raise ConfigError(f"{self.where}: {name!r} has {value.shape[0]} rows; the config "
+                        f"makes {' + '.join(f'{rows} ({part})' for part, rows in parts)}")
+    self._taken.add(name)
+    start = 0
+    for part, rows in parts:
+      self._tensors[part] = value[start:start + rows]
+      start += rows
+
   def skip(self, matches: Callable[[str], bool], reason: str) -> None:
     names = sorted(n for n in self._tensors if n not in self._taken and matches(n))
     self._taken.update(names)

@@ -36,6 +36,7 @@ from transformer.interop.hf import gpt2
 from transformer.interop.hf import llama
 from transformer.interop.hf import marian
 from transformer.interop.hf import mixtral
+from transformer.interop.hf import phi3
 from transformer.interop.hf import t5
 from transformer.model import layers
 from transformer.workdir import checkpointing
@@ -48,7 +49,8 @@ RUNTIME_FIELDS = ("scan_layers", "remat", "dtype", "param_dtype", "attention_imp
 FAMILIES = {"gpt2": gpt2, "bert": bert, "marian": marian, "t5": t5, "mt5": t5,
             "llama": llama, "mistral": llama, "qwen2": llama, "qwen3": llama,
             "gemma": gemma, "gemma2": gemma, "gemma3_text": gemma,
-            "mixtral": mixtral, "qwen2_moe": mixtral, "switch_transformers": t5}
+            "mixtral": mixtral, "qwen2_moe": mixtral, "switch_transformers": t5,
+            "phi3": phi3}
 
 
 def _family(config: dict[str, Any], where: str) -> Any:

@@ -3,10 +3,10 @@
 One mapping serves the four `model_type`s: RMSNorm before each sublayer, SwiGLU
 (gate_proj -> mlp/wi, the activated half; up_proj -> mlp/wi_gate), rotary positions
 in transformers' rotate-half layout (which is this codebase's, so q/k need no
-permutation), grouped-query attention. What differs is a field each: Llama 3's
-frequency-dependent RoPE scaling (`rope_scaling`), Mistral's sliding window on every
-layer, Qwen2's biases on q/k/v only (`qkv_bias`), Qwen3's per-head q/k RMSNorm
-(`qk_norm`). gemma.py reuses `decoder_params`, `rope_fields` and `window_fields`.
+permutation), grouped-query attention. What differs is a field each: RoPE scaling
+(`rope_scaling`: linear, Llama 3.1's, YaRN, dynamic NTK, LongRoPE), Mistral's sliding
+window on every layer, Qwen2's biases on q/k/v only (`qkv_bias`), Qwen3's per-head q/k
+RMSNorm (`qk_norm`). gemma.py reuses `decoder_params`, `rope_fields` and `window_fields`.
 
 `export_llama` writes the reverse: a Llama-shaped run as a Llama folder, or as Qwen2
 (q/k/v biases), Qwen3 (QK-norm) or Mistral (a sliding window on every layer) when the
@@ -22,17 +22,17 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from transformer.config.checks import is_int
+from transformer.config.checks import is_int, is_number
 from transformer.config.errors import ConfigError
 from transformer.data import tokenizers
 from transformer.inference import loaded
 from transformer.interop.hf import common
+from transformer.model import positions
 
 PREFIXES = ("model.",)  # LlamaForCausalLM saves "model.layers.0...", LlamaModel "layers.0...".
 # hidden_act -> the gated activation it makes with up_proj.
 GATED = {"silu": "swiglu", "swish": "swiglu", "gelu_pytorch_tanh": "geglu_tanh",
          "gelu_new": "geglu_tanh", "gelu": "geglu"}
-_ROPE_SCALINGS = ("default", "linear", "llama3")
 # Each model_type's tie_word_embeddings when config.json leaves it out (transformers'
 # own defaults).
 TIED_BY_DEFAULT = {"llama": False, "mistral": False, "qwen2": False, "qwen3": False,
@@ -50,32 +50,126 @@ def gated_activation(fields: common.Fields, key: str, default: str) -> str:
   return GATED[value]
 
 
-def rope_fields(fields: common.Fields) -> dict[str, Any]:
-  """rope_theta and rope_scaling (none, linear or Llama 3's) as model.rope_* fields."""
+# rope_scaling's keys each rope_type reads (transformers 4.57's modeling_rope_utils.py),
+# besides rope_type / type.
+_ROPE_KEYS = {
+    "default": (), "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+               "original_max_position_embeddings"),
+    "yarn": ("factor", "original_max_position_embeddings", "attention_factor", "beta_fast",
+             "beta_slow", "truncate", "mscale", "mscale_all_dim"),
+    "dynamic": ("factor", "original_max_position_embeddings"),
+    "longrope": ("factor", "short_factor", "long_factor", "attention_factor",
+                 "original_max_position_embeddings"),
+}
+# The rope_types imported: "default" ("none") and positions.ROPE_SCALINGS' others by
+# name (tests/test_hf_import.py holds the two equal).
+ROPE_TYPES = tuple(_ROPE_KEYS)
+
+
+def rope_fields(fields: common.Fields,
+                aliases: dict[str, str] | None = None) -> dict[str, Any]:
+  """rope_theta and rope_scaling (docs/huggingface.md: every rope_type but "default" is
+  the model.rope_scaling of its name) as model.rope_* fields; `aliases` renames a
+  family's older rope_types (Phi-3's "su")."""
   result = {"rope_max_wavelength": float(fields.get("rope_theta", 10000.0))}
   scaling = fields.get("rope_scaling")
   if scaling is None:
     return result
   kind = scaling.get("rope_type", scaling.get("type"))
-  if kind not in _ROPE_SCALINGS:
+  kind = (aliases or {}).get(kind, kind)
+  if kind not in ROPE_TYPES:
     raise ConfigError(f"{fields.where}: rope_scaling.rope_type={kind!r} is not supported; "
-                      f"this codebase implements {', '.join(map(repr, _ROPE_SCALINGS))} "
+                      f"this codebase implements {', '.join(map(repr, ROPE_TYPES))} "
                       "(model.rope_scaling)")
-  known = {"rope_type", "type", "factor", "low_freq_factor", "high_freq_factor",
-           "original_max_position_embeddings"}
+  known = {"rope_type", "type", *_ROPE_KEYS[kind]}
   unknown = sorted(set(scaling) - known)
   if unknown:
-    raise ConfigError(f"{fields.where}: rope_scaling has {', '.join(unknown)}, which this "
-                      f"codebase does not implement; it reads {sorted(known)}")
+    raise ConfigError(f"{fields.where}: rope_scaling has {', '.join(unknown)}, which "
+                      f"rope_type={kind!r} does not read here; it reads {sorted(known)}")
   if kind == "default":
     return result
-  result.update(rope_scaling=kind, rope_scaling_factor=float(scaling["factor"]))
+  max_len = fields.get("max_position_embeddings")
+
+  def number(key: str, default: Any = None) -> float:
+    value = scaling.get(key, default)
+    if not is_number(value):
+      raise ConfigError(f"{fields.where}: rope_scaling.{key}={value!r}; rope_type={kind!r} "
+                        "needs a number")
+    return float(value)
+
+  result.update(rope_scaling=kind)
+  if kind != "longrope":
+    result.update(rope_scaling_factor=number("factor"))
   if kind == "llama3":
     result.update(
-        rope_low_freq_factor=float(scaling["low_freq_factor"]),
-        rope_high_freq_factor=float(scaling["high_freq_factor"]),
-        rope_original_max_len=int(scaling["original_max_position_embeddings"]))
+        rope_low_freq_factor=number("low_freq_factor"),
+        rope_high_freq_factor=number("high_freq_factor"),
+        rope_original_max_len=int(number("original_max_position_embeddings")))
+  elif kind == "yarn":
+    # transformers reads a missing or zero beta as the paper's 32 / 1, and a missing
+    # original length as max_position_embeddings.
+    factor = result["rope_scaling_factor"]
+    attention = scaling.get("attention_factor")
+    mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
+    if attention is None and mscale and mscale_all_dim:  # DeepSeek's form of the factor.
+      attention = (positions.yarn_mscale(factor, float(mscale))
+                   / positions.yarn_mscale(factor, float(mscale_all_dim)))
+    result.update(
+        rope_original_max_len=int(scaling.get("original_max_position_embeddings") or max_len),
+        rope_yarn_beta_fast=float(scaling.get("beta_fast") or 32.0),
+        rope_yarn_beta_slow=float(scaling.get("beta_slow") or 1.0),
+        rope_yarn_truncate=bool(scaling.get("truncate", True)),
+        rope_attention_factor=0.0 if attention is None else float(attention))
+  elif kind == "dynamic":
+    # transformers 4.57 grows the base past max_position_embeddings, whatever rope_scaling
+    # says (its "TODO: use original_max_position_embeddings"); a differing one is refused
+    # rather than read one way or the other.
+    original = scaling.get("original_max_position_embeddings", max_len)
+    if original != max_len:
+      raise ConfigError(f"{fields.where}: rope_scaling.original_max_position_embeddings="
+                        f"{original!r} differs from max_position_embeddings={max_len!r}, "
+                        "past which transformers' dynamic scaling grows the base; make "
+                        "them equal")
+    result.update(rope_original_max_len=int(max_len))
+  elif kind == "longrope":
+    result.update(_longrope_fields(fields, scaling, max_len))
   return result
+
+
+def _longrope_fields(fields: common.Fields, scaling: dict[str, Any],
+                     max_len: int) -> dict[str, Any]:
+  """LongRoPE as transformers 4.57 reads it: the top-level original_max_position_embeddings
+  (Phi-3's) is the switch length, and then max_position_embeddings / it the factor;
+  without it, max_position_embeddings and rope_scaling.factor."""
+  top = fields.get("original_max_position_embeddings")
+  inner = scaling.get("original_max_position_embeddings")
+  original = top or max_len
+  if inner is not None and inner != original:
+    switch = ("the top-level original_max_position_embeddings" if top else
+              "max_position_embeddings")
+    raise ConfigError(f"{fields.where}: rope_scaling.original_max_position_embeddings="
+                      f"{inner!r}, but transformers' LongRoPE switches at {switch}="
+                      f"{original!r}; set the top-level original_max_position_embeddings")
+  factor = max_len / top if top else scaling.get("factor")
+  if not is_number(factor):
+    raise ConfigError(f"{fields.where}: rope_scaling.factor={factor!r}; LongRoPE without a "
+                      "top-level original_max_position_embeddings needs a number")
+  lists = {}
+  for key in ("short_factor", "long_factor"):
+    value = scaling.get(key)
+    if not isinstance(value, list) or not all(is_number(f) for f in value):
+      raise ConfigError(f"{fields.where}: rope_scaling.{key}={value!r}; expected a list "
+                        "of numbers, one per rotated pair")
+    lists[f"rope_{key}"] = tuple(float(f) for f in value)
+  # Stored as a value, not derived: exported with the top-level original length, the
+  # factor transformers derives it from may differ from this one.
+  attention = scaling.get("attention_factor")
+  if attention is None:
+    attention = positions.rope_attention_factor("longrope", positions.RopeScaling(
+        factor=float(factor), original_max_len=int(original)))
+  return dict(rope_scaling_factor=float(factor), rope_original_max_len=int(original),
+              rope_attention_factor=float(attention), **lists)
 
 
 def window_fields(fields: common.Fields, layer_types: list[str] | None,
@@ -326,13 +420,31 @@ _ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
 
 
 def _rope_scaling(model: ml_collections.ConfigDict) -> dict[str, Any] | None:
-  if model.rope_scaling == "none":
+  """model.rope_* as config.json's rope_scaling (`rope_fields` reads it back)."""
+  kind = model.rope_scaling
+  if kind == "none":
     return None
-  scaling = {"rope_type": model.rope_scaling, "factor": float(model.rope_scaling_factor)}
-  if model.rope_scaling == "llama3":
+  scaling = {"rope_type": kind, "factor": float(model.rope_scaling_factor)}
+  if kind == "llama3":
     scaling.update(low_freq_factor=float(model.rope_low_freq_factor),
                    high_freq_factor=float(model.rope_high_freq_factor),
                    original_max_position_embeddings=int(model.rope_original_max_len))
+  elif kind == "yarn":
+    scaling.update(original_max_position_embeddings=int(model.rope_original_max_len),
+                   beta_fast=float(model.rope_yarn_beta_fast),
+                   beta_slow=float(model.rope_yarn_beta_slow),
+                   truncate=bool(model.rope_yarn_truncate))
+    if model.rope_attention_factor:
+      scaling["attention_factor"] = float(model.rope_attention_factor)
+  elif kind == "longrope":
+    # Explicit: with the top-level original length written beside it, transformers
+    # would derive the factor from max_position_embeddings instead.
+    params = positions.RopeScaling(factor=float(model.rope_scaling_factor),
+                                   original_max_len=int(model.rope_original_max_len),
+                                   attention_factor=float(model.rope_attention_factor))
+    scaling.update(short_factor=[float(f) for f in model.rope_short_factor],
+                   long_factor=[float(f) for f in model.rope_long_factor],
+                   attention_factor=positions.rope_attention_factor(kind, params))
   return scaling
 
 
@@ -407,6 +519,10 @@ def export_llama(workdir: str, hf_dir: str, *, checkpoint_step: int | None = Non
     hf_config["sliding_window"] = model.sliding_window
   else:
     hf_config["rope_scaling"] = _rope_scaling(model)
+  if model.rope_scaling == "dynamic":  # transformers grows the base past this length.
+    hf_config["max_position_embeddings"] = model.rope_original_max_len
+  if model.rope_scaling == "longrope":  # Phi-3's place for the switch length.
+    hf_config["original_max_position_embeddings"] = model.rope_original_max_len
   if family in ("llama", "qwen3"):
     hf_config["attention_bias"] = False
   if family == "llama":

@@ -11,7 +11,7 @@ import numpy as np
 
 from transformer.config.errors import ConfigError
 from transformer.interop.hf import common
-from transformer.model import layers
+from transformer.model import positions
 
 PREFIXES = ("model.",)  # Tensor-name prefixes a headless checkpoint lacks.
 
@@ -63,7 +63,7 @@ def convert(fields: common.Fields, t: common.Tensors, files: dict[str, str]) -> 
       init="gpt2", logits_bias=True, embed_dropout=dropout, residual_dropout=dropout,
       mlp_dropout=fields.get("activation_dropout", 0.0), never_predict=tuple(sorted(never)),
       **common.attention_dropout(fields.get("attention_dropout", 0.0)))
-  table = layers.sinusoidal_table(max_len, d_model, "halves")
+  table = positions.sinusoidal_table(max_len, d_model, "halves")
   for side in ("encoder", "decoder"):
     name = f"{side}.embed_positions.weight"
     if t.has(name) and np.abs(t.take(name) - table).max() > 1e-5:
