@@ -19,6 +19,7 @@ from flax import linen as nn
 from absl import logging
 
 from transformer.config.model import ModelConfig
+from transformer.model import context
 from transformer.model import moe
 from transformer.model.lm_head import LogitsHead
 from transformer.workdir import layout
@@ -175,7 +176,13 @@ def head_loss_sums(head: LogitsHead, x_BLE: jax.Array,
     Others: as loss_sums.
   """
   B, L, _ = x_BLE.shape
-  c = logits_chunk_length(chunk, L, head.vocab_size, rows_per_device(B))
+  # Context parallelism (model/context.py): each of p shards holds L / p positions, and a
+  # chunk takes c of each shard's, so the scan never slices across the sharded length
+  # (slicing it all-gathered the whole row's hidden states every chunk: 264 GiB a step
+  # for llama 1B at 131k tokens on v5p:2x2x2).
+  p = context.size()
+  c = logits_chunk_length(max(chunk // p, 1) if chunk else 0, L // p, head.vocab_size,
+                          rows_per_device(B))
 
   if positions_BL is None:  # Only read with bucket > 0; a stand-in keeps one code path.
     positions_BL = jnp.zeros_like(targets_BL)
@@ -184,7 +191,7 @@ def head_loss_sums(head: LogitsHead, x_BLE: jax.Array,
     return loss_sums(head(x_BcE), targets_Bc, weights_Bc, label_smoothing, z_loss,
                      never_predict, positions_Bc, bucket, num_buckets)
 
-  if c >= L:
+  if c >= L // p:
     return chunk_sums(x_BLE, targets_BL, weights_BL, positions_BL)
   # Cast the head's weight to the compute dtype once, not once per chunk: every chunk
   # reads it whole (on llama 1B's 128k x 2048 head a float32 read is 1 GiB a chunk).
@@ -193,16 +200,17 @@ def head_loss_sums(head: LogitsHead, x_BLE: jax.Array,
   weight = head.weight.astype(head.dtype)
   head = head.replace(weight=nn.with_logical_constraint(
       weight, ("vocab", None) if head.tied else (None, "vocab")))
-  pad = -L % c
-  if pad:
-    x_BLE = jnp.pad(x_BLE, ((0, 0), (0, pad), (0, 0)))
-    targets_BL = jnp.pad(targets_BL, ((0, 0), (0, pad)))
-    weights_BL = jnp.pad(weights_BL, ((0, 0), (0, pad)))
-    positions_BL = jnp.pad(positions_BL, ((0, 0), (0, pad)))  # Weight 0: counted nowhere.
-  n = (L + pad) // c
-  # [n, B, c, ...]: the scan walks the chunks; every row stays where the batch put it.
-  chunks = jax.tree.map(lambda a: jnp.moveaxis(a.reshape((B, n, c) + a.shape[2:]), 1, 0),
-                        (x_BLE, targets_BL, weights_BL, positions_BL))
+  pad = -(L // p) % c  # Weight-0 positions at the end of each shard: counted nowhere.
+  n = (L // p + pad) // c
+
+  def chunked(a):  # [B, L, ...] -> [n, B, p * c, ...]: chunk j is c positions a shard.
+    a = a.reshape((B, p, L // p) + a.shape[2:])
+    a = jnp.pad(a, ((0, 0), (0, 0), (0, pad)) + ((0, 0),) * (a.ndim - 3))
+    a = jnp.moveaxis(a.reshape((B, p, n, c) + a.shape[3:]), 2, 0)
+    return a.reshape((n, B, p * c) + a.shape[4:])
+
+  # The scan walks the chunks; every row stays where the batch put it.
+  chunks = jax.tree.map(chunked, (x_BLE, targets_BL, weights_BL, positions_BL))
   rematted = jax.checkpoint(chunk_sums, policy=jax.checkpoint_policies.nothing_saveable)
 
   def body(total, xs):
