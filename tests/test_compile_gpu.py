@@ -89,7 +89,8 @@ def test_encoder_and_encoder_decoder_on_eight_h100s(h100x8, arch):
 @needs_plugin
 def test_scanned_and_unscanned_agree_on_gpu(h100x8):
   """The same 3-layer model, scanned and unrolled: FLOPs and collective bytes within 5%
-  (the scanned loop's trips multiplied out)."""
+  (the scanned loop's trips multiplied out), HBM bytes too once taken from the step
+  unrolled at 1 and 2 layers (depth.py; counted in the scanned body: 1.1x here)."""
   from transformer.planning import estimate  # pylint: disable=g-import-not-at-top
   from transformer.planning import plan as plan_lib  # pylint: disable=g-import-not-at-top
   topo, devs = h100x8
@@ -98,8 +99,13 @@ def test_scanned_and_unscanned_agree_on_gpu(h100x8):
     config = tiny()
     config.model.update(num_layers=3, scan_layers=scan)
     config.mesh.shape = DATA_PARALLEL
-    costs[scan] = plan_lib.make_plan(config, topo, devs, ("train",)).costs["train"]
+    costs[scan] = plan_lib.make_plan(config, topo, devs, ("train",),
+                                     extrapolate_depth=True).costs["train"]
   assert costs[True].xla_flops == pytest.approx(costs[False].xla_flops, rel=0.05)
+  assert costs[True].hbm_bytes_accessed == pytest.approx(costs[False].hbm_bytes_accessed,
+                                                         rel=0.05)
+  assert costs[True].bytes_source == ("HLO count of the step unrolled at 1 and 2 layers, "
+                                      "extrapolated per layer to 3")
   assert estimate.collective_total(costs[True]) == pytest.approx(
       estimate.collective_total(costs[False]), rel=0.05)
   assert costs[True].collective_bytes["loops_with_unknown_trip_count"] == 0

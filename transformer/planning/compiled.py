@@ -61,6 +61,10 @@ class StepCost:
   optimal_seconds: float | None = None  # XLA's TPU cost model, loops multiplied; GPU: None.
   loop_factors: dict[str, float] = dataclasses.field(default_factory=dict)
   cost_source: str = "XLA cost analysis"  # Or "HLO count" (GPU: no cost analysis).
+  # Where hbm_bytes_accessed and optimal_seconds come from: cost_source, or (a scanned
+  # model) the step unrolled at two small depths, extrapolated (depth.py).
+  bytes_source: str = ""
+  depth_compile_seconds: float = 0.0  # The unrolled compiles bytes_source needed.
   kernels: dict[str, int] = dataclasses.field(default_factory=dict)  # Kind -> launches.
 
   @property
@@ -194,6 +198,7 @@ def _collect(name: str, lowered, start: float, arguments_bytes: int = 0,
       code_bytes=int(memory.generated_code_size_in_bytes),
       xla_flops=flops, hbm_bytes_accessed=nbytes, optimal_seconds=optimal,
       loop_factors=factors, cost_source="XLA cost analysis" if cost else "HLO count",
+      bytes_source="XLA cost analysis" if cost else "HLO count",
       kernels=dict(counts[0].kernels) if counts else {},
       collective_bytes=collective_bytes, collective_error=collective_error,
       compile_seconds=seconds, **extra)
