@@ -219,6 +219,40 @@ ENTRY %main (a: bf16[1,2,16], b: bf16[2,16,4]) -> bf16[1,3,4] {
   assert hlo.count(text).flops == 2 * 4 * 16 * 4
 
 
+# A splash kernel as XLA's TPU compiler prints it: named by its pallas_call, its kernel
+# metadata over several lines, the mask's scope in its op_name; q [B, K, G, L, D] and
+# k [B, K, S, D] follow the mask's integer block tables.
+_SPLASH_HLO = """HloModule splash
+
+ENTRY %main (t: s32[4,4], q: bf16[2,4,1,1024,64], k: bf16[2,4,1024,64], v: bf16[2,4,1024,64]) -> f32[2,4,1,1024,64] {
+  %t = s32[4,4] parameter(0)
+  %q = bf16[2,4,1,1024,64] parameter(1)
+  %k = bf16[2,4,1024,64] parameter(2)
+  %v = bf16[2,4,1024,64] parameter(3)
+  ROOT %splash_mqa_fwd_segmented_residuals.1 = f32[2,4,1,1024,64] custom-call(%t, %q, %k, %v), custom_call_target="tpu_custom_call", frontend_attributes={kernel_metadata={
+"xprof_metadata":"{\\"block_q\\": 256, \\"block_kv\\": 256, \\"block_kv_compute\\": 256, \\"block_q_dq\\": 256, \\"block_kv_dq\\": 256, \\"use_fused_bwd_kernel\\": false}"
+}}, metadata={op_name="jit(step)/attend/splash_mask_causal/shard_map/pallas_call"}
+}
+"""
+
+
+def test_splash_kernels_are_counted_over_the_blocks_their_mask_keeps():
+  """Causal over 4 x 4 blocks of 256: 10 of 16 blocks computed; the forward is 2
+  products of 2 x (B K G L D) x S FLOPs each, and XLA's cost analysis sees none."""
+  counts = hlo.count(_SPLASH_HLO)
+  assert counts.kernels == {"attention splash_mqa_fwd": 1}
+  elements = 2 * 4 * 1 * 1024 * 64
+  assert counts.flops == counts.opaque_flops == 2 * 2 * elements * 1024 * 10 / 16
+  full = hlo.count(_SPLASH_HLO.replace("splash_mask_causal", "splash_mask_full"))
+  assert full.flops == 2 * 2 * elements * 1024
+  assert hlo.visited_fraction(1024, 1024, 1024, 1024, causal=True) == 1.0  # One block.
+  # A causal window of 256 over blocks of 256: the diagonal and the one before it.
+  assert hlo.visited_fraction(1024, 1024, 256, 256, causal=True, window=256) == 7 / 16
+  # dq: 3 products per block pair to the forward's 2.
+  dq = hlo.count(_SPLASH_HLO.replace("splash_mqa_fwd", "splash_mqa_dq"))
+  assert dq.flops == 3 / 2 * counts.flops
+
+
 def _cudnn_installed() -> bool:
   try:
     return importlib.util.find_spec("nvidia.cudnn") is not None
