@@ -225,6 +225,9 @@ def test_trip_count_is_read_from_the_loop_condition():
   assert counts.kernels == {"matmul dot": 3, "all-reduce": 3}
   once = hlo.count(_LOOP_HLO, multiply_loops=False)
   assert once.flops == 2 * 8 * 32 * 16
+  # A counter that steps by 2 from 0 to 3 (XLA's TPU windowed einsums do) runs twice.
+  assert hlo.count(_LOOP_HLO.replace("%one = s32[] constant(1)",
+                                     "%one = s32[] constant(2)")).loops == {"body": 2}
   # Without the bound the count is unknown: the body counts once and the loop is named.
   unknown = hlo.count(_LOOP_HLO.replace("direction=LT", "direction=NE"))
   assert unknown.unknown_loops == 1 and unknown.flops == once.flops

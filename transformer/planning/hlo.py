@@ -13,8 +13,9 @@ One parse serves every count the compile mode takes from the program text:
 Everything is counted once per execution: an instruction inside a while loop counts
 once per trip. The trip count is XLA's `known_trip_count` where the backend config
 has one (GPU), else it is read from the loop's condition, `compare(iv, constant(N)),
-direction=LT` on an induction variable that starts at 0 and steps by 1 (XLA's TPU
-compiler drops the annotation: a scanned stack of N layers would otherwise count once).
+direction=LT`, with the induction variable's start from the loop's initial tuple and its
+step from the body's `add(iv, constant(c))` (XLA's TPU compiler drops the annotation: a
+scanned stack of N layers would otherwise count once; its windowed einsums step by 2).
 A loop whose count cannot be read (a decode that stops at eos) counts once, and
 `Counts.unknown_loops` says how many such loops there were.
 """
@@ -160,38 +161,89 @@ def parse(hlo_text: str) -> tuple[dict[str, _Computation], str]:
 
 
 def _trip_count(line: str, condition: _Computation | None,
-                computations: dict[str, _Computation]) -> int | None:
-  """XLA's known_trip_count, else N of the condition's `compare(iv, constant(N)) LT`."""
+                computations: dict[str, _Computation]) -> tuple[int | None, int | None]:
+  """XLA's known_trip_count, else N of the condition's `compare(iv, constant(N)) LT`.
+
+  Returns (the count or the bound N, the induction variable's index in the loop's tuple;
+  None with a known_trip_count, which needs no start or step).
+  """
   known = _TRIPS.search(line)
   if known:
-    return int(known.group(1))
+    return int(known.group(1)), None
   if condition is None or condition.root is None:
-    return None
+    return None, None
   root = condition.root
+  outer_operands = None
   if root.opcode == "fusion":  # TPU and GPU fuse the compare: look inside.
     callee = _CALLEE.search(root.rest)
     fused = computations.get(callee.group(2)) if callee else None
     if fused is None or fused.root is None:
-      return None
+      return None, None
     constants = {i.name: i for i in fused.instructions if i.opcode == "constant"}
     outer = {i.name: i for i in condition.instructions if i.opcode == "constant"}
-    arguments = root.operands
+    arguments = outer_operands = root.operands
+    params = {}
     for i in fused.instructions:  # A bound passed into the fusion as a parameter.
       index = re.match(r"(\d+)", i.rest) if i.opcode == "parameter" else None
+      if index:
+        params[i.name] = int(index.group(1))
       if index and int(index.group(1)) < len(arguments) and arguments[int(index.group(1))] in outer:
         constants[i.name] = outer[arguments[int(index.group(1))]]
     root = fused.root
   else:
     constants = {i.name: i for i in condition.instructions if i.opcode == "constant"}
   if root.opcode != "compare" or "direction=LT" not in root.rest:
-    return None
+    return None, None
   operands = root.operands
   if len(operands) != 2 or operands[1] not in constants:
-    return None
-  # Scanned layers, micro-batches and fixed-length decodes start their counter at 0
-  # and step by 1 (lax.fori_loop / scan); the bound is the trip count.
+    return None, None
   value = _CONSTANT.search(f"constant({constants[operands[1]].rest}")
+  if not value:
+    return None, None
+  iv = operands[0]
+  if outer_operands is not None:  # The fusion's parameter -> the condition's operand.
+    iv = outer_operands[params[iv]] if params.get(iv, len(outer_operands)) < len(outer_operands) else ""
+  by_name = {i.name: i for i in condition.instructions}
+  element = by_name.get(iv)
+  index = (re.search(r"index=(\d+)", element.rest)
+           if element is not None and element.opcode == "get-tuple-element" else None)
+  return int(value.group(1)), int(index.group(1)) if index else None
+
+
+def _constant_value(name: str, computation: _Computation) -> int | None:
+  """The integer a constant (or a copy of one) named `name` holds, else None."""
+  instruction = next((i for i in computation.instructions if i.name == name), None)
+  if instruction is not None and instruction.opcode == "copy" and instruction.operands:
+    return _constant_value(instruction.operands[0], computation)
+  if instruction is None or instruction.opcode != "constant":
+    return None
+  value = _CONSTANT.search(f"constant({instruction.rest}")
   return int(value.group(1)) if value else None
+
+
+def _start_and_step(index: int, loop: _Instruction, computation: _Computation,
+                    body: _Computation | None) -> tuple[int, int]:
+  """The induction variable's first value (the loop's initial tuple) and its step (the
+  body's `add(iv, constant(c))`); (0, 1), lax.fori_loop's and scan's, where unreadable.
+
+  XLA's TPU windowed einsums (an all-gather or reduce-scatter overlapped with its matmul)
+  run two shards per trip, their counter stepping by 2 up to the shard count.
+  """
+  start, step = 0, 1
+  init = next((i for i in computation.instructions if i.name in loop.operands[:1]), None)
+  if init is not None and init.opcode == "tuple" and index < len(init.operands):
+    value = _constant_value(init.operands[index], computation)
+    start = value if value is not None else 0
+  root = body.root if body is not None else None
+  if root is None or root.opcode != "tuple" or index >= len(root.operands):
+    return start, step
+  update = next((i for i in body.instructions if i.name == root.operands[index]), None)
+  if update is not None and update.opcode == "add":
+    for operand in update.operands:
+      value = _constant_value(operand, body)
+      if value is not None and value > 0:
+        step = value
+  return start, step
 
 
 def _dot_flops(instruction: _Instruction, computation: _Computation) -> float:
@@ -499,7 +551,12 @@ def count(hlo_text: str, multiply_loops: bool = True) -> Counts:
       callees = _CALLEE.findall(instruction.rest)
       if instruction.opcode == "while":
         named = dict(callees)
-        trips = _trip_count(line, computations.get(named.get("condition", "")), computations)
+        trips, index = _trip_count(line, computations.get(named.get("condition", "")),
+                                   computations)
+        if trips is not None and index is not None:
+          start, step = _start_and_step(index, instruction, computation,
+                                        computations.get(named.get("body", "")))
+          trips = max(0, -(-(trips - start) // step))
         body = total(named.get("body", ""), depth + 1)
         if trips is None and (body.collective_bytes or body.flops):
           counts.unknown_loops += 1
