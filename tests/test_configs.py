@@ -29,6 +29,7 @@ PRESET_ARGS = {
     "transformer_big": ["", "local"],
     "shakespeare_char": ["", "cpu", "cpu15", "cpu_2024", "cpu_moe"],
     "llama": ["1b", "7b", "local"],
+    "maxtext": ["v5e_16b", "v5p_32b"],
 }
 # Presets whose dataset is read from data.path: validation needs a path to be set.
 NEEDS_PATH = ("local_text", "local_parallel", "local_tsv")
