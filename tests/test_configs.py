@@ -138,6 +138,7 @@ def _base():
     ("data.spm_model_type", "wordpiece", r"config\.data\.spm_model_type='wordpiece'"),
     ("model.vocab_size", -1, r"config\.model\.vocab_size=-1 is invalid: expected an integer >= 0"),
     ("train.steps_per_call", 0, r"config\.train\.steps_per_call=0 is invalid: expected an integer >= 1"),
+    ("data.prefetch", -1, r"config\.data\.prefetch=-1 is invalid: expected an integer >= 0"),
     # base: log_every=10, eval_every=200, checkpoint.every=1000.
     ("train.steps_per_call", 4, r"config\.train\.steps_per_call=4 is invalid: train\.log_every=10 is "
      r"not a multiple of it.*a divisor of 10 \(1, 2, 5, 10\)"),
