@@ -125,6 +125,7 @@ def get_config() -> ml_collections.ConfigDict:
   data.lm_windows = "packed"  # Causal-LM training rows: "packed" | "random" (nanoGPT: random offsets; the split in memory).
   data.batch_size = 16  # Global batch size in rows (split over data-parallel devices).
   data.num_threads = 2  # Grain reader threads per process.
+  data.prefetch = 2  # Calls' batches a background thread builds and places ahead of the step (evaluation: host batches); 0 = off. Checkpoints save the position of the batches taken.
   data.download = False  # Allow TFDS to download a catalog dataset that is not prepared yet.
 
   # ---- optimizer.* : AdamW and the warmup + inverse-sqrt schedule ----

@@ -89,7 +89,8 @@ def test_encoder_and_encoder_decoder_on_eight_h100s(h100x8, arch):
 @needs_plugin
 def test_scanned_and_unscanned_agree_on_gpu(h100x8):
   """The same 3-layer model, scanned and unrolled: FLOPs and collective bytes within 5%
-  (the scanned loop's trips multiplied out)."""
+  (the scanned loop's trips multiplied out), HBM bytes too once taken from the step
+  unrolled at 1 and 2 layers (depth.py; counted in the scanned body: 1.1x here)."""
   from transformer.planning import estimate  # pylint: disable=g-import-not-at-top
   from transformer.planning import plan as plan_lib  # pylint: disable=g-import-not-at-top
   topo, devs = h100x8
@@ -98,11 +99,42 @@ def test_scanned_and_unscanned_agree_on_gpu(h100x8):
     config = tiny()
     config.model.update(num_layers=3, scan_layers=scan)
     config.mesh.shape = DATA_PARALLEL
-    costs[scan] = plan_lib.make_plan(config, topo, devs, ("train",)).costs["train"]
+    costs[scan] = plan_lib.make_plan(config, topo, devs, ("train",),
+                                     extrapolate_depth=True).costs["train"]
   assert costs[True].xla_flops == pytest.approx(costs[False].xla_flops, rel=0.05)
+  assert costs[True].hbm_bytes_accessed == pytest.approx(costs[False].hbm_bytes_accessed,
+                                                         rel=0.05)
+  assert costs[True].bytes_source == ("HLO count of the step unrolled at 1 and 2 layers, "
+                                      "extrapolated per layer to 3")
   assert estimate.collective_total(costs[True]) == pytest.approx(
       estimate.collective_total(costs[False]), rel=0.05)
   assert costs[True].collective_bytes["loops_with_unknown_trip_count"] == 0
+
+
+@needs_plugin
+def test_mesh_search_on_eight_h100s_ranks_the_meshes(tmp_path, capsys):
+  """--mesh_search on a GPU host: every data x fsdp x tensor of 8 compiled, those that
+  fit ranked fastest first, the ones the 2 heads cannot split over refused with why."""
+  from transformer.planning import search  # pylint: disable=g-import-not-at-top
+  report = tmp_path / "report.json"
+  config = tiny()
+  config.model.num_layers = 1  # Ten GPU compiles: one layer each keeps them short.
+  config.mesh.shape = DATA_PARALLEL
+  code, out, err = _run_mode(config, ["--topology=h100:8", "--compile_steps=train",
+                                      "--notry_levers", "--mesh_search",
+                                      "--search_remat=none", f"--output={report}"], capsys)
+  assert code == 0, err[-3000:]
+  assert "Mesh search: the train step on 8 chips" in out
+  trials = json.loads(report.read_text())["mesh_search"]
+  assert len(trials) == len(search.factorisations(8)) == 10
+  fitting = [t for t in trials if t["fits"]]
+  refused = [t for t in trials if t["error"]]
+  assert trials == fitting + refused  # Nothing compiled fails to fit 71 GiB here.
+  assert [t["estimated_seconds"] for t in fitting] == sorted(
+      t["estimated_seconds"] for t in fitting)
+  assert {t["label"].split(" remat")[0] for t in refused} == {
+      "data=1 fsdp=1 tensor=8", "data=1 fsdp=2 tensor=4", "data=2 fsdp=1 tensor=4"}
+  assert all("does not divide over mesh axes ('tensor',)" in t["error"] for t in refused)
 
 
 def test_gpu_bad_inputs_are_one_line(monkeypatch):
@@ -193,6 +225,9 @@ def test_trip_count_is_read_from_the_loop_condition():
   assert counts.kernels == {"matmul dot": 3, "all-reduce": 3}
   once = hlo.count(_LOOP_HLO, multiply_loops=False)
   assert once.flops == 2 * 8 * 32 * 16
+  # A counter that steps by 2 from 0 to 3 (XLA's TPU windowed einsums do) runs twice.
+  assert hlo.count(_LOOP_HLO.replace("%one = s32[] constant(1)",
+                                     "%one = s32[] constant(2)")).loops == {"body": 2}
   # Without the bound the count is unknown: the body counts once and the loop is named.
   unknown = hlo.count(_LOOP_HLO.replace("direction=LT", "direction=NE"))
   assert unknown.unknown_loops == 1 and unknown.flops == once.flops
@@ -211,6 +246,40 @@ ENTRY %main (a: bf16[1,2,16], b: bf16[2,16,4]) -> bf16[1,3,4] {
 """
   # 2 x (batch 1 x features 4) x input features 16 x 4 taps; every tap would be 6.
   assert hlo.count(text).flops == 2 * 4 * 16 * 4
+
+
+# A splash kernel as XLA's TPU compiler prints it: named by its pallas_call, its kernel
+# metadata over several lines, the mask's scope in its op_name; q [B, K, G, L, D] and
+# k [B, K, S, D] follow the mask's integer block tables.
+_SPLASH_HLO = """HloModule splash
+
+ENTRY %main (t: s32[4,4], q: bf16[2,4,1,1024,64], k: bf16[2,4,1024,64], v: bf16[2,4,1024,64]) -> f32[2,4,1,1024,64] {
+  %t = s32[4,4] parameter(0)
+  %q = bf16[2,4,1,1024,64] parameter(1)
+  %k = bf16[2,4,1024,64] parameter(2)
+  %v = bf16[2,4,1024,64] parameter(3)
+  ROOT %splash_mqa_fwd_segmented_residuals.1 = f32[2,4,1,1024,64] custom-call(%t, %q, %k, %v), custom_call_target="tpu_custom_call", frontend_attributes={kernel_metadata={
+"xprof_metadata":"{\\"block_q\\": 256, \\"block_kv\\": 256, \\"block_kv_compute\\": 256, \\"block_q_dq\\": 256, \\"block_kv_dq\\": 256, \\"use_fused_bwd_kernel\\": false}"
+}}, metadata={op_name="jit(step)/attend/splash_mask_causal/shard_map/pallas_call"}
+}
+"""
+
+
+def test_splash_kernels_are_counted_over_the_blocks_their_mask_keeps():
+  """Causal over 4 x 4 blocks of 256: 10 of 16 blocks computed; the forward is 2
+  products of 2 x (B K G L D) x S FLOPs each, and XLA's cost analysis sees none."""
+  counts = hlo.count(_SPLASH_HLO)
+  assert counts.kernels == {"attention splash_mqa_fwd": 1}
+  elements = 2 * 4 * 1 * 1024 * 64
+  assert counts.flops == counts.opaque_flops == 2 * 2 * elements * 1024 * 10 / 16
+  full = hlo.count(_SPLASH_HLO.replace("splash_mask_causal", "splash_mask_full"))
+  assert full.flops == 2 * 2 * elements * 1024
+  assert hlo.visited_fraction(1024, 1024, 1024, 1024, causal=True) == 1.0  # One block.
+  # A causal window of 256 over blocks of 256: the diagonal and the one before it.
+  assert hlo.visited_fraction(1024, 1024, 256, 256, causal=True, window=256) == 7 / 16
+  # dq: 3 products per block pair to the forward's 2.
+  dq = hlo.count(_SPLASH_HLO.replace("splash_mqa_fwd", "splash_mqa_dq"))
+  assert dq.flops == 3 / 2 * counts.flops
 
 
 def _cudnn_installed() -> bool:

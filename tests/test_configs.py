@@ -29,6 +29,7 @@ PRESET_ARGS = {
     "transformer_big": ["", "local"],
     "shakespeare_char": ["", "cpu", "cpu15", "cpu_2024", "cpu_moe"],
     "llama": ["1b", "7b", "local"],
+    "maxtext": ["v5e_16b", "v5p_32b"],
 }
 # Presets whose dataset is read from data.path: validation needs a path to be set.
 NEEDS_PATH = ("local_text", "local_parallel", "local_tsv")
@@ -137,6 +138,7 @@ def _base():
     ("data.spm_model_type", "wordpiece", r"config\.data\.spm_model_type='wordpiece'"),
     ("model.vocab_size", -1, r"config\.model\.vocab_size=-1 is invalid: expected an integer >= 0"),
     ("train.steps_per_call", 0, r"config\.train\.steps_per_call=0 is invalid: expected an integer >= 1"),
+    ("data.prefetch", -1, r"config\.data\.prefetch=-1 is invalid: expected an integer >= 0"),
     # base: log_every=10, eval_every=200, checkpoint.every=1000.
     ("train.steps_per_call", 4, r"config\.train\.steps_per_call=4 is invalid: train\.log_every=10 is "
      r"not a multiple of it.*a divisor of 10 \(1, 2, 5, 10\)"),

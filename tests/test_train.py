@@ -2,15 +2,20 @@
 
 import json
 import os
+import signal
+import threading
+import time
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from transformer.training import hooks as hooks_lib
 from transformer.training import loop
 from transformer.training import metrics as metrics_lib
 from transformer.training import reporting
+from transformer.training import signals
 from transformer.training import trainer as trainer_lib
 
 
@@ -54,10 +59,36 @@ def test_train_and_evaluate_writes_everything(tiny_config, tmp_path):
   assert steps == [3, 6, 9, 12]
 
 
+class _SigtermAfter(hooks_lib.Hook):
+  """A preemption: SIGTERM after the call that ends at `step`, once the prefetch thread
+  has had time to build the next calls' batches (the run stops after the next call)."""
+
+  def __init__(self, step):
+    self.step = step
+
+  def after_call(self, step, state):
+    if step == self.step:
+      time.sleep(2)  # The thread (data.prefetch=2) builds steps 3 and 4 meanwhile.
+      os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _prefetch_threads():
+  return [t for t in threading.enumerate() if t.name.startswith("prefetch-")]
+
+
 def test_resume_is_exact(tiny_config, tmp_path):
-  """N steps straight == N/2 steps, stop, rerun to N: same losses and bitwise same params."""
+  """N steps straight == N/2 steps, stop, rerun to N: same losses and bitwise same params.
+
+  The straight run builds each batch when it is needed (data.prefetch=0); the others
+  build two calls ahead (the default), and a checkpoint saves the position of the
+  batches trained on: a run preempted at step 2, when the thread had built the rows of
+  steps 3 and 4, resumes with step 3's rows.
+  """
+  assert tiny_config.data.prefetch == 2
   straight = str(tmp_path / "straight")
+  tiny_config.data.prefetch = 0
   loop.train_and_evaluate(tiny_config, straight)
+  tiny_config.data.prefetch = 2
 
   resumed = str(tmp_path / "resumed")
   tiny_config.train.num_steps = 3  # First run stops at 3 (and saves there) ...
@@ -65,19 +96,30 @@ def test_resume_is_exact(tiny_config, tmp_path):
   tiny_config.train.num_steps = 6  # ... the same command with the same workdir resumes.
   loop.train_and_evaluate(tiny_config, resumed)
 
+  preempted = str(tmp_path / "preempted")
+  with pytest.raises(signals.Interrupted) as stopped:
+    loop.train_and_evaluate(tiny_config, preempted, hooks=[_SigtermAfter(1)])
+  assert (stopped.value.step, stopped.value.exit_status) == (2, 143)
+  assert not _prefetch_threads()  # Stopped with the run, not left building.
+  loop.train_and_evaluate(tiny_config, preempted)  # The same command resumes from 2.
+
   losses = lambda w: {r["step"]: r["loss"] for r in _read_metrics(w) if "loss" in r}
-  assert losses(straight) == losses(resumed)  # Identical data order and updates.
-  assert sorted(losses(resumed)) == [1, 2, 3, 4, 5, 6]  # No step repeated or skipped.
-  a, b = _restore_raw(straight, 6), _restore_raw(resumed, 6)
-  assert int(a["step"]) == int(b["step"]) == 6
-  leaves_a, tree_a = jax.tree.flatten(a)
-  leaves_b, tree_b = jax.tree.flatten(b)
-  assert tree_a == tree_b
-  for x, y in zip(leaves_a, leaves_b):
-    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-  # The data iterator position was saved beside the state, per process.
-  data_dir = os.path.join(resumed, "checkpoints", "6", "data")
-  assert "process_0-of-1.json" in os.listdir(data_dir)
+  for run in (resumed, preempted):
+    assert losses(straight) == losses(run), run  # Identical data order and updates.
+    assert sorted(losses(run)) == [1, 2, 3, 4, 5, 6], run  # No step repeated or skipped.
+    a, b = _restore_raw(straight, 6), _restore_raw(run, 6)
+    assert int(a["step"]) == int(b["step"]) == 6
+    leaves_a, tree_a = jax.tree.flatten(a)
+    leaves_b, tree_b = jax.tree.flatten(b)
+    assert tree_a == tree_b
+    for x, y in zip(leaves_a, leaves_b):
+      np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=run)
+    # The data iterator position was saved beside the state, per process: the same.
+    data = os.path.join("checkpoints", "6", "data", "process_0-of-1.json")
+    with open(os.path.join(straight, data), encoding="utf-8") as f, \
+         open(os.path.join(run, data), encoding="utf-8") as g:
+      assert json.load(f) == json.load(g), run
+  assert not _prefetch_threads()
 
 
 def _final_state_leaves(workdir, step):

@@ -46,6 +46,11 @@ _COMPILE_STEPS = flags.DEFINE_list(
 _TRY_LEVERS = flags.DEFINE_bool(
     "try_levers", True, "compile: when a step does not fit, compile it with each lever "
     "(remat, scan_layers, more fsdp, micro-batches, a smaller batch) and show the effect.")
+_EXTRAPOLATE_DEPTH = flags.DEFINE_bool(
+    "extrapolate_depth", True, "compile: for a scanned model, take HBM bytes and "
+    "XLA's optimal_seconds from the steps compiled unrolled at two small depths, "
+    "extrapolated per layer (a scanned body's bytes are not counted as the unrolled "
+    "layers' are; planning/depth.py); --noextrapolate_depth skips those compiles.")
 
 
 STARTS_JAX = False  # No jax.distributed, no workdir: it compiles on this host's CPU.
@@ -100,7 +105,8 @@ def run(config: ml_collections.ConfigDict) -> int:
     topology = topology_lib.parse_topology(_TOPOLOGY.value, _NUM_SLICES.value,
                                            any_shape=_ANY_SLICE.value)
     devices = topology_lib.topology_devices(topology)
-    plan = plan_lib.make_plan(config, topology, devices, tuple(_COMPILE_STEPS.value))
+    plan = plan_lib.make_plan(config, topology, devices, tuple(_COMPILE_STEPS.value),
+                              extrapolate_depth=_EXTRAPOLATE_DEPTH.value)
   except ConfigError as e:
     sys.stderr.write(f"ConfigError: {e}\n")
     return 2
@@ -110,7 +116,8 @@ def run(config: ml_collections.ConfigDict) -> int:
   failing = [step for step in plan.costs if not plan.fits(step)]
   if _TRY_LEVERS.value:
     for step in failing:
-      levers[step] = search.try_levers(plan.config, topology, devices, plan.mesh, step)
+      levers[step] = search.try_levers(plan.config, topology, devices, plan.mesh, step,
+                                       _EXTRAPOLATE_DEPTH.value)
       print("\n".join(report.trial_lines(
           f"Levers for the {step} step, each compiled on its own ({report.gib(plan.costs[step].total_bytes)} "
           "now):", levers[step], plan.usable_bytes, plan.costs[step].total_bytes)),
@@ -119,7 +126,7 @@ def run(config: ml_collections.ConfigDict) -> int:
   if _MESH_SEARCH.value:
     try:
       trials = search.mesh_search(plan.config, topology, devices,
-                                  tuple(_SEARCH_REMAT.value))
+                                  tuple(_SEARCH_REMAT.value), _EXTRAPOLATE_DEPTH.value)
     except ConfigError as e:
       sys.stderr.write(f"ConfigError: {e}\n")
       return 2

@@ -35,7 +35,7 @@ def validate_data(config: ml_collections.ConfigDict) -> None:
   for key in ("seq_len", "batch_size", "num_threads", "spm_train_sentences",
               "continuation_chars"):
     check_int(config, d + key, 1)
-  for key in ("spm_vocab_size", "shuffle_rows"):
+  for key in ("spm_vocab_size", "shuffle_rows", "prefetch"):
     check_int(config, d + key, 0)
   check_rate(config, d + "mask_rate")
   if not is_number(data.val_fraction) or not 0.0 < data.val_fraction < 1.0:

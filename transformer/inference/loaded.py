@@ -48,6 +48,7 @@ from transformer.data import run_data
 from transformer.data import sources
 from transformer.data import tokenizers
 from transformer.model import objectives
+from transformer.model import positions as positions_lib
 from transformer.model.models import make_model
 from transformer.workdir import averaging
 from transformer.workdir import checkpointing
@@ -163,7 +164,7 @@ def _apply_model_overrides(config: ml_collections.ConfigDict, overrides: Mapping
           "its parameters fit only that; a reading mode may change only the fields that "
           "move no parameter: " + ", ".join(INFERENCE_MODEL_KEYS)
           + ", and " + ", ".join(p + "*" for p in INFERENCE_MODEL_PREFIXES))
-    if field == "max_len" and config.model.position == "learned":
+    if field == "max_len" and positions_lib.POSITIONS[config.model.position].learned:
       raise ConfigError(
           f"--config.model.max_len={value!r}: the run's learned position table has "
           f"model.max_len={stored} rows and learned positions cannot extrapolate past "

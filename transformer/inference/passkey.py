@@ -40,6 +40,7 @@ from transformer.config.errors import ConfigError
 from transformer.config.model import ModelConfig
 from transformer.data import tokenizers
 from transformer.model import objectives
+from transformer.model import positions as positions_lib
 from transformer.model.models import make_model
 
 INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and "
@@ -174,7 +175,8 @@ def check_settings(lengths: Sequence[int], depths: Sequence[float], trials: int,
     if length < 1:
       raise ConfigError(f"--passkey_lengths: {length} is not a length; expected integers "
                         ">= 1 (tokens the model reads)")
-    if model.position in ("learned", "sinusoidal") and length > model.max_len:
+    if (positions_lib.POSITIONS[model.position].embedding_table is not None
+        and length > model.max_len):
       raise ConfigError(
           f"--passkey_lengths: {length} tokens exceed the model's {model.position} position "
           f"table, model.max_len={model.max_len}: such positions cannot extrapolate; test "

@@ -422,11 +422,15 @@ def splash_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array,
 
     return _splash_rows(kernel, q_BLHD, k_BSKD, v_BSKD, q_seg_BL, kv_seg_BS)
 
-  if jax.sharding.get_abstract_mesh().empty:
-    return local(q_BLHD, k_BSKD, v_BSKD, segments.q_BL, segments.kv_BS)
-  return jax.shard_map(local, in_specs=(q_spec, kv_spec, kv_spec, seg_spec, kv_seg_spec),
-                       out_specs=q_spec, check_vma=False)(
-                           q_BLHD, k_BSKD, v_BSKD, segments.q_BL, segments.kv_BS)
+  # The mask in the kernels' op_name: the compile mode counts their FLOPs over the
+  # blocks the mask keeps (planning/hlo.py), which the compiled program does not say.
+  scope = f"splash_mask_{'causal' if causal else 'full'}" + (f"_window{window}" if window else "")
+  with jax.named_scope(scope):
+    if jax.sharding.get_abstract_mesh().empty:
+      return local(q_BLHD, k_BSKD, v_BSKD, segments.q_BL, segments.kv_BS)
+    return jax.shard_map(local, in_specs=(q_spec, kv_spec, kv_spec, seg_spec, kv_seg_spec),
+                         out_specs=q_spec, check_vma=False)(
+                             q_BLHD, k_BSKD, v_BSKD, segments.q_BL, segments.kv_BS)
 
 
 def context_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array, *,

@@ -488,17 +488,20 @@ class Position:
       the [B, H, L, S] float32 bias added to a stack's self-attention logits, called
       inside the stack's compact module (`name`: a table shared by its layers).
     rotary: RoPE: every self-attention rotates its queries and keys by their positions.
+    learned: the embedding table is a parameter, so a trained model's max_len cannot
+      grow (a computed table's can).
   """
 
   embedding_table: Callable[[nn.Module, ModelConfig], jax.Array] | None = None
   self_attention_bias: Callable[..., jax.Array] | None = None
   rotary: bool = False
+  learned: bool = False
 
 
 # model.position -> what it does; the names config/model.py's POSITIONS validates
 # (tests/test_config_registries.py holds them equal).
 POSITIONS: dict[str, Position] = {
-    "learned": Position(embedding_table=_learned_table),
+    "learned": Position(embedding_table=_learned_table, learned=True),
     "sinusoidal": Position(embedding_table=_sinusoidal_table),
     "rope": Position(rotary=True),
     "relative": Position(self_attention_bias=_relative_bias),

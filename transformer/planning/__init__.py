@@ -11,6 +11,8 @@ What lives where (imports run downwards; nothing here imports transformer.cli):
   collectives.py  bytes per collective kind (hlo.py's count)
   compiled.py     abstract state and batch -> compiled train / eval / decode steps and
                   XLA's memory and cost analyses, loops multiplied out (StepCost)
+  depth.py        a scanned model's HBM bytes from the steps compiled unrolled at two
+                  small depths, extrapolated per layer
   estimate.py     step-time bounds, tokens/s, MFU and HFU from a StepCost and hardware.py
   audit.py        parameter / optimizer leaves replicated on a weight-sharding mesh
   plan.py         one config on one slice: all of the above (Plan)

@@ -61,6 +61,10 @@ class StepCost:
   optimal_seconds: float | None = None  # XLA's TPU cost model, loops multiplied; GPU: None.
   loop_factors: dict[str, float] = dataclasses.field(default_factory=dict)
   cost_source: str = "XLA cost analysis"  # Or "HLO count" (GPU: no cost analysis).
+  # Where hbm_bytes_accessed and optimal_seconds come from: cost_source, or (a scanned
+  # model) the step unrolled at two small depths, extrapolated (depth.py).
+  bytes_source: str = ""
+  depth_compile_seconds: float = 0.0  # The unrolled compiles bytes_source needed.
   kernels: dict[str, int] = dataclasses.field(default_factory=dict)  # Kind -> launches.
 
   @property
@@ -194,6 +198,7 @@ def _collect(name: str, lowered, start: float, arguments_bytes: int = 0,
       code_bytes=int(memory.generated_code_size_in_bytes),
       xla_flops=flops, hbm_bytes_accessed=nbytes, optimal_seconds=optimal,
       loop_factors=factors, cost_source="XLA cost analysis" if cost else "HLO count",
+      bytes_source="XLA cost analysis" if cost else "HLO count",
       kernels=dict(counts[0].kernels) if counts else {},
       collective_bytes=collective_bytes, collective_error=collective_error,
       compile_seconds=seconds, **extra)
@@ -226,8 +231,9 @@ def _loop_corrected(cost: dict | None, counts: tuple[hlo.Counts, hlo.Counts] | N
   ratio = lambda a, b: a / b if b else 1.0
   # XLA's figure of the program with each loop body once, plus hlo.py's count of the
   # trips it left out: exact where the two agree on a body (dots dominate a layer),
-  # and XLA's own elementwise and outside-the-loop work kept as XLA counts it.
-  flops = float(cost.get("flops", 0.0)) + full.flops - once.flops
+  # and XLA's own elementwise and outside-the-loop work kept as XLA counts it; plus
+  # the first trip of the kernels XLA cannot see at all (fused attention, hlo.py).
+  flops = float(cost.get("flops", 0.0)) + full.flops - once.flops + once.opaque_flops
   nbytes = float(cost.get("bytes accessed", 0.0)) + full.bytes_accessed - once.bytes_accessed
   factors = {"flops": ratio(flops, float(cost.get("flops", 0.0))),
              "bytes": ratio(nbytes, float(cost.get("bytes accessed", 0.0)))}

@@ -13,8 +13,9 @@ One parse serves every count the compile mode takes from the program text:
 Everything is counted once per execution: an instruction inside a while loop counts
 once per trip. The trip count is XLA's `known_trip_count` where the backend config
 has one (GPU), else it is read from the loop's condition, `compare(iv, constant(N)),
-direction=LT` on an induction variable that starts at 0 and steps by 1 (XLA's TPU
-compiler drops the annotation: a scanned stack of N layers would otherwise count once).
+direction=LT`, with the induction variable's start from the loop's initial tuple and its
+step from the body's `add(iv, constant(c))` (XLA's TPU compiler drops the annotation: a
+scanned stack of N layers would otherwise count once; its windowed einsums step by 2).
 A loop whose count cannot be read (a decode that stops at eos) counts once, and
 `Counts.unknown_loops` says how many such loops there were.
 """
@@ -109,6 +110,9 @@ class Counts:
   """What one execution of a compiled program does, per chip, loops multiplied out."""
 
   flops: float = 0.0  # Dots, convolutions and fused-attention calls.
+  # The part of `flops` in kernels XLA's cost analysis cannot see (fused attention:
+  # cuDNN's custom calls, Pallas's splash kernels), counted from their shapes.
+  opaque_flops: float = 0.0
   bytes_accessed: float = 0.0  # HBM bytes the kernels read and write.
   collective_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
   kernels: dict[str, int] = dataclasses.field(default_factory=dict)  # Kind -> launches.
@@ -117,6 +121,7 @@ class Counts:
 
   def add(self, other: "Counts", times: int = 1) -> None:
     self.flops += other.flops * times
+    self.opaque_flops += other.opaque_flops * times
     self.bytes_accessed += other.bytes_accessed * times
     for kind, n in other.collective_bytes.items():
       self.collective_bytes[kind] = self.collective_bytes.get(kind, 0) + n * times
@@ -148,42 +153,97 @@ def parse(hlo_text: str) -> tuple[dict[str, _Computation], str]:
       current.shapes[instruction.name] = instruction.shape
       if stripped.startswith("ROOT"):
         current.root = instruction
+    elif current.instructions:
+      # An attribute printed over several lines (a Pallas kernel's kernel_metadata):
+      # its op_name and backend_config follow on the next lines.
+      current.instructions[-1].rest += "\n" + stripped
   return computations, entry
 
 
 def _trip_count(line: str, condition: _Computation | None,
-                computations: dict[str, _Computation]) -> int | None:
-  """XLA's known_trip_count, else N of the condition's `compare(iv, constant(N)) LT`."""
+                computations: dict[str, _Computation]) -> tuple[int | None, int | None]:
+  """XLA's known_trip_count, else N of the condition's `compare(iv, constant(N)) LT`.
+
+  Returns (the count or the bound N, the induction variable's index in the loop's tuple;
+  None with a known_trip_count, which needs no start or step).
+  """
   known = _TRIPS.search(line)
   if known:
-    return int(known.group(1))
+    return int(known.group(1)), None
   if condition is None or condition.root is None:
-    return None
+    return None, None
   root = condition.root
+  outer_operands = None
   if root.opcode == "fusion":  # TPU and GPU fuse the compare: look inside.
     callee = _CALLEE.search(root.rest)
     fused = computations.get(callee.group(2)) if callee else None
     if fused is None or fused.root is None:
-      return None
+      return None, None
     constants = {i.name: i for i in fused.instructions if i.opcode == "constant"}
     outer = {i.name: i for i in condition.instructions if i.opcode == "constant"}
-    arguments = root.operands
+    arguments = outer_operands = root.operands
+    params = {}
     for i in fused.instructions:  # A bound passed into the fusion as a parameter.
       index = re.match(r"(\d+)", i.rest) if i.opcode == "parameter" else None
+      if index:
+        params[i.name] = int(index.group(1))
       if index and int(index.group(1)) < len(arguments) and arguments[int(index.group(1))] in outer:
         constants[i.name] = outer[arguments[int(index.group(1))]]
     root = fused.root
   else:
     constants = {i.name: i for i in condition.instructions if i.opcode == "constant"}
   if root.opcode != "compare" or "direction=LT" not in root.rest:
-    return None
+    return None, None
   operands = root.operands
   if len(operands) != 2 or operands[1] not in constants:
-    return None
-  # Scanned layers, micro-batches and fixed-length decodes start their counter at 0
-  # and step by 1 (lax.fori_loop / scan); the bound is the trip count.
+    return None, None
   value = _CONSTANT.search(f"constant({constants[operands[1]].rest}")
+  if not value:
+    return None, None
+  iv = operands[0]
+  if outer_operands is not None:  # The fusion's parameter -> the condition's operand.
+    iv = outer_operands[params[iv]] if params.get(iv, len(outer_operands)) < len(outer_operands) else ""
+  by_name = {i.name: i for i in condition.instructions}
+  element = by_name.get(iv)
+  index = (re.search(r"index=(\d+)", element.rest)
+           if element is not None and element.opcode == "get-tuple-element" else None)
+  return int(value.group(1)), int(index.group(1)) if index else None
+
+
+def _constant_value(name: str, computation: _Computation) -> int | None:
+  """The integer a constant (or a copy of one) named `name` holds, else None."""
+  instruction = next((i for i in computation.instructions if i.name == name), None)
+  if instruction is not None and instruction.opcode == "copy" and instruction.operands:
+    return _constant_value(instruction.operands[0], computation)
+  if instruction is None or instruction.opcode != "constant":
+    return None
+  value = _CONSTANT.search(f"constant({instruction.rest}")
   return int(value.group(1)) if value else None
+
+
+def _start_and_step(index: int, loop: _Instruction, computation: _Computation,
+                    body: _Computation | None) -> tuple[int, int]:
+  """The induction variable's first value (the loop's initial tuple) and its step (the
+  body's `add(iv, constant(c))`); (0, 1), lax.fori_loop's and scan's, where unreadable.
+
+  XLA's TPU windowed einsums (an all-gather or reduce-scatter overlapped with its matmul)
+  run two shards per trip, their counter stepping by 2 up to the shard count.
+  """
+  start, step = 0, 1
+  init = next((i for i in computation.instructions if i.name in loop.operands[:1]), None)
+  if init is not None and init.opcode == "tuple" and index < len(init.operands):
+    value = _constant_value(init.operands[index], computation)
+    start = value if value is not None else 0
+  root = body.root if body is not None else None
+  if root is None or root.opcode != "tuple" or index >= len(root.operands):
+    return start, step
+  update = next((i for i in body.instructions if i.name == root.operands[index]), None)
+  if update is not None and update.opcode == "add":
+    for operand in update.operands:
+      value = _constant_value(operand, body)
+      if value is not None and value > 0:
+        step = value
+  return start, step
 
 
 def _dot_flops(instruction: _Instruction, computation: _Computation) -> float:
@@ -254,19 +314,93 @@ def _convolution_flops(instruction: _Instruction, computation: _Computation) -> 
   return 2.0 * others * rhs[rhs_labels.index("i")] * taps
 
 
-def attention_flops(target: str, instruction: _Instruction, computation: _Computation) -> float:
+def attention_flops(kind: str, instruction: _Instruction, computation: _Computation) -> float:
   """A fused attention call's FLOPs from its shapes: XLA's cost analysis sees none.
 
-  Forward: QK^T and PV, 2 x 2 x B x H x Lq x Lk x D. Backward: 2.5 times that (dQ,
+  The one place for the known cost of the attention kernels a config can pick:
+  cuDNN's custom calls (below) and Pallas's splash kernels (`_splash_flops`).
+  cuDNN: forward QK^T and PV, 2 x 2 x B x H x Lq x Lk x D; backward 2.5 times that (dQ,
   dK, dV, dP and the recomputed scores). Causal masking is not subtracted: the kernel
   visits the masked blocks of a tile it must compute anyway.
   """
+  if kind.startswith("attention splash_"):
+    return _splash_flops(kind, instruction, computation)
   operands = [_dims(computation.shape_of(name)) for name in instruction.operands[:3]]
   if len(operands) < 3 or any(len(shape) != 4 for shape in operands):
     return 0.0
   (b, lq, h, d), (_, lk, _, _) = operands[0], operands[1]  # cuDNN: [B, L, H, D].
   forward = 4.0 * b * h * lq * lk * d
-  return forward * (2.5 if "backward" in target.lower() or "bprop" in target.lower() else 1.0)
+  return forward * (2.5 if "backward" in kind.lower() or "bprop" in kind.lower() else 1.0)
+
+
+# Pallas splash attention (jax.experimental.pallas.ops.tpu.splash_attention): the
+# custom call is named splash_{mha,mqa}_{fwd,dq,dkv}[_segmented]_..., its block sizes
+# are in its kernel metadata, and model/attention_ops.py names its mask in a scope.
+_SPLASH = re.compile(r"splash_m[hq]a_(fwd|dq|dkv)")
+_SPLASH_MASK = re.compile(r"splash_mask_(causal|full)(?:_window(\d+))?")
+# Matmuls of one block pair, in units of one [L, D] x [D, S] product: the forward's
+# QK^T and PV; dq recomputes QK^T, then dP = dO V^T and dQ = dS K; dkv recomputes QK^T
+# and dP, then dV = P^T dO and dK = dS^T Q (with the fused backward, dQ too).
+_SPLASH_MATMULS = {"fwd": 2, "dq": 3, "dkv": 4}
+_SPLASH_BLOCKS = {"fwd": ("block_q", "block_kv_compute"), "dq": ("block_q_dq", "block_kv_dq"),
+                  "dkv": ("block_q_dkv", "block_kv_dkv_compute")}
+
+
+def _block(rest: str, key: str) -> int | None:
+  match = re.search(rf'\\?"{key}\\?":\s*(\d+)', rest)
+  return int(match.group(1)) if match else None
+
+
+def visited_fraction(q_len: int, kv_len: int, block_q: int, block_kv: int, causal: bool,
+                     window: int = 0) -> float:
+  """Share of the [q_len, kv_len] scores in the blocks a splash kernel computes.
+
+  Splash skips every (query block, key block) pair its mask rules out entirely and
+  computes the others whole: a causal mask over n x n blocks computes n(n+1)/2 of them
+  (half, for many blocks; all of them with a single block); a window keeps a band.
+  """
+  q0 = np.arange(0, q_len, block_q)[:, None]
+  k0 = np.arange(0, kv_len, block_kv)[None, :]
+  q1, k1 = np.minimum(q0 + block_q, q_len) - 1, np.minimum(k0 + block_kv, kv_len) - 1
+  keep = np.ones(np.broadcast_shapes(q0.shape, k0.shape), bool)
+  if causal:
+    keep &= k0 <= q1
+  if window:
+    keep &= k1 >= q0 - (window - 1)
+    if not causal:
+      keep &= k0 <= q1 + (window - 1)
+  area = (q1 - q0 + 1) * (k1 - k0 + 1)
+  return float((area * keep).sum()) / (q_len * kv_len)
+
+
+def _splash_flops(kind: str, instruction: _Instruction, computation: _Computation) -> float:
+  """A splash kernel's FLOPs: 2 x (query elements) x S per matmul, over visited blocks.
+
+  Its first two floating operands of rank >= 3 are q [..., L, D] and k [..., S, D] (the
+  integer ones before them are the mask's block tables). A kernel without the mask's
+  scope counts every block, as an unmasked kernel would.
+  """
+  phase = _SPLASH.match(kind.removeprefix("attention ")).group(1)
+  floats = [_dims(computation.shape_of(name)) for name in instruction.operands
+            if re.match(r"(bf16|f16|f32)\[", computation.shape_of(name))]
+  floats = [shape for shape in floats if len(shape) >= 3]
+  if len(floats) < 2:
+    return 0.0
+  q, k = floats[0], floats[1]
+  q_len, kv_len = q[-2], k[-2]
+  matmuls = _SPLASH_MATMULS[phase]
+  if phase == "dkv" and re.search(r'use_fused_bwd_kernel\\?":\s*true', instruction.rest):
+    matmuls += 1
+  mask = _SPLASH_MASK.search(instruction.rest)
+  fraction = 1.0
+  block_q, block_kv = (_block(instruction.rest, key) for key in _SPLASH_BLOCKS[phase])
+  if mask and block_q and block_kv:
+    fraction = visited_fraction(q_len, kv_len, block_q, block_kv, mask.group(1) == "causal",
+                                int(mask.group(2) or 0))
+  elements = 1
+  for d in q:
+    elements *= d
+  return 2.0 * matmuls * elements * kv_len * fraction
 
 
 _GEMM_CONTRACTING = re.compile(r'"lhs_contracting_dimensions":\[([^\]]*)\]')
@@ -296,6 +430,9 @@ def kernel_kind(instruction: _Instruction) -> str | None:
   if instruction.opcode == "custom-call":
     target = _CUSTOM_TARGET.search(instruction.rest)
     name = target.group(1) if target else "custom-call"
+    pallas = _SPLASH.match(instruction.name) if name == "tpu_custom_call" else None
+    if pallas:  # A Pallas kernel is named by its pallas_call, not by its target.
+      return f"attention {pallas.group(0)}"
     if "fmha" in name.lower() or "attention" in name.lower() or "flash" in name.lower():
       return f"attention {name}"
     if "gemm" in name.lower() or "matmul" in name.lower():
@@ -397,7 +534,9 @@ def count(hlo_text: str, multiply_loops: bool = True) -> Counts:
       if kind:
         counts.kernels[kind] = counts.kernels.get(kind, 0) + 1
       if kind and kind.startswith("attention"):
-        counts.flops += attention_flops(kind, instruction, computation)
+        attention = attention_flops(kind, instruction, computation)
+        counts.flops += attention
+        counts.opaque_flops += attention
       elif kind and kind.startswith("matmul __"):
         counts.flops += _gemm_call_flops(instruction, computation)
       base = instruction.opcode.removesuffix("-start")
@@ -412,7 +551,12 @@ def count(hlo_text: str, multiply_loops: bool = True) -> Counts:
       callees = _CALLEE.findall(instruction.rest)
       if instruction.opcode == "while":
         named = dict(callees)
-        trips = _trip_count(line, computations.get(named.get("condition", "")), computations)
+        trips, index = _trip_count(line, computations.get(named.get("condition", "")),
+                                   computations)
+        if trips is not None and index is not None:
+          start, step = _start_and_step(index, instruction, computation,
+                                        computations.get(named.get("body", "")))
+          trips = max(0, -(-(trips - start) // step))
         body = total(named.get("body", ""), depth + 1)
         if trips is None and (body.collective_bytes or body.flops):
           counts.unknown_loops += 1

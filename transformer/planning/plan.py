@@ -12,6 +12,7 @@ from transformer import hardware
 from transformer.config.errors import ConfigError
 from transformer.planning import audit
 from transformer.planning import compiled
+from transformer.planning import depth
 from transformer.planning import estimate as estimate_lib
 from transformer.planning import gpu
 from transformer.planning import topology as topology_lib
@@ -78,7 +79,8 @@ def usable_memory(topology, chip: hardware.Chip) -> tuple[int, float | None]:
 
 
 def make_plan(config: ml_collections.ConfigDict, topology: topology_lib.Topology,
-              devices: list, steps: tuple[str, ...] = compiled.STEPS) -> Plan:
+              devices: list, steps: tuple[str, ...] = compiled.STEPS,
+              extrapolate_depth: bool = False) -> Plan:
   """Compiles `steps` of `config` for the slice's abstract `devices` and reads the results.
 
   Args:
@@ -87,6 +89,9 @@ def make_plan(config: ml_collections.ConfigDict, topology: topology_lib.Topology
     topology: the parsed --topology.
     devices: `topology.topology_devices(topology)`.
     steps: which of compiled.STEPS to compile.
+    extrapolate_depth: for a scanned model, take HBM bytes and optimal_seconds
+      from the steps compiled unrolled at two small depths (depth.py): a few more,
+      small compiles.
 
   Returns:
     The Plan.
@@ -102,6 +107,8 @@ def make_plan(config: ml_collections.ConfigDict, topology: topology_lib.Topology
   except (RuntimeError, NotImplementedError) as e:  # Tracing the model for the target.
     raise compiled.rejected("model's init", e) from e
   costs = compiled.compile_steps(trainer, steps)
+  if extrapolate_depth and depth.applies(config, costs):
+    costs = depth.extrapolate(config, mesh, costs)
   estimates = {name: estimate_lib.estimate(cost, chip, mesh.size)
                for name, cost in costs.items()}
   usable, fraction = usable_memory(topology, chip)

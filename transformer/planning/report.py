@@ -100,6 +100,9 @@ def _estimate_lines(name: str, cost, est: estimate_lib.Estimate | None) -> list[
       f"interconnect {est.network_seconds * 1e3:.2f} ms -> ~{est.seconds * 1e3:.2f} ms "
       f"({est.bound}-bound), ~{est.tokens_per_second:,.0f} tokens/s{mfu}{hfu}; compiled "
       f"in {cost.compile_seconds:.1f} s"]
+  if cost.bytes_source and cost.bytes_source != cost.cost_source:
+    lines.append(f"    HBM bytes {cost.hbm_bytes_accessed:.3g}/chip and optimal_seconds: "
+                 f"{cost.bytes_source} (compiled in {cost.depth_compile_seconds:.1f} s)")
   if est.optimal_seconds is not None:
     lines.append(f"    XLA's own cost model (optimal_seconds, loops multiplied out): "
                  f"~{est.optimal_seconds * 1e3:.2f} ms")
@@ -156,7 +159,8 @@ def to_json(plan: Plan, levers: dict[str, list[Trial]] | None = None,
         estimated_tokens_per_second=estimated("tokens_per_second"),
         estimated_mfu=estimated("mfu"), estimated_hfu=estimated("hfu"),
         optimal_seconds=cost.optimal_seconds, loop_factors=cost.loop_factors,
-        cost_source=cost.cost_source, kernels=cost.kernels,
+        cost_source=cost.cost_source, bytes_source=cost.bytes_source or cost.cost_source,
+        kernels=cost.kernels,
         compile_seconds=cost.compile_seconds, compile_error=cost.compile_error)
   trial = lambda t: dict(label=t.label, step=t.step, total_bytes=t.total_bytes,
                          fits=t.fits, estimated_seconds=t.seconds, estimated_mfu=t.mfu,

@@ -34,12 +34,13 @@ class Trial:
 
 
 def _try(config: ml_collections.ConfigDict, topology: topology_lib.Topology, devices: list,
-         label: str, overrides: dict[str, Any], step: str) -> Trial:
+         label: str, overrides: dict[str, Any], step: str,
+         extrapolate_depth: bool = False) -> Trial:
   """Compiles `step` of `config` with `overrides`; a ConfigError becomes the trial's error."""
   trial = Trial(label=label, overrides=overrides, step=step)
   try:
     result = plan_lib.make_plan(plan_lib.with_overrides(config, overrides), topology,
-                                devices, steps=(step,))
+                                devices, steps=(step,), extrapolate_depth=extrapolate_depth)
   except ConfigError as e:
     trial.error = str(e).splitlines()[0]
     return trial
@@ -82,9 +83,10 @@ def levers(config: ml_collections.ConfigDict, mesh: dict[str, int], step: str,
 
 
 def try_levers(config: ml_collections.ConfigDict, topology: topology_lib.Topology,
-               devices: list, mesh: dict[str, int], step: str) -> list[Trial]:
-  """Each of `levers` compiled for `step` on its own."""
-  return [_try(config, topology, devices, label, overrides, step)
+               devices: list, mesh: dict[str, int], step: str,
+               extrapolate_depth: bool = False) -> list[Trial]:
+  """Each of `levers` compiled for `step` on its own (make_plan's extrapolate_depth)."""
+  return [_try(config, topology, devices, label, overrides, step, extrapolate_depth)
           for label, overrides in levers(config, mesh, step)]
 
 
@@ -96,7 +98,8 @@ def factorisations(chips: int) -> list[tuple[int, int, int]]:
 
 
 def mesh_search(config: ml_collections.ConfigDict, topology: topology_lib.Topology,
-                devices: list, remats: tuple[str, ...]) -> list[Trial]:
+                devices: list, remats: tuple[str, ...],
+                extrapolate_depth: bool = False) -> list[Trial]:
   """The train step for every mesh factorisation and remat policy, best first.
 
   Order: variants that fit, by estimated step time (fastest first), then those that
@@ -112,7 +115,8 @@ def mesh_search(config: ml_collections.ConfigDict, topology: topology_lib.Topolo
       shape = (("data", data), ("fsdp", fsdp), ("tensor", tensor))
       trials.append(_try(config, topology, devices,
                          f"data={data} fsdp={fsdp} tensor={tensor} remat={remat}",
-                         {"mesh.shape": shape, "model.remat": remat}, "train"))
+                         {"mesh.shape": shape, "model.remat": remat}, "train",
+                         extrapolate_depth))
   return sorted(trials, key=rank)
 
 

@@ -5,6 +5,8 @@
                       several steps a call), evaluate_split
   loop.py             train_and_evaluate: restore or init, then dispatch, report, evaluate,
                       save; the loop's state is one LoopState
+  prefetch.py         the next calls' batches built and placed in a thread (data.prefetch);
+                      its state, which checkpoints save, is the position of the calls taken
   hooks.py            what runs at the loop's known points (after_eval, after_save,
                       after_call) and the registry other modules add hooks to
   signals.py          SIGINT/SIGTERM: stop after a saved step, a second one at once

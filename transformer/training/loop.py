@@ -2,11 +2,13 @@
 
 Resume order (one place): build the abstract sharded state -> if a checkpoint
 exists, restore the state into those shardings and move the data iterator to the
-saved position -> continue with range(state.step, num_steps). A checkpoint saved
-after step s holds the post-update state with state.step == s.
+saved position -> start building batches from there (prefetch.CallBatches, whose
+position later checkpoints save) -> continue with range(state.step, num_steps). A
+checkpoint saved after step s holds the post-update state with state.step == s.
 
 One iteration of the loop, as a story (nanodo's train.py shape): dispatch a call
-of train.steps_per_call steps -> report the previous call's metrics, fetched while
+of train.steps_per_call steps (its batch built and placed ahead, while the previous
+calls ran: prefetch.py) -> report the previous call's metrics, fetched while
 this one runs -> evaluate if due -> save if due (or stopping) -> the hooks'
 after_call. What it reads between iterations is one `LoopState`. Beside it:
 signals.py (stop requests), resume.py (the run's vocabulary and config checks),
@@ -23,7 +25,6 @@ from typing import Any, Callable, Sequence
 import grain
 import jax
 import ml_collections
-import numpy as np
 from absl import logging
 
 from transformer.config import objective as objective_lib
@@ -37,6 +38,7 @@ from transformer.data import sources
 from transformer.training import decode_hook
 from transformer.training import hooks as hooks_lib
 from transformer.training import metrics as metrics_lib
+from transformer.training import prefetch
 from transformer.training import reporting
 from transformer.training import resume
 from transformer.training import signals
@@ -80,7 +82,7 @@ class _Run:
   trainer: Trainer
   checkpointer: checkpointing.Checkpointer
   writer: metrics_file.MetricWriter
-  train_iter: grain.DatasetIterator
+  train_iter: grain.DatasetIterator  # Rows; prefetch.CallBatches takes over after the restore.
   eval_data: Any  # An iterable of the eval split's batches (pipeline.make_dataset).
   objective: objective_lib.Objective
   local_batch_size: int
@@ -206,44 +208,53 @@ def _train_loop(run: _Run) -> dict[str, float]:
     reporting.hint_steps_per_call(config)
     reporter = reporting.Reporter(config, run.writer, progress, guard)
 
-    if start_step == 0 and config.train.eval_at_start:  # The baseline later evals beat.
-      eval_metrics = evaluate_split(run.trainer, state.params, run.eval_data,
-                                    run.local_batch_size)
-      logging.info("eval at step 0: %s", reporting.format_metrics(eval_metrics))
-      run.writer.write(0, eval_metrics)
-
     # train.steps_per_call steps run as one compiled call (the same updates; less
     # per-call overhead, which dominates small models on a CPU). A call ends at the next
     # multiple of steps_per_call, which every cadence is (config/train.py), or at
-    # num_steps. A call's metrics are fetched while the next call runs, so logging
-    # never stalls the device.
-    per_call = config.train.steps_per_call
-    loop = LoopState(dispatched=start_step)
-    while loop.dispatched < num_steps:
-      count = min(per_call - loop.dispatched % per_call, num_steps - loop.dispatched)
-      state, call_metrics = _dispatch(run, state, count)
-      loop.dispatched += count
-      loop.calls += 1
-      step = loop.dispatched
-      loop.report(reporter)  # The previous call's.
-      # The first two calls after a (re)start are always shown: the second has an ETA.
-      loop.unreported = reporting.DispatchedCall(step, count, call_metrics, loop.calls <= 2)
-      if step % config.train.eval_every == 0 or step == num_steps:
-        loop.report(reporter)  # Checked first: a non-finite state is never evaluated.
-        loop.metrics = {**loop.metrics, **_evaluate(run, state, step)}
-        progress.restart_clock()  # Throughput and MFU are of training alone.
-      stopping = run.stop.should_stop(step, config.train.log_every)
-      if step % config.checkpoint.every == 0 or step == num_steps or stopping:
-        loop.report(reporter)  # Checked first: a non-finite step is never saved.
-        _save(run, state, step, record)
-      if stopping:
-        logging.warning("Stopped at step %d; rerun the same command to resume.", step)
-        if step < num_steps:
-          interrupted = signals.Interrupted(step, run.stop.signum)
-        break
-      for hook in run.hooks:
-        hook.after_call(step, state)
-    loop.report(reporter, final=True)  # The last step is always shown.
+    # num_steps (prefetch.call_lengths). Its batch was built and placed by a thread
+    # while the previous calls ran (data.prefetch calls ahead; a checkpoint saves the
+    # position of the rows taken). A call's metrics are fetched while the next call
+    # runs, so logging never stalls the device.
+    batches = prefetch.CallBatches(
+        run.train_iter, run.trainer.global_batch, start_step=start_step,
+        num_steps=num_steps, steps_per_call=config.train.steps_per_call,
+        depth=config.data.prefetch)
+    try:  # Started here: the first call's batch is built during the evaluation at 0.
+      if start_step == 0 and config.train.eval_at_start:  # The baseline later evals beat.
+        eval_metrics = evaluate_split(run.trainer, state.params, run.eval_data,
+                                      run.local_batch_size)
+        logging.info("eval at step 0: %s", reporting.format_metrics(eval_metrics))
+        run.writer.write(0, eval_metrics)
+
+      loop = LoopState(dispatched=start_step)
+      while loop.dispatched < num_steps:
+        call = next(batches)
+        state, call_metrics = _dispatch(run, state, call)
+        loop.dispatched += call.steps
+        loop.calls += 1
+        step = loop.dispatched
+        loop.report(reporter)  # The previous call's.
+        # The first two calls after a (re)start are always shown: the second has an ETA.
+        loop.unreported = reporting.DispatchedCall(step, call.steps, call_metrics,
+                                                   loop.calls <= 2)
+        if step % config.train.eval_every == 0 or step == num_steps:
+          loop.report(reporter)  # Checked first: a non-finite state is never evaluated.
+          loop.metrics = {**loop.metrics, **_evaluate(run, state, step)}
+          progress.restart_clock()  # Throughput and MFU are of training alone.
+        stopping = run.stop.should_stop(step, config.train.log_every)
+        if step % config.checkpoint.every == 0 or step == num_steps or stopping:
+          loop.report(reporter)  # Checked first: a non-finite step is never saved.
+          _save(run, state, step, record, batches)
+        if stopping:
+          logging.warning("Stopped at step %d; rerun the same command to resume.", step)
+          if step < num_steps:
+            interrupted = signals.Interrupted(step, run.stop.signum)
+          break
+        for hook in run.hooks:
+          hook.after_call(step, state)
+      loop.report(reporter, final=True)  # The last step is always shown.
+    finally:  # Every exit (the end, a stop, an error) ends the thread.
+      batches.close()
   if interrupted is not None:
     raise interrupted
   return loop.metrics
@@ -281,14 +292,12 @@ def _restore_or_init(run: _Run) -> tuple[TrainState, bool]:
   return state, restored is not None
 
 
-def _dispatch(run: _Run, state: TrainState, count: int) -> tuple[TrainState, Any]:
-  """Runs the next `count` steps as one compiled call; their metrics stay on the device."""
-  trainer, train_iter = run.trainer, run.train_iter
-  if count == 1:
-    return trainer.train_step(state, trainer.global_batch(next(train_iter)))
-  rows = [next(train_iter) for _ in range(count)]
-  batches = {k: np.stack([row[k] for row in rows]) for k in rows[0]}
-  return trainer.train_steps(state, trainer.global_batch(batches, stacked=True))
+def _dispatch(run: _Run, state: TrainState,
+              call: prefetch.Call) -> tuple[TrainState, Any]:
+  """Runs `call`'s steps as one compiled call; their metrics stay on the device."""
+  if call.steps == 1:
+    return run.trainer.train_step(state, call.batch)
+  return run.trainer.train_steps(state, call.batch)
 
 
 def _evaluate(run: _Run, state: TrainState, step: int) -> dict[str, float]:
@@ -302,11 +311,16 @@ def _evaluate(run: _Run, state: TrainState, step: int) -> dict[str, float]:
   return eval_metrics
 
 
-def _save(run: _Run, state: TrainState, step: int, record: run_record.RunRecord) -> None:
-  """Saves a checkpoint of `state` after `step`; a second signal waits until it is whole."""
+def _save(run: _Run, state: TrainState, step: int, record: run_record.RunRecord,
+          batches: prefetch.CallBatches) -> None:
+  """Saves a checkpoint of `state` after `step`; a second signal waits until it is whole.
+
+  The data position saved is `batches`' (the rows of the calls taken so far, not of
+  those built ahead).
+  """
   with run.stop.deferred():
     run.writer.sync()  # Rows up to `step` are not rewritten after a resume from it.
-    run.checkpointer.save(step, state, run.train_iter)
+    run.checkpointer.save(step, state, batches)
     record.update(step)
     for hook in run.hooks:
       hook.after_save(step, run.checkpointer)

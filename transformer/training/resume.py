@@ -62,14 +62,17 @@ def resolve_vocab_size(config: ml_collections.ConfigDict,
 
 
 # Keys a resumed run may change: for how long, how often to log, evaluate and save,
-# how many steps a compiled call runs, decoding, and the mesh (placement only: the
-# checkpoint is restored into the new mesh's shardings, and no rule changes an array's
-# shape). Every other key shapes the model, the data order or the updates.
+# how many steps a compiled call runs, how many calls' batches are built ahead
+# (data.prefetch: checkpoints hold the position of the rows taken), decoding, and the
+# mesh (placement only: the checkpoint is restored into the new mesh's shardings, and
+# no rule changes an array's shape). Every other key shapes the model, the data order
+# or the updates.
 RESUME_SAFE_KEYS = ("train.num_steps", "train.log_every", "train.eval_every",
                     "train.steps_per_call",
                     "train.eval_batches", "train.eval_at_start", "train.bleu_examples",
                     "train.sample_prompt", "checkpoint.every", "checkpoint.keep",
                     "checkpoint.async_save", "checkpoint.on_config_change", "data.num_threads",
+                    "data.prefetch",
                     # Which kernel computes attention: the same function, no parameter moves.
                     "model.attention_impl")
 RESUME_SAFE_PREFIXES = ("decode.", "mesh.")

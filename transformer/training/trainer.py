@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import flax
 import jax
@@ -34,6 +34,7 @@ from transformer.model import objectives
 from transformer.model.models import make_model
 from transformer.training import metrics as metrics_lib
 from transformer.training import optim
+from transformer.training import prefetch
 from transformer.workdir import checkpointing
 
 
@@ -369,8 +370,25 @@ def sum_split(scorer: Scorer, params: Any, dataset, local_batch_size: int) -> di
   Raises:
     DataError: the split produced no batch.
   """
-  total = None
   batches = packing.iterate_eval(dataset, local_batch_size, scorer.config.train.eval_batches)
+  if scorer.config.data.prefetch:  # The next host batches built while a batch is scored.
+    batches = prefetch.Prefetch(batches, scorer.config.data.prefetch, "prefetch-eval")
+  try:
+    total = _sum_batches(scorer, params, batches)
+  finally:
+    if isinstance(batches, prefetch.Prefetch):
+      batches.close()
+  if total is None:
+    raise DataError(f"config.data.eval_split={scorer.config.data.eval_split!r} produced no "
+                    "batch to evaluate: the split is empty, or every example was dropped (the "
+                    "warnings above say why)")
+  return total
+
+
+def _sum_batches(scorer: Scorer, params: Any,
+                 batches: Iterator[dict[str, np.ndarray]]) -> dict[str, Any] | None:
+  """The summed eval metrics of `batches` (None if there are none), every process alike."""
+  total = None
   template = None  # An all-padding batch for a process whose eval shard ran out first.
   while True:
     local_batch = next(batches, None)
@@ -392,8 +410,4 @@ def sum_split(scorer: Scorer, params: Any, dataset, local_batch_size: int) -> di
       break
     sums = scorer.eval_step(params, scorer.global_batch(local_batch))
     total = metrics_lib.add_sums(total, jax.device_get(sums))
-  if total is None:
-    raise DataError(f"config.data.eval_split={scorer.config.data.eval_split!r} produced no "
-                    "batch to evaluate: the split is empty, or every example was dropped (the "
-                    "warnings above say why)")
   return total
