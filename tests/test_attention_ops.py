@@ -96,6 +96,7 @@ def test_packed_rows_limit_only_where_cudnn_serves(monkeypatch):
   assert ops.packed_rows_limit(config, "gpu") == 7
   assert ops.packed_rows_limit(config, "cpu") is None
   assert ops.packed_rows_limit(config, "tpu") is None
+  assert ops.packed_rows_limit(config, "gpu", context_shards=2) is None  # xla serves it.
   as_f32 = dataclasses.replace(config, dtype=jnp.float32)  # cuDNN refuses it: xla, no limit.
   assert ops.packed_rows_limit(as_f32, "gpu") is None
 

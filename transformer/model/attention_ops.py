@@ -581,12 +581,14 @@ def dot_product_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Arra
                                       mask=mask_B1LS, implementation="xla")
 
 
-def packed_rows_limit(config, platform: str) -> int | None:
+def packed_rows_limit(config, platform: str, context_shards: int = 1) -> int | None:
   """model.attention_max_segments when a training or evaluation attention of `config`'s
-  model runs cuDNN's packed layout on `platform`, else None (no limit on packing)."""
+  model runs cuDNN's packed layout on `platform` (never with the sequence cut into
+  `context_shards` > 1: cuDNN does not serve it), else None (no limit on packing)."""
   for kind in layer_kinds(config):
     kernel = choose_kernel(config.attention_impl, kind, platform=platform, dtype=config.dtype,
-                           head_dim=config.head_dim, q_len=None, kv_len=None)
+                           head_dim=config.head_dim, q_len=None, kv_len=None,
+                           context=context_shards)
     if kernel == "cudnn":
       return config.attention_max_segments
   return None

@@ -30,6 +30,7 @@ from transformer.config.errors import ConfigError, DataError
 from transformer.config.model import ModelConfig
 from transformer.data import packing
 from transformer.model import attention_ops
+from transformer.model import context as context_lib
 from transformer.model import objectives
 from transformer.model.models import make_model
 from transformer.training import metrics as metrics_lib
@@ -201,7 +202,7 @@ class Scorer:
                                         config.train.logits_chunk, position_bucket,
                                         config.data.seq_len),
                batch_sharding=sharding.batch_sharding(mesh, rules),
-               packed_rows_limit=_packed_rows_limit(model_config, mesh))
+               packed_rows_limit=_packed_rows_limit(model_config, mesh, rules))
 
   @contextlib.contextmanager
   def context(self):
@@ -234,9 +235,12 @@ def predicted_rows_excluded(model_config: ModelConfig) -> tuple[int, ...]:
   return tuple(model_config.never_predict)
 
 
-def _packed_rows_limit(model_config: ModelConfig, mesh: jax.sharding.Mesh) -> int | None:
+def _packed_rows_limit(model_config: ModelConfig, mesh: jax.sharding.Mesh,
+                       rules: tuple) -> int | None:
   platform = mesh.devices.flat[0].platform
-  return attention_ops.packed_rows_limit(model_config, platform)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):  # Where "length" is sharded.
+    shards = context_lib.size()
+  return attention_ops.packed_rows_limit(model_config, platform, shards)
 
 
 def _jit_eval_step(model_config: ModelConfig, mesh: jax.sharding.Mesh, rules: tuple,
@@ -310,7 +314,7 @@ class Trainer(Scorer):
                eval_step=_jit_eval_step(model_config, mesh, rules, state_shardings.params,
                                         config.train.logits_chunk),
                batch_sharding=batch_sharding, state_shardings=state_shardings,
-               packed_rows_limit=_packed_rows_limit(model_config, mesh),
+               packed_rows_limit=_packed_rows_limit(model_config, mesh, rules),
                abstract_state=abstract_state, init=jit_init, train_step=jit_train,
                train_steps=jit_train_steps)
 
