@@ -192,7 +192,11 @@ def test_ctrl_c_in_a_real_process_is_one_line_and_130(tmp_path):
       assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()
       time.sleep(0.2)
     process.send_signal(signal.SIGINT)
-    _, stderr = process.communicate(timeout=120)
+    # stdin stays open until the process has exited: communicate() would close it at
+    # once, and a process the loaded machine had not yet scheduled to take the signal
+    # read an empty input, went on to load the (empty) workdir and exited 2.
+    process.wait(timeout=120)
+    stderr = process.stderr.read()
   finally:
     if process.poll() is None:
       process.kill()
