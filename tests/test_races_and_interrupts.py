@@ -180,9 +180,13 @@ def test_ctrl_c_in_a_real_process_is_one_line_and_130(tmp_path):
   workdir = tmp_path / "run"
   workdir.mkdir()
   env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+  # SIGINT as a terminal's foreground process has it: a pytest-xdist worker ignores
+  # SIGINT, its children inherit that through exec, and Python then installs no
+  # KeyboardInterrupt handler (rightly: `python launch.py ... &` in a script ignores it).
   process = subprocess.Popen(
       [sys.executable, "launch.py", "--mode=translate", f"--workdir={workdir}"], cwd=ROOT,
-      env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+      env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
   try:
     # The workdir's log.txt gets its first lines once launch.py's main runs; then the
     # mode reads stdin, which stays open.
