@@ -41,7 +41,6 @@ from transformer.model import mlp
 from transformer.model import models
 from transformer.model import moe
 from transformer.model import norms
-from transformer.model import objectives
 from transformer.model import positions
 from transformer.planning import search
 from transformer.training import optim

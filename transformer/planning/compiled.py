@@ -26,9 +26,7 @@ import ml_collections
 import numpy as np
 
 from transformer.config import objective as objective_lib
-from transformer import sharding
 from transformer.config.errors import ConfigError
-from transformer.config.model import ModelConfig
 from transformer.config.validation import validate
 from transformer.inference import decoding
 from transformer.inference import text

@@ -29,11 +29,9 @@ from absl import logging
 
 from transformer.config import objective as objective_lib
 from transformer import sharding
-from transformer.config.errors import ConfigError
 from transformer.config.validation import validate
 from transformer.data import catalog
 from transformer.data import pipeline
-from transformer.data import run_data
 from transformer.data import sources
 from transformer.training import decode_hook
 from transformer.training import hooks as hooks_lib
