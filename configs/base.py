@@ -186,6 +186,11 @@ def get_config() -> ml_collections.ConfigDict:
   # its own devices; attention all-gathers the keys/values over it, in the zig-zag order
   # that balances the causal work. n must divide data.seq_len / 2 (two chunks a shard).
   mesh.shape = (("data", -1), ("fsdp", 1), ("tensor", 1), ("expert", 1), ("context", 1))
+  # On a TPU torus every mesh axis must be a product of whole torus sides (8 on a
+  # v5p 4x4x4 is not: 4x4x4 has sides 4). True lets an axis split a side, as
+  # mesh_utils' allow_split_physical_axes does; that axis's collectives then run on
+  # part of a ring. False makes such a shape one error naming the axis.
+  mesh.allow_split_physical_axes = False
   # Logical axis name -> mesh axis (or axes, or None for replicated). Data, not code.
   # The first rule for a name whose mesh axes are still free wins (flax), so a name may
   # have fallbacks: an array with both "expert" and "batch" (MoE's capacity buffers

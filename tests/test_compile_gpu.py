@@ -283,6 +283,25 @@ def test_splash_kernels_are_counted_over_the_blocks_their_mask_keeps():
   assert dq.flops == 3 / 2 * counts.flops
 
 
+def test_context_shards_splash_kernels_are_counted_over_their_zigzag_rows():
+  """Four context shards of a 4096-token causal row: each kernel has 1024 query rows (two
+  zig-zag chunks of 512) against all 4096 keys, and each computes the whole row's share
+  of blocks (136 of 256 at 256 x 256): no shard counts its slab as full, none as the
+  first 1024 rows' small triangle."""
+  sharded = (_SPLASH_HLO.replace("k: bf16[2,4,1024,64], v: bf16[2,4,1024,64]",
+                                 "k: bf16[2,4,4096,64], v: bf16[2,4,4096,64]")
+             .replace("%k = bf16[2,4,1024,64]", "%k = bf16[2,4,4096,64]")
+             .replace("%v = bf16[2,4,1024,64]", "%v = bf16[2,4,4096,64]")
+             .replace("splash_mask_causal/", "splash_mask_causal_zigzag4/"))
+  counts = hlo.count(sharded)
+  elements = 2 * 4 * 1 * 1024 * 64
+  assert counts.flops == pytest.approx(2 * 2 * elements * 4096 * 136 / 256)
+  shares = [hlo.visited_fraction(1024, 4096, 256, 256, True, 0, hlo.zigzag_rows(i, 4, 1024))
+            for i in range(4)]
+  assert shares == [136 / 256] * 4  # Balanced: the reason for the zig-zag.
+  assert hlo.visited_fraction(1024, 4096, 256, 256, True) == 10 / 64  # Rows 0..1023.
+
+
 def _cudnn_installed() -> bool:
   try:
     return importlib.util.find_spec("nvidia.cudnn") is not None

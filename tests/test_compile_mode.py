@@ -7,6 +7,7 @@ per chip, 8 rows), so that TPU layout padding does not blur the byte counts.
 
 import importlib.util
 import json
+import re
 
 import pytest
 from absl import flags
@@ -253,6 +254,26 @@ def test_mesh_product_mismatch_names_both_numbers(capsys):
   code, _, err = _run_mode(config, [f"--topology={TOPOLOGY}"], capsys)
   assert code == 2, err[-3000:]
   assert "it has 8 slots for 4 devices" in err
+
+
+def test_an_axis_that_splits_a_torus_side_names_the_axis_and_the_key(capsys):
+  """v5e:4x4 has sides 4 and 4: fsdp 8 would split one, so it is one line unless allowed."""
+  from transformer.planning import topology  # pylint: disable=g-import-not-at-top
+  config = tiny()
+  config.mesh.shape = (("data", 1), ("fsdp", 8), ("tensor", 2))
+  code, _, err = _run_mode(config, ["--topology=v5e:4x4", "--compile_steps=train"], capsys)
+  assert code == 2, err[-3000:]
+  last = err.strip().splitlines()[-1]
+  assert "Traceback" not in err
+  assert "(data=1, fsdp=8, tensor=2) does not map onto the devices' torus 4x4x1" in last
+  # mesh_utils places the axes in its own order; the one it could not place is named.
+  assert re.search(r"assignment for axis '(fsdp|tensor)' of size", last), last
+  assert "allow_split_physical_axes=True" in last
+  config.mesh.allow_split_physical_axes = True
+  topo = topology.parse_topology("v5e:4x4")
+  mesh = topology.topology_mesh(config.mesh, topology.topology_devices(topo))
+  assert dict(mesh.shape) == {"data": 1, "fsdp": 8, "tensor": 2}
+  assert len({d.id for d in mesh.devices.flat}) == 16
 
 
 def test_heads_not_divisible_by_tensor_names_the_field(devices):

@@ -40,6 +40,13 @@ def test_zigzag_rows_give_every_shard_the_same_splash_blocks():
     blocks = np.asarray(info.block_mask)[0].reshape(shards, -1, length // 128)
     computed[name] = (blocks > 0).sum(axis=(1, 2)).tolist()
   assert computed == {"natural": [36, 100, 164, 228], "zigzag": [132] * 4}
+  # The compile mode's count of the same blocks (planning/hlo.py), without splash.
+  from transformer.planning import hlo  # pylint: disable=g-import-not-at-top
+  rows = length // shards
+  for shard in range(shards):
+    share = hlo.visited_fraction(rows, length, 128, 128, True, 0,
+                                 hlo.zigzag_rows(shard, shards, rows))
+    assert share * (rows // 128) * (length // 128) == 132
 
 
 def _logits_and_grads(config, shards):
@@ -148,3 +155,27 @@ def test_splash_per_context_shard_equals_unsharded_xla(tfds_data_dir, window):
   np.testing.assert_allclose(results[1][0], results[0][0], atol=2e-5, rtol=1e-5)
   for g, w in zip(jax.tree.leaves(results[1][1]), jax.tree.leaves(results[0][1])):
     assert np.linalg.norm(g - w) / max(np.linalg.norm(w), 1e-3) < 1e-3
+
+
+def test_per_token_layers_run_on_their_shards_tokens_only():
+  """2 rows of 1,024 tokens a data shard, cut over 2 context shards: every projection of
+  the compiled train step (attention's q/k/v/o, the MLP's wi/wo, forward and backward)
+  multiplies the shard's own 1,024 tokens. Merging batch and length into one axis there
+  made XLA gather the whole 2,048 onto both shards first (context.tokens_mergeable)."""
+  import re  # pylint: disable=g-import-not-at-top
+  from test_compile_mode import tiny  # pylint: disable=g-import-not-at-top
+  from transformer.config import objective as objective_lib  # pylint: disable=g-import-not-at-top
+  from transformer.planning import compiled  # pylint: disable=g-import-not-at-top
+  config = tiny()
+  config.model.update(num_layers=1, attention_impl="xla", max_len=1024)
+  config.data.update(seq_len=1024, batch_size=4)
+  config.mesh.shape = (("data", 2), ("fsdp", 1), ("tensor", 1), ("context", 2))
+  trainer = compiled.build_trainer(compiled.target_config(config),
+                                   sharding.make_mesh(config.mesh, jax.devices()[:4]))
+  batch = compiled.abstract_batch(config, objective_lib.resolve(config.model),
+                                  trainer.batch_sharding)
+  with trainer.context():
+    text = trainer.train_step.lower(trainer.abstract_state, batch).compile().as_text()
+  products = re.findall(r"= [a-z0-9]+\[([0-9,]+)\][^ ]* (?:dot|convolution)\(", text)
+  rows = [shape for shape in products if shape.split(",")[0] in ("1024", "2048")]
+  assert rows and all(shape.split(",")[0] == "1024" for shape in rows), products

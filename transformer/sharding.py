@@ -39,17 +39,66 @@ def mesh_shape(shape: Sequence[tuple[str, int]], num_devices: int) -> dict[str, 
   return sizes
 
 
+def device_grid(mesh_config: ml_collections.ConfigDict, devices: Sequence[Any],
+                num_slices: int = 1) -> np.ndarray:
+  """The devices laid out as `config.mesh.shape`, in the interconnect's order.
+
+  `mesh_utils.create_device_mesh` maps every mesh axis onto whole sides of the TPU
+  torus (GPU and CPU devices are reshaped as they come); with several slices the data
+  axis spans them (`create_hybrid_device_mesh`, data parallel over the data-centre
+  network). An axis that is no product of whole sides (8 on a 4x4x4 torus) would split
+  a physical ring: that is allowed only with `config.mesh.allow_split_physical_axes`,
+  since that axis's collectives then run on part of a ring.
+
+  Raises:
+    ConfigError: the product differs from the device count, the data axis does not
+      split over the slices, or an axis does not map onto the torus.
+  """
+  names = tuple(name for name, _ in mesh_config.shape)
+  sizes = mesh_shape(mesh_config.shape, len(devices))
+  shape = [sizes[n] for n in names]
+  # A run saved before the key existed reads as False, the behaviour it had then.
+  split = bool(mesh_config.get("allow_split_physical_axes", False))
+  if num_slices > 1 and sizes["data"] % num_slices:
+    raise ConfigError(f"config.mesh.shape={tuple(mesh_config.shape)} gives data="
+                      f"{sizes['data']}, which does not split over --num_slices={num_slices}:"
+                      " the data axis spans the slices; make it a multiple of the slice count")
+  try:
+    if num_slices == 1:
+      return mesh_utils.create_device_mesh(shape, devices=devices,
+                                           allow_split_physical_axes=split)
+    dcn = [num_slices if n == "data" else 1 for n in names]
+    ici = [s // d for s, d in zip(shape, dcn)]
+    return mesh_utils.create_hybrid_device_mesh(ici, dcn, devices=devices,
+                                                allow_split_physical_axes=split)
+  except (NotImplementedError, AssertionError, ValueError) as e:
+    # mesh_utils' message names the axis index and the torus's remaining sides.
+    reason = str(e).split(". ")[0].strip()
+    index = re.search(r"logical_axis_index (\d+)", reason)
+    if index and int(index.group(1)) < len(names):
+      reason = reason.replace(index.group(0), f"axis {names[int(index.group(1))]!r}")
+    laid = ", ".join(f"{n}={s}" for n, s in zip(names, shape))
+    coords = [getattr(d, "coords", None) for d in devices]
+    torus = ""
+    if all(c is not None for c in coords):
+      torus = " " + "x".join(str(max(c[i] for c in coords) + 1) for i in range(len(coords[0])))
+    raise ConfigError(
+        f"config.mesh.shape ({laid}) does not map onto the devices' torus{torus}: {reason}. "
+        "Give every axis a product of whole torus sides, or set "
+        "--config.mesh.allow_split_physical_axes=True to let an axis split a side "
+        "(its collectives then use part of a ring)") from e
+
+
 def make_mesh(mesh_config: ml_collections.ConfigDict,
               devices: Sequence[jax.Device] | None = None) -> Mesh:
-  """Builds the (data, fsdp, tensor[, expert]) mesh from `config.mesh.shape`.
+  """Builds the (data, fsdp, tensor[, expert, context]) mesh from `config.mesh.shape`.
 
-  With all devices, `mesh_utils.create_device_mesh` orders them by the physical
-  topology (TPU/GPU interconnect); an explicit subset (tests) is reshaped as given.
+  With all devices, `device_grid` orders them by the physical topology (TPU/GPU
+  interconnect); an explicit subset (tests) is reshaped as given.
   """
   names = tuple(name for name, _ in mesh_config.shape)
   if devices is None:
-    sizes = mesh_shape(mesh_config.shape, jax.device_count())
-    array = mesh_utils.create_device_mesh([sizes[n] for n in names])
+    array = device_grid(mesh_config, jax.devices())
   else:
     sizes = mesh_shape(mesh_config.shape, len(devices))
     array = np.asarray(devices).reshape([sizes[n] for n in names])

@@ -56,9 +56,12 @@ class EinsumDense(nn.Module):
     if x_spec[:2] != output[:2] or "N" in self.equation:
       raise ValueError(f"EinsumDense equation {self.equation!r}: x and the output must "
                        "begin with the same two token axes, e.g. 'BLE,EHD->BLHD'")
-    y = jnp.einsum(f"N{x_spec[2:]},{kernel_spec}->N{output[2:]}",
-                   x.reshape((-1,) + x.shape[2:]).astype(self.dtype), kernel.astype(self.dtype))
-    y = y.reshape(x.shape[:2] + y.shape[1:])
+    if context.tokens_mergeable():
+      y = jnp.einsum(f"N{x_spec[2:]},{kernel_spec}->N{output[2:]}",
+                     x.reshape((-1,) + x.shape[2:]).astype(self.dtype), kernel.astype(self.dtype))
+      y = y.reshape(x.shape[:2] + y.shape[1:])
+    else:  # The length sharded over context: merged, XLA would gather the sequence.
+      y = jnp.einsum(self.equation, x.astype(self.dtype), kernel.astype(self.dtype))
     if self.use_bias:
       bias_shape = self.kernel_shape[len(self.kernel_shape) - len(self.bias_axes):]
       bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros,

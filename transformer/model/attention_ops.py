@@ -508,7 +508,11 @@ def context_splash_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.A
   q_order = np.asarray(context.zigzag(np.arange(L)[None], shards))[0]
   kernel = sk.make_splash_mqa(
       _splash_mask(causal, window, L, S, H // K, q_order=q_order),
-      block_sizes=_splash_block_sizes(L // shards, S), head_shards=1, q_seq_shards=shards,
+      # Query blocks no longer than a zig-zag chunk (L / 2n): a block spanning a shard's
+      # early and late chunk would reach from its first to its last position and so
+      # compute every key block up to the late one.
+      block_sizes=_splash_block_sizes(L // (2 * shards), S), head_shards=1,
+      q_seq_shards=shards,
       attn_logits_soft_cap=softcap or None, interpret=interpret)
   kernel_spec = kernel.manual_sharding_spec(NamedSharding(mesh, P(None, axes)))
 
@@ -520,11 +524,16 @@ def context_splash_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.A
                                    for a in (k_BSKD, v_BSKD, kv_seg_BS))
     return _splash_rows(kernel, q_BLHD, k_BSKD, v_BSKD, q_seg_BL, kv_seg_BS)
 
-  return jax.shard_map(
-      local, in_specs=(kernel_spec, q_spec, kv_spec, kv_spec, P(q_spec[0], q_spec[1]),
-                       P(kv_spec[0], kv_spec[1])),
-      out_specs=q_spec, check_vma=False)(kernel, q_BLHD, k_BSKD, v_BSKD, segments.q_BL,
-                                         segments.kv_BS)
+  # As in splash_attention, plus the shard count: the compile mode counts each shard's
+  # kernel over the blocks its zig-zag rows keep (planning/hlo.py).
+  scope = (f"splash_mask_{'causal' if causal else 'full'}" + (f"_window{window}" if window else "")
+           + f"_zigzag{shards}")
+  with jax.named_scope(scope):
+    return jax.shard_map(
+        local, in_specs=(kernel_spec, q_spec, kv_spec, kv_spec, P(q_spec[0], q_spec[1]),
+                         P(kv_spec[0], kv_spec[1])),
+        out_specs=q_spec, check_vma=False)(kernel, q_BLHD, k_BSKD, v_BSKD, segments.q_BL,
+                                           segments.kv_BS)
 
 
 def _whole_rows_if_indivisible(batch: int, mesh, *specs):

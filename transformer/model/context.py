@@ -2,7 +2,8 @@
 
 With `mesh.shape` holding ("context", n) and the rule ("length", "context"), every
 activation's length (the residual stream, q/k/v, the logits) is split into n shards;
-the per-token layers (embedding, norms, MLP, heads) need nothing more, and attention
+the per-token layers (embedding, norms, MLP, heads) need nothing more than to keep the
+length an axis of its own (`tokens_mergeable`), and attention
 all-gathers the keys and values over the context axes inside a `jax.shard_map`
 (attention_ops.context_attention): each shard keeps its own queries, sees every key,
 and builds its mask from the keys' global segment ids and positions, so causality,
@@ -69,3 +70,15 @@ def unzigzag(x: jax.Array, shards: int) -> jax.Array:
   xp = np if isinstance(x, np.ndarray) else jnp
   early, late = pairs[:, :, 0], xp.flip(pairs[:, :, 1], axis=1)
   return xp.stack([early, late], axis=1).reshape(x.shape)
+
+
+def tokens_mergeable() -> bool:
+  """Whether a per-token layer may merge the batch and length axes into one, N = B * L.
+
+  The merge makes the kernel's gradient one plain matmul (faster on XLA:CPU, see
+  attention.EinsumDense), but with the length sharded over context axes and more than
+  one row a shard, a shard's tokens are no contiguous block of the merged axis: XLA
+  would then gather the whole sequence onto every shard and run the layer on all of it
+  (the MLP of a 2-row, 2-shard step ran on twice its tokens).
+  """
+  return size() == 1

@@ -11,6 +11,7 @@ import jax
 from flax import linen as nn
 
 from transformer.config.model import GATED_ACTIVATIONS, ModelConfig
+from transformer.model import context
 from transformer.model import initializers
 from transformer.model.dropout import Dropout
 
@@ -62,7 +63,9 @@ class MLP(nn.Module):
     cfg = self.config
     width = self.mlp_dim or cfg.mlp_dim
     # Tokens on one axis (N = B * L): see EinsumDense for why this is faster on CPU.
-    x_NE = x_BLE.reshape(-1, x_BLE.shape[-1])
+    # Not with the length sharded over context (context.tokens_mergeable): flax's Dense
+    # contracts the last axis of any rank, so the same weights serve [B, L, E].
+    x_NE = x_BLE.reshape(-1, x_BLE.shape[-1]) if context.tokens_mergeable() else x_BLE
     h_NF = ACTIVATION_FNS[cfg.activation](_dense(cfg, width, ("embed", "mlp"), "wi")(x_NE))
     if cfg.activation in GATED_ACTIVATIONS:
       h_NF = h_NF * _dense(cfg, width, ("embed", "mlp"), "wi_gate")(x_NE)

@@ -337,7 +337,7 @@ def attention_flops(kind: str, instruction: _Instruction, computation: _Computat
 # custom call is named splash_{mha,mqa}_{fwd,dq,dkv}[_segmented]_..., its block sizes
 # are in its kernel metadata, and model/attention_ops.py names its mask in a scope.
 _SPLASH = re.compile(r"splash_m[hq]a_(fwd|dq|dkv)")
-_SPLASH_MASK = re.compile(r"splash_mask_(causal|full)(?:_window(\d+))?")
+_SPLASH_MASK = re.compile(r"splash_mask_(causal|full)(?:_window(\d+))?(?:_zigzag(\d+))?")
 # Matmuls of one block pair, in units of one [L, D] x [D, S] product: the forward's
 # QK^T and PV; dq recomputes QK^T, then dP = dO V^T and dQ = dS K; dkv recomputes QK^T
 # and dP, then dV = P^T dO and dK = dS^T Q (with the fused backward, dQ too).
@@ -351,25 +351,42 @@ def _block(rest: str, key: str) -> int | None:
   return int(match.group(1)) if match else None
 
 
+def zigzag_rows(shard: int, shards: int, rows: int) -> np.ndarray:
+  """The sequence positions of one context shard's `rows` query rows in the zig-zag
+  order (model/context.py): chunk `shard` then chunk 2n - 1 - `shard`, each ascending."""
+  chunk = rows // 2
+  late = (2 * shards - 1 - shard) * chunk
+  return np.concatenate([np.arange(shard * chunk, (shard + 1) * chunk),
+                         np.arange(late, late + chunk)])
+
+
 def visited_fraction(q_len: int, kv_len: int, block_q: int, block_kv: int, causal: bool,
-                     window: int = 0) -> float:
+                     window: int = 0, q_positions: np.ndarray | None = None) -> float:
   """Share of the [q_len, kv_len] scores in the blocks a splash kernel computes.
 
   Splash skips every (query block, key block) pair its mask rules out entirely and
   computes the others whole: a causal mask over n x n blocks computes n(n+1)/2 of them
   (half, for many blocks; all of them with a single block); a window keeps a band.
+  `q_positions` are the rows' sequence positions when they are not 0..q_len-1 (a
+  context shard's zig-zag rows): a block then reaches from its rows' least to their
+  greatest position.
   """
-  q0 = np.arange(0, q_len, block_q)[:, None]
+  if q_positions is None:
+    q_positions = np.arange(q_len)
+  starts = np.arange(0, q_len, block_q)
+  q_min = np.minimum.reduceat(q_positions, starts)[:, None]
+  q_max = np.maximum.reduceat(q_positions, starts)[:, None]
+  rows = (np.minimum(starts + block_q, q_len) - starts)[:, None]
   k0 = np.arange(0, kv_len, block_kv)[None, :]
-  q1, k1 = np.minimum(q0 + block_q, q_len) - 1, np.minimum(k0 + block_kv, kv_len) - 1
-  keep = np.ones(np.broadcast_shapes(q0.shape, k0.shape), bool)
+  k1 = np.minimum(k0 + block_kv, kv_len) - 1
+  keep = np.ones(np.broadcast_shapes(q_min.shape, k0.shape), bool)
   if causal:
-    keep &= k0 <= q1
+    keep &= k0 <= q_max
   if window:
-    keep &= k1 >= q0 - (window - 1)
+    keep &= k1 >= q_min - (window - 1)
     if not causal:
-      keep &= k0 <= q1 + (window - 1)
-  area = (q1 - q0 + 1) * (k1 - k0 + 1)
+      keep &= k0 <= q_max + (window - 1)
+  area = rows * (k1 - k0 + 1)
   return float((area * keep).sum()) / (q_len * kv_len)
 
 
@@ -395,8 +412,14 @@ def _splash_flops(kind: str, instruction: _Instruction, computation: _Computatio
   fraction = 1.0
   block_q, block_kv = (_block(instruction.rest, key) for key in _SPLASH_BLOCKS[phase])
   if mask and block_q and block_kv:
-    fraction = visited_fraction(q_len, kv_len, block_q, block_kv, mask.group(1) == "causal",
-                                int(mask.group(2) or 0))
+    causal, window, shards = mask.group(1) == "causal", int(mask.group(2) or 0), int(
+        mask.group(3) or 1)
+    if shards > 1:  # A context shard's rows: the mean over the shards (each one's kernel).
+      fraction = float(np.mean([
+          visited_fraction(q_len, kv_len, block_q, block_kv, causal, window,
+                           zigzag_rows(shard, shards, q_len)) for shard in range(shards)]))
+    else:
+      fraction = visited_fraction(q_len, kv_len, block_q, block_kv, causal, window)
   elements = 1
   for d in q:
     elements *= d

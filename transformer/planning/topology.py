@@ -198,26 +198,14 @@ def topology_devices(topology: Topology | gpu.GpuTopology) -> list:
 def topology_mesh(mesh_config, devices: Sequence, num_slices: int = 1):
   """The run's Mesh over abstract devices, as `sharding.make_mesh` builds it on a slice.
 
-  The same `-1` expansion (`sharding.mesh_shape`) and the same topology-aware device
-  order (`mesh_utils.create_device_mesh`). With several slices the data axis spans them
-  (data parallel over the data-centre network, `create_hybrid_device_mesh`).
+  The same `-1` expansion and the same topology-aware device order
+  (`sharding.device_grid`); with several slices the data axis spans them.
 
   Raises:
-    ConfigError: the mesh's product differs from the chip count, or the data axis does
-      not split over the slices.
+    ConfigError: the mesh's product differs from the chip count, the data axis does
+      not split over the slices, or an axis does not map onto the torus.
   """
-  from jax.experimental import mesh_utils  # pylint: disable=g-import-not-at-top
   from jax.sharding import Mesh  # pylint: disable=g-import-not-at-top
   from transformer import sharding  # pylint: disable=g-import-not-at-top
   names = tuple(name for name, _ in mesh_config.shape)
-  sizes = sharding.mesh_shape(mesh_config.shape, len(devices))
-  shape = [sizes[n] for n in names]
-  if num_slices == 1:
-    return Mesh(mesh_utils.create_device_mesh(shape, devices=devices), names)
-  if sizes["data"] % num_slices:
-    raise ConfigError(f"config.mesh.shape={tuple(mesh_config.shape)} gives data="
-                      f"{sizes['data']}, which does not split over --num_slices={num_slices}: "
-                      "the data axis spans the slices; make it a multiple of the slice count")
-  dcn = [num_slices if n == "data" else 1 for n in names]
-  ici = [s // d for s, d in zip(shape, dcn)]
-  return Mesh(mesh_utils.create_hybrid_device_mesh(ici, dcn, devices=devices), names)
+  return Mesh(sharding.device_grid(mesh_config, devices, num_slices), names)
