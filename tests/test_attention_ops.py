@@ -187,3 +187,20 @@ def test_dropout_is_flax_dropout_on_cpu_and_draws_hardware_bits_elsewhere():
       jax.random.key(0, impl="unsafe_rbg"))
   kept = jax.random.bernoulli(key, 0.7, (100_000,)).mean()
   assert abs(float(kept) - 0.7) < 0.01
+
+
+def test_dropout_keeps_threefry_on_a_mesh_of_several_accelerators():
+  """The hardware generator only on one accelerator: XLA's SPMD partitioner runs it for
+  the global shape on every device of a larger mesh; threefry draws each device's own."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  if importlib.util.find_spec("libtpu") is None:
+    pytest.skip("libtpu is not installed (pip install libtpu): no TPU devices to mesh")
+  from jax.sharding import Mesh  # pylint: disable=g-import-not-at-top
+  from transformer.planning import topology  # pylint: disable=g-import-not-at-top
+  chips = topology.topology_devices(topology.parse_topology("v5e:2x2"))
+  assert not dropout_lib.use_hardware_bits()  # This CPU host.
+  for devices, expected in ((chips[:1], True), (chips, False)):
+    with jax.set_mesh(Mesh(np.asarray(devices), ("data",))):
+      assert dropout_lib.use_hardware_bits() is expected, len(devices)
+  with jax.set_mesh(Mesh(np.asarray(jax.devices()[:4]), ("data",))):
+    assert not dropout_lib.use_hardware_bits()  # CPU devices: flax's numbers.
