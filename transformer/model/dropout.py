@@ -10,7 +10,9 @@ dropout never needs) and draws the mask from it. On a mesh of several devices th
 mask stays threefry's: XLA's SPMD partitioner cannot split RngBitGenerator and runs
 it whole on every device (transformer_base on 32 v5p chips, 1 row a chip: u32 bits
 for all 32 rows on each, 1.06 -> 1.48 GiB a chip, 3.25 -> 4.64 ms estimated), while
-partitionable threefry (jax's default) draws only each device's own elements.
+partitionable threefry (jax's default) draws only each device's own elements. (On 8
+H100s the compiled steps of the four presets with dropout need the same memory either
+way, the estimates within 2%: threefry there costs little.)
 """
 
 from __future__ import annotations
