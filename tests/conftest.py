@@ -13,9 +13,9 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # The tests' programs are tiny: compiling them is most of a test's time, running them
 # little. LLVM's optimisation level 0 for XLA's CPU code (XLA's own HLO passes, the
 # fusions and layouts, are unchanged) cut the training, golden and sharding tests from
-# 105 to 65 s and the suite from 598 to 512 s on this 2-core AMD EPYC; every test
-# passes with it, the golden steps' recorded losses (rtol 2e-4) included. launch.py's own runs keep
-# XLA's default.
+# 105 to 65 s and the suite from 598 to 512 s on a 2-core AMD EPYC; every test passes
+# with it, the golden steps' recorded losses (rtol 2e-4) included. launch.py's own
+# runs keep XLA's default.
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_force_host_platform_device_count=8"
                            " --xla_backend_optimization_level=0").strip()

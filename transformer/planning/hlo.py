@@ -27,6 +27,8 @@ import re
 
 import numpy as np
 
+from transformer.model import context
+
 COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 
 _BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
@@ -352,12 +354,10 @@ def _block(rest: str, key: str) -> int | None:
 
 
 def zigzag_rows(shard: int, shards: int, rows: int) -> np.ndarray:
-  """The sequence positions of one context shard's `rows` query rows in the zig-zag
-  order (model/context.py): chunk `shard` then chunk 2n - 1 - `shard`, each ascending."""
-  chunk = rows // 2
-  late = (2 * shards - 1 - shard) * chunk
-  return np.concatenate([np.arange(shard * chunk, (shard + 1) * chunk),
-                         np.arange(late, late + chunk)])
+  """The sequence positions of one context shard's `rows` query rows: its slice of
+  model/context.py's zig-zag order of the whole `rows * shards` sequence."""
+  order = context.zigzag(np.arange(rows * shards)[None], shards)[0]
+  return order[shard * rows:(shard + 1) * rows]
 
 
 def visited_fraction(q_len: int, kv_len: int, block_q: int, block_kv: int, causal: bool,
