@@ -20,6 +20,7 @@ from transformer.config.errors import DataError
 from transformer.config.model import ModelConfig
 from transformer.model import attention_ops as ops
 from transformer.model import dropout as dropout_lib
+from transformer.model import splash as splash_lib
 
 
 def _qkv(L=128, H=4, K=2, D=32, B=2, seed=0):
@@ -53,8 +54,9 @@ def test_splash_equals_the_reference_forward_and_gradient(causal, window, packed
   def loss(fn):
     return lambda q, k, v: jnp.sum(jnp.where(real, fn(q, k, v), 0.0) ** 2)
 
-  splash = lambda q, k, v: ops.splash_attention(q, k, v, ops.Segments(seg, seg), causal=causal,
-                                                 window=window, interpret=True)
+  splash = lambda q, k, v: splash_lib.splash_attention(q, k, v, ops.Segments(seg, seg),
+                                                     causal=causal, window=window,
+                                                     interpret=True)
   reference = lambda q, k, v: ops.einsum_attention(q, k, v, mask)
   np.testing.assert_allclose(np.where(real, splash(q, k, v), 0),
                              np.where(real, reference(q, k, v), 0), atol=2e-5)
@@ -165,7 +167,7 @@ def test_an_explicit_kernel_that_cannot_serve_is_refused_before_compiling():
   assert "bfloat16" in text and "'auto'" in text
   assert ops.check_explicit("cudnn", [ops.LayerKind(causal=True)], dtype=jnp.bfloat16,
                             head_dim=64, seq_len=128) is None  # The device is not its to know.
-  assert "blocks of 128" in ops.check_explicit(
+  assert "not a multiple of 128" in ops.check_explicit(
       "splash", [ops.LayerKind(causal=True)], dtype=jnp.bfloat16, head_dim=64, seq_len=100)
   # A decoding step falls back whatever the choice (it is not a kernel call).
   assert ops.check_explicit("splash", [ops.LayerKind(causal=True, decoding=True)],

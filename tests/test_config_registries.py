@@ -218,7 +218,12 @@ def test_model_config_reads_each_field_from_the_config():
 
 
 def test_attention_impls_are_the_kernels():
-  """model.attention_impl's values are attention_ops.py's kernels, and splash's block is one."""
+  """model.attention_impl's values are config/attention.py's table, and every kernel
+  there has its code in attention_ops.py (and nothing else has), a per-shard call exactly
+  where the table says it serves context parallelism."""
+  from transformer.config import attention  # pylint: disable=g-import-not-at-top
   from transformer.model import attention_ops  # pylint: disable=g-import-not-at-top
-  assert model_config.ATTENTION_IMPLS == attention_ops.IMPLEMENTATIONS
-  assert model_config.SPLASH_BLOCK == attention_ops.SPLASH_BLOCK
+  assert model_config.ATTENTION_IMPLS == ("auto",) + tuple(attention.KERNELS)
+  assert tuple(attention_ops.KERNEL_FUNCTIONS) == tuple(attention.KERNELS)
+  for name, kernel in attention.KERNELS.items():
+    assert (attention_ops.KERNEL_FUNCTIONS[name].per_shard is not None) == kernel.context, name

@@ -30,12 +30,12 @@ def test_zigzag_rows_give_every_shard_the_same_splash_blocks():
   the natural order gives the shards 36, 100, 164, 228 blocks to compute, zig-zag 132 each."""
   # pylint: disable-next=g-import-not-at-top
   from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info
-  from transformer.model import attention_ops  # pylint: disable=g-import-not-at-top
+  from transformer.model import splash  # pylint: disable=g-import-not-at-top
   length, shards = 4096, 4
   computed = {}
   for name, order in (("natural", None),
                       ("zigzag", context.zigzag(np.arange(length)[None], shards)[0])):
-    mask = attention_ops._splash_mask(True, 0, length, length, 1, q_order=order)  # pylint: disable=protected-access
+    mask = splash.splash_mask(True, 0, length, length, 1, q_order=order)
     info, _ = splash_attention_mask_info.process_mask(mask, (128, 128), q_seq_shards=shards)
     blocks = np.asarray(info.block_mask)[0].reshape(shards, -1, length // 128)
     computed[name] = (blocks > 0).sum(axis=(1, 2)).tolist()

@@ -11,7 +11,7 @@ import ml_collections
 from transformer.config.checks import check_choice, check_int, check_rate, is_number
 from transformer.config.errors import fail
 from transformer.config import objective as objective_lib
-from transformer.config.model import SPLASH_BLOCK, TABLE_POSITIONS
+from transformer.config.model import TABLE_POSITIONS
 
 TOKENIZERS = ("sentencepiece", "bytes", "char")
 SPM_MODEL_TYPES = ("unigram", "bpe")
@@ -74,8 +74,3 @@ def validate_data(config: ml_collections.ConfigDict) -> None:
   if data.seq_len > model.max_len and model.position in TABLE_POSITIONS:
     fail(d + "seq_len", data.seq_len,
           f"must be <= model.max_len={model.max_len} with {model.position} positions")
-  if model.attention_impl == "splash" and data.seq_len % SPLASH_BLOCK:
-    fail("model.attention_impl", "splash",
-         f"splash attention tiles the sequence in blocks of {SPLASH_BLOCK}; data.seq_len="
-         f"{data.seq_len} is not a multiple of it: use a multiple, or model.attention_impl="
-         "'auto' (which falls back to xla for such a length)")

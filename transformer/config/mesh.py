@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ml_collections
 
+from transformer.config import attention
 from transformer.config.checks import is_int
 from transformer.config.errors import fail
 
@@ -52,9 +53,9 @@ def validate_mesh(config: ml_collections.ConfigDict) -> None:
 
 
 # The kernels a sequence sharded over "context" can run (model/attention_ops.py
-# context_attention, context_splash_attention); cuDNN cannot ("auto" picks xla there).
-CONTEXT_ATTENTION_IMPLS = ("auto", "xla", "einsum", "splash")
-SPLASH_BLOCK = 128  # attention_ops.SPLASH_BLOCK: each shard's rows tile in blocks of it.
+# context_attention, context_splash_attention); "auto" picks one of them there.
+CONTEXT_ATTENTION_IMPLS = ("auto",) + tuple(
+    name for name, kernel in attention.KERNELS.items() if kernel.context)
 
 
 def length_axes(config: ml_collections.ConfigDict) -> tuple[str, ...]:
@@ -83,20 +84,15 @@ def validate_context(config: ml_collections.ConfigDict) -> None:
   shards = 1
   for axis in axes:
     shards *= max(sizes.get(axis, 1), 1)
-  if shards == 1:
-    return
   seq_len = config.data.seq_len
-  if seq_len % (2 * shards):
+  if shards > 1 and seq_len % (2 * shards):
     fail("data.seq_len", seq_len, f"must be a multiple of 2 x {shards} = {2 * shards}: "
          f"mesh.shape {tuple((a, sizes[a]) for a in axes)} cuts each sequence into "
          f"{shards} context shards of two chunks each (the zig-zag order); pick such a "
          "data.seq_len or a context size that divides it")
   impl = config.model.attention_impl
-  if impl == "splash" and seq_len % (SPLASH_BLOCK * shards):
-    fail("data.seq_len", seq_len, f"splash attention over {shards} context shards tiles "
-         f"each shard in blocks of {SPLASH_BLOCK}: use a multiple of {SPLASH_BLOCK * shards}, "
-         "or model.attention_impl='xla'")
-  if impl not in CONTEXT_ATTENTION_IMPLS:
+  if shards > 1 and impl not in CONTEXT_ATTENTION_IMPLS:
     fail("model.attention_impl", impl, f"cannot attend across {shards} context shards "
          f"(mesh.shape context={shards}); use one of {CONTEXT_ATTENTION_IMPLS}, or "
          "(\"context\", 1)")
+  attention.validate_lengths(config, shards)  # Splash's blocks, per shard.

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from configs import base
+from transformer.config import attention
 from transformer.config import moe
 from transformer.config import objective as objective_lib
 from transformer.config import modern
@@ -68,10 +69,9 @@ INITS = ("gpt2", "bert", "xavier")
 SINUSOIDAL_LAYOUTS = ("interleaved", "halves")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh")
 GATED_ACTIVATIONS = ("swiglu", "geglu", "geglu_tanh")  # silu/gelu(x W) * (x V) in mlp.py.
-# model/attention_ops.py's kernels (IMPLEMENTATIONS there; tests/test_config_registries.py
-# holds the two equal). "auto" picks the platform's fused kernel and falls back per layer.
-ATTENTION_IMPLS = ("auto", "xla", "einsum", "cudnn", "splash")
-SPLASH_BLOCK = 128  # attention_ops.SPLASH_BLOCK: splash tiles lengths in blocks of it.
+# config/attention.py's kernel table (model/attention_ops.py binds each to its code).
+# "auto" picks the platform's fused kernel and falls back per layer.
+ATTENTION_IMPLS = attention.ATTENTION_IMPLS
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
@@ -127,11 +127,13 @@ def validate_model(config: ml_collections.ConfigDict) -> None:
   if model.num_heads % kv_heads:
     fail(m + "num_kv_heads", model.num_kv_heads,
           f"must divide model.num_heads={model.num_heads} (0 means num_heads)")
-  if model.attention_dropout > 0 and model.attention_impl not in ("einsum", "auto"):
+  kernel = attention.KERNELS.get(model.attention_impl)
+  if model.attention_dropout > 0 and kernel and not kernel.dropout:
     fail(m + "attention_dropout", model.attention_dropout,
-          f"jax.nn.dot_product_attention (model.attention_impl={model.attention_impl!r}) "
-          "has no dropout on attention probabilities; set model.attention_dropout=0.0 "
-          "or model.attention_impl='einsum' (or 'auto', which uses it for this)")
+          f"model.attention_impl={model.attention_impl!r} has no dropout on attention "
+          f"probabilities; set model.attention_dropout=0.0 or model.attention_impl="
+          f"{[n for n, k in attention.KERNELS.items() if k.dropout]} (or 'auto', which "
+          "uses one for this)")
 
 
 def objective_of(arch: str, head: str) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ml_collections
 
+from transformer.config import attention
 from transformer.config.checks import check_bool, check_choice, is_int, is_number
 from transformer.config.errors import fail
 
@@ -27,11 +28,13 @@ def validate_modern_axes(config: ml_collections.ConfigDict) -> None:
     value = model[key]
     if not is_number(value) or not value >= 0:
       fail(m + key, value, "expected a float > 0, or 0 for off")
-  if model.attention_softcap and model.attention_impl not in ("einsum", "auto", "splash"):
+  kernel = attention.KERNELS.get(model.attention_impl)
+  if model.attention_softcap and kernel and not kernel.softcap:
     fail(m + "attention_softcap", model.attention_softcap,
-          f"jax.nn.dot_product_attention (model.attention_impl={model.attention_impl!r}) "
-          "cannot cap the scores before its softmax; set model.attention_impl='einsum' (or "
-          "'auto': splash on TPUs, einsum elsewhere)")
+          f"model.attention_impl={model.attention_impl!r} cannot cap the scores before its "
+          f"softmax; set model.attention_impl to one of "
+          f"{[n for n, k in attention.KERNELS.items() if k.softcap]} (or 'auto': splash on "
+          "TPUs, einsum elsewhere)")
   if model.final_logit_softcap and model.head == "classification":
     fail(m + "final_logit_softcap", model.final_logit_softcap,
           "caps the token logits of an 'lm' or 'mlm' head, not model.head='classification'")

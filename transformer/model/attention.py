@@ -80,6 +80,9 @@ class MultiHeadAttention(nn.Module):
   # of the encoder output on the first call and reuses them on every later one.
   cache: str | None = None
   residual_adds: int = 0  # Of the block's stack, for the init of `out` (initializers.py).
+  # Attends to another sequence (an encoder's output): its keys are in their own order,
+  # never the queries' context-parallel zig-zag (attention_ops.LayerKind.cross).
+  cross: bool = False
 
   @nn.compact
   def __call__(self, x_BLE: jax.Array, kv_BSE: jax.Array | None, mask_B1LS: jax.Array, *,
@@ -172,7 +175,7 @@ class MultiHeadAttention(nn.Module):
     kind = attention_ops.LayerKind(
         causal=causal, has_bias=bias_BHLS is not None, softcap=cfg.attention_softcap,
         dropout=use_dropout, decoding=self.cache is not None or segments is None,
-        cross=not causal and self.cache == "cross")
+        cross=self.cross)
     call = functools.partial(
         attention_ops.dot_product_attention, q_BLHD, k_BSKD, v_BSKD, impl=cfg.attention_impl,
         mask_B1LS=mask_B1LS, segments=segments, bias_BHLS=bias_BHLS,

@@ -10,22 +10,27 @@ discarding it:
   cudnn   cuDNN flash attention on NVIDIA GPUs: causality as the kernel's mask type,
           padding and packed documents as per-segment lengths and offsets, a sliding
           window as its window, grouped-query k/v passed as they are
-  splash  Pallas splash attention on TPUs (jax.experimental.pallas.ops.tpu): causal and
-          local masks as mask objects (fully masked blocks are skipped), packed
-          documents as segment ids, grouped-query k/v as one MQA kernel per k/v head;
-          in `jax.shard_map` over the batch and head axes of the mesh
+  splash  Pallas splash attention on TPUs (splash.py): causal and local masks as mask
+          objects (fully masked blocks are skipped), packed documents as segment ids,
+          grouped-query k/v as one MQA kernel per k/v head; blocks from the lengths
   auto    cudnn on GPUs, splash on TPUs, xla elsewhere; where the chosen kernel cannot
           serve a layer kind (a T5/ALiBi bias, softcapping, attention dropout, a decoding
           step, a head size, length or dtype it rejects) that layer kind falls back to
           xla (einsum where only einsum can) and the reason is logged once
 
+What each kernel can serve (its platform, the layer kinds it takes, its dtype, head-size
+and block rules) is config/attention.py's KERNELS table, the one place validation,
+`auto` and planning/ read; KERNEL_FUNCTIONS here binds each name to its code. Adding a
+kernel: its code, its KERNEL_FUNCTIONS entry, its KERNELS entry (docs/layout.md).
+
 With the sequence sharded over a context axis (context.py), `context_attention` runs the
 einsum or xla kernel per shard on the shard's queries and all-gathered keys/values, and
-`context_splash_attention` splash per shard with the load-balanced mask; cuDNN cannot
-serve there ("auto" uses xla on a GPU then, saying so once).
+splash.context_splash_attention splash per shard with the load-balanced mask; cuDNN
+cannot serve there ("auto" uses xla on a GPU then, saying so once).
 
-An explicit `cudnn` or `splash` that cannot serve the config is a ConfigError before
-anything compiles (`check_explicit`), naming the field and what would work.
+An explicit fused kernel that cannot serve the config is a ConfigError before anything
+compiles (`check_explicit`, and config/attention.py's `validate_lengths` for the
+lengths), naming the field and what would work.
 
 Shape letters: B batch, L query length, S key length, H query heads, K key/value heads,
 G query heads per key/value head (H // K), D head dim.
@@ -35,7 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -44,16 +49,15 @@ from absl import logging
 from flax import linen as nn
 
 from transformer import accelerator
+from transformer.config import attention as attention_table
 from transformer.config.errors import ConfigError, DataError
 from transformer.model import context
 from transformer.model import positions
+from transformer.model import splash
 
-IMPLEMENTATIONS = ("auto", "xla", "einsum", "cudnn", "splash")
-# The fused kernels' limits (cuDNN 9 flash attention; splash's block tiling).
-CUDNN_DTYPES = ("bfloat16", "float16")
-CUDNN_MAX_HEAD_DIM = 128
-SPLASH_BLOCK = 128  # Query and key lengths must be multiples of it.
-_FUSED_PLATFORM = {"gpu": "cudnn", "cuda": "cudnn", "rocm": None, "tpu": "splash"}
+# config/attention.py's table says what each kernel can compute; KERNEL_FUNCTIONS below
+# binds each name to its code (tests/test_config_registries.py holds the two equal).
+LayerKind = attention_table.LayerKind
 
 
 class Segments(NamedTuple):
@@ -63,69 +67,31 @@ class Segments(NamedTuple):
   kv_BS: jax.Array
 
 
-@dataclasses.dataclass(frozen=True)
-class LayerKind:
-  """The static facts of one attention call that decide which kernel can serve it."""
-  causal: bool
-  window: int = 0
-  has_bias: bool = False
-  softcap: float = 0.0
-  dropout: bool = False
-  decoding: bool = False  # A KV-cache call: queries are not the keys' positions.
-  cross: bool = False
-
-
 def unsupported_reason(kernel: str, kind: LayerKind, *, dtype, head_dim: int,
                        q_len: int | None, kv_len: int | None,
                        hardware: bool = True, context: int = 1) -> str | None:
-  """Why `kernel` cannot compute this call, or None when it can; `hardware=False` leaves
-  out what depends on the GPU being compiled for (config checks know no device);
-  `context` is how many shards the sequence is cut into (context.py)."""
-  if kernel in ("einsum",):
-    return None
-  if kernel == "xla":
-    if kind.softcap or kind.dropout:
-      return "only the einsum attention applies softcapping and attention dropout"
-    return None
-  if context > 1 and kernel == "cudnn":
-    return (f"cuDNN attention does not run on a sequence sharded over a context axis "
-            f"({context} shards); context parallelism uses splash, xla or einsum")
-  if kind.softcap and kernel == "cudnn":
-    return "cuDNN attention has no logit softcapping"
-  if kind.dropout:
-    return f"{kernel} attention draws no dropout from this model's rng"
-  if kind.has_bias:
-    return f"{kernel} attention takes no additive bias (T5 relative positions, ALiBi)"
-  if kind.decoding:
-    return f"a decoding step with a KV cache is not a {kernel} attention call"
-  dtype_name = jnp.dtype(dtype).name
-  if kernel == "cudnn":
-    if dtype_name not in CUDNN_DTYPES:
-      return (f"cuDNN flash attention needs bfloat16 or float16 (model.dtype is "
-              f"{dtype_name})")
-    if head_dim > CUDNN_MAX_HEAD_DIM or head_dim % 8:
-      return (f"cuDNN flash attention needs a head size that is a multiple of 8, at most "
-              f"{CUDNN_MAX_HEAD_DIM} (model.head_dim is {head_dim})")
-    if kind.window and not kind.causal:
-      return "cuDNN's sliding window is causal only"
-    if hardware and not cudnn_available():
-      return ("cuDNN is not installed (pip install nvidia-cudnn-cu12; jax[cuda12] brings it "
-              "on a GPU host)")
-    if hardware and not packed_layout_supported():
-      return ("cuDNN's packed layout (packed documents as segment offsets) needs an sm_90 "
-              "(Hopper) GPU or newer")
-    return None
-  if kernel == "splash":
-    for name, length in (("query", q_len), ("key", kv_len)):
-      if length is not None and length % (SPLASH_BLOCK * context):
-        if context > 1:
-          return (f"splash attention tiles each of the {context} context shards in blocks "
-                  f"of {SPLASH_BLOCK}; the {name} length {length} is not a multiple of "
-                  f"{SPLASH_BLOCK * context}")
-        return (f"splash attention tiles the sequence in blocks of {SPLASH_BLOCK}; the "
-                f"{name} length {length} is not a multiple of it")
-    return None
-  raise ValueError(f"unknown attention kernel {kernel!r}; valid: {IMPLEMENTATIONS}")
+  """Why `kernel` cannot compute this call, or None when it can: the table's rule
+  (config/attention.py), then with `hardware` what the device being compiled for lacks
+  (config checks know no device); `context` is how many shards the sequence is cut into."""
+  if kernel not in KERNEL_FUNCTIONS:
+    raise ValueError(f"unknown attention kernel {kernel!r}; valid: {tuple(KERNEL_FUNCTIONS)}")
+  reason = attention_table.unsupported_reason(
+      kernel, kind, dtype=jnp.dtype(dtype).name, head_dim=head_dim, q_len=q_len,
+      kv_len=kv_len, context=context)
+  device_check = KERNEL_FUNCTIONS[kernel].device_reason
+  if reason is None and hardware and device_check is not None:
+    reason = device_check()
+  return reason
+
+
+def _cudnn_device_reason() -> str | None:
+  if not cudnn_available():
+    return ("cuDNN is not installed (pip install nvidia-cudnn-cu12; jax[cuda12] brings it "
+            "on a GPU host)")
+  if not packed_layout_supported():
+    return ("cuDNN's packed layout (packed documents as segment offsets) needs an sm_90 "
+            "(Hopper) GPU or newer")
+  return None
 
 
 @functools.lru_cache(maxsize=None)
@@ -165,7 +131,7 @@ def choose_kernel(impl: str, kind: LayerKind, *, platform: str, dtype, head_dim:
   """The kernel that computes a call: `impl` itself, or for "auto" the platform's fused
   kernel where it can serve `kind`, else xla (einsum where only einsum can). An explicit
   kernel that cannot serve raises ValueError (check_explicit says it before compiling)."""
-  if impl != "auto" and not (impl in ("cudnn", "splash") and kind.decoding):
+  if impl != "auto" and not (kind.decoding and not attention_table.KERNELS[impl].decoding):
     reason = unsupported_reason(impl, kind, dtype=dtype, head_dim=head_dim, q_len=q_len,
                                 kv_len=kv_len, context=context)
     if reason:  # What the config allowed but the device cannot (an sm_80 GPU, say).
@@ -175,7 +141,7 @@ def choose_kernel(impl: str, kind: LayerKind, *, platform: str, dtype, head_dim:
     return impl
   # An explicit fused kernel serves training and evaluation; a decoding step (a KV cache)
   # falls back like "auto" (check_explicit said so before compiling).
-  fused = impl if impl != "auto" else _FUSED_PLATFORM.get(platform)
+  fused = impl if impl != "auto" else attention_table.fused_kernel(platform)
   if fused is None:
     return "xla" if unsupported_reason("xla", kind, dtype=dtype, head_dim=head_dim,
                                        q_len=q_len, kv_len=kv_len) is None else "einsum"
@@ -213,7 +179,7 @@ def check_explicit(impl: str, kinds: list[LayerKind], *, dtype, head_dim: int,
                    seq_len: int | None) -> str | None:
   """The ConfigError text for an explicit fused kernel that cannot serve one of the
   model's attention kinds (training and evaluation calls; decoding falls back), or None."""
-  if impl not in ("cudnn", "splash"):
+  if impl not in attention_table.FUSED:
     return None
   for kind in kinds:
     if kind.decoding:
@@ -343,96 +309,6 @@ def cudnn_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array,
       qkv_layout="BTNH", sliding_window_length=window or None)
 
 
-def _splash_mask(causal: bool, window: int, q_len: int, kv_len: int, heads: int,
-                 q_order: np.ndarray | None = None):
-  """The mask object of one MQA kernel; `q_order` gives each query row's position in the
-  natural order when the rows are permuted (context parallelism's zig-zag)."""
-  # pylint: disable-next=g-import-not-at-top
-  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
-  shape = (q_len, kv_len)
-  if window:
-    one = masks.LocalMask(shape, window_size=(window - 1, 0 if causal else window - 1),
-                          offset=0)
-  elif causal:
-    one = masks.CausalMask(shape)
-  else:
-    return masks.MultiHeadMask([masks.FullMask(shape)] * heads)  # Order-free.
-  if q_order is not None:
-    # A computable mask evaluates mask_function(q_sequence[rows], cols), in numpy when
-    # the block tables are built and in the kernel: rows in the zig-zag order, keys in
-    # the natural one (MaxText's load-balanced causal mask does the same).
-    one.q_sequence = np.asarray(q_order, np.int32)
-  return masks.MultiHeadMask([one] * heads)
-
-
-def _splash_block_sizes(q_len: int, kv_len: int):
-  # pylint: disable-next=g-import-not-at-top
-  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
-  bq, bkv = min(512, q_len), min(512, kv_len)
-  return sk.BlockSizes(block_q=bq, block_kv_compute=bkv, block_kv=bkv, block_q_dkv=bq,
-                       block_kv_dkv=bkv, block_kv_dkv_compute=bkv, block_q_dq=bq,
-                       block_kv_dq=bkv)
-
-
-def _splash_rows(kernel, q_BLHD, k_BSKD, v_BSKD, q_seg_BL, kv_seg_BS) -> jax.Array:
-  """An MQA splash `kernel` over each row and each k/v head (its G query heads)."""
-  # pylint: disable-next=g-import-not-at-top
-  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
-  _, L, H, D = q_BLHD.shape
-  K = k_BSKD.shape[2]
-  G = H // K
-  scale = 1.0 / np.sqrt(D)
-
-  def row(q_LHD, k_SKD, v_SKD, q_seg_L, kv_seg_S):
-    q_KGLD = (q_LHD * scale).astype(q_LHD.dtype).reshape(L, K, G, D).transpose(1, 2, 0, 3)
-    k_KSD, v_KSD = k_SKD.transpose(1, 0, 2), v_SKD.transpose(1, 0, 2)
-    ids = sk.SegmentIds(q=q_seg_L, kv=kv_seg_S)
-    out_KGLD = jax.vmap(lambda q, k, v: kernel(q, k, v, segment_ids=ids))(
-        q_KGLD, k_KSD, v_KSD)
-    return out_KGLD.transpose(2, 0, 1, 3).reshape(L, H, D)
-
-  return jax.vmap(row)(q_BLHD, k_BSKD, v_BSKD, q_seg_BL, kv_seg_BS)
-
-
-def splash_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array,
-                     segments: Segments, *, causal: bool, window: int, softcap: float = 0.0,
-                     interpret: bool = False) -> jax.Array:
-  """Pallas splash attention, in shard_map over the mesh's batch and head shards.
-
-  The kernel takes one row [H, L, D] at a time (vmapped over the row's batch shard) and
-  its mask as an object, so blocks the causal or local mask rules out are never loaded.
-  Grouped-query attention: one MQA kernel per k/v head over its G query heads, so k/v
-  are never repeated. `interpret` runs the kernel through Pallas's interpreter (CPU tests).
-  """
-  # pylint: disable-next=g-import-not-at-top
-  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
-  from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
-  q_spec = nn.logical_to_mesh_axes(("batch", "length", "heads", "head_dim"))
-  kv_spec = nn.logical_to_mesh_axes(("batch", "length", "kv_heads", "head_dim"))
-  seg_spec = P(q_spec[0], q_spec[1])
-  kv_seg_spec = P(kv_spec[0], kv_spec[1])
-
-  def local(q_BLHD, k_BSKD, v_BSKD, q_seg_BL, kv_seg_BS):
-    L, H = q_BLHD.shape[1:3]
-    S, K = k_BSKD.shape[1], k_BSKD.shape[2]
-    kernel = sk.make_splash_mqa(
-        _splash_mask(causal, window, L, S, H // K), block_sizes=_splash_block_sizes(L, S),
-        head_shards=1, q_seq_shards=1, attn_logits_soft_cap=softcap or None,
-        interpret=interpret)
-
-    return _splash_rows(kernel, q_BLHD, k_BSKD, v_BSKD, q_seg_BL, kv_seg_BS)
-
-  # The mask in the kernels' op_name: the compile mode counts their FLOPs over the
-  # blocks the mask keeps (planning/hlo.py), which the compiled program does not say.
-  scope = f"splash_mask_{'causal' if causal else 'full'}" + (f"_window{window}" if window else "")
-  with jax.named_scope(scope):
-    if jax.sharding.get_abstract_mesh().empty:
-      return local(q_BLHD, k_BSKD, v_BSKD, segments.q_BL, segments.kv_BS)
-    return jax.shard_map(local, in_specs=(q_spec, kv_spec, kv_spec, seg_spec, kv_seg_spec),
-                         out_specs=q_spec, check_vma=False)(
-                             q_BLHD, k_BSKD, v_BSKD, segments.q_BL, segments.kv_BS)
-
-
 def context_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array, *,
                       kernel: str, mask_B1LS: jax.Array, bias_BHLS: jax.Array | None,
                       softcap: float, dropout_rate: float,
@@ -448,10 +324,7 @@ def context_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array, *
   """
   from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
   axes = context.axes()
-  q_spec = nn.logical_to_mesh_axes(("batch", "length", "heads", "head_dim"))
-  kv_spec = nn.logical_to_mesh_axes(("batch", "length", "kv_heads", "head_dim"))
-  q_spec, kv_spec = _whole_rows_if_indivisible(
-      q_BLHD.shape[0], jax.sharding.get_abstract_mesh(), q_spec, kv_spec)
+  q_spec, kv_spec = context.operand_specs(q_BLHD.shape[0])
   rows, length, heads = q_spec[0], q_spec[1], q_spec[2]
   mask_spec = P(rows if mask_B1LS.shape[0] > 1 else None, None, length, None)
   operands, specs = [q_BLHD, k_BSKD, v_BSKD, mask_B1LS], [q_spec, kv_spec, kv_spec, mask_spec]
@@ -483,68 +356,74 @@ def context_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array, *
                        check_vma=False)(*operands)
 
 
-def context_splash_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array,
-                             segments: Segments, *, causal: bool, window: int,
-                             softcap: float, cross: bool, interpret: bool) -> jax.Array:
-  """Splash attention with the length sharded over the context axes (context.py).
-
-  Each shard all-gathers the keys, values and key segment ids and puts them back in the
-  natural order (unzigzag, a local reshape; a cross-attention's source is in it already).
-  The mask is the whole [L, S] one with its rows in the zig-zag order (`_splash_mask`'s
-  q_order), cut into the shards' rows by splash itself (`q_seq_shards`): the block tables
-  travel into the shard_map beside q (`manual_sharding_spec`), so each shard skips
-  exactly the blocks its own queries cannot see, and every shard has the same work.
-  """
-  # pylint: disable-next=g-import-not-at-top
-  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
-  from jax.sharding import NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
-  axes, shards = context.axes(), context.size()
-  mesh = jax.sharding.get_abstract_mesh()
-  q_spec = nn.logical_to_mesh_axes(("batch", "length", "heads", "head_dim"))
-  kv_spec = nn.logical_to_mesh_axes(("batch", "length", "kv_heads", "head_dim"))
-  q_spec, kv_spec = _whole_rows_if_indivisible(q_BLHD.shape[0], mesh, q_spec, kv_spec)
-  _, L, H, _ = q_BLHD.shape
-  S, K = k_BSKD.shape[1], k_BSKD.shape[2]
-  q_order = np.asarray(context.zigzag(np.arange(L)[None], shards))[0]
-  kernel = sk.make_splash_mqa(
-      _splash_mask(causal, window, L, S, H // K, q_order=q_order),
-      # Query blocks no longer than a zig-zag chunk (L / 2n): a block spanning a shard's
-      # early and late chunk would reach from its first to its last position and so
-      # compute every key block up to the late one.
-      block_sizes=_splash_block_sizes(L // (2 * shards), S), head_shards=1,
-      q_seq_shards=shards,
-      attn_logits_soft_cap=softcap or None, interpret=interpret)
-  kernel_spec = kernel.manual_sharding_spec(NamedSharding(mesh, P(None, axes)))
-
-  def local(kernel, q_BLHD, k_BSKD, v_BSKD, q_seg_BL, kv_seg_BS):
-    k_BSKD, v_BSKD, kv_seg_BS = (jax.lax.all_gather(a, axes, axis=1, tiled=True)
-                                 for a in (k_BSKD, v_BSKD, kv_seg_BS))
-    if not cross:  # Self-attention: the keys were in the zig-zag order too.
-      k_BSKD, v_BSKD, kv_seg_BS = (context.unzigzag(a, shards)
-                                   for a in (k_BSKD, v_BSKD, kv_seg_BS))
-    return _splash_rows(kernel, q_BLHD, k_BSKD, v_BSKD, q_seg_BL, kv_seg_BS)
-
-  # As in splash_attention, plus the shard count: the compile mode counts each shard's
-  # kernel over the blocks its zig-zag rows keep (planning/hlo.py).
-  scope = (f"splash_mask_{'causal' if causal else 'full'}" + (f"_window{window}" if window else "")
-           + f"_zigzag{shards}")
-  with jax.named_scope(scope):
-    return jax.shard_map(
-        local, in_specs=(kernel_spec, q_spec, kv_spec, kv_spec, P(q_spec[0], q_spec[1]),
-                         P(kv_spec[0], kv_spec[1])),
-        out_specs=q_spec, check_vma=False)(kernel, q_BLHD, k_BSKD, v_BSKD, segments.q_BL,
-                                           segments.kv_BS)
+class Call(NamedTuple):
+  """One attention call's operands beside q, k and v, as every kernel function takes them."""
+  kind: LayerKind
+  mask_B1LS: jax.Array | None
+  segments: Segments | None
+  bias_BHLS: jax.Array | None
+  dropout_rate: float
+  dropout_rng: jax.Array | None
+  max_segments: int
+  interpret: bool  # Pallas kernels through the interpreter (a CPU mesh).
 
 
-def _whole_rows_if_indivisible(batch: int, mesh, *specs):
-  """The specs with their batch entry dropped when `batch` rows do not split over it
-  (model.init's one row): the rows then stay whole on every device."""
-  from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
-  rows = specs[0][0]
-  row_axes = rows if isinstance(rows, tuple) else (rows,) if rows else ()
-  if batch % int(np.prod([mesh.shape[a] for a in row_axes], dtype=np.int64)):
-    return tuple(P(None, *spec[1:]) for spec in specs)
-  return specs
+def _xla(q_BLHD, k_BSKD, v_BSKD, call: Call) -> jax.Array:
+  bias_BHLS = call.bias_BHLS
+  if bias_BHLS is not None:
+    bias_BHLS = bias_BHLS.astype(q_BLHD.dtype)
+  return jax.nn.dot_product_attention(q_BLHD, k_BSKD, v_BSKD, bias=bias_BHLS,
+                                      mask=call.mask_B1LS, implementation="xla")
+
+
+def _einsum(q_BLHD, k_BSKD, v_BSKD, call: Call) -> jax.Array:
+  return einsum_attention(q_BLHD, k_BSKD, v_BSKD, call.mask_B1LS, bias_BHLS=call.bias_BHLS,
+                          softcap=call.kind.softcap, dropout_rate=call.dropout_rate,
+                          dropout_rng=call.dropout_rng)
+
+
+def _dense_per_shard(name: str):
+  def run(q_BLHD, k_BSKD, v_BSKD, call: Call) -> jax.Array:
+    return context_attention(q_BLHD, k_BSKD, v_BSKD, kernel=name, mask_B1LS=call.mask_B1LS,
+                             bias_BHLS=call.bias_BHLS, softcap=call.kind.softcap,
+                             dropout_rate=call.dropout_rate, dropout_rng=call.dropout_rng)
+  return run
+
+
+def _cudnn(q_BLHD, k_BSKD, v_BSKD, call: Call) -> jax.Array:
+  return cudnn_attention(q_BLHD, k_BSKD, v_BSKD, call.segments, causal=call.kind.causal,
+                         window=call.kind.window, max_segments=call.max_segments)
+
+
+def _splash(q_BLHD, k_BSKD, v_BSKD, call: Call) -> jax.Array:
+  return splash.splash_attention(q_BLHD, k_BSKD, v_BSKD, call.segments,
+                                 causal=call.kind.causal, window=call.kind.window,
+                                 softcap=call.kind.softcap, interpret=call.interpret)
+
+
+def _splash_per_shard(q_BLHD, k_BSKD, v_BSKD, call: Call) -> jax.Array:
+  return splash.context_splash_attention(
+      q_BLHD, k_BSKD, v_BSKD, call.segments, causal=call.kind.causal,
+      window=call.kind.window, softcap=call.kind.softcap, cross=call.kind.cross,
+      interpret=call.interpret)
+
+
+class KernelFunctions(NamedTuple):
+  """A kernel's code: the call on whole sequences, the call per context shard (None when
+  config/attention.py's entry says it does not serve one), what the device must have."""
+  run: Callable[[jax.Array, jax.Array, jax.Array, Call], jax.Array]
+  per_shard: Callable[[jax.Array, jax.Array, jax.Array, Call], jax.Array] | None
+  device_reason: Callable[[], str | None] | None = None
+  takes_segments: bool = False  # Reads Call.segments, not the dense mask.
+
+
+# The code of config/attention.py's KERNELS, name by name (the same names, same order).
+KERNEL_FUNCTIONS: dict[str, KernelFunctions] = {
+    "xla": KernelFunctions(_xla, _dense_per_shard("xla")),
+    "einsum": KernelFunctions(_einsum, _dense_per_shard("einsum")),
+    "cudnn": KernelFunctions(_cudnn, None, _cudnn_device_reason, takes_segments=True),
+    "splash": KernelFunctions(_splash, _splash_per_shard, takes_segments=True),
+}
 
 
 def dot_product_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array, *,
@@ -555,7 +434,7 @@ def dot_product_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Arra
                           max_segments: int = 1) -> jax.Array:
   """softmax(Q K^T / sqrt(D) + bias) V over what the mask allows, by the kernel that
   `choose_kernel` picks for `impl` on the current mesh's platform; with the length
-  sharded over a context axis, per shard (`context_attention`, `context_splash_attention`).
+  sharded over a context axis, per shard (KERNEL_FUNCTIONS' `per_shard`).
   `max_segments`: model.attention_max_segments, the packed documents a row may hold
   (cuDNN's layout)."""
   platform = accelerator.platform_of_mesh()
@@ -563,31 +442,13 @@ def dot_product_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Arra
   kernel = choose_kernel(impl, kind, platform=platform, dtype=q_BLHD.dtype,
                          head_dim=q_BLHD.shape[-1], q_len=q_BLHD.shape[1],
                          kv_len=k_BSKD.shape[1], context=shards)
-  if shards > 1 and kernel == "splash":
-    return context_splash_attention(q_BLHD, k_BSKD, v_BSKD, segments, causal=kind.causal,
-                                    window=kind.window, softcap=kind.softcap,
-                                    cross=kind.cross, interpret=platform == "cpu")
-  if shards > 1:
-    return context_attention(q_BLHD, k_BSKD, v_BSKD, kernel=kernel, mask_B1LS=mask_B1LS,
-                             bias_BHLS=bias_BHLS, softcap=kind.softcap,
-                             dropout_rate=dropout_rate, dropout_rng=dropout_rng)
-  if kernel in ("cudnn", "splash") and segments is None:
+  functions = KERNEL_FUNCTIONS[kernel]
+  if functions.takes_segments and segments is None:
     raise ValueError(f"the {kernel} attention needs the segment ids of its queries and keys")
-  if kernel == "cudnn":
-    return cudnn_attention(q_BLHD, k_BSKD, v_BSKD, segments, causal=kind.causal,
-                           window=kind.window, max_segments=max_segments)
-  if kernel == "splash":
-    return splash_attention(q_BLHD, k_BSKD, v_BSKD, segments, causal=kind.causal,
-                            window=kind.window, softcap=kind.softcap,
-                            interpret=platform == "cpu")
-  if kernel == "einsum":
-    return einsum_attention(q_BLHD, k_BSKD, v_BSKD, mask_B1LS, bias_BHLS=bias_BHLS,
-                            softcap=kind.softcap, dropout_rate=dropout_rate,
-                            dropout_rng=dropout_rng)
-  if bias_BHLS is not None:
-    bias_BHLS = bias_BHLS.astype(q_BLHD.dtype)
-  return jax.nn.dot_product_attention(q_BLHD, k_BSKD, v_BSKD, bias=bias_BHLS,
-                                      mask=mask_B1LS, implementation="xla")
+  call = Call(kind, mask_B1LS, segments, bias_BHLS, dropout_rate, dropout_rng, max_segments,
+              interpret=platform == "cpu")
+  run = functions.per_shard if shards > 1 else functions.run
+  return run(q_BLHD, k_BSKD, v_BSKD, call)
 
 
 def packed_rows_limit(config, platform: str, context_shards: int = 1) -> int | None:

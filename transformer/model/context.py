@@ -82,3 +82,19 @@ def tokens_mergeable() -> bool:
   (the MLP of a 2-row, 2-shard step ran on twice its tokens).
   """
   return size() == 1
+
+
+def operand_specs(batch: int):
+  """The PartitionSpecs of attention's q [B, L, H, D] and k/v [B, S, K, D] on the current
+  mesh, for a `jax.shard_map` over them: the logical rules' batch, length and head axes,
+  with the batch entry dropped when `batch` rows do not split over it (model.init's one
+  row, a small evaluation batch): the rows then stay whole on every device."""
+  from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
+  q_spec = nn.logical_to_mesh_axes(("batch", "length", "heads", "head_dim"))
+  kv_spec = nn.logical_to_mesh_axes(("batch", "length", "kv_heads", "head_dim"))
+  mesh = jax.sharding.get_abstract_mesh()
+  rows = q_spec[0]
+  row_axes = rows if isinstance(rows, tuple) else (rows,) if rows else ()
+  if batch % int(np.prod([mesh.shape[a] for a in row_axes], dtype=np.int64)):
+    return P(None, *q_spec[1:]), P(None, *kv_spec[1:])
+  return q_spec, kv_spec

@@ -170,7 +170,7 @@ class Block(nn.Module):
                         attention_ops.Segments(seg_BL, inputs.encoded_segment_ids_BS))
       sublayers.append(("cross_attention", lambda h: MultiHeadAttention(
           cfg, cache="cross" if cfg.decode else None, residual_adds=self.residual_adds,
-          name="cross_attention")(
+          cross=True, name="cross_attention")(
               h, inputs.encoded_BSE, inputs.cross_mask_B1LS, segments=cross_segments)))
     feed_forward = MoeMLP if self.moe else MLP
     sublayers.append(("mlp", lambda h: feed_forward(cfg, self.residual_adds, name="mlp")(h)))
