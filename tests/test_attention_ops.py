@@ -16,6 +16,7 @@ import pytest
 from flax import linen as nn
 
 from configs import base
+from transformer.config import attention as attention_table
 from transformer.config.errors import DataError
 from transformer.config.model import ModelConfig
 from transformer.model import attention_ops as ops
@@ -206,3 +207,69 @@ def test_dropout_keeps_threefry_on_a_mesh_of_several_accelerators():
       assert dropout_lib.use_hardware_bits() is expected, len(devices)
   with jax.set_mesh(Mesh(np.asarray(jax.devices()[:4]), ("data",))):
     assert not dropout_lib.use_hardware_bits()  # CPU devices: flax's numbers.
+
+
+def test_splash_blocks_divide_the_length_per_context_shard():
+  """One rule (config/attention.py) for validation, the kernel and planning/hlo.py:
+  multiples of 128, at most 512, dividing the length; per context shard a zig-zag chunk
+  where 128 tiles it, else the shard's rows (seq_len 256 over 2 shards: chunks of 64)."""
+  blocks = attention_table.splash_blocks
+  assert blocks(2048, 2048) == (512, 512)
+  assert blocks(640, 640) == (128, 128)  # min(512, L) = 512 did not divide 640.
+  assert blocks(768, 384) == (384, 384)
+  assert blocks(256, 256, 2) == (128, 256)  # Was 64: "block_q must be a multiple of 128".
+  assert blocks(4096, 4096, 4) == (512, 512)
+  assert "not a multiple of 128" in blocks(100, 128)
+  assert "per context shard, of 2" in blocks(384, 384, 2)  # 192 rows a shard.
+  sizes = splash_lib.block_sizes(640, 640)
+  assert (sizes.block_q, sizes.block_kv, sizes.block_q_dkv, sizes.block_kv_dq) == (128,) * 4
+
+
+def test_splash_lengths_validation_accepts_are_served_and_auto_falls_back_once(caplog):
+  """Explicit splash on a length it cannot tile is a ConfigError naming the key; a length
+  validation accepts builds and matches the reference; `auto` on a TPU falls back to
+  xla for the rest, saying so once."""
+  from transformer.config.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  from transformer.config.validation import validate  # pylint: disable=g-import-not-at-top
+  config = base.get_config()
+  config.model.update(attention_impl="splash", max_len=640)
+  config.data.seq_len = 640
+  validate(config)
+  config.data.seq_len = 320
+  with pytest.raises(ConfigError, match=r"config\.model\.attention_impl='splash' is invalid: "
+                     r"cannot serve data\.seq_len=320.*'auto'"):
+    validate(config)
+  config.data.seq_len = 384  # 128 tiles it, but not its 2 context shards' 192 rows.
+  config.mesh.shape = (("data", 1), ("fsdp", 1), ("tensor", 1), ("context", 2))
+  with pytest.raises(ConfigError, match=r"per context shard, of 2"):
+    validate(config)
+  q, k, v = _qkv(L=640, H=2, K=1, D=8, B=1)
+  seg = jnp.ones((1, 640), jnp.int32)
+  got = splash_lib.splash_attention(q, k, v, ops.Segments(seg, seg), causal=True, window=0,
+                                    interpret=True)
+  want = ops.einsum_attention(q, k, v, ops.make_attention_mask(seg, seg, causal=True))
+  np.testing.assert_allclose(got, want, atol=2e-5)
+  ops._FALLBACKS_SAID.clear()  # pylint: disable=protected-access
+  with caplog.at_level("WARNING"):
+    for _ in range(2):
+      assert ops.choose_kernel("auto", ops.LayerKind(causal=True), platform="tpu",
+                               dtype=jnp.bfloat16, head_dim=64, q_len=320, kv_len=320) == "xla"
+  assert caplog.text.count("not a multiple of 128") == 1
+
+
+def test_cross_attention_is_a_cross_kind_in_training_not_only_when_decoding(monkeypatch):
+  """LayerKind.cross comes from the module (an encoder-decoder's cross-attention), so a
+  context-sharded source's keys are never put through the queries' zig-zag."""
+  from transformer.model.models import make_model  # pylint: disable=g-import-not-at-top
+  config = base.get_config()
+  config.model.update(arch="encoder_decoder", head="lm", d_model=16, num_heads=2,
+                      mlp_dim=32, num_layers=1, num_decoder_layers=1, vocab_size=64,
+                      max_len=16, dtype="float32")
+  model = make_model(ModelConfig.from_config(config.model))
+  seen = []
+  real = ops.dot_product_attention
+  monkeypatch.setattr(ops, "dot_product_attention",
+                      lambda *a, kind, **kw: seen.append(kind) or real(*a, kind=kind, **kw))
+  tokens = jnp.ones((1, 16), jnp.int32)
+  model.init(jax.random.PRNGKey(0), tokens, tokens, tokens, tokens, tokens, tokens)
+  assert [(k.causal, k.cross) for k in seen] == [(False, False), (True, False), (False, True)]

@@ -8,6 +8,7 @@ hand-written program text and need neither.
 
 import importlib.util
 import json
+import re
 
 import pytest
 
@@ -281,6 +282,10 @@ def test_splash_kernels_are_counted_over_the_blocks_their_mask_keeps():
   # dq: 3 products per block pair to the forward's 2.
   dq = hlo.count(_SPLASH_HLO.replace("splash_mqa_fwd", "splash_mqa_dq"))
   assert dq.flops == 3 / 2 * counts.flops
+  # Without the kernel's metadata: config/attention.py's blocks for 1024 (512 x 512, 3
+  # of 4 computed), the rule the kernel is built with.
+  bare = hlo.count(re.sub(r'"xprof_metadata":"[^\n]*"', '"x":"{}"', _SPLASH_HLO))
+  assert bare.flops == 2 * 2 * elements * 1024 * 3 / 4
 
 
 def test_context_shards_splash_kernels_are_counted_over_their_zigzag_rows():

@@ -195,7 +195,7 @@ class MultiHeadAttention(nn.Module):
                                           q_len=q_BLHD.shape[1], kv_len=k_BSKD.shape[1],
                                           context=1 if kind.decoding else context.size())
               for k in (kind, local_kind)}
-    if chosen <= {"xla", "einsum"} and len(chosen) == 1:
+    if len(chosen) == 1 and not attention_ops.KERNEL_FUNCTIONS[chosen.pop()].takes_segments:
       return call(kind=kind)
     return jax.lax.cond(local, lambda: call(kind=local_kind), lambda: call(kind=kind))
 

@@ -27,6 +27,7 @@ import re
 
 import numpy as np
 
+from transformer.config import attention
 from transformer.model import context
 
 COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
@@ -411,6 +412,11 @@ def _splash_flops(kind: str, instruction: _Instruction, computation: _Computatio
   mask = _SPLASH_MASK.search(instruction.rest)
   fraction = 1.0
   block_q, block_kv = (_block(instruction.rest, key) for key in _SPLASH_BLOCKS[phase])
+  if mask and not (block_q and block_kv):  # No kernel metadata: the blocks it was built
+    # with are config/attention.py's rule for these lengths (splash.block_sizes).
+    blocks = attention.splash_blocks(q_len * int(mask.group(3) or 1), kv_len,
+                                     int(mask.group(3) or 1))
+    block_q, block_kv = blocks if isinstance(blocks, tuple) else (None, None)
   if mask and block_q and block_kv:
     causal, window, shards = mask.group(1) == "causal", int(mask.group(2) or 0), int(
         mask.group(3) or 1)
