@@ -135,13 +135,20 @@ def context_splash_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.A
   _, L, H, _ = q_BLHD.shape
   S, K = k_BSKD.shape[1], k_BSKD.shape[2]
   q_order = np.asarray(context.zigzag(np.arange(L)[None], shards))[0]
+  # A full mask (bidirectional, no window) is the same for every shard's rows, whatever
+  # their order: each shard runs one kernel over its own L / n rows, its tables whole on
+  # every shard. (Cut by q_seq_shards, jax 0.10.2's process_mask fails on a mask without
+  # partial blocks: "need at least one array to concatenate".)
+  full = not causal and not window
   kernel = sk.make_splash_mqa(
-      splash_mask(causal, window, L, S, H // K, q_order=q_order),
+      splash_mask(causal, window, L // shards if full else L, S, H // K,
+                  q_order=None if full else q_order),
       # Query blocks within a zig-zag chunk (L / 2n) where one tiles it (splash_blocks).
       block_sizes=block_sizes(L, S, shards), head_shards=1,
-      q_seq_shards=shards,
+      q_seq_shards=1 if full else shards,
       attn_logits_soft_cap=softcap or None, interpret=interpret)
-  kernel_spec = kernel.manual_sharding_spec(NamedSharding(mesh, P(None, axes)))
+  kernel_spec = kernel.manual_sharding_spec(
+      NamedSharding(mesh, P(None, None) if full else P(None, axes)))
 
   def local(kernel, q_BLHD, k_BSKD, v_BSKD, q_seg_BL, kv_seg_BS):
     k_BSKD, v_BSKD, kv_seg_BS = (jax.lax.all_gather(a, axes, axis=1, tiled=True)
