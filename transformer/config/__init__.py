@@ -5,6 +5,8 @@ touches data or compiles) and turns `config.model` into the object the modules r
 Cut by concern, from the ground up:
 
   errors.py      ConfigError, DataError and `fail`, the one message shape
+  attention.py   the attention kernels' table (KERNELS): platforms, the layer kinds each
+                 serves, limits and splash's block rule; validate_lengths
   checks.py      the typed field checks (is_int, is_number, check_int, check_bool, ...)
   modern.py      the Llama / Mistral / Qwen / Gemma axes: windows, softcaps, RoPE variants
   moe.py         the mixture-of-experts fields and their split over the mesh

@@ -2,6 +2,7 @@
 
   initializers.py  the initialisation families (gpt2, bert, xavier): INITS
   attention.py     MultiHeadAttention: projections, RoPE, norms, the KV cache
+  splash.py        Pallas splash attention (the TPU kernel), whole and per context shard
   attention_ops.py the kernels (einsum, xla, cuDNN, Pallas splash, auto) and the masks
                    each wants; make_attention_mask, the einsum reference
   context.py       context parallelism: the sequence's shards over the "length" rule's
