@@ -221,6 +221,7 @@ def test_splash_blocks_divide_the_length_per_context_shard():
   assert blocks(4096, 4096, 4) == (512, 512)
   assert "not a multiple of 128" in blocks(100, 128)
   assert "per context shard, of 2" in blocks(384, 384, 2)  # 192 rows a shard.
+  assert blocks(384, 384, 3) == (128, 384)  # Chunks of 64; a shard's 128 rows.
   sizes = splash_lib.block_sizes(640, 640)
   assert (sizes.block_q, sizes.block_kv, sizes.block_q_dkv, sizes.block_kv_dq) == (128,) * 4
 

@@ -58,7 +58,7 @@ def splash_blocks(q_len: int, kv_len: int, shards: int = 1) -> tuple[int, int] |
   if shards > 1 and q_len % (2 * shards) == 0:
     q_block = _largest_block(q_len // (2 * shards)) or _largest_block(q_len // shards)
   else:
-    q_block = _largest_block(q_len) if q_len % shards == 0 else None
+    q_block = _largest_block(q_len // shards) if q_len % shards == 0 else None
   for name, length, block in (("query", q_len // shards, q_block), ("key", kv_len, kv_block)):
     if block is None:
       where = f" (per context shard, of {shards})" if shards > 1 and name == "query" else ""
