@@ -14,7 +14,7 @@ A case the kernel cannot serve is listed with its reason (`unsupported_reason`).
 turned off: on jax < 0.11.1 it is expected to fail (the offset bug), on later jax to pass.
 
   python benchmarks/attention_parity.py                    # on a GPU or TPU host
-  python benchmarks/attention_parity.py --json=parity.json
+  python benchmarks/attention_parity.py --json=parity.json     # or --json=- (a ROWS line)
   python benchmarks/attention_parity.py --allow_cpu --length=128   # the script itself, here
 
 Without a GPU or TPU (and without --allow_cpu) it says so and exits 0. With --allow_cpu
@@ -167,7 +167,8 @@ def main() -> int:
   parser.add_argument("--batch", type=int, default=2)
   parser.add_argument("--length", type=int, default=1024)
   parser.add_argument("--head_dim", type=int, default=64)
-  parser.add_argument("--json", default="", help="also write the rows here, as JSON")
+  parser.add_argument("--json", default="",
+                      help="also write the rows here as JSON ('-': one ROWS line on stdout)")
   parser.add_argument("--allow_cpu", action="store_true",
                       help="run xla and interpreted splash on a CPU (a dry run)")
   args = parser.parse_args()
@@ -203,7 +204,9 @@ def main() -> int:
   passed = sum(r["status"] == "pass" for r in rows)
   print(f"{passed} passed, {failed} failed, "
         f"{sum(r['status'] == 'n/a' for r in rows)} not applicable")
-  if args.json:
+  if args.json == "-":
+    print("ROWS " + json.dumps(rows))
+  elif args.json:
     with open(args.json, "w") as f:
       json.dump(rows, f, indent=1)
   return 1 if failed else 0
