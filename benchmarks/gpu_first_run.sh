@@ -71,7 +71,7 @@ if ((DRY)); then
   SCALE=${SCALE_DRY:-5} LIMIT=$((LIMIT * SCALE))
   PARITY=(--allow_cpu --length=128 --batch=1)
   TRAIN=(--tiny --seq_len=128 --warmup=1 --rounds=2 --steps=2)
-  TORCH=(--tiny --batch=2 --seq_len=64 --warmup=1 --rounds=2 --steps=2 --compile_budget=60)
+  TORCH=(--tiny --batch=2 --seq_len=64 --warmup=1 --rounds=2 --steps=2 --compile_budget=30)
   DECODE=(--new_tokens=16 --repeats=1 --sentences=2)
   GS_AUTO=4 GS_XLA=4 GS_32=2 LLAMA=2 LLAMA_LEN=128
 else

@@ -83,8 +83,8 @@ def model_flops_per_step(args, batch: int) -> float:
   return batch * L * (6 * matmul + 12 * args.layers * L * d)
 
 
-class CompileTimeout(Exception):
-  pass
+class CompileTimeout(BaseException):
+  """Not an Exception: torch's compiler must not catch it and fall back quietly."""
 
 
 def _alarm(signum, frame):  # pylint: disable=unused-argument
@@ -148,15 +148,22 @@ def run(args, batch: int) -> dict:
   attention = contextlib_flash() if device == "cuda" else _null()
   with attention:
     result["eager"] = time_steps(make_step(model), args, "eager", None)
+    _print_result(result, batch, args)  # A figure even if compiling overruns the step.
     if not args.no_compile:
       compiled = torch.compile(model)
       result["compiled"] = time_steps(make_step(compiled), args, "torch.compile",
                                       args.compile_budget)
+  return result
+
+
+def _print_result(result: dict, batch: int, args) -> None:
+  """One RESULT line: the best timing so far (the report reads the last one)."""
   best = result.get("compiled") or result["eager"]
   result["tokens_per_second"] = batch * args.seq_len / (best["step_ms_median"] / 1e3)
-  if device == "cuda":
+  result["batch_asked"] = args.batch
+  if torch.cuda.is_available():
     result["peak_bytes_allocated"] = torch.cuda.max_memory_allocated()
-  return result
+  print("RESULT " + json.dumps(result), flush=True)
 
 
 class _null:
@@ -200,8 +207,7 @@ def main() -> None:
     gc.collect()  # The failed attempt's tensors, freed once its traceback is gone.
     torch.cuda.empty_cache()
     batch //= 2
-  result["batch_asked"] = args.batch
-  print("RESULT " + json.dumps(result), flush=True)
+  _print_result(result, result["batch"], args)
 
 
 if __name__ == "__main__":
