@@ -6,7 +6,7 @@
 #   0_env.log        15  nvidia-smi; python, jax, jaxlib, flax, optax, torch versions; devices
 #   1_attention.log  70  cuDNN (bf16, fp16) and XLA (bf16, f32) vs the einsum reference:
 #                        outputs and dq/dk/dv, causal/padded/packed/windowed/GQA/MQA
-#                        (benchmarks/attention_parity.py; a ROWS json line at the end)
+#                        (benchmarks/attention_parity.py; a ROW json line per case)
 #   2_train.log     250  the project's train step (benchmarks/gpu_train_step.py), bf16:
 #                        gpt_small 1024 `auto` at 128 rows, `xla` at 64, `auto` at 32 (torch's
 #                        batch); llama:1b 16 x 2048. Each halves its batch once on OOM.
@@ -104,4 +104,5 @@ else
   echo "=== step 5 skipped: $(($(date +%s) - T0))s used of the ${LIMIT}s it needs" \
       | tee -a "$OUT/5_decode.log"
 fi
+cat "$OUT/4_report.log"  # The tables again, last: the end of the call's output holds them.
 echo "=== done in $(($(date +%s) - T0))s; files: $(ls "$OUT" | tr '\n' ' ')"

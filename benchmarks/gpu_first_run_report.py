@@ -5,7 +5,7 @@
   python benchmarks/gpu_first_run_report.py --make_estimates=benchmarks/gpu_estimates.json \
       gpt_small_auto=/tmp/est/gs_auto_128.json ...         # from --mode=compile --output files
 
-Reads `ROWS` (1_attention.log) and `RESULT` (2_train.log, 3_torch.log) json lines and
+Reads `ROW` (1_attention.log) and `RESULT` (2_train.log, 3_torch.log) json lines and
 prints Markdown: the parity verdicts, each train step's speed and MFU, JAX against
 PyTorch at the same shape, and the compile mode's deviceless memory estimate (made on a
 CPU host with jax 0.10.2's CUDA 12 compiler, `--topology=h100:1`) against the device's
@@ -39,7 +39,7 @@ def gib(n) -> str:
 def attention_table(rows: list) -> None:
   print("## 1. Attention against the einsum reference\n")
   if not rows:
-    print("no ROWS line in 1_attention.log (the step failed or overran: see the log)\n")
+    print("no ROW line in 1_attention.log (the step failed early: see the log)\n")
     return
   print(f"jax {rows[0]['jax']}\n")
   print("| kernel | dtype | pass | FAIL (unexpected) | expected fail | n/a | error |")
@@ -183,8 +183,7 @@ def main() -> None:
   if args.estimates and os.path.exists(args.estimates):
     with open(args.estimates, encoding="utf-8") as f:
       estimates = json.load(f)
-  rows = json_lines(os.path.join(args.out, "1_attention.log"), "ROWS ")
-  attention_table(rows[-1] if rows else [])
+  attention_table(json_lines(os.path.join(args.out, "1_attention.log"), "ROW "))
   results = json_lines(os.path.join(args.out, "2_train.log"), "RESULT ")
   train_table(results, estimates)
   torch_table(json_lines(os.path.join(args.out, "3_torch.log"), "RESULT "), results)

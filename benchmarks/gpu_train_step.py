@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gc
 import importlib
 import json
 import os
@@ -146,8 +147,9 @@ def main() -> None:
         raise
       print(f"out of memory at batch {batch}: {str(e).splitlines()[0][:300]}; "
             f"trying {batch // 2}", flush=True)
-      jax.clear_caches()
-      batch //= 2
+    gc.collect()  # The failed attempt's arrays, freed once its traceback is gone.
+    jax.clear_caches()
+    batch //= 2
   result.update(label=args.label, config=args.config, overrides=args.set,
                 batch_asked=args.batch, jax=jax.__version__,
                 device=jax.devices()[0].device_kind)
