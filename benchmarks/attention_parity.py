@@ -65,6 +65,7 @@ CASES = (
     Case("bidir_packed", causal=False),
     Case("bidir_padded", causal=False, layout="padded"),
     Case("window_packed", window=64),
+    Case("window_padded", window=64, layout="padded"),
     Case("gqa_packed", heads=32, kv_heads=8),
     Case("gqa_padded", heads=32, kv_heads=8, layout="padded"),
     Case("mqa_packed", heads=8, kv_heads=1),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -96,3 +97,16 @@ def test_an_out_of_memory_halves_the_batch_once(monkeypatch, capsys):
   result = json.loads(next(line for line in capsys.readouterr().out.splitlines()
                            if line.startswith("RESULT "))[len("RESULT "):])
   assert result["batch_asked"] == 8
+
+
+def test_each_train_run_has_the_deviceless_estimate_of_its_batch():
+  with open(os.path.join(ROOT, "benchmarks", "gpu_first_run.sh"), encoding="utf-8") as f:
+    script = f.read()
+  device_sizes = script.split("else\n")[-1]  # The GPU branch's sizes, not the dry run's.
+  batches = dict(re.findall(r"(GS_AUTO|GS_XLA|GS_32|LLAMA)=(\d+)", device_sizes))
+  with open(os.path.join(ROOT, "benchmarks", "gpu_estimates.json"), encoding="utf-8") as f:
+    estimates = json.load(f)
+  for label, var in (("gpt_small_auto", "GS_AUTO"), ("gpt_small_xla", "GS_XLA"),
+                     ("gpt_small_auto_32", "GS_32"), ("llama_1b", "LLAMA")):
+    assert f"--label={label}" in script
+    assert estimates[label]["batch"] == int(batches[var]), label
