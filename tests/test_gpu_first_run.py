@@ -110,3 +110,20 @@ def test_each_train_run_has_the_deviceless_estimate_of_its_batch():
                      ("gpt_small_auto_32", "GS_32"), ("llama_1b", "LLAMA")):
     assert f"--label={label}" in script
     assert estimates[label]["batch"] == int(batches[var]), label
+
+
+def test_the_jax010_emulation_scales_the_kv_offsets_by_the_query_heads():
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from jax._src.cudnn import fused_attention_stablehlo as fused  # pylint: disable=g-import-not-at-top
+  import attention_parity  # pylint: disable=g-import-not-at-top
+  query, key = jnp.zeros((2, 8, 4, 2)), jnp.zeros((2, 8, 2, 2))  # 4 query, 2 k/v heads.
+  seqlen = jnp.asarray([[3, 5, -1], [8, -1, -1]], jnp.int32)
+  offsets = jnp.asarray([[0, 3, -1, -1], [0, -1, -1, -1]], jnp.int32)
+  args = (seqlen, seqlen, offsets, offsets, query, key)
+  fixed = fused._fix_seqlen_offsets(*args)  # pylint: disable=protected-access
+  with attention_parity.emulate_jax010_offsets():
+    emulated = fused._fix_seqlen_offsets(*args)  # pylint: disable=protected-access
+  for got, want in zip(emulated[:3], fixed[:3]):
+    assert (got == want).all()
+  assert (emulated[3] == fixed[3] * 2).all()
+  assert fused._fix_seqlen_offsets(*args)[3].tolist() == fixed[3].tolist()  # Restored.
