@@ -81,7 +81,7 @@ def get_config() -> ml_collections.ConfigDict:
   model.dtype = "auto"  # Compute dtype: "auto" (bfloat16 on GPU/TPU, float32 on CPU) | float32 | bfloat16.
   model.param_dtype = "float32"  # Storage dtype of parameters and optimizer state.
   model.attention_impl = "auto"  # "auto" (cuDNN on GPUs, splash on TPUs, xla on CPUs) | "xla" | "einsum" | "cudnn" | "splash" (config/attention.py's KERNELS table).
-  model.attention_max_segments = 32  # cuDNN attention (GPUs): the most packed documents a row may hold; sizes the kernel's float32 softmax statistics (B x this x heads x length per layer); a batch with more stops with one line naming this key.
+  model.attention_max_segments = 32  # cuDNN attention (GPUs): the most packed documents a row may hold; sizes the kernel's float32 softmax statistics (B x this x heads x length per layer); a batch with more stops with one line naming this key; 1 = one document a row from position 0 (per-row lengths: any cuDNN GPU, A100 too).
   # Mixture of experts (docs/configuration.md "Mixture of experts"): the moe_* keys apply with mlp="moe".
   model.mlp = "dense"  # Feed-forward of a block: "dense" (one MLP) | "moe" (routed experts on the layers moe_every picks).
   model.num_experts = 8  # Routed experts per MoE layer (Mixtral 8, OLMoE 64, Switch-base 8..256).

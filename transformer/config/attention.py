@@ -34,6 +34,9 @@ class LayerKind:
   dropout: bool = False
   decoding: bool = False  # A KV-cache call: queries are not the keys' positions.
   cross: bool = False  # Queries of one sequence, keys of another (an encoder's output).
+  # Rows may hold several documents (model.attention_max_segments > 1): cuDNN's packed
+  # layout, which needs an sm_90 GPU; False: one document a row, any cuDNN GPU.
+  packed: bool = True
 
 
 def _largest_block(length: int) -> int | None:

@@ -5,6 +5,8 @@
   splash.py        Pallas splash attention (the TPU kernel), whole and per context shard
   attention_ops.py the kernels (einsum, xla, cuDNN, Pallas splash, auto) and the masks
                    each wants; make_attention_mask, the einsum reference
+  cudnn_guard.py   what jax's cuDNN attention gets wrong (grouped-query k/v offsets on
+                   jax < 0.11.1, unwritten padding) and the guards around it
   context.py       context parallelism: the sequence's shards over the "length" rule's
                    axes, the zig-zag order that balances causal work across them
   dropout.py       flax's Dropout with hardware random bits off the CPU

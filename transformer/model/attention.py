@@ -175,7 +175,7 @@ class MultiHeadAttention(nn.Module):
     kind = attention_ops.LayerKind(
         causal=causal, has_bias=bias_BHLS is not None, softcap=cfg.attention_softcap,
         dropout=use_dropout, decoding=self.cache is not None or segments is None,
-        cross=self.cross)
+        cross=self.cross, packed=cfg.attention_max_segments > 1)
     call = functools.partial(
         attention_ops.dot_product_attention, q_BLHD, k_BSKD, v_BSKD, impl=cfg.attention_impl,
         mask_B1LS=mask_B1LS, segments=segments, bias_BHLS=bias_BHLS,

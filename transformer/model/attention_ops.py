@@ -8,8 +8,10 @@ discarding it:
   einsum  plain einsums, float32 softmax: the reference; any bias, softcap, dropout
   xla     jax.nn.dot_product_attention(implementation="xla") with the dense boolean mask
   cudnn   cuDNN flash attention on NVIDIA GPUs: causality as the kernel's mask type,
-          padding and packed documents as per-segment lengths and offsets, a sliding
-          window as its window, grouped-query k/v passed as they are
+          packed documents as per-segment lengths and offsets (sm_90+), or with
+          model.attention_max_segments=1 one document a row as per-row lengths
+          (jax.nn.dot_product_attention, any cuDNN GPU), a sliding window as its window,
+          grouped-query k/v passed as they are (repeated on jax < 0.11.1: cudnn_guard.py)
   splash  Pallas splash attention on TPUs (splash.py): causal and local masks as mask
           objects (fully masked blocks are skipped), packed documents as segment ids,
           grouped-query k/v as one MQA kernel per k/v head; blocks from the lengths
@@ -52,6 +54,7 @@ from transformer import accelerator
 from transformer.config import attention as attention_table
 from transformer.config.errors import ConfigError, DataError
 from transformer.model import context
+from transformer.model import cudnn_guard
 from transformer.model import positions
 from transformer.model import splash
 
@@ -80,17 +83,18 @@ def unsupported_reason(kernel: str, kind: LayerKind, *, dtype, head_dim: int,
       kv_len=kv_len, context=context)
   device_check = KERNEL_FUNCTIONS[kernel].device_reason
   if reason is None and hardware and device_check is not None:
-    reason = device_check()
+    reason = device_check(kind)
   return reason
 
 
-def _cudnn_device_reason() -> str | None:
+def _cudnn_device_reason(kind: LayerKind) -> str | None:
   if not cudnn_available():
     return ("cuDNN is not installed (pip install nvidia-cudnn-cu12; jax[cuda12] brings it "
             "on a GPU host)")
-  if not packed_layout_supported():
+  if kind.packed and not packed_layout_supported():
     return ("cuDNN's packed layout (packed documents as segment offsets) needs an sm_90 "
-            "(Hopper) GPU or newer")
+            "(Hopper) GPU or newer; rows of one document each (padding at the end) run "
+            "on any cuDNN GPU with model.attention_max_segments=1")
   return None
 
 
@@ -164,14 +168,16 @@ def layer_kinds(config) -> list[LayerKind]:
   """The attention calls a ModelConfig's model makes in training and evaluation."""
   has_bias = positions.POSITIONS[config.position].self_attention_bias is not None
   common = dict(has_bias=has_bias, softcap=config.attention_softcap,
-                dropout=config.attention_dropout > 0)
+                dropout=config.attention_dropout > 0,
+                packed=config.attention_max_segments > 1)
   causal = {"decoder": (True,), "encoder": (False,), "encoder_decoder": (False, True)}
   kinds = [LayerKind(causal=c, **common) for c in causal.get(config.arch, (True, False))]
   if config.sliding_window:
     kinds += [dataclasses.replace(k, window=config.sliding_window) for k in kinds]
   if config.arch == "encoder_decoder":
     kinds.append(LayerKind(causal=False, cross=True, softcap=config.attention_softcap,
-                           dropout=config.attention_dropout > 0))
+                           dropout=config.attention_dropout > 0,
+                           packed=config.attention_max_segments > 1))
   return kinds
 
 
@@ -295,18 +301,39 @@ def cudnn_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array,
                     segments: Segments, *, causal: bool, window: int,
                     max_segments: int) -> jax.Array:
   """cuDNN flash attention with the mask as the kernel's own: causal as its mask type,
-  padding and packed documents as per-segment lengths and offsets, the window as its
-  sliding window. No dense [B, 1, L, S] array exists, so no bias gradient either."""
+  padding and packed documents as per-segment lengths and offsets (`max_segments` > 1,
+  the packed layout: sm_90+, and jax's private module, since jax.nn.dot_product_attention
+  takes no offsets in 0.10 or 0.11) or, with `max_segments` == 1, each row's length
+  (the public jax.nn.dot_product_attention; any cuDNN GPU); the window as its sliding
+  window. No dense [B, 1, L, S] array exists, so no bias gradient either.
+
+  Tokens of no segment (padding) are zeros in and out, by a select (cudnn_guard.py: the
+  packed kernel never writes them); on jax < 0.11.1 grouped-query k/v are repeated to the
+  query heads for the packed layout (its k/v offsets are scaled by the query heads).
+  """
+  q_BLHD = cudnn_guard.keep_segments(q_BLHD, segments.q_BL)
+  k_BSKD = cudnn_guard.keep_segments(k_BSKD, segments.kv_BS)
+  v_BSKD = cudnn_guard.keep_segments(v_BSKD, segments.kv_BS)
+  if min(max_segments, q_BLHD.shape[1]) == 1:
+    # One document a row from position 0 (check_packed_rows refuses others): its length.
+    lengths = lambda ids: jnp.sum(ids != 0, axis=1, dtype=jnp.int32)
+    out_BLHD = jax.nn.dot_product_attention(
+        q_BLHD, k_BSKD, v_BSKD, is_causal=causal,
+        query_seq_lengths=lengths(segments.q_BL), key_value_seq_lengths=lengths(segments.kv_BS),
+        local_window_size=(window - 1, 0) if window else None, implementation="cudnn")
+    return cudnn_guard.keep_segments(out_BLHD, segments.q_BL)
   # pylint: disable-next=g-import-not-at-top
   from jax._src.cudnn import fused_attention_stablehlo as cudnn
+  k_BSKD, v_BSKD = cudnn_guard.repeat_kv_for_packed_offsets(k_BSKD, v_BSKD, q_BLHD.shape[2])
   q_lengths, q_offsets = segment_lengths_and_offsets(segments.q_BL, max_segments)
   kv_lengths, kv_offsets = segment_lengths_and_offsets(segments.kv_BS, max_segments)
   mask_type = cudnn.MaskType.PADDING_CAUSAL if causal else cudnn.MaskType.PADDING
-  return cudnn.dot_product_attention(
+  out_BLHD = cudnn.dot_product_attention(
       q_BLHD, k_BSKD, v_BSKD, q_seqlen=q_lengths, kv_seqlen=kv_lengths,
       q_offsets=q_offsets, kv_offsets=kv_offsets,
       scale=float(1.0 / np.sqrt(q_BLHD.shape[-1])), mask_type=mask_type,
       qkv_layout="BTNH", sliding_window_length=window or None)
+  return cudnn_guard.keep_segments(out_BLHD, segments.q_BL)
 
 
 def context_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array, *,
@@ -413,7 +440,7 @@ class KernelFunctions(NamedTuple):
   config/attention.py's entry says it does not serve one), what the device must have."""
   run: Callable[[jax.Array, jax.Array, jax.Array, Call], jax.Array]
   per_shard: Callable[[jax.Array, jax.Array, jax.Array, Call], jax.Array] | None
-  device_reason: Callable[[], str | None] | None = None
+  device_reason: Callable[[LayerKind], str | None] | None = None
   takes_segments: bool = False  # Reads Call.segments, not the dense mask.
 
 
@@ -466,7 +493,9 @@ def packed_rows_limit(config, platform: str, context_shards: int = 1) -> int | N
 
 def check_packed_rows(batch: dict, limit: int | None) -> None:
   """Refuses a host batch with a row of more than `limit` packed documents (cuDNN's
-  packed layout was compiled for at most that many; more would be attended wrongly)."""
+  packed layout was compiled for at most that many; more would be attended wrongly); with
+  `limit` 1 (the per-row-length layout) also a row whose document does not start at
+  position 0 (the kernel would take its first tokens for it)."""
   if limit is None:
     return
   for key, ids in batch.items():
@@ -481,4 +510,10 @@ def check_packed_rows(batch: dict, limit: int | None) -> None:
           f"config.model.attention_max_segments={limit}, the most cuDNN's packed attention "
           f"layout was compiled for: raise it to at least {most} (its softmax statistics "
           f"take B x that x heads x length float32 per layer) or set "
+          f"model.attention_impl='xla'")
+    if limit == 1 and ((ids[..., 0] == 0) & (ids != 0).any(axis=-1)).any():
+      raise DataError(
+          f"a batch row's document does not start at position 0 ({key}, padding first): "
+          f"config.model.attention_max_segments=1 gives cuDNN each row's length only; pad at "
+          f"the end, raise it (the packed layout, sm_90 GPUs) or set "
           f"model.attention_impl='xla'")

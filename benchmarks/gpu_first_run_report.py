@@ -1,0 +1,195 @@
+"""The tables of benchmarks/gpu_first_run.sh, read from the files its steps wrote.
+
+  python benchmarks/gpu_first_run_report.py --out=$OUT --estimates=benchmarks/gpu_estimates.json
+  python benchmarks/gpu_first_run_report.py --env          # versions and devices (step 0)
+  python benchmarks/gpu_first_run_report.py --make_estimates=benchmarks/gpu_estimates.json \
+      gpt_small_auto=/tmp/est/gs_auto_128.json ...         # from --mode=compile --output files
+
+Reads `ROW` (1_attention.log) and `RESULT` (2_train.log, 3_torch.log) json lines and
+prints Markdown: the parity verdicts, each train step's speed and MFU, JAX against
+PyTorch at the same shape, and the compile mode's deviceless memory estimate (made on a
+CPU host with jax 0.10.2's CUDA 12 compiler, `--topology=h100:1`) against the device's
+own compiled memory analysis and its measured `peak_bytes_in_use`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import json
+import os
+import sys
+
+GIB = 2**30
+
+
+def json_lines(path: str, prefix: str) -> list:
+  """The json of every line of `path` that starts with `prefix` (none if it is absent)."""
+  if not os.path.exists(path):
+    return []
+  with open(path, encoding="utf-8", errors="replace") as f:
+    return [json.loads(line[len(prefix):]) for line in f if line.startswith(prefix)]
+
+
+def gib(n) -> str:
+  return f"{n / GIB:.2f}" if n else "-"
+
+
+def attention_table(rows: list) -> None:
+  print("## 1. Attention against the einsum reference\n")
+  if not rows:
+    print("no ROW line in 1_attention.log (the step failed early: see the log)\n")
+    return
+  print(f"jax {rows[0]['jax']}\n")
+  print("| kernel | dtype | pass | FAIL (unexpected) | expected fail | n/a | error |")
+  print("|---|---|---|---|---|---|---|")
+  groups = {}
+  for r in rows:
+    groups.setdefault((r["kernel"], r["dtype"]), []).append(r)
+  for (kernel, dtype), group in groups.items():
+    count = lambda f: sum(1 for r in group if f(r))
+    print(f"| {kernel} | {dtype} | {count(lambda r: r['status'] == 'pass')} | "
+          f"{count(lambda r: r['status'] == 'FAIL' and r.get('expected') != 'fail')} | "
+          f"{count(lambda r: r.get('expected') == 'fail')} | "
+          f"{count(lambda r: r['status'] == 'n/a')} | {count(lambda r: r['status'] == 'error')} |")
+  print("\n| kernel | dtype | case | status | out | dq | dk | dv |")
+  print("|---|---|---|---|---|---|---|---|")
+  for r in rows:
+    e = r.get("errors") or {}
+    cells = " | ".join(f"{e[k]:.1e}" if k in e else "-" for k in ("out", "dq", "dk", "dv"))
+    status = r["status"] + (" (expected fail)" if r.get("expected") == "fail" else "")
+    if r["status"] in ("n/a", "error"):
+      status += f": {r.get('reason', '')[:80]}"
+    print(f"| {r['kernel']} | {r['dtype']} | {r['case']} | {status} | {cells} |")
+  print()
+
+
+def train_table(results: list, estimates: dict) -> None:
+  print("## 2. Train steps (bf16, the project's Trainer) and 4. memory against the estimate\n")
+  if not results:
+    print("no RESULT line in 2_train.log\n")
+    return
+  print(f"jax {results[0]['jax']} on {results[0]['device']}\n")
+  print("| run | batch x length | ms/step (median / min) | tokens/s | model TFLOP/s | MFU | "
+        "compile s | compiled: args + temp GiB | device peak GiB | deviceless estimate GiB "
+        "(args + temp) | fused-attention calls |")
+  print("|---|---|---|---|---|---|---|---|---|---|---|")
+  for r in results:
+    mem = r.get("memory_analysis") or {}
+    est = estimates.get(r["label"]) or {}
+    asked = "" if r["batch"] == r["batch_asked"] else f" (asked {r['batch_asked']}: OOM)"
+    est_text = "-"
+    if est and est.get("batch") == r["batch"]:
+      est_text = (f"{gib(est['total_bytes'])} ({gib(est['arguments_bytes'])} + "
+                  f"{gib(est['temp_bytes'])})")
+    elif est:
+      est_text = f"for batch {est.get('batch')}: {gib(est['total_bytes'])}"
+    fused = {k: v for k, v in r["kernels"].items() if "fmha" in k or "cudnn" in k}
+    mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") else "-"
+    print(f"| {r['label']} | {r['batch']} x {r['seq_len']}{asked} | "
+          f"{r['step_ms_median']:.1f} / {r['step_ms_min']:.1f} | "
+          f"{r['tokens_per_second']:,.0f} | {r['model_tflops_per_second']:.1f} | {mfu} | "
+          f"{r['compile_seconds']:.1f} | {gib(mem.get('argument_size_in_bytes'))} + "
+          f"{gib(mem.get('temp_size_in_bytes'))} | {gib(r.get('peak_bytes_in_use'))} | "
+          f"{est_text} | {fused or 'none'} |")
+  print()
+
+
+def torch_table(torch_results: list, results: list) -> None:
+  print("## 3. PyTorch GPT-2 small at the same shape\n")
+  if not torch_results:
+    print("no RESULT line in 3_torch.log\n")
+    return
+  t = torch_results[-1]
+  peak = next((r["peak_bf16_flops"] for r in results if r.get("peak_bf16_flops")), None)
+  rows = [("eager", t.get("eager")), ("torch.compile", t.get("compiled"))]
+  print(f"torch {t['torch']} on {t['device']}, batch {t['batch']} x {t['seq_len']}\n")
+  print("| PyTorch | ms/step (median / min) | tokens/s | MFU |")
+  print("|---|---|---|---|")
+  for name, timing in rows:
+    if not timing:
+      print(f"| {name} | not timed | - | - |")
+      continue
+    seconds = timing["step_ms_median"] / 1e3
+    mfu = f"{100 * t['model_flops_per_step'] / seconds / peak:.1f}%" if peak else "-"
+    print(f"| {name} | {timing['step_ms_median']:.1f} / {timing['step_ms_min']:.1f} | "
+          f"{t['batch'] * t['seq_len'] / seconds:,.0f} | {mfu} |")
+  print("\n| JAX run | its tokens/s | / PyTorch's best tokens/s |")
+  print("|---|---|---|")
+  for r in results:
+    if r["label"].startswith("gpt_small"):
+      print(f"| {r['label']} (batch {r['batch']}) | {r['tokens_per_second']:,.0f} | "
+            f"{r['tokens_per_second'] / t['tokens_per_second']:.2f}x |")
+  print()
+
+
+def env() -> None:
+  print("python", sys.version.split()[0])
+  for name in ("jax", "jaxlib", "jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12", "flax",
+               "optax", "orbax.checkpoint", "grain", "ml_collections", "numpy", "torch"):
+    try:
+      module = importlib.import_module(name)
+      print(f"{name} {getattr(module, '__version__', '')} {getattr(module, '__file__', '')}")
+    except Exception as e:  # pylint: disable=broad-except  (report, never stop)
+      print(f"{name}: not importable ({type(e).__name__}: {str(e)[:200]})")
+  import jax  # pylint: disable=g-import-not-at-top
+  print("devices", jax.devices(), "backend", jax.default_backend())
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  # pylint: disable-next=g-import-not-at-top
+  from transformer.model import attention_ops, cudnn_guard
+  print("cudnn_available", attention_ops.cudnn_available(), "| packed layout supported",
+        attention_ops.packed_layout_supported(), "| cuDNN k/v offset bug in this jax",
+        cudnn_guard.kv_offsets_scaled_by_query_heads())
+
+
+def make_estimates(path: str, pairs: list[str]) -> None:
+  """Writes {label: the train step of a --mode=compile --output json} to `path`."""
+  estimates = {}
+  for pair in pairs:
+    label, _, source = pair.partition("=")
+    with open(source, encoding="utf-8") as f:
+      report = json.load(f)
+    train = report["steps"]["train"]
+    estimates[label] = dict(
+        batch=report["config"]["batch_size"], seq_len=report["config"]["seq_len"],
+        topology=report["topology"], memory_fraction=report["memory_fraction"],
+        **{k: train[k] for k in ("arguments_bytes", "temp_bytes", "total_bytes",
+                                 "estimated_seconds", "estimate_bound", "estimated_mfu",
+                                 "kernels", "compile_seconds")})
+  estimates["_made"] = (f"{datetime.date.today()}: --mode=compile --notry_levers "
+                        "--compile_steps=train --topology=h100:1 on a CPU host (jax 0.10.2, "
+                        "jax-cuda12-plugin 0.10.2, nvidia-cudnn-cu12 9.28)")
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(estimates, f, indent=1)
+    f.write("\n")
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--out", default=".")
+  parser.add_argument("--estimates", default="")
+  parser.add_argument("--env", action="store_true")
+  parser.add_argument("--make_estimates", default="")
+  parser.add_argument("pairs", nargs="*", help="LABEL=compile-mode json (--make_estimates)")
+  args = parser.parse_args()
+  if args.env:
+    env()
+    return
+  if args.make_estimates:
+    make_estimates(args.make_estimates, args.pairs)
+    return
+  estimates = {}
+  if args.estimates and os.path.exists(args.estimates):
+    with open(args.estimates, encoding="utf-8") as f:
+      estimates = json.load(f)
+  attention_table(json_lines(os.path.join(args.out, "1_attention.log"), "ROW "))
+  results = json_lines(os.path.join(args.out, "2_train.log"), "RESULT ")
+  train_table(results, estimates)
+  torch_table(json_lines(os.path.join(args.out, "3_torch.log"), "RESULT "), results)
+  if "_made" in estimates:
+    print(f"Deviceless estimates: {estimates['_made']}.")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,164 @@
+"""One config's train step on the attached accelerator: speed, MFU, memory and kernels.
+
+The project's own `Trainer` (jitted, donated train step: AdamW, clipping, dropout as the
+config has it) on one random batch (benchmarks/shapes.py), compiled ahead of time so the
+compile is timed apart. Printed as it goes, then one `RESULT {json}` line:
+
+- step time: the median (and min) of --rounds rounds of --steps steps each, dispatched
+  as the training loop does, after --warmup steps; tokens/s; MFU = model FLOPs
+  (flops.py's PaLM count) per second over the device's published dense bf16 peak
+  (989 TFLOP/s for an H100 SXM); rematerialised work does not count;
+- memory: the compiled step's own analysis (arguments, temporaries, outputs: what the
+  compile mode's deviceless verdict estimates) and the device's `peak_bytes_in_use`
+  after the steps (`memory_stats()`);
+- kernels: the custom calls in the compiled program (`__cudnn$fmha...` for cuDNN's flash
+  attention), by target and count.
+
+`--batch` is tried first; a RESOURCE_EXHAUSTED (out of memory) at compile or run time
+retries once at half the batch, and the RESULT says so.
+
+  python benchmarks/gpu_train_step.py --config=configs/gpt_small.py --batch=128 \
+      --seq_len=1024 --set model.attention_impl=auto
+  python benchmarks/gpu_train_step.py --config=configs/llama.py:1b --batch=16 --seq_len=2048
+  python benchmarks/gpu_train_step.py --config=configs/gpt_small.py --batch=4 --tiny   # CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import gc
+import importlib
+import json
+import os
+import re
+import statistics
+import sys
+import time
+
+import jax
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import shapes  # benchmarks/shapes.py; pylint: disable=g-bad-import-order,wrong-import-position
+from transformer.training import flops  # pylint: disable=wrong-import-position
+
+
+def load_config(spec: str, batch: int, seq_len: int, overrides: list[str], tiny: bool):
+  """configs/<name>.py[:arg] with the batch, length, one micro-batch and the overrides."""
+  path, _, arg = spec.partition(":")
+  module = importlib.import_module("configs." + os.path.splitext(os.path.basename(path))[0])
+  config = module.get_config(arg) if arg else module.get_config()
+  config.data.update(seq_len=seq_len, batch_size=batch)
+  config.train.microbatches = 1
+  config.model.max_len = max(config.model.max_len, seq_len)
+  if tiny:  # The CPU dry run: the same code path at a shape 2 cores compile in seconds.
+    config.model.update(num_layers=2, d_model=128, num_heads=4, mlp_dim=256, vocab_size=512)
+    if config.model.num_kv_heads:
+      config.model.num_kv_heads = 2
+    if config.model.head_dim:
+      config.model.head_dim = 32
+  shapes.apply_overrides(config, overrides)
+  return config
+
+
+def kernels_of(hlo_text: str) -> dict[str, int]:
+  """Custom-call targets in a compiled program's text, with their counts."""
+  return dict(collections.Counter(re.findall(r'custom_call_target="([^"]+)"', hlo_text)))
+
+
+def memory_of(compiled) -> dict[str, int]:
+  analysis = compiled.memory_analysis()
+  if analysis is None:
+    return {}
+  names = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
+           "temp_size_in_bytes", "generated_code_size_in_bytes")
+  return {name: int(getattr(analysis, name, 0) or 0) for name in names}
+
+
+def measure(config, args) -> dict:
+  """Compiles and times the step at config.data.batch_size; the RESULT fields."""
+  trainer = shapes.make_trainer(config)
+  batch_size, seq_len = config.data.batch_size, config.data.seq_len
+  with trainer.context():
+    state = trainer.init(jax.random.PRNGKey(0))
+    batch = trainer.global_batch(shapes.random_batch(config))
+    start = time.perf_counter()
+    compiled = trainer.train_step.lower(state, batch).compile()
+    compile_seconds = time.perf_counter() - start
+    print(f"compiled in {compile_seconds:.1f} s; memory analysis {memory_of(compiled)}",
+          flush=True)
+    kernels = kernels_of(compiled.as_text())
+    print(f"custom calls: {kernels}", flush=True)
+    _, state = shapes.run_steps(compiled, state, batch, args.warmup)
+    times = []
+    for _ in range(args.rounds):
+      seconds, state = shapes.run_steps(compiled, state, batch, args.steps)
+      times.append(seconds)
+      print(f"  round: {1e3 * seconds:.2f} ms/step", flush=True)
+  device = jax.devices()[0]
+  stats = device.memory_stats() or {}
+  median = statistics.median(times)
+  model_flops = flops.train_flops_per_step(trainer.model_config, batch_size, seq_len)
+  peak = flops.published_peak_flops(device.device_kind)
+  tokens = batch_size * seq_len
+  return dict(
+      batch=batch_size, seq_len=seq_len, tokens_per_step=tokens,
+      params=int(sum(np.prod(x.shape) for x in jax.tree.leaves(state.params))),
+      compile_seconds=compile_seconds, step_ms_median=1e3 * median,
+      step_ms_min=1e3 * min(times), rounds=len(times), steps_per_round=args.steps,
+      tokens_per_second=tokens / median, model_flops_per_step=model_flops,
+      model_tflops_per_second=model_flops / median / 1e12,
+      peak_bf16_flops=peak, mfu=model_flops / median / peak if peak else None,
+      memory_analysis=memory_of(compiled),
+      peak_bytes_in_use=stats.get("peak_bytes_in_use"),
+      bytes_limit=stats.get("bytes_limit"), kernels=kernels,
+      attention_impl=config.model.attention_impl, dtype=np.dtype(trainer.model_config.dtype).name)
+
+
+def is_oom(error: Exception) -> bool:
+  text = str(error)
+  return "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower()
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--config", required=True, help="configs/<name>.py[:arg]")
+  parser.add_argument("--batch", type=int, required=True)
+  parser.add_argument("--seq_len", type=int, default=1024)
+  parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+  parser.add_argument("--warmup", type=int, default=3)
+  parser.add_argument("--rounds", type=int, default=5)
+  parser.add_argument("--steps", type=int, default=5, help="steps per timed round")
+  parser.add_argument("--label", default="", help="names the RESULT line")
+  parser.add_argument("--tiny", action="store_true", help="a small model (CPU dry run)")
+  args = parser.parse_args()
+  print(shapes.platform_line(), flush=True)
+  batch, result = args.batch, None
+  for attempt in range(2):
+    config = load_config(args.config, batch, args.seq_len, args.set, args.tiny)
+    print(f"{args.label or args.config}: batch {batch} x {args.seq_len}, "
+          f"{' '.join(args.set) or 'no overrides'}", flush=True)
+    try:
+      result = measure(config, args)
+      break
+    except Exception as e:  # pylint: disable=broad-except  (an OOM halves the batch once)
+      if attempt or not is_oom(e):
+        raise
+      print(f"out of memory at batch {batch}: {str(e).splitlines()[0][:300]}; "
+            f"trying {batch // 2}", flush=True)
+    gc.collect()  # The failed attempt's arrays, freed once its traceback is gone.
+    jax.clear_caches()
+    batch //= 2
+  result.update(label=args.label, config=args.config, overrides=args.set,
+                batch_asked=args.batch, jax=jax.__version__,
+                device=jax.devices()[0].device_kind)
+  print("RESULT " + json.dumps(result), flush=True)
+  mfu = f", MFU {100 * result['mfu']:.1f}%" if result["mfu"] else ""
+  print(f"{args.label}: {result['step_ms_median']:.1f} ms/step, "
+        f"{result['tokens_per_second']:,.0f} tokens/s{mfu}, peak "
+        f"{(result['peak_bytes_in_use'] or 0) / 2**30:.2f} GiB", flush=True)
+
+
+if __name__ == "__main__":
+  main()
