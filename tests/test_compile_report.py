@@ -177,3 +177,15 @@ def test_a_gpu_target_without_cost_analysis_names_its_sources():
                                           (-GIB, "does not fit by 1.00 GiB")])
 def test_verdict_words(spare, words):
   assert report.verdict(10 * GIB - spare, 10 * GIB) == words
+
+
+def test_a_trial_xla_refused_carries_its_message_and_no_estimate(monkeypatch):
+  """search._try on a step XLA refused (make_plan stubbed with the plan it would return)."""
+  refused = _plan({"train": _refused()})
+  monkeypatch.setattr(search.plan_lib, "make_plan", lambda *args, **kwargs: refused)
+  trial = search._try(gpt_small.get_config("local"), refused.topology, [],  # pylint: disable=protected-access
+                      "model.remat=full", {"model.remat": "full"}, "train")
+  assert trial.compile_error == OOM.splitlines()[0] and trial.error is None
+  assert trial.seconds is None and trial.mfu is None and not trial.fits
+  assert trial.total_bytes == refused.costs["train"].total_bytes
+  assert search.rank(trial) == (1, float(trial.total_bytes))  # Among those that do not fit.
