@@ -24,8 +24,8 @@ import jax
 import ml_collections
 from absl import flags
 
-from transformer.config import objective as objective_lib
 from transformer import sharding
+from transformer.config import objective as objective_lib
 from transformer.cli import common
 from transformer.config.errors import ConfigError
 from transformer.data import catalog
