@@ -36,12 +36,16 @@ def main():
   parser.add_argument("--text_path", default="", help="train on local_text files here")
   parser.add_argument("--steps_per_call", type=int, default=1,
                       help="train.steps_per_call (a row every such many steps)")
+  parser.add_argument("--mesh", default="", help="mesh.shape as JSON [[name, size], ...]")
+  parser.add_argument("--num_processes", type=int, default=2,
+                      help="1: this process alone, no jax.distributed (the reference)")
   args = parser.parse_args()
   logging.set_verbosity(logging.INFO)  # As under absl.app: the progress lines show.
 
-  distributed.initialize(coordinator_address=f"127.0.0.1:{args.port}", num_processes=2,
-                         process_id=args.process_id,
-                         heartbeat_timeout_seconds=args.heartbeat_timeout_seconds)
+  if args.num_processes > 1:
+    distributed.initialize(coordinator_address=f"127.0.0.1:{args.port}",
+                           num_processes=args.num_processes, process_id=args.process_id,
+                           heartbeat_timeout_seconds=args.heartbeat_timeout_seconds)
   seen = {"metrics": [], "rows": []}
   global_batch, write = trainer_lib.Trainer.global_batch, metrics_file.MetricWriter.write
 
@@ -67,6 +71,8 @@ def main():
     config.train.eval_batches = args.eval_batches
   if args.text_path:
     config.data.update(name="local_text", path=args.text_path)
+  if args.mesh:
+    config.mesh.shape = tuple(tuple(axis) for axis in json.loads(args.mesh))
   if args.steps_per_call > 1:  # Stacked batches: [k, rows, length] from each process.
     config.train.update(steps_per_call=args.steps_per_call, log_every=args.steps_per_call)
   with distributed.fail_together():  # As launch.py does.

@@ -19,18 +19,20 @@ def _free_port() -> int:
 
 
 def _run_pair(tmp_path, data_dir, workdir, num_steps, tag, fail_at_batch=-1, timeout=240,
-              kill_at="", extra=()):
+              kill_at="", extra=(), processes=2):
   """Starts processes 0 and 1 (2 CPU devices each) and waits for both.
 
   `fail_at_batch` makes process 1 raise, `kill_at` (a TRANSFORMER_TEST_KILL_AT value)
-  SIGKILLs it; `extra` are more worker flags for both.
+  SIGKILLs it; `extra` are more worker flags for both. `processes=1`: one process
+  with all 4 devices instead, no jax.distributed (the reference run).
   """
   port = _free_port()
   env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS="--xla_force_host_platform_device_count=2")
+             XLA_FLAGS=f"--xla_force_host_platform_device_count={4 // processes}")
   env.pop(KILL_AT, None)
   procs, outs = [], []
-  for pid in range(2):
+  extra = (*extra, f"--num_processes={processes}")
+  for pid in range(processes):
     out = str(tmp_path / f"{tag}_{pid}.json")
     outs.append(out)
     cmd = [sys.executable, WORKER, f"--process_id={pid}", f"--port={port}",
@@ -49,7 +51,8 @@ def _run_pair(tmp_path, data_dir, workdir, num_steps, tag, fail_at_batch=-1, tim
         p.kill()
       pytest.fail(f"{tag}: a process hung for {timeout} s (see {log.name})")
     log.close()
-  logs = [open(tmp_path / f"{tag}_{pid}.log", encoding="utf-8").read() for pid in range(2)]
+  logs = [open(tmp_path / f"{tag}_{pid}.log", encoding="utf-8").read()
+          for pid in range(processes)]
   seen = [json.load(open(o, encoding="utf-8")) if os.path.exists(o) else None for o in outs]
   return codes, logs, seen
 
@@ -96,6 +99,35 @@ def test_two_processes_train_checkpoint_and_resume(tmp_path, prepared_data_dir):
   # The call's input first (2 batches x 4 rows of each process), then the evaluation's.
   assert [len(batch) for batch in seen[0]["rows"]] == [8, 4, 4]
   assert not set(seen[0]["rows"][0]) & set(seen[1]["rows"][0])
+
+
+# The processes' devices split the mesh's first axis: with a tensor or context axis
+# outermost, each process holds every row, and both must read the same ones.
+SPANNING_MESHES = {
+    "context": [["context", 4], ["data", 1], ["fsdp", 1], ["tensor", 1]],
+    "tensor": [["tensor", 2], ["data", 2], ["fsdp", 1]],
+}
+
+
+@pytest.mark.slow  # Three processes start and compile: ~45 s each mesh on 2 shared cores.
+@pytest.mark.parametrize("axis", sorted(SPANNING_MESHES))
+def test_an_axis_across_processes_gives_the_losses_of_one_process(
+    tmp_path, prepared_data_dir, axis):
+  """Both processes hold every data shard, so they read the same rows (the whole batch),
+  and two steps give the losses of one process with the same 4 devices and mesh."""
+  mesh = ("--mesh=" + json.dumps(SPANNING_MESHES[axis]),)
+  codes, logs, seen = _run_pair(tmp_path, prepared_data_dir, str(tmp_path / "pair"), 2,
+                                "pair", extra=mesh)
+  assert codes == [0, 0], logs
+  codes, logs, alone = _run_pair(tmp_path, prepared_data_dir, str(tmp_path / "one"), 2,
+                                 "one", extra=mesh, processes=1)
+  assert codes == [0], logs
+  assert seen[0]["rows"] == seen[1]["rows"] == alone[0]["rows"]
+  assert {len(batch) for batch in alone[0]["rows"]} == {8}  # Every batch whole.
+  losses = _train_losses(alone[0])
+  assert sorted(losses) == [1, 2]
+  for process in seen:
+    assert _train_losses(process) == pytest.approx(losses, rel=1e-5)
 
 
 def test_a_failing_process_ends_the_whole_run(tmp_path, prepared_data_dir):

@@ -1,5 +1,7 @@
 """Sharding on 8 simulated CPU devices: every mesh trains like one device; specs are right."""
 
+import importlib.util
+
 import jax
 import numpy as np
 import pytest
@@ -7,6 +9,7 @@ from flax import linen as nn
 from jax.sharding import PartitionSpec as P
 
 from transformer import sharding
+from transformer.config.errors import ConfigError
 from transformer.training import trainer as trainer_lib
 from transformer.model.models import make_model
 
@@ -203,3 +206,52 @@ def test_rules_drop_axes_the_mesh_lacks_even_when_the_config_names_them():
   assert sharding.batch_sharding(mesh, rules).spec[0] == ("data", "fsdp")
   # From the config's shape alone the rule keeps it.
   assert first_batch_rule(sharding.rules_of(config.mesh)) == ("data", "fsdp", "expert")
+
+
+# v5p:2x2x2 is two hosts of four chips (devices 0-3 on process 0, 4-7 on process 1):
+# its abstract devices from libtpu carry those process indices, with no second process.
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                    reason="libtpu is not installed: the two-host topology's devices come "
+                    "from it")
+@pytest.mark.parametrize("shape, order, shares", [
+    # The data axis across the hosts: each process reads its own half.
+    ((("data", 2), ("fsdp", 1), ("tensor", 4)), range(8), [(0, 2), (1, 2)]),
+    ((("data", 8), ("fsdp", 1), ("tensor", 1)), range(8), [(0, 2), (1, 2)]),
+    # A tensor or context axis across the hosts: both hold every row and read the same.
+    ((("tensor", 2), ("data", 4), ("fsdp", 1)), range(8), [(0, 1), (0, 1)]),
+    ((("context", 8), ("data", 1), ("fsdp", 1), ("tensor", 1)), range(8), [(0, 1), (0, 1)]),
+    ((("data", 2), ("fsdp", 2), ("tensor", 2)), (0, 1, 4, 5, 2, 3, 6, 7),
+     [(0, 2), (1, 2)]),  # Rows apart: process 0 holds batch shards 0 and 2.
+])
+def test_each_process_reads_the_data_shards_its_devices_hold(shape, order, shares):
+  devices = _two_host_devices()
+  mesh = sharding.make_mesh(_mesh_config(shape), [devices[i] for i in order])
+  rules = sharding.rules_of(_mesh_config(shape), mesh)
+  assert [tuple(vars(sharding.input_shard(mesh, rules, p)).values()) for p in (0, 1)] == shares
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                    reason="libtpu is not installed: the two-host topology's devices come "
+                    "from it")
+def test_a_mesh_whose_processes_share_part_of_a_data_shard_is_refused_in_one_line():
+  """Process 0 holds data shards 0, 1, 2 and process 1 shards 1, 2, 3: neither reads alone."""
+  devices = _two_host_devices()
+  shape = (("data", 4), ("fsdp", 1), ("tensor", 2))
+  mesh = sharding.make_mesh(_mesh_config(shape), [devices[i] for i in (0, 1, 2, 4, 3, 5, 6, 7)])
+  with pytest.raises(ConfigError, match=r"cannot be fed: process 0's devices hold data "
+                     r"shards \[0, 1, 2\] and process 1's \[1, 2, 3\]"):
+    sharding.input_shard(mesh, sharding.rules_of(_mesh_config(shape), mesh))
+
+
+def _two_host_devices():
+  from transformer.planning import topology  # pylint: disable=g-import-not-at-top
+  devices = topology.topology_devices(topology.parse_topology("v5p:2x2x2"))
+  assert [d.process_index for d in devices] == [0] * 4 + [1] * 4
+  return devices
+
+
+def _mesh_config(shape):
+  from configs import base  # pylint: disable=g-import-not-at-top
+  config = base.get_config()
+  config.mesh.shape = shape
+  return config.mesh

@@ -11,7 +11,8 @@ tests/test_layout.py holds the table and enforces it):
   accelerator.py    what a GPU/TPU run needs before JAX starts (XLA flags, memory
                     fraction) and checks after (the backend that started, its platform)
   plugin_noise.py   jax's CUDA plugin on a host with no driver: its console lines dropped
-  sharding.py       the device mesh, logical-axis rules, the sharding report
+  sharding.py       the device mesh, logical-axis rules, the sharding report, the rows
+                    each process reads (input_shard)
   workdir/          the one place that knows a workdir's files: names, atomic writes,
                     checkpoints, run record, console and log
   model/            attention, positions, layers, the three topologies, objectives

@@ -7,6 +7,7 @@ Changing parallelism is a config change, never a code change.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any, Sequence
 
@@ -142,6 +143,54 @@ def data_parallel_size(mesh: Mesh, rules: Rules) -> int:
   spec = batch_sharding(mesh, rules).spec[0]
   axes = spec if isinstance(spec, tuple) else (spec,) if spec else ()
   return int(np.prod([mesh.shape[a] for a in axes]))
+
+
+@dataclasses.dataclass(frozen=True)
+class InputShard:
+  """The share of every global batch one process reads: share `index` of `count`.
+
+  Processes whose devices hold the same data shards (a tensor or context axis across
+  them) read the same share; the others disjoint ones. `count` divides the
+  data-parallel ways, and a process reads batch_size // count rows per batch.
+  """
+
+  index: int
+  count: int
+
+
+def input_shard(mesh: Mesh, rules: Rules, process_index: int | None = None) -> InputShard:
+  """Which share of the batch `process_index` (default: this process) reads on `mesh`.
+
+  A process's share is the set of data shards (positions along the batch axes) its
+  devices hold. Processes that hold the same set read the same rows; the global batch is
+  the shares in order of their first data shard.
+
+  Raises:
+    ConfigError: two processes hold overlapping but different sets of data shards, or
+      sets of different sizes: no process could read its rows on its own.
+  """
+  process_index = jax.process_index() if process_index is None else process_index
+  ways = data_parallel_size(mesh, rules)
+  # One row per data shard: each device's row index is the data shard it holds.
+  index_map = batch_sharding(mesh, rules).devices_indices_map((ways,))
+  held: dict[int, set[int]] = {}
+  for device, (rows,) in index_map.items():
+    held.setdefault(device.process_index, set()).update(range(*rows.indices(ways)))
+  if process_index not in held:
+    raise ConfigError(f"config.mesh.shape={tuple(mesh.shape.items())}: process "
+                      f"{process_index} has no device in the mesh, so it has no rows to read")
+  shares = sorted({frozenset(rows) for rows in held.values()}, key=min)
+  for i, share in enumerate(shares):
+    clash = next((other for other in shares[i + 1:]
+                  if other & share or len(other) != len(share)), None)
+    if clash is not None:
+      first, second = (min(p for p, rows in held.items() if rows == s) for s in (share, clash))
+      raise ConfigError(
+          f"config.mesh.shape={tuple(mesh.shape.items())} cannot be fed: process {first}'s "
+          f"devices hold data shards {sorted(share)} and process {second}'s {sorted(clash)}, "
+          "neither the same rows nor disjoint ones of equal size; order mesh.shape so that "
+          "each process's devices hold whole data shards (the batch axes outermost)")
+  return InputShard(index=shares.index(frozenset(held[process_index])), count=len(shares))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

@@ -24,6 +24,7 @@ import jax
 import ml_collections
 from absl import flags
 
+from transformer import sharding
 from transformer.config import objective as objective_lib
 from transformer.cli import common
 from transformer.config.errors import ConfigError
@@ -159,10 +160,10 @@ def evaluate(workdir: str, *, config: ml_collections.ConfigDict | None = None,
   if max_examples > 0:
     source = _FirstExamples(source, max_examples)
   local_batch_size = trainer_lib.check_batch_size(config, run.mesh)
+  share = sharding.input_shard(run.mesh, sharding.rules_of(config.mesh, run.mesh))
   dataset = pipeline.make_dataset(config, objective, source, run.tokenizer, train=False,
                                   split=split, batch_size=local_batch_size,
-                                  process_index=jax.process_index(),
-                                  process_count=jax.process_count())
+                                  process_index=share.index, process_count=share.count)
   # The eval step alone, for the loaded parameters' shardings; scorer.config is `config`,
   # whose train.eval_batches (-1 above) evaluate_split reads.
   scorer = trainer_lib.Scorer.create(config, run.mesh, run.param_shardings,

@@ -77,7 +77,9 @@ def make_dataset(config: ml_collections.ConfigDict, objective: objective_lib.Obj
     train: training (repeat, shuffle rows, drop the last partial batch) or evaluation.
     batch_size: rows per batch on this process.
     split: the split's name, for messages.
-    process_index, process_count: this process's share of the data.
+    process_index, process_count: which of `process_count` disjoint shares of the rows
+      this process reads (sharding.input_shard: one share per distinct set of data
+      shards, so processes across a tensor or context axis read the same share).
 
   Returns:
     A grain IterDataset of batches (dicts of numpy arrays).

@@ -353,6 +353,11 @@ def context_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array, *
   axes = context.axes()
   q_spec, kv_spec = context.operand_specs(q_BLHD.shape[0])
   rows, length, heads = q_spec[0], q_spec[1], q_spec[2]
+  # Every mesh axis that splits the queries: a shard's dropout key folds in its index
+  # over all of them, so that row, head and length shards draw different masks (devices
+  # that hold the same queries, along an axis not named here, draw the same one).
+  split = tuple(a for part in (rows, length, heads)
+                for a in (part if isinstance(part, tuple) else (part,) if part else ()))
   mask_spec = P(rows if mask_B1LS.shape[0] > 1 else None, None, length, None)
   operands, specs = [q_BLHD, k_BSKD, v_BSKD, mask_B1LS], [q_spec, kv_spec, kv_spec, mask_spec]
   if bias_BHLS is not None:  # T5's and ALiBi's biases may broadcast over the batch.
@@ -371,7 +376,7 @@ def context_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array, *
     v_BSKD = jax.lax.all_gather(v_BSKD, axes, axis=1, tiled=True)
     if kernel == "einsum":
       if rng is not None:  # Each shard draws its own queries' dropout.
-        rng = jax.random.fold_in(rng, jax.lax.axis_index(axes))
+        rng = jax.random.fold_in(rng, jax.lax.axis_index(split))
       return einsum_attention(q_BLHD, k_BSKD, v_BSKD, mask_B1LS, bias_BHLS=bias_BHLS,
                               softcap=softcap, dropout_rate=dropout_rate, dropout_rng=rng)
     if bias_BHLS is not None:

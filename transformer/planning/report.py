@@ -124,7 +124,7 @@ def _audit_line(plan: Plan) -> str:
 
 def trial_lines(title: str, trials: list[Trial], chip_bytes: int,
                 baseline: int | None = None) -> list[str]:
-  """A table of levers or mesh-search trials."""
+  """A table of levers or mesh-search trials: fits, does not fit, or refused (and why)."""
   lines = ["", title]
   for trial in trials:
     if trial.error is not None:
@@ -132,6 +132,10 @@ def trial_lines(title: str, trials: list[Trial], chip_bytes: int,
       continue
     change = (f" ({(trial.total_bytes - baseline) / GIB:+.2f} GiB)"
               if baseline is not None else "")
+    if trial.compile_error is not None:  # Its bytes are XLA's figure; no step time.
+      lines.append(f"  {trial.label:<44} {gib(trial.total_bytes)}{change}: XLA refused to "
+                   f"compile it: {trial.compile_error} (in {trial.compile_seconds:.0f} s)")
+      continue
     mfu = f", MFU <= {100 * trial.mfu:.1f}%" if trial.mfu is not None else ""
     lines.append(f"  {trial.label:<44} {gib(trial.total_bytes)}{change}: "
                  f"{verdict(trial.total_bytes, chip_bytes)}; ~{trial.seconds * 1e3:.2f} ms"
@@ -164,7 +168,7 @@ def to_json(plan: Plan, levers: dict[str, list[Trial]] | None = None,
         compile_seconds=cost.compile_seconds, compile_error=cost.compile_error)
   trial = lambda t: dict(label=t.label, step=t.step, total_bytes=t.total_bytes,
                          fits=t.fits, estimated_seconds=t.seconds, estimated_mfu=t.mfu,
-                         error=t.error)
+                         error=t.error, compile_error=t.compile_error)
   return dict(
       topology=plan.topology.name, num_slices=plan.topology.num_slices,
       chips=plan.topology.chips, chip_kind=plan.chip_kind, chip=plan.chip.name,

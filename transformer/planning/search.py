@@ -30,7 +30,8 @@ class Trial:
   seconds: float | None = None  # The step-time estimate.
   mfu: float | None = None
   compile_seconds: float = 0.0
-  error: str | None = None
+  error: str | None = None  # The checks refused the variant: nothing was compiled.
+  compile_error: str | None = None  # XLA refused to compile it (out of HBM): no estimate.
 
 
 def _try(config: ml_collections.ConfigDict, topology: topology_lib.Topology, devices: list,
@@ -46,6 +47,7 @@ def _try(config: ml_collections.ConfigDict, topology: topology_lib.Topology, dev
     return trial
   cost, estimate = result.costs[step], result.estimates[step]
   trial.total_bytes, trial.fits = cost.total_bytes, result.fits(step)
+  trial.compile_error = cost.compile_error
   if estimate is not None:  # None: XLA refused the step (out of memory).
     trial.seconds, trial.mfu = estimate.seconds, estimate.mfu
   trial.compile_seconds = cost.compile_seconds

@@ -131,8 +131,11 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                objective.name, data_sources.builder.info.full_name,
                sources.tokenizer_kind(data_sources.tokenizer),
                data_sources.tokenizer.vocab_size, config.model.vocab_size)
-  data_kwargs = dict(batch_size=local_batch_size, process_index=jax.process_index(),
-                     process_count=jax.process_count())
+  # Each process reads its devices' share of the rows: the same share as the processes
+  # across a tensor or context axis from it (sharding.input_shard).
+  share = sharding.input_shard(mesh, sharding.rules_of(config.mesh, mesh))
+  data_kwargs = dict(batch_size=local_batch_size, process_index=share.index,
+                     process_count=share.count)
   train_data, eval_data = (
       pipeline.make_dataset(config, objective,
                             catalog.data_source(data_sources.builder, split),

@@ -186,6 +186,8 @@ class Scorer:
   # model.attention_max_segments where cuDNN's packed layout serves an attention on this
   # mesh (each host batch is checked against it), else None.
   packed_rows_limit: int | None
+  # The share of each global batch this process reads (sharding.input_shard).
+  input_shard: sharding.InputShard
 
   @classmethod
   def create(cls, config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
@@ -202,7 +204,8 @@ class Scorer:
                                         config.train.logits_chunk, position_bucket,
                                         config.data.seq_len),
                batch_sharding=sharding.batch_sharding(mesh, rules),
-               packed_rows_limit=_packed_rows_limit(model_config, mesh, rules))
+               packed_rows_limit=_packed_rows_limit(model_config, mesh, rules),
+               input_shard=sharding.input_shard(mesh, rules))
 
   @contextlib.contextmanager
   def context(self):
@@ -212,7 +215,7 @@ class Scorer:
 
   def global_batch(self, local_batch: dict[str, np.ndarray],
                    stacked: bool = False) -> dict[str, jax.Array]:
-    """Assembles the global batch from this process's rows.
+    """Assembles the global batch from this process's rows (its `input_shard`).
 
     With `stacked`, every array has a leading axis of consecutive batches ([n, B, ...],
     the input of `Trainer.train_steps`), which stays whole on every device.
@@ -224,7 +227,16 @@ class Scorer:
       # host time of an array-by-array assembly, which the next step's compute shares
       # the cores with on a CPU).
       return jax.device_put(local_batch, placement)
-    return {k: jax.make_array_from_process_local_data(placement, v)
+    # The global shape is given, never inferred: processes that read the same share
+    # (a tensor or context axis across them) hold the same rows, not more of them.
+    row_axis = 1 if stacked else 0
+
+    def global_shape(v: np.ndarray) -> tuple[int, ...]:
+      shape = list(v.shape)
+      shape[row_axis] *= self.input_shard.count
+      return tuple(shape)
+
+    return {k: jax.make_array_from_process_local_data(placement, v, global_shape(v))
             for k, v in local_batch.items()}
 
 
@@ -315,7 +327,7 @@ class Trainer(Scorer):
                                         config.train.logits_chunk),
                batch_sharding=batch_sharding, state_shardings=state_shardings,
                packed_rows_limit=_packed_rows_limit(model_config, mesh, rules),
-               abstract_state=abstract_state, init=jit_init, train_step=jit_train,
+               input_shard=sharding.input_shard(mesh, rules), abstract_state=abstract_state, init=jit_init, train_step=jit_train,
                train_steps=jit_train_steps)
 
 
@@ -342,19 +354,22 @@ def check_divisible(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) 
 
 
 def check_batch_size(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> int:
-  """Returns this process's rows per batch; the global batch must split evenly."""
+  """Returns this process's rows per batch (sharding.input_shard's share of it).
+
+  Raises:
+    ConfigError: the global batch does not split evenly over the data-parallel shards
+      and micro-batches, or the mesh cannot be fed (sharding.input_shard).
+  """
   rules = sharding.rules_of(config.mesh, mesh)
   ways = sharding.data_parallel_size(mesh, rules)
   batch, micro = config.data.batch_size, config.train.microbatches
   # Each micro-batch is itself split over the data-parallel devices.
-  unit = int(np.lcm(ways * micro, jax.process_count()))
-  if batch % unit:
+  if batch % (ways * micro):
     raise ConfigError(
         f"config.data.batch_size={batch} is invalid: it must be divisible by the "
         f"{ways} data-parallel shards of mesh {dict(mesh.shape)} times "
-        f"config.train.microbatches={micro}, and by {jax.process_count()} processes; "
-        f"e.g. {unit}")
-  return batch // jax.process_count()
+        f"config.train.microbatches={micro}; e.g. {ways * micro}")
+  return batch // sharding.input_shard(mesh, rules).count
 
 
 def evaluate_split(scorer: Scorer, params: Any, dataset,

@@ -1,0 +1,191 @@
+"""--mode=compile's report, every branch rendered from hand-built inputs (nothing compiled).
+
+Each case builds the StepCosts, Estimates and Trials a compile would produce and renders
+the console lines and the JSON: a step that fits, one that does not, one XLA refused, the
+levers (fitting, not fitting, refused by the checks, refused by XLA), the mesh search,
+collectives XLA could not print, and a GPU target without cost analysis.
+"""
+
+import json
+
+import pytest
+
+from configs import gpt_small
+from transformer import hardware
+from transformer.planning import audit
+from transformer.planning import collectives
+from transformer.planning import compiled
+from transformer.planning import estimate as estimate_lib
+from transformer.planning import gpu
+from transformer.planning import report
+from transformer.planning import search
+from transformer.planning import topology as topology_lib
+from transformer.planning.plan import Plan
+
+GIB = 2 ** 30
+V5E = hardware.CHIPS["tpu v5 lite"]
+H100 = hardware.CHIPS["h100"]
+OOM = "RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. HLO temporaries (40.00G) exceeds available HBM (15.75G)"
+
+
+def _cost(name: str = "train", gib: float = 4.0, **fields) -> compiled.StepCost:
+  """A compiled step of `gib` GiB in all (arguments 1 GiB, the rest temporaries)."""
+  values = dict(name=name, arguments_bytes=GIB, temp_bytes=int((gib - 1) * GIB),
+                output_bytes=GIB // 2, alias_bytes=GIB // 2, code_bytes=0,
+                xla_flops=2e12, hbm_bytes_accessed=5e10,
+                collective_bytes={"all-reduce": 2 ** 28}, compile_seconds=3.0,
+                model_flops=1.5e12, tokens=4096, optimal_seconds=0.02)
+  values.update(fields)
+  return compiled.StepCost(**values)
+
+
+def _refused(name: str = "train") -> compiled.StepCost:
+  """A step XLA would not compile (compiled._out_of_memory's shape of it)."""
+  return compiled._out_of_memory(name, RuntimeError(OOM), start=0.0,  # pylint: disable=protected-access
+                                 arguments_bytes=GIB, model_flops=1.5e12, tokens=4096)
+
+
+def _plan(costs: dict, chip=V5E, topology=None, mesh=None, replicated=(),
+          memory_fraction=None) -> Plan:
+  topology = topology or topology_lib.Topology("v5e:2x2", "v5e", (2, 2))
+  usable = chip.hbm_bytes if memory_fraction is None else int(chip.hbm_bytes * memory_fraction)
+  return Plan(config=gpt_small.get_config("local"), topology=topology,
+              chip_kind="TPU v5 lite" if chip is V5E else "NVIDIA H100 80GB HBM3",
+              chip=chip, mesh=mesh or {"data": 1, "fsdp": 2, "tensor": 2}, costs=costs,
+              estimates={name: estimate_lib.estimate(cost, chip, 4)
+                         for name, cost in costs.items()},
+              breakdown={"params": GIB, "opt_state": 2 * GIB}, replicated=list(replicated),
+              usable_bytes=usable, memory_fraction=memory_fraction)
+
+
+def _render(plan: Plan, levers=None, search_trials=None) -> tuple[str, dict]:
+  """The console text (plan, levers, search) and the JSON round-tripped through text."""
+  lines = report.plan_lines(plan)
+  for step, trials in (levers or {}).items():
+    lines += report.trial_lines(f"Levers for the {step} step:", trials, plan.usable_bytes,
+                                plan.costs[step].total_bytes)
+  if search_trials is not None:
+    lines += report.trial_lines("Mesh search:", search_trials, plan.usable_bytes)
+  return "\n".join(lines), json.loads(json.dumps(report.to_json(plan, levers, search_trials)))
+
+
+def test_a_step_that_fits_has_its_verdict_estimate_and_audit():
+  text, result = _render(_plan({"train": _cost(gib=4.0), "decode": _cost(
+      "decode", gib=2.0, model_flops=None, kernels={"attention (splash)": 4})}))
+  assert "fits with 12.00 GiB to spare" in text
+  assert "XLA's own cost model (optimal_seconds, loops multiplied out): ~20.00 ms" in text
+  assert "-bound)" in text and "MFU <=" in text
+  assert "decode: model" not in text  # Decode has no model-FLOP count.
+  assert "Kernels that matter" in text and "attention (splash) x4" in text
+  assert "Sharding audit: no parameter or optimizer leaf is replicated." in text
+  assert result["steps"]["train"]["fits"] is True
+  assert result["steps"]["train"]["estimated_seconds"] > 0
+  assert result["steps"]["decode"]["estimated_mfu"] is None
+
+
+def test_a_step_that_does_not_fit_lists_replicated_leaves():
+  leaf = audit.ReplicatedLeaf("params/token_embed/embedding", (32768, 4096), 2 * GIB)
+  text, result = _render(_plan({"train": _cost(gib=20.0)}, replicated=[leaf]))
+  assert "does not fit by 4.00 GiB" in text
+  assert "1 parameter/optimizer leaves are replicated" in text
+  assert "params/token_embed/embedding (32768, 4096): 2.00 GiB" in text
+  assert result["steps"]["train"]["fits"] is False
+  assert result["replicated"][0]["bytes"] == 2 * GIB
+
+
+def test_a_step_xla_refused_has_no_estimate():
+  text, result = _render(_plan({"train": _refused()}))
+  assert "XLA refused to compile it: RESOURCE_EXHAUSTED" in text
+  assert "train: no estimate: XLA refused to compile it" in text
+  train = result["steps"]["train"]
+  assert train["fits"] is False and train["compile_error"].startswith("RESOURCE_EXHAUSTED")
+  assert train["temp_bytes"] == 40 * GIB  # XLA's own figure from its message.
+  assert train["estimated_seconds"] is None and train["collective_bytes"] is None
+
+
+def test_levers_render_every_outcome_refused_by_xla_included():
+  """The crash of issue 39: a lever XLA refused has no estimate, and the table said '~None ms'."""
+  plan = _plan({"train": _refused()})
+  fitting = search.Trial("model.remat=full", {"model.remat": "full"}, "train",
+                         total_bytes=10 * GIB, fits=True, seconds=0.5, mfu=0.4,
+                         compile_seconds=2.0)
+  too_big = search.Trial("model.scan_layers=True", {}, "train", total_bytes=18 * GIB,
+                         seconds=0.6, mfu=None)
+  by_xla = search.Trial("train.microbatches=2", {}, "train", total_bytes=30 * GIB,
+                        compile_error=OOM, compile_seconds=7.0)
+  checks = search.Trial("data.batch_size=2", {}, "train",
+                        error="data.batch_size=2 does not split over data*fsdp=4")
+  text, result = _render(plan, levers={"train": [fitting, too_big, by_xla, checks]})
+  assert "fits with 6.00 GiB to spare; ~500.00 ms, MFU <= 40.0% (compiled in 2 s)" in text
+  assert "does not fit by 2.00 GiB; ~600.00 ms" in text
+  assert ("30.00 GiB (-11.00 GiB): XLA refused to compile it: RESOURCE_EXHAUSTED" in text
+          and "(in 7 s)" in text)
+  assert "not possible: data.batch_size=2 does not split" in text
+  levers = result["levers"]["train"]
+  assert [t["fits"] for t in levers] == [True, False, False, False]
+  assert levers[2]["compile_error"] == OOM and levers[2]["estimated_seconds"] is None
+  assert levers[3]["error"] and levers[3]["total_bytes"] is None
+
+
+def test_mesh_search_ranks_and_renders_refused_meshes_last():
+  trials = [search.Trial("data=4 fsdp=1 tensor=1 remat=none", {}, "train",
+                         total_bytes=30 * GIB, compile_error=OOM),
+            search.Trial("data=1 fsdp=4 tensor=1 remat=none", {}, "train",
+                         total_bytes=8 * GIB, fits=True, seconds=0.3, mfu=0.5),
+            search.Trial("data=1 fsdp=1 tensor=4 remat=none", {}, "train",
+                         error="model.num_heads=2 does not split over tensor=4"),
+            search.Trial("data=2 fsdp=2 tensor=1 remat=none", {}, "train",
+                         total_bytes=20 * GIB, seconds=0.2)]
+  ranked = sorted(trials, key=search.rank)
+  assert [t.label[:6] for t in ranked] == ["data=1", "data=2", "data=4", "data=1"]
+  text, result = _render(_plan({"train": _cost()}), search_trials=ranked)
+  assert "Mesh search:" in text and "XLA refused to compile it" in text
+  assert "(+" not in text.split("Mesh search:")[1]  # No baseline: no change column.
+  assert [t["compile_error"] for t in result["mesh_search"]] == [None, None, OOM, None]
+
+
+def test_unknown_collectives_say_the_interconnect_bound_is_missing():
+  cost = _cost(collective_bytes={}, collective_error="HLO text unavailable")
+  text, result = _render(_plan({"train": cost}))
+  assert ("collectives per chip: none UNKNOWN (XLA could not print the compiled HLO: HLO "
+          "text unavailable; the interconnect bound below is missing)") in text
+  assert result["steps"]["train"]["collective_bytes"] is None
+  assert result["steps"]["train"]["collective_error"] == "HLO text unavailable"
+
+
+def test_a_gpu_target_without_cost_analysis_names_its_sources():
+  cost = _cost(cost_source="HLO count", optimal_seconds=None,
+               bytes_source="the step unrolled at depths 1 and 2, extrapolated",
+               depth_compile_seconds=4.0, kernels={"matmul": 12},
+               loop_factors={"flops": 2.0}, collective_bytes={"all-reduce": 2 ** 20, collectives.UNKNOWN_TRIPS: 1})
+  plan = _plan({"train": cost}, chip=H100, topology=gpu.GpuTopology("h100:2", "h100", 2),
+               mesh={"data": 2, "fsdp": 1, "tensor": 1}, memory_fraction=0.75)
+  text, result = _render(plan)
+  assert "(XLA_PYTHON_CLIENT_MEM_FRACTION)" in text and "chips of NVIDIA H100" in text
+  assert "(HLO count, loops multiplied out x2.00)" in text
+  assert "HBM bytes 5e+10/chip and optimal_seconds: the step unrolled" in text
+  assert "XLA's own cost model" not in text  # GPU: no optimal_seconds.
+  assert "1 loop(s) have no known trip count" in text
+  assert "no fused-attention kernel listed" in text
+  assert "Sharding audit: fsdp = tensor = 1, every weight is replicated by design." in text
+  assert result["memory_fraction"] == 0.75 and result["num_slices"] == 1
+  assert result["steps"]["train"]["cost_source"] == "HLO count"
+  assert result["steps"]["train"]["optimal_seconds"] is None
+
+
+@pytest.mark.parametrize("spare, words", [(GIB, "fits with 1.00 GiB to spare"),
+                                          (-GIB, "does not fit by 1.00 GiB")])
+def test_verdict_words(spare, words):
+  assert report.verdict(10 * GIB - spare, 10 * GIB) == words
+
+
+def test_a_trial_xla_refused_carries_its_message_and_no_estimate(monkeypatch):
+  """search._try on a step XLA refused (make_plan stubbed with the plan it would return)."""
+  refused = _plan({"train": _refused()})
+  monkeypatch.setattr(search.plan_lib, "make_plan", lambda *args, **kwargs: refused)
+  trial = search._try(gpt_small.get_config("local"), refused.topology, [],  # pylint: disable=protected-access
+                      "model.remat=full", {"model.remat": "full"}, "train")
+  assert trial.compile_error == OOM.splitlines()[0] and trial.error is None
+  assert trial.seconds is None and trial.mfu is None and not trial.fits
+  assert trial.total_bytes == refused.costs["train"].total_bytes
+  assert search.rank(trial) == (1, float(trial.total_bytes))  # Among those that do not fit.
