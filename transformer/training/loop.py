@@ -226,7 +226,7 @@ def _train_loop(run: _Run) -> dict[str, float]:
 
       loop = LoopState(dispatched=start_step)
       while loop.dispatched < num_steps:
-        call = next(batches)
+        call = progress.next_batch(batches)  # Its wait: data_wait_fraction.
         state, call_metrics = _dispatch(run, state, call)
         loop.dispatched += call.steps
         loop.calls += 1
