@@ -15,6 +15,7 @@ keeps the done tasks and redoes the others; a half-written file is never read.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import glob
 import hashlib
@@ -184,10 +185,6 @@ def run_task(job: Job, index: int) -> dict[str, Any]:
   return result
 
 
-def _run_task_in_worker(args: tuple[Job, int]) -> dict[str, Any]:
-  return run_task(*args)
-
-
 def done_task(job: Job, index: int) -> dict[str, Any] | None:
   """Task `index`'s json if it is done and still matches its file and the tokenizer."""
   task = task_name(index)
@@ -251,6 +248,34 @@ class _Progress:
       logging.info("%s", self.line())
 
 
+def _run_pool(job: Job, pending: list[int], workers: int, context: Any, counters: Any,
+              results: dict[int, Any], progress: _Progress) -> None:
+  """Runs `pending` tasks in worker processes; a worker's error stops the rest."""
+  # concurrent.futures, not multiprocessing.Pool: a worker that dies (OOM killer, SIGKILL)
+  # breaks the pool with an error here instead of losing its task and waiting forever.
+  with concurrent.futures.ProcessPoolExecutor(min(workers, len(pending)), mp_context=context,
+                                              initializer=_init_worker,
+                                              initargs=(counters,)) as pool:
+    futures = [pool.submit(run_task, job, i) for i in pending]
+    try:
+      for future in concurrent.futures.as_completed(futures):
+        result = future.result()
+        results[int(result["task"])] = result
+        progress.done += 1
+    except concurrent.futures.process.BrokenProcessPool:
+      raise DataError("a --mode=prepare worker process died (killed, or out of memory: "
+                      "lower data.prepare_workers); rerun to resume, the files finished "
+                      "so far are kept") from None
+    except BaseException:  # An error, Ctrl-C, SIGTERM: stop the other files now.
+      for future in futures:
+        future.cancel()
+      # The executor's shutdown would wait for the running files to finish; their
+      # partial shards are never used (a rerun redoes them), so end the workers now.
+      for process in list((pool._processes or {}).values()):  # pylint: disable=protected-access
+        process.terminate()
+      raise
+
+
 def prepare(job: Job, *, workers: int, shard: tuple[int, int]) -> dict[str, Any] | None:
   """Runs the tasks of this shard not yet done, then writes the manifest if all are.
 
@@ -285,12 +310,7 @@ def prepare(job: Job, *, workers: int, shard: tuple[int, int]) -> dict[str, Any]
         results[i] = run_task(job, i)
         progress.done += 1
     else:
-      with context.Pool(min(workers, len(pending)), _init_worker, (counters,)) as pool:
-        for result in pool.imap_unordered(_run_task_in_worker, [(job, i) for i in pending]):
-          results[int(result["task"])] = result
-          progress.done += 1
-        pool.close()  # Then join: the workers exit on their own (an error terminates them).
-        pool.join()
+      _run_pool(job, pending, workers, context, counters, results, progress)
     if pending:
       logging.info("%s", progress.line())
   logging.info("prepare: %d files tokenized in %.1f s", len(pending), time.monotonic() - started)
