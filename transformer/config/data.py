@@ -21,6 +21,9 @@ OVERLONG_POLICIES = ("truncate", "drop")
 DECODE_ERRORS = ("strict", "replace")
 # The datasets built from data.path: data/catalog.py's LOCAL_BUILDERS (held equal by a test).
 LOCAL_DATASETS = ("local_text", "local_parallel", "local_tsv")
+CORPUS = "corpus"  # Token ids prepared by --mode=prepare from the files at data.path.
+CORPUS_SPLITS = ("train", "validation")  # data/corpus.py's SPLITS.
+BAD_RECORDS = ("stop", "skip")
 
 
 def validate_data(config: ml_collections.ConfigDict) -> None:
@@ -32,6 +35,8 @@ def validate_data(config: ml_collections.ConfigDict) -> None:
   check_choice(config, d + "lm_windows", LM_WINDOWS)
   check_choice(config, d + "overlong", OVERLONG_POLICIES)
   check_choice(config, d + "decode_errors", DECODE_ERRORS)
+  check_choice(config, d + "bad_records", BAD_RECORDS)
+  check_int(config, d + "prepare_workers", 0)
   for key in ("seq_len", "batch_size", "num_threads", "spm_train_sentences",
               "continuation_chars"):
     check_int(config, d + key, 1)
@@ -54,12 +59,14 @@ def validate_data(config: ml_collections.ConfigDict) -> None:
   if not data.name:
     fail(d + "name", data.name, "expected a TFDS dataset name such as 'python_stdlib', or "
           f"one of {LOCAL_DATASETS} with data.path")
-  if data.name in LOCAL_DATASETS and not data.path:
+  if data.name in LOCAL_DATASETS + (CORPUS,) and not data.path:
     fail(d + "path", data.path, f"data.name={data.name!r} builds a dataset from local "
-          "files: set data.path to the file or folder")
-  if data.path and data.name not in LOCAL_DATASETS:
-    fail(d + "path", data.path, f"only the local datasets {LOCAL_DATASETS} read "
-          f"data.path, and data.name={data.name!r}; set data.name or clear data.path")
+          "files: set data.path to the file or folder" + (" (or a glob)" if
+                                                           data.name == CORPUS else ""))
+  if data.path and data.name not in LOCAL_DATASETS + (CORPUS,):
+    fail(d + "path", data.path, f"only the local datasets {LOCAL_DATASETS} and {CORPUS!r} "
+          f"read data.path, and data.name={data.name!r}; set data.name or clear data.path")
+  _validate_corpus(config)
   if bool(data.source_language) != bool(data.target_language):
     fail(d + "source_language" if not data.source_language else d + "target_language", "",
           "translation needs both data.source_language and data.target_language "
@@ -79,3 +86,23 @@ def validate_data(config: ml_collections.ConfigDict) -> None:
          f"splash attention tiles the sequence in blocks of {SPLASH_BLOCK}; data.seq_len="
          f"{data.seq_len} is not a multiple of it: use a multiple, or model.attention_impl="
          "'auto' (which falls back to xla for such a length)")
+
+
+def _validate_corpus(config: ml_collections.ConfigDict) -> None:
+  """data.name="corpus": its splits, objective and data.prepare_shard."""
+  d, data = "data.", config.data
+  shard = str(data.prepare_shard)
+  head, _, tail = shard.partition("/")
+  if shard and not (head.isdigit() and tail.isdigit() and int(head) < int(tail)):
+    fail(d + "prepare_shard", data.prepare_shard, "expected \"i/N\" with 0 <= i < N (this "
+         "host's share of the corpus files), or \"\" for all of them")
+  if data.name != CORPUS:
+    return
+  for key in ("train_split", "eval_split"):
+    if data[key] not in CORPUS_SPLITS:
+      fail(d + key, data[key], f"a prepared corpus has the splits {CORPUS_SPLITS}")
+  pipeline = objective_lib.resolve(config.model).pipeline
+  if pipeline not in ("lm", "mlm"):
+    fail(d + "name", CORPUS, "a prepared corpus holds token ids for language modelling "
+         f"(model.head='lm'), not for the {pipeline} objective of model.arch="
+         f"{config.model.arch!r}, model.head={config.model.head!r}")

@@ -26,9 +26,14 @@ class KillAt(hooks.Hook):
   (after manager.save returned, the async write still in flight: after_save),
   after_save (the write finished: after_save, once checkpointer.wait() returned).
   Tests rerun the command and check that the run recovers exactly.
+
+  --mode=prepare (data/corpus_prepare.py) calls it with the index of a source file for
+  its `step`: prepare_writing (a document of that file written, its shard half-written)
+  and prepare_written (its shards renamed into place, its task json not yet written).
   """
 
-  POINTS = ("after_step", "during_eval", "during_save", "after_save")
+  POINTS = ("after_step", "during_eval", "during_save", "after_save", "prepare_writing",
+            "prepare_written")
   VARIABLE = "TRANSFORMER_TEST_KILL_AT"
 
   def __init__(self, value: str):
