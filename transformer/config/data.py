@@ -59,7 +59,14 @@ def validate_data(config: ml_collections.ConfigDict) -> None:
   if not data.name:
     fail(d + "name", data.name, "expected a TFDS dataset name such as 'python_stdlib', or "
           f"one of {LOCAL_DATASETS} with data.path")
-  if data.name in LOCAL_DATASETS + (CORPUS,) and not data.path:
+  if data.mixture:
+    parse_mixture(data.mixture)  # One line naming the component that is wrong.
+    if data.name != CORPUS:
+      fail(d + "mixture", data.mixture, f"a mixture is of prepared corpora: set data.name="
+           f"{CORPUS!r} (data.name={data.name!r})")
+    if data.path:
+      fail(d + "path", data.path, "data.mixture gives each corpus its path; clear data.path")
+  elif data.name in LOCAL_DATASETS + (CORPUS,) and not data.path:
     fail(d + "path", data.path, f"data.name={data.name!r} builds a dataset from local "
           "files: set data.path to the file or folder" + (" (or a glob)" if
                                                            data.name == CORPUS else ""))
@@ -106,3 +113,40 @@ def _validate_corpus(config: ml_collections.ConfigDict) -> None:
     fail(d + "name", CORPUS, "a prepared corpus holds token ids for language modelling "
          f"(model.head='lm'), not for the {pipeline} objective of model.arch="
          f"{config.model.arch!r}, model.head={config.model.head!r}")
+
+
+# data.mixture's example, in its messages.
+MIXTURE_EXAMPLE = "web:0.7:/data/fineweb,code:0.2:/data/the-stack,books:0.1:/data/books"
+
+
+def parse_mixture(spec: str) -> tuple[tuple[str, float, str], ...]:
+  """data.mixture "name:weight:path,..." -> ((name, weight, path), ...), in order.
+
+  A path may hold colons (gs://...): only the first two of a component split it. Raises
+  ConfigError naming the component that is wrong and the syntax.
+  """
+  syntax = f"write name:weight:path, comma-separated, e.g. {MIXTURE_EXAMPLE!r}"
+  components, names = [], set()
+  for part in str(spec).split(","):
+    fields = part.strip().split(":", 2)
+    if len(fields) != 3 or not all(f.strip() for f in fields):
+      fail("data.mixture", spec, f"component {part.strip()!r} is not name:weight:path; {syntax}")
+    name, weight, path = (f.strip() for f in fields)
+    if not name.replace("_", "").replace("-", "").isalnum():
+      fail("data.mixture", spec, f"component name {name!r} must be letters, digits, '_' or "
+           f"'-' (it names the component's metrics); {syntax}")
+    if name in names:
+      fail("data.mixture", spec, f"component name {name!r} appears twice; {syntax}")
+    try:
+      value = float(weight)
+    except ValueError:
+      value = float("nan")
+    if not 0 < value < float("inf"):
+      fail("data.mixture", spec, f"component {name!r} has weight {weight!r}, expected a "
+           f"positive number (weights need not add up to 1); {syntax}")
+    names.add(name)
+    components.append((name, value, path))
+  if len(components) < 2:
+    fail("data.mixture", spec, f"a mixture needs at least two corpora; for one, set "
+         f"data.path instead; {syntax}")
+  return tuple(components)

@@ -104,16 +104,20 @@ def job_for(config: ml_collections.ConfigDict, tokenizer: tokenizers.Tokenizer) 
       dtype=corpus.id_dtype(tokenizer.vocab_size).name)
 
 
-def open_for_training(config: ml_collections.ConfigDict, tokenizer_workdir: str = ""
+def open_for_training(config: ml_collections.ConfigDict, tokenizer_workdir: str = "",
+                      tokenizer: tokenizers.Tokenizer | None = None
                       ) -> tuple[corpus.PreparedCorpus, tokenizers.Tokenizer]:
   """The prepared corpus of `config` and its tokenizer, checked; reads no shard.
+
+  `tokenizer`: given, the corpus must be prepared with it (data.mixture: the first
+  component's); else `tokenizer_for` finds it.
 
   Raises:
     ConfigError: not prepared (or not finished, or for another tokenizer), or its
       source files changed since; the message says what and names the prepare command.
   """
   data = config.data
-  tokenizer = tokenizer_for(config, tokenizer_workdir, create=False)
+  tokenizer = tokenizer or tokenizer_for(config, tokenizer_workdir, create=False)
   record = sources.tokenizer_record(tokenizer)
   root, names = corpus.source_files(data.path)
   folder = os.path.join(corpus.sources_folder(data), corpus.tokenizer_key(record))

@@ -25,6 +25,7 @@ import grain.experimental
 import numpy as np
 from absl import logging
 
+from transformer.data import mixture
 from transformer.data import packing
 from transformer.data import tokenizers
 
@@ -232,22 +233,26 @@ def make_lm_dataset(source: Any, tokenizer: tokenizers.Tokenizer, *, text_key: s
     process_count: number of JAX processes.
     num_threads: grain read/tokenize threads.
     prepared: `source` is a prepared corpus split (data/corpus.py) of token ids: no
-      tokenizer runs; random windows read it by random access, never hold it.
+      tokenizer runs; random windows read it by random access, never hold it. A
+      mixture.MixtureSplit (data.mixture): each component's rows, mixed by weight.
 
   Returns:
     A grain IterDataset of dicts with [batch_size, seq_len] `inputs`, `targets`,
     `segment_ids`, `positions` (int32) and `weights` (float32).
   """
-  if train and windows == "random":
-    it = _random_windows(source, tokenizer, text_key=text_key, vocab_size=vocab_size,
-                         row_len=seq_len + 1, seed=seed, process_index=process_index,
-                         process_count=process_count, num_threads=num_threads,
-                         prepared=prepared)
-  else:
-    it = _packed_rows(source, tokenizer, text_key=text_key, vocab_size=vocab_size,
-                      row_len=seq_len + 1, seed=seed, train=train, shuffle_rows=shuffle_rows,
-                      process_index=process_index, process_count=process_count,
-                      num_threads=num_threads, prepared=prepared)
+  def rows(split: Any, index: int) -> grain.IterDataset:
+    if train and windows == "random":
+      return _random_windows(split, tokenizer, text_key=text_key, vocab_size=vocab_size,
+                             row_len=seq_len + 1, seed=mixture.component_seed(seed, index),
+                             process_index=process_index, process_count=process_count,
+                             num_threads=num_threads, prepared=prepared)
+    return _packed_rows(split, tokenizer, text_key=text_key, vocab_size=vocab_size,
+                        row_len=seq_len + 1, seed=mixture.component_seed(seed, index),
+                        train=train, shuffle_rows=shuffle_rows, process_index=process_index,
+                        process_count=process_count, num_threads=num_threads,
+                        prepared=prepared)
+
+  it = mixture.mix_rows(source, rows)  # data.mixture: the components' rows by weight.
   return it.map(_split_inputs_targets).batch(batch_size, drop_remainder=train)
 
 
@@ -310,10 +315,11 @@ def make_mlm_dataset(source: Any, tokenizer: tokenizers.Tokenizer, *, text_key: 
   if not tokenizers.NUM_SPECIAL <= tokenizer.mask_id < min(tokenizer.vocab_size, vocab_size):
     raise ValueError(f"mask id {tokenizer.mask_id} is outside [{tokenizers.NUM_SPECIAL}, "
                      f"{min(tokenizer.vocab_size, vocab_size)})")
-  it = _packed_rows(source, tokenizer, text_key=text_key, vocab_size=vocab_size,
-                    row_len=seq_len, seed=seed, train=train, shuffle_rows=shuffle_rows,
-                    process_index=process_index, process_count=process_count,
-                    num_threads=num_threads, prepared=prepared)
+  it = mixture.mix_rows(source, lambda split, index: _packed_rows(
+      split, tokenizer, text_key=text_key, vocab_size=vocab_size, row_len=seq_len,
+      seed=mixture.component_seed(seed, index), train=train, shuffle_rows=shuffle_rows,
+      process_index=process_index, process_count=process_count, num_threads=num_threads,
+      prepared=prepared))
   # Fold in the process: otherwise every host would draw the same mask pattern per row.
   mask_seed = int(np.random.SeedSequence((seed, process_index)).generate_state(1)[0])
   it = it.random_map(_MaskTokens(tokenizer.mask_id, tokenizer.vocab_size, mask_rate),

@@ -43,7 +43,8 @@ class DataSources:
   builder: tfds.core.DatasetBuilder | None  # None for a prepared corpus.
   tokenizer: tokenizers.Tokenizer
   text_keys: tuple[str, ...]  # The features holding text (two for translation).
-  corpus: Any = None  # data.name="corpus": its corpus.PreparedCorpus (builder is None).
+  corpus: Any = None  # data.name="corpus": its corpus.PreparedCorpus, or a
+  # mixture.MixedCorpus with data.mixture (builder is None).
 
   @property
   def name(self) -> str:
@@ -201,7 +202,10 @@ def load_sources(config: ml_collections.ConfigDict, tokenizer_workdir: str = "")
   """
   if config.data.name == "corpus":  # Token ids prepared by --mode=prepare: nothing to build.
     from transformer.data import corpus_run  # pylint: disable=g-import-not-at-top (cycle)
-    corpus, tokenizer = corpus_run.open_for_training(config, tokenizer_workdir)
+    from transformer.data import mixture  # pylint: disable=g-import-not-at-top (cycle)
+    # data.mixture: several corpora, mixed by weight (data/mixture.py), one tokenizer.
+    open_corpus = mixture.open_for_training if config.data.mixture else corpus_run.open_for_training
+    corpus, tokenizer = open_corpus(config, tokenizer_workdir)
     check_vocab_size(config, tokenizer)
     return DataSources(builder=None, tokenizer=tokenizer, text_keys=(), corpus=corpus)
   if jax.process_index() != 0:

@@ -19,7 +19,6 @@ import ml_collections
 
 from transformer.config import objective as objective_lib
 from transformer.config.errors import ConfigError, DataError
-from transformer.data import catalog
 from transformer.data import pipeline
 from transformer.data import sources
 
@@ -70,7 +69,7 @@ def measure(config: ml_collections.ConfigDict, hosts: int, seconds: float) -> In
     objective = objective_lib.resolve(config.model)
     split = config.data.train_split
     batches = iter(pipeline.make_dataset(
-        config, objective, catalog.data_source(data_sources.builder, split),
+        config, objective, data_sources.split(split),
         data_sources.tokenizer, train=True, split=split, batch_size=local, process_index=0,
         process_count=hosts))
     next(batches)
