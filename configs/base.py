@@ -6,6 +6,8 @@ which does not exist fails instead of being silently ignored.
 Values are checked by `transformer.config.validation.validate` before anything compiles.
 """
 
+import os
+
 import ml_collections
 
 
@@ -223,3 +225,20 @@ def get_config() -> ml_collections.ConfigDict:
 
   config.lock()
   return config
+
+
+# Where the real-corpus presets (gpt_small.py:fineweb, llama.py:1b_fineweb) expect
+# FineWeb-Edu's 10B-token sample, as `huggingface-cli download` lays it out:
+#   huggingface-cli download HuggingFaceFW/fineweb-edu --repo-type dataset \
+#     --include "sample/10BT/*" --local-dir ~/data/fineweb-edu
+FINEWEB_EDU_10BT = os.path.join("~", "data", "fineweb-edu", "sample", "10BT")
+
+
+def use_fineweb_edu(config: ml_collections.ConfigDict) -> None:
+  """data.* for FineWeb-Edu's sample-10BT, prepared once by --mode=prepare (docs/corpus.md).
+
+  Its parquet files hold the document in the `text` column. 0.5% of the documents (by a
+  stable hash, about 50M tokens) form the validation split.
+  """
+  config.data.update(name="corpus", path=os.path.expanduser(FINEWEB_EDU_10BT),
+                     text_key="text", val_fraction=0.005, lm_windows="packed")
