@@ -215,7 +215,7 @@ def main() -> None:
   parser.add_argument("--small_mb", type=float, default=12)
   parser.add_argument("--large_mb", type=float, default=96)
   parser.add_argument("--vocab", type=int, default=50_000)
-  parser.add_argument("--sample_mb", type=float, default=2)
+  parser.add_argument("--sample_mb", type=float, default=6)
   parser.add_argument("--seconds", type=float, default=6)
   parser.add_argument("--num_threads", type=int, default=2)  # base.py's data.num_threads.
   # One stage, in its own process (internal).
