@@ -107,17 +107,35 @@ def test_the_mixture_is_deterministic_in_proportion_and_resumes_exactly(mixed):
       np.testing.assert_array_equal(got[key], batch[key])
 
 
-def test_a_run_on_a_mixture_logs_the_realised_proportions(mixed, tmp_path):
+def test_a_run_on_a_mixture_logs_the_realised_proportions_and_resumes_exactly(mixed,
+                                                                              tmp_path):
+  """4 steps straight == 2 steps, then the same command to 4: the same losses and data
+  position (the mixture's and each corpus's, in the checkpoint's data state)."""
   from transformer.training import loop  # pylint: disable=g-import-not-at-top
-  mixed.train.update(num_steps=2, eval_every=2, eval_batches=1)
+  mixed.train.update(num_steps=4, eval_every=2, eval_batches=1)
   mixed.checkpoint.update(every=2)
-  workdir = str(tmp_path / "run")
-  loop.train_and_evaluate(mixed, workdir)
-  with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
-    rows = [row for row in map(json.loads, f) if "loss" in row]
-  for row in rows:  # 8 rows a step: 6 web, 2 upper.
+  straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
+  loop.train_and_evaluate(mixed, straight)
+  mixed.train.num_steps = 2
+  loop.train_and_evaluate(mixed, resumed)
+  mixed.train.num_steps = 4
+  loop.train_and_evaluate(mixed, resumed)
+
+  def rows(workdir):
+    with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
+      return [row for row in map(json.loads, f) if "loss" in row]
+
+  assert [(r["step"], r["loss"]) for r in rows(straight)] == [
+      (r["step"], r["loss"]) for r in rows(resumed)]
+  for row in rows(straight):  # 8 rows a step: 6 web, 2 upper.
     assert row["mixture_web"] == 0.75 and row["mixture_upper"] == 0.25
-  with open(os.path.join(workdir, "dataset.json"), encoding="utf-8") as f:
+  data = os.path.join("checkpoints", "4", "data", "process_0-of-1.json")
+  with open(os.path.join(straight, data), encoding="utf-8") as f, \
+       open(os.path.join(resumed, data), encoding="utf-8") as g:
+    saved = json.load(f)
+    assert saved == json.load(g)
+  assert "upper" in json.dumps(saved) and "web" in json.dumps(saved)
+  with open(os.path.join(straight, "dataset.json"), encoding="utf-8") as f:
     record = json.load(f)
   assert record["name"] == "mixture/web:0.75+upper:0.25"
   assert set(record["components"]) == {"web", "upper"} and "upper/x.jsonl.gz" in record["files"]
