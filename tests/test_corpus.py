@@ -7,6 +7,7 @@ the point.
 
 import errno
 import gzip
+import io
 import json
 import os
 import random
@@ -143,16 +144,18 @@ def test_output_is_identical_whatever_the_worker_count_and_the_shard_split(confi
   assert manifest is not None and digests(job.output) == one
 
 
-@pytest.mark.parametrize("point", [
-    "prepare_writing:1", pytest.param("prepare_written:2", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("point,status", [
+    ("prepare_writing:1", -9), ("prepare_writing:2:SIGINT", 130),
+    pytest.param("prepare_written:2", -9, marks=pytest.mark.slow)])
 def test_a_killed_preparation_resumes_and_never_uses_a_half_written_shard(config, tmp_path,
-                                                                          point):
+                                                                          point, status):
   job, _ = prepare(config)
   clean = digests(job.output)
   config.data.data_dir = str(tmp_path / "killed")
   result = launch_prepare(config, "--config.data.prepare_workers=1",
                           env={"TRANSFORMER_TEST_KILL_AT": point})
-  assert result.returncode == -9, result.stderr[-2000:]
+  assert result.returncode == status, result.stderr[-2000:]
+  point = point.removesuffix(":SIGINT")
   output = job.output.replace(str(tmp_path / "data"), str(tmp_path / "killed"))
   assert not os.path.exists(os.path.join(output, corpus.MANIFEST))
   with pytest.raises(ConfigError, match="not prepared.*--mode=prepare"):
@@ -299,3 +302,6 @@ def test_training_on_a_prepared_corpus_runs_no_tokenizer(config, tmp_path, monke
     record = json.load(f)
   assert record["name"].startswith("corpus/src-") and record["name"].endswith("/bytes")
   assert sorted(record["files"]) == ["a.jsonl.gz", "b.jsonl.zst", "c.parquet", "d.txt"]
+  from transformer.cli import evaluate  # pylint: disable=g-import-not-at-top
+  result = evaluate.evaluate(workdir, max_examples=20, stdout=io.StringIO())
+  assert result["dataset"] == record["name"] and result["metrics"]["tokens"] > 0

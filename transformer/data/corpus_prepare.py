@@ -15,6 +15,7 @@ keeps the done tasks and redoes the others; a half-written file is never read.
 
 from __future__ import annotations
 
+import array
 import concurrent.futures
 import dataclasses
 import glob
@@ -112,7 +113,8 @@ class _SplitWriter:
     self.temporary = os.path.join(os.path.dirname(self.final), f".{task}.array_record.partial")
     self._writer = array_record_module.ArrayRecordWriter(self.temporary,
                                                          corpus.RECORD_OPTIONS)
-    self.offsets, self.flags = [0], []
+    # Machine arrays, not lists of ints: 16 bytes a record, whatever the file holds.
+    self.offsets, self.flags = array.array("Q", [0]), array.array("Q")
     self.documents = 0
 
   def write(self, ids: np.ndarray, flags: int) -> int:
@@ -128,12 +130,13 @@ class _SplitWriter:
     """Closes and renames the shard, writes its index; returns its counts."""
     self._writer.close()
     os.replace(self.temporary, self.final)
-    index = np.stack([np.asarray(self.offsets, np.uint64),
-                      np.asarray(self.flags + [0], np.uint64)], axis=1)
+    self.flags.append(0)  # The index's last row: the shard's total.
+    index = np.stack([np.frombuffer(self.offsets, np.uint64),
+                      np.frombuffer(self.flags, np.uint64)], axis=1)
     buffer = io.BytesIO()
     np.save(buffer, index)
     files.write_atomically(self.index_path, buffer.getvalue())
-    return {"documents": self.documents, "records": len(self.flags),
+    return {"documents": self.documents, "records": len(self.flags) - 1,
             "tokens": int(self.offsets[-1])}
 
 
