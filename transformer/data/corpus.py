@@ -25,6 +25,7 @@ import os
 from typing import Any
 
 import numpy as np
+from absl import logging
 
 from transformer.config.errors import ConfigError
 from transformer.data import tokenizers
@@ -56,8 +57,13 @@ def source_files(path: str) -> tuple[str, list[str]]:
   path = os.path.abspath(os.path.expanduser(path))
   if os.path.isdir(path):
     root = path
-    found = [os.path.join(d, f) for d, _, names in os.walk(path) for f in names
-             if f.endswith(EXTENSIONS) and not f.startswith(".")]
+    every = [os.path.join(d, f) for d, _, names in os.walk(path) for f in names
+             if not f.startswith(".")]
+    found = [f for f in every if f.endswith(EXTENSIONS)]
+    if len(found) < len(every):  # Said, not silent: a README beside the shards is common.
+      logging.info("config.data.path=%r: %d files without a corpus extension (%s) are not "
+                   "read, e.g. %s", path, len(every) - len(found), ", ".join(EXTENSIONS),
+                   sorted(set(every) - set(found))[0])
   else:
     root = path
     while glob.has_magic(root):

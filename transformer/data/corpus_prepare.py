@@ -18,7 +18,6 @@ from __future__ import annotations
 import array
 import concurrent.futures
 import dataclasses
-import glob
 import hashlib
 import io
 import json
@@ -291,9 +290,12 @@ def prepare(job: Job, *, workers: int, shard: tuple[int, int]) -> dict[str, Any]
     The manifest, or None when other shards' tasks are still missing.
   """
   os.makedirs(job.output, exist_ok=True)
-  for leftover in glob.glob(os.path.join(job.output, "*", ".*.partial")):
-    os.remove(leftover)  # A killed attempt's shard: never part of the corpus.
   mine = [i for i in range(len(job.names)) if i % shard[1] == shard[0]]
+  for i in mine:  # Only this shard's: other hosts may be writing theirs into this folder.
+    for split in corpus.SPLITS:
+      leftover = os.path.join(job.output, split, f".{task_name(i)}.array_record.partial")
+      if os.path.exists(leftover):
+        os.remove(leftover)  # A killed attempt's shard: never part of the corpus.
   results = {i: done_task(job, i) for i in mine}
   pending = [i for i in mine if results[i] is None]
   sizes = {i: os.path.getsize(os.path.join(job.root, job.names[i])) for i in pending}
