@@ -305,3 +305,20 @@ def test_training_on_a_prepared_corpus_runs_no_tokenizer(config, tmp_path, monke
   from transformer.cli import evaluate  # pylint: disable=g-import-not-at-top
   result = evaluate.evaluate(workdir, max_examples=20, stdout=io.StringIO())
   assert result["dataset"] == record["name"] and result["metrics"]["tokens"] > 0
+
+
+def test_the_vocabulary_of_init_froms_run_tokenizes_and_keys_the_corpus(config, tmp_path):
+  from transformer.data import sources  # pylint: disable=g-import-not-at-top
+  run = str(tmp_path / "pretrained")
+  vocabulary = tokenizers.build_char_vocabulary(["abc ", "def"], str(tmp_path / "chars.json"))
+  sources.save_tokenizer(run, vocabulary)  # What a run (or --mode=import) leaves.
+  config.init_from = run
+  job, manifest = prepare(config, workers=2)
+  assert manifest["tokenizer"] == sources.tokenizer_record(vocabulary)
+  assert os.path.basename(job.output).startswith("char-v")
+  split = corpus.PreparedCorpus.open(job.output).split("train")
+  ids = np.concatenate([split[i]["tokens"] for i in range(len(split))])
+  assert set(np.unique(ids)) <= set(range(vocabulary.vocab_size))
+  assert (ids == tokenizers.UNK_ID).any()  # Letters outside "abcdef " are unknown.
+  assert corpus_run.open_for_training(config)[1].vocab_size == vocabulary.vocab_size
+  assert corpus.id_dtype(65_536) == np.uint16 and corpus.id_dtype(65_537) == np.uint32
