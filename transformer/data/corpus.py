@@ -22,6 +22,7 @@ import glob
 import hashlib
 import json
 import os
+import threading
 from typing import Any
 
 import numpy as np
@@ -168,6 +169,9 @@ class CorpusSplit:
     self.num_tokens = int(info["tokens"])
     self._readers: list[Any] = [None] * len(self._shards)
     self._indices: list[Any] = [None] * len(self._shards)
+    # grain's reader threads share one (thread-safe) array_record reader per shard, as
+    # its ArrayRecordDataSource does; the lock only makes each reader open once.
+    self._lock = threading.Lock()
 
   def __len__(self) -> int:
     return self._first[-1]
@@ -176,21 +180,30 @@ class CorpusSplit:
     state = dict(self.__dict__)
     state["_readers"] = [None] * len(self._shards)
     state["_indices"] = [None] * len(self._shards)
+    del state["_lock"]
     return state
+
+  def __setstate__(self, state):
+    self.__dict__.update(state)
+    self._lock = threading.Lock()
 
   def _path(self, shard: int, suffix: str) -> str:
     return os.path.join(self._folder, self.name, self._shards[shard]["task"] + suffix)
 
   def _index(self, shard: int) -> np.ndarray:
     if self._indices[shard] is None:
-      self._indices[shard] = np.load(self._path(shard, ".index.npy"), mmap_mode="r")
+      with self._lock:
+        if self._indices[shard] is None:
+          self._indices[shard] = np.load(self._path(shard, ".index.npy"), mmap_mode="r")
     return self._indices[shard]
 
   def _reader(self, shard: int) -> Any:
     if self._readers[shard] is None:
       from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
-      self._readers[shard] = array_record_module.ArrayRecordReader(
-          self._path(shard, ".array_record"), "readahead_buffer_size:0")
+      with self._lock:
+        if self._readers[shard] is None:
+          self._readers[shard] = array_record_module.ArrayRecordReader(
+              self._path(shard, ".array_record"), "readahead_buffer_size:0")
     return self._readers[shard]
 
   def _locate(self, index: int) -> tuple[int, int]:
