@@ -322,3 +322,24 @@ def test_the_vocabulary_of_init_froms_run_tokenizes_and_keys_the_corpus(config, 
   assert (ids == tokenizers.UNK_ID).any()  # Letters outside "abcdef " are unknown.
   assert corpus_run.open_for_training(config)[1].vocab_size == vocabulary.vocab_size
   assert corpus.id_dtype(65_536) == np.uint16 and corpus.id_dtype(65_537) == np.uint32
+
+
+def test_long_documents_are_pieces_flagged_first_and_last(config, monkeypatch):
+  monkeypatch.setattr(corpus, "PIECE_CHARS", 64)  # Pieces of <= 64 characters (bytes: .txt).
+  job, manifest = prepare(config)
+  byte = tokenizers.ByteTokenizer()
+  with open(os.path.join(config.data.path, "d.txt"), encoding="utf-8") as f:
+    txt = f.read()
+  name = [n for n in corpus.SPLITS if manifest["splits"][n]["shards"][3]["documents"]][0]
+  split = corpus.PreparedCorpus.open(job.output).split(name)
+  shard = manifest["splits"][split.name]["shards"][3]  # d.txt's records, in order.
+  first = sum(s["records"] for s in manifest["splits"][split.name]["shards"][:3])
+  records = range(first, first + shard["records"])
+  assert shard["documents"] == 1 and len(records) > len(txt.encode()) // 64
+  flags = [split.flags(i) for i in records]
+  assert flags == [corpus.STARTS] + [0] * (len(records) - 2) + [corpus.ENDS]
+  assert "".join(byte.decode(split[i]["tokens"]) for i in records) == txt
+  # A window across the pieces of one document is one segment.
+  start = sum(len(split[i]["tokens"]) for i in range(first)) + 10
+  tokens, docs = split.window(start, 200)
+  assert (docs == 0).all() and tokenizers.BOS_ID not in tokens

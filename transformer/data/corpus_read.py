@@ -38,8 +38,10 @@ class ReadStats:
   empty_documents: int = 0
 
 
-def cut(text: str, limit: int = corpus.PIECE_CHARS) -> Iterator[str]:
-  """`text` in pieces of at most `limit` characters, each ending after a newline if it can."""
+def cut(text: str, limit: int = 0) -> Iterator[str]:
+  """`text` in pieces of at most `limit` (0: corpus.PIECE_CHARS) characters, each ending
+  after a newline if it can."""
+  limit = limit or corpus.PIECE_CHARS
   start = 0
   while len(text) - start > limit:
     end = text.rfind("\n", start, start + limit) + 1 or start + limit
