@@ -28,11 +28,12 @@ from typing import Any
 import numpy as np
 from absl import logging
 
+from transformer.config.data import CORPUS_SPLITS
 from transformer.config.errors import ConfigError
 from transformer.data import tokenizers
 
 FORMAT = "transformer-corpus/1"
-SPLITS = ("train", "validation")
+SPLITS = CORPUS_SPLITS  # ("train", "validation"): declared beside the config's checks.
 EXTENSIONS = (".txt", ".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet")
 MANIFEST = "manifest.json"
 TASKS = "tasks"

@@ -25,7 +25,6 @@ from typing import IO, Iterator
 from transformer.config.errors import DataError
 from transformer.data import corpus
 
-BAD_RECORDS = ("stop", "skip")
 _SKIP_HINT = "set config.data.bad_records='skip' to skip such records (counted)"
 
 
