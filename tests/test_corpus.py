@@ -313,7 +313,7 @@ def test_the_vocabulary_of_init_froms_run_tokenizes_and_keys_the_corpus(config, 
   vocabulary = tokenizers.build_char_vocabulary(["abc ", "def"], str(tmp_path / "chars.json"))
   sources.save_tokenizer(run, vocabulary)  # What a run (or --mode=import) leaves.
   config.init_from = run
-  job, manifest = prepare(config, workers=2)
+  job, manifest = prepare(config)  # In this process: a fork here would copy JAX's threads.
   assert manifest["tokenizer"] == sources.tokenizer_record(vocabulary)
   assert os.path.basename(job.output).startswith("char-v")
   split = corpus.PreparedCorpus.open(job.output).split("train")
