@@ -343,3 +343,30 @@ def test_long_documents_are_pieces_flagged_first_and_last(config, monkeypatch):
   start = sum(len(split[i]["tokens"]) for i in range(first)) + 10
   tokens, docs = split.window(start, 200)
   assert (docs == 0).all() and tokenizers.BOS_ID not in tokens
+
+
+@pytest.mark.parametrize("row_len", [7, 64])
+def test_packed_rows_are_grains_concat_then_split_rows_and_resume_exactly(row_len):
+  import grain  # pylint: disable=g-import-not-at-top
+  import grain.experimental  # pylint: disable=g-import-not-at-top
+  from transformer.data import corpus_rows  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  documents = [{"tokens": rng.integers(4, 300, rng.integers(1, 150)).astype(np.int32)}
+               for _ in range(60)]
+  source = grain.MapDataset.source(documents).to_iter_dataset()
+  expected = list(grain.experimental.ConcatThenSplitIterDataset(
+      source, length_struct={"tokens": row_len}))
+  rows = list(corpus_rows.PackedRows(source, row_len))
+  assert len(rows) == len(expected) and rows[-1]["tokens_segment_ids"][-1] == 0
+  for row, want in zip(rows, expected):
+    assert row.keys() == want.keys()
+    for key in row:
+      np.testing.assert_array_equal(row[key], want[key])
+  it = iter(corpus_rows.PackedRows(source, row_len))
+  for _ in range(5):
+    next(it)
+  state = it.get_state()
+  again = iter(corpus_rows.PackedRows(source, row_len))
+  again.set_state(state)
+  for want in rows[5:]:
+    np.testing.assert_array_equal(next(again)["tokens"], want["tokens"])
