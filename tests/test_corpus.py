@@ -370,3 +370,14 @@ def test_packed_rows_are_grains_concat_then_split_rows_and_resume_exactly(row_le
   again.set_state(state)
   for want in rows[5:]:
     np.testing.assert_array_equal(next(again)["tokens"], want["tokens"])
+
+
+def test_prepare_checks_its_config_before_writing(config, tmp_path):
+  from transformer.cli import prepare as prepare_mode  # pylint: disable=g-import-not-at-top
+  config.data.path = str(tmp_path / "nothing_here")
+  with pytest.raises(ConfigError, match="names no corpus file"):
+    prepare_mode.check_config(config)
+  config.data.update(name="local_text")
+  with pytest.raises(ConfigError, match="--mode=prepare prepares a corpus"):
+    prepare_mode.check_config(config)
+  assert not os.path.exists(config.data.data_dir)
