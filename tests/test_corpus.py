@@ -7,6 +7,7 @@ the point.
 
 import errno
 import gzip
+import io
 import json
 import os
 import random
@@ -143,16 +144,18 @@ def test_output_is_identical_whatever_the_worker_count_and_the_shard_split(confi
   assert manifest is not None and digests(job.output) == one
 
 
-@pytest.mark.parametrize("point", [
-    "prepare_writing:1", pytest.param("prepare_written:2", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("point,status", [
+    ("prepare_writing:1", -9), ("prepare_writing:2:SIGINT", 130),
+    pytest.param("prepare_written:2", -9, marks=pytest.mark.slow)])
 def test_a_killed_preparation_resumes_and_never_uses_a_half_written_shard(config, tmp_path,
-                                                                          point):
+                                                                          point, status):
   job, _ = prepare(config)
   clean = digests(job.output)
   config.data.data_dir = str(tmp_path / "killed")
   result = launch_prepare(config, "--config.data.prepare_workers=1",
                           env={"TRANSFORMER_TEST_KILL_AT": point})
-  assert result.returncode == -9, result.stderr[-2000:]
+  assert result.returncode == status, result.stderr[-2000:]
+  point = point.removesuffix(":SIGINT")
   output = job.output.replace(str(tmp_path / "data"), str(tmp_path / "killed"))
   assert not os.path.exists(os.path.join(output, corpus.MANIFEST))
   with pytest.raises(ConfigError, match="not prepared.*--mode=prepare"):
@@ -299,3 +302,82 @@ def test_training_on_a_prepared_corpus_runs_no_tokenizer(config, tmp_path, monke
     record = json.load(f)
   assert record["name"].startswith("corpus/src-") and record["name"].endswith("/bytes")
   assert sorted(record["files"]) == ["a.jsonl.gz", "b.jsonl.zst", "c.parquet", "d.txt"]
+  from transformer.cli import evaluate  # pylint: disable=g-import-not-at-top
+  result = evaluate.evaluate(workdir, max_examples=20, stdout=io.StringIO())
+  assert result["dataset"] == record["name"] and result["metrics"]["tokens"] > 0
+
+
+def test_the_vocabulary_of_init_froms_run_tokenizes_and_keys_the_corpus(config, tmp_path):
+  from transformer.data import sources  # pylint: disable=g-import-not-at-top
+  run = str(tmp_path / "pretrained")
+  vocabulary = tokenizers.build_char_vocabulary(["abc ", "def"], str(tmp_path / "chars.json"))
+  sources.save_tokenizer(run, vocabulary)  # What a run (or --mode=import) leaves.
+  config.init_from = run
+  job, manifest = prepare(config)  # In this process: a fork here would copy JAX's threads.
+  assert manifest["tokenizer"] == sources.tokenizer_record(vocabulary)
+  assert os.path.basename(job.output).startswith("char-v")
+  split = corpus.PreparedCorpus.open(job.output).split("train")
+  ids = np.concatenate([split[i]["tokens"] for i in range(len(split))])
+  assert set(np.unique(ids)) <= set(range(vocabulary.vocab_size))
+  assert (ids == tokenizers.UNK_ID).any()  # Letters outside "abcdef " are unknown.
+  assert corpus_run.open_for_training(config)[1].vocab_size == vocabulary.vocab_size
+  assert corpus.id_dtype(65_536) == np.uint16 and corpus.id_dtype(65_537) == np.uint32
+
+
+def test_long_documents_are_pieces_flagged_first_and_last(config, monkeypatch):
+  monkeypatch.setattr(corpus, "PIECE_CHARS", 64)  # Pieces of <= 64 characters (bytes: .txt).
+  job, manifest = prepare(config)
+  byte = tokenizers.ByteTokenizer()
+  with open(os.path.join(config.data.path, "d.txt"), encoding="utf-8") as f:
+    txt = f.read()
+  name = [n for n in corpus.SPLITS if manifest["splits"][n]["shards"][3]["documents"]][0]
+  split = corpus.PreparedCorpus.open(job.output).split(name)
+  shard = manifest["splits"][split.name]["shards"][3]  # d.txt's records, in order.
+  first = sum(s["records"] for s in manifest["splits"][split.name]["shards"][:3])
+  records = range(first, first + shard["records"])
+  assert shard["documents"] == 1 and len(records) > len(txt.encode()) // 64
+  flags = [split.flags(i) for i in records]
+  assert flags == [corpus.STARTS] + [0] * (len(records) - 2) + [corpus.ENDS]
+  assert "".join(byte.decode(split[i]["tokens"]) for i in records) == txt
+  # A window across the pieces of one document is one segment.
+  start = sum(len(split[i]["tokens"]) for i in range(first)) + 10
+  tokens, docs = split.window(start, 200)
+  assert (docs == 0).all() and tokenizers.BOS_ID not in tokens
+
+
+@pytest.mark.parametrize("row_len", [7, 64])
+def test_packed_rows_are_grains_concat_then_split_rows_and_resume_exactly(row_len):
+  import grain  # pylint: disable=g-import-not-at-top
+  import grain.experimental  # pylint: disable=g-import-not-at-top
+  from transformer.data import corpus_rows  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  documents = [{"tokens": rng.integers(4, 300, rng.integers(1, 150)).astype(np.int32)}
+               for _ in range(60)]
+  source = grain.MapDataset.source(documents).to_iter_dataset()
+  expected = list(grain.experimental.ConcatThenSplitIterDataset(
+      source, length_struct={"tokens": row_len}))
+  rows = list(corpus_rows.PackedRows(source, row_len))
+  assert len(rows) == len(expected) and rows[-1]["tokens_segment_ids"][-1] == 0
+  for row, want in zip(rows, expected):
+    assert row.keys() == want.keys()
+    for key in row:
+      np.testing.assert_array_equal(row[key], want[key])
+  it = iter(corpus_rows.PackedRows(source, row_len))
+  for _ in range(5):
+    next(it)
+  state = it.get_state()
+  again = iter(corpus_rows.PackedRows(source, row_len))
+  again.set_state(state)
+  for want in rows[5:]:
+    np.testing.assert_array_equal(next(again)["tokens"], want["tokens"])
+
+
+def test_prepare_checks_its_config_before_writing(config, tmp_path):
+  from transformer.cli import prepare as prepare_mode  # pylint: disable=g-import-not-at-top
+  config.data.path = str(tmp_path / "nothing_here")
+  with pytest.raises(ConfigError, match="names no corpus file"):
+    prepare_mode.check_config(config)
+  config.data.update(name="local_text")
+  with pytest.raises(ConfigError, match="--mode=prepare prepares a corpus"):
+    prepare_mode.check_config(config)
+  assert not os.path.exists(config.data.data_dir)

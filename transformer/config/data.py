@@ -22,8 +22,8 @@ DECODE_ERRORS = ("strict", "replace")
 # The datasets built from data.path: data/catalog.py's LOCAL_BUILDERS (held equal by a test).
 LOCAL_DATASETS = ("local_text", "local_parallel", "local_tsv")
 CORPUS = "corpus"  # Token ids prepared by --mode=prepare from the files at data.path.
-CORPUS_SPLITS = ("train", "validation")  # data/corpus.py's SPLITS.
-BAD_RECORDS = ("stop", "skip")
+CORPUS_SPLITS = ("train", "validation")  # The splits --mode=prepare writes (data/corpus.py).
+BAD_RECORDS = ("stop", "skip")  # What data/corpus_read.py does with a malformed record.
 
 
 def validate_data(config: ml_collections.ConfigDict) -> None:

@@ -22,15 +22,18 @@ import glob
 import hashlib
 import json
 import os
+import threading
 from typing import Any
 
 import numpy as np
+from absl import logging
 
+from transformer.config.data import CORPUS_SPLITS
 from transformer.config.errors import ConfigError
 from transformer.data import tokenizers
 
 FORMAT = "transformer-corpus/1"
-SPLITS = ("train", "validation")
+SPLITS = CORPUS_SPLITS  # ("train", "validation"): declared beside the config's checks.
 EXTENSIONS = (".txt", ".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet")
 MANIFEST = "manifest.json"
 TASKS = "tasks"
@@ -56,8 +59,13 @@ def source_files(path: str) -> tuple[str, list[str]]:
   path = os.path.abspath(os.path.expanduser(path))
   if os.path.isdir(path):
     root = path
-    found = [os.path.join(d, f) for d, _, names in os.walk(path) for f in names
-             if f.endswith(EXTENSIONS) and not f.startswith(".")]
+    every = [os.path.join(d, f) for d, _, names in os.walk(path) for f in names
+             if not f.startswith(".")]
+    found = [f for f in every if f.endswith(EXTENSIONS)]
+    if len(found) < len(every):  # Said, not silent: a README beside the shards is common.
+      logging.info("config.data.path=%r: %d files without a corpus extension (%s) are not "
+                   "read, e.g. %s", path, len(every) - len(found), ", ".join(EXTENSIONS),
+                   sorted(set(every) - set(found))[0])
   else:
     root = path
     while glob.has_magic(root):
@@ -162,6 +170,9 @@ class CorpusSplit:
     self.num_tokens = int(info["tokens"])
     self._readers: list[Any] = [None] * len(self._shards)
     self._indices: list[Any] = [None] * len(self._shards)
+    # grain's reader threads share one (thread-safe) array_record reader per shard, as
+    # its ArrayRecordDataSource does; the lock only makes each reader open once.
+    self._lock = threading.Lock()
 
   def __len__(self) -> int:
     return self._first[-1]
@@ -170,21 +181,30 @@ class CorpusSplit:
     state = dict(self.__dict__)
     state["_readers"] = [None] * len(self._shards)
     state["_indices"] = [None] * len(self._shards)
+    del state["_lock"]
     return state
+
+  def __setstate__(self, state):
+    self.__dict__.update(state)
+    self._lock = threading.Lock()
 
   def _path(self, shard: int, suffix: str) -> str:
     return os.path.join(self._folder, self.name, self._shards[shard]["task"] + suffix)
 
   def _index(self, shard: int) -> np.ndarray:
     if self._indices[shard] is None:
-      self._indices[shard] = np.load(self._path(shard, ".index.npy"), mmap_mode="r")
+      with self._lock:
+        if self._indices[shard] is None:
+          self._indices[shard] = np.load(self._path(shard, ".index.npy"), mmap_mode="r")
     return self._indices[shard]
 
   def _reader(self, shard: int) -> Any:
     if self._readers[shard] is None:
       from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
-      self._readers[shard] = array_record_module.ArrayRecordReader(
-          self._path(shard, ".array_record"), "readahead_buffer_size:0")
+      with self._lock:
+        if self._readers[shard] is None:
+          self._readers[shard] = array_record_module.ArrayRecordReader(
+              self._path(shard, ".array_record"), "readahead_buffer_size:0")
     return self._readers[shard]
 
   def _locate(self, index: int) -> tuple[int, int]:

@@ -15,9 +15,9 @@ keeps the done tasks and redoes the others; a half-written file is never read.
 
 from __future__ import annotations
 
+import array
 import concurrent.futures
 import dataclasses
-import glob
 import hashlib
 import io
 import json
@@ -112,7 +112,8 @@ class _SplitWriter:
     self.temporary = os.path.join(os.path.dirname(self.final), f".{task}.array_record.partial")
     self._writer = array_record_module.ArrayRecordWriter(self.temporary,
                                                          corpus.RECORD_OPTIONS)
-    self.offsets, self.flags = [0], []
+    # Machine arrays, not lists of ints: 16 bytes a record, whatever the file holds.
+    self.offsets, self.flags = array.array("Q", [0]), array.array("Q")
     self.documents = 0
 
   def write(self, ids: np.ndarray, flags: int) -> int:
@@ -128,12 +129,13 @@ class _SplitWriter:
     """Closes and renames the shard, writes its index; returns its counts."""
     self._writer.close()
     os.replace(self.temporary, self.final)
-    index = np.stack([np.asarray(self.offsets, np.uint64),
-                      np.asarray(self.flags + [0], np.uint64)], axis=1)
+    self.flags.append(0)  # The index's last row: the shard's total.
+    index = np.stack([np.frombuffer(self.offsets, np.uint64),
+                      np.frombuffer(self.flags, np.uint64)], axis=1)
     buffer = io.BytesIO()
     np.save(buffer, index)
     files.write_atomically(self.index_path, buffer.getvalue())
-    return {"documents": self.documents, "records": len(self.flags),
+    return {"documents": self.documents, "records": len(self.flags) - 1,
             "tokens": int(self.offsets[-1])}
 
 
@@ -288,9 +290,12 @@ def prepare(job: Job, *, workers: int, shard: tuple[int, int]) -> dict[str, Any]
     The manifest, or None when other shards' tasks are still missing.
   """
   os.makedirs(job.output, exist_ok=True)
-  for leftover in glob.glob(os.path.join(job.output, "*", ".*.partial")):
-    os.remove(leftover)  # A killed attempt's shard: never part of the corpus.
   mine = [i for i in range(len(job.names)) if i % shard[1] == shard[0]]
+  for i in mine:  # Only this shard's: other hosts may be writing theirs into this folder.
+    for split in corpus.SPLITS:
+      leftover = os.path.join(job.output, split, f".{task_name(i)}.array_record.partial")
+      if os.path.exists(leftover):
+        os.remove(leftover)  # A killed attempt's shard: never part of the corpus.
   results = {i: done_task(job, i) for i in mine}
   pending = [i for i in mine if results[i] is None]
   sizes = {i: os.path.getsize(os.path.join(job.root, job.names[i])) for i in pending}

@@ -25,7 +25,6 @@ from typing import IO, Iterator
 from transformer.config.errors import DataError
 from transformer.data import corpus
 
-BAD_RECORDS = ("stop", "skip")
 _SKIP_HINT = "set config.data.bad_records='skip' to skip such records (counted)"
 
 
@@ -38,8 +37,10 @@ class ReadStats:
   empty_documents: int = 0
 
 
-def cut(text: str, limit: int = corpus.PIECE_CHARS) -> Iterator[str]:
-  """`text` in pieces of at most `limit` characters, each ending after a newline if it can."""
+def cut(text: str, limit: int = 0) -> Iterator[str]:
+  """`text` in pieces of at most `limit` (0: corpus.PIECE_CHARS) characters, each ending
+  after a newline if it can."""
+  limit = limit or corpus.PIECE_CHARS
   start = 0
   while len(text) - start > limit:
     end = text.rfind("\n", start, start + limit) + 1 or start + limit

@@ -58,7 +58,7 @@ def tokenizer_for(config: ml_collections.ConfigDict, tokenizer_workdir: str = ""
   """
   data = config.data
   workdir = tokenizer_workdir or (sources.run_workdir(config.init_from)
-                                  if config.get("init_from") else "")
+                                  if config.init_from else "")
   if workdir and os.path.exists(os.path.join(workdir, layout.TOKENIZER_RECORD)):
     tokenizer = sources.load_workdir_tokenizer(workdir)
     logging.info("Tokenizer: the vocabulary of %s (%s, %d ids)", workdir,

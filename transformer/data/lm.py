@@ -25,6 +25,7 @@ import grain.experimental
 import numpy as np
 from absl import logging
 
+from transformer.data import corpus_rows
 from transformer.data import mixture
 from transformer.data import packing
 from transformer.data import tokenizers
@@ -82,7 +83,10 @@ def _packed_rows(source: Any, tokenizer: tokenizers.Tokenizer, *, text_key: str,
   it = packing.documents(source, transform, seed=seed,
                          train=train, process_index=process_index,
                          process_count=process_count, num_threads=num_threads)
-  it = grain.experimental.ConcatThenSplitIterDataset(it, length_struct={"tokens": row_len})
+  if prepared:  # The same rows, cut by numpy slices (data/corpus_rows.py).
+    it = corpus_rows.PackedRows(it, row_len)
+  else:
+    it = grain.experimental.ConcatThenSplitIterDataset(it, length_struct={"tokens": row_len})
   if train and shuffle_rows > 1:
     # Consecutive rows of one long document are alike; a corpus of few, long documents
     # (TFDS tiny_shakespeare has one per split) needs its rows mixed, not only its documents.
