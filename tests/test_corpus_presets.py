@@ -10,6 +10,7 @@ import pytest
 
 from transformer.cli import prepare as prepare_mode
 from transformer.config.validation import validate
+from transformer.data import pipeline
 from transformer.data import sources
 
 
@@ -34,5 +35,12 @@ def test_the_real_corpus_presets_say_how_to_get_and_prepare_their_corpus(preset,
   config.data.update(path=str(folder), data_dir=str(tmp_path / "data"), tokenizer="bytes",
                      prepare_workers=1, val_fraction=0.1)
   assert prepare_mode.main(config, None) == 0
-  prepared = sources.load_sources(config).corpus
-  assert prepared.manifest["splits"]["train"]["documents"] > 0
+  data = sources.load_sources(config)
+  assert data.corpus.manifest["splits"]["train"]["documents"] > 0
+  # Its rows, read without grain threads (data.num_threads=0, as the preset sets it).
+  assert config.data.num_threads == 0
+  config.model.vocab_size = sources.resolved_vocab_size(config, data.tokenizer)
+  config.data.seq_len = 32
+  batch = next(iter(pipeline.make_dataset(config, "causal_lm", data.split("train"),
+                                          data.tokenizer, train=True, batch_size=4)))
+  assert batch["inputs"].shape == (4, 32) and batch["weights"].sum() > 0

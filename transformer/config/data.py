@@ -37,10 +37,10 @@ def validate_data(config: ml_collections.ConfigDict) -> None:
   check_choice(config, d + "decode_errors", DECODE_ERRORS)
   check_choice(config, d + "bad_records", BAD_RECORDS)
   check_int(config, d + "prepare_workers", 0)
-  for key in ("seq_len", "batch_size", "num_threads", "spm_train_sentences",
-              "continuation_chars"):
+  for key in ("seq_len", "batch_size", "spm_train_sentences", "continuation_chars"):
     check_int(config, d + key, 1)
-  for key in ("spm_vocab_size", "shuffle_rows", "prefetch"):
+  # num_threads 0: grain reads in the thread that asks (the prefetch thread in training).
+  for key in ("spm_vocab_size", "shuffle_rows", "prefetch", "num_threads"):
     check_int(config, d + key, 0)
   check_rate(config, d + "mask_rate")
   if not is_number(data.val_fraction) or not 0.0 < data.val_fraction < 1.0:
