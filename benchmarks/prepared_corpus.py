@@ -17,7 +17,7 @@ takes). Each measurement runs in its own process, so that its peak RSS is its ow
               online path (lm.make_lm_dataset tokenizing each document as it is read,
               the same tokenizer) over the small corpus's documents held in memory.
 
-  python benchmarks/prepared_corpus.py --out=/tmp/prepared_bench            # ~5 minutes
+  python benchmarks/prepared_corpus.py --out=/tmp/prepared_bench   # 1 min quiet, 5 loaded
   python benchmarks/prepared_corpus.py --out=/tmp/prepared_bench_full \\
       --small_mb=250 --large_mb=2000 --seconds=20                          # the sizes
 
