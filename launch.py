@@ -22,6 +22,8 @@
   --mode=compile          --config's steps compiled for a TPU slice (--topology=v5p:4x4x4)
                           on this CPU host: fits or not, step-time estimate -> --output
                           (transformer/cli/compile.py; needs `pip install libtpu`)
+  --mode=prepare          data.path's corpus (jsonl / parquet / text) tokenized once into
+                          token-id shards under data.data_dir (data.name="corpus"; docs/corpus.md)
   --mode=keys             every config key = value  # its comment from configs/base.py
                           (the --config's values when one is given)
 
@@ -77,6 +79,7 @@ from transformer.cli import hf_import
 from transformer.cli import keys
 from transformer.cli import passkey
 from transformer.cli import plot
+from transformer.cli import prepare
 from transformer.cli import sweep
 from transformer.cli import train
 from transformer.cli import translate
@@ -85,7 +88,7 @@ from transformer.cli import usage
 MODES = {"train": train, "evaluate": evaluate, "translate": translate, "generate": generate,
          "average": average, "plot": plot, "sweep": sweep, "compare": compare,
          "import": hf_import, "export": hf_export, "compile": compile_mode, "keys": keys,
-         "classify": classify, "passkey": passkey}
+         "classify": classify, "passkey": passkey, "prepare": prepare}
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file, optionally with an argument: configs/gpt_small.py:local.",
@@ -107,9 +110,10 @@ _MODE = flags.DEFINE_enum(
     "mode", "train", list(MODES),
     "What to do with --workdir (each mode is a module of transformer/cli/); evaluate, "
     "translate, generate, average and plot need a trained workdir.")
-_NEEDS_CONFIG = ("train", "sweep", "compile")
-# Modes that need no --workdir: train defaults to runs/<config>; compile and keys write none.
-_NO_WORKDIR = ("train", "compile", "keys")
+_NEEDS_CONFIG = ("train", "sweep", "compile", "prepare")
+# Modes that need no --workdir: train defaults to runs/<config>; compile, keys and prepare
+# (which writes under data.data_dir) write none.
+_NO_WORKDIR = ("train", "compile", "keys", "prepare")
 # Modes that hold their workdir's lock (workdir/lock.py): those that train into it. The
 # others only read a run, or write result files atomically, so they may run beside it
 # (evaluate a run while it trains); import refuses a workdir that is not empty.

@@ -6,6 +6,8 @@ which does not exist fails instead of being silently ignored.
 Values are checked by `transformer.config.validation.validate` before anything compiles.
 """
 
+import os
+
 import ml_collections
 
 
@@ -101,16 +103,16 @@ def get_config() -> ml_collections.ConfigDict:
 
   # ---- data.* : dataset, tokenizer and input pipeline ----
   data = config.data = ml_collections.ConfigDict()
-  data.name = "python_stdlib"  # TFDS catalog name, "python_stdlib" (offline), or local_text | local_parallel | local_tsv.
-  data.path = ""  # local_*: the file or folder to build the dataset from.
+  data.name = "python_stdlib"  # TFDS catalog name, "python_stdlib" (offline), local_text | local_parallel | local_tsv, or "corpus" (token ids from --mode=prepare).
+  data.path = ""  # local_*: the file or folder to build the dataset from; corpus: a folder or glob of .txt/.jsonl(.gz/.zst)/.parquet.
   data.data_dir = ""  # TFDS data dir; "" means $TFDS_DATA_DIR or ~/tensorflow_datasets.
   data.train_split = "train"  # TFDS split to train on.
   data.eval_split = "validation"  # TFDS split to evaluate on.
-  data.text_key = "text"  # Feature holding the raw text (local_tsv: the text column's header or index).
+  data.text_key = "text"  # Feature holding the raw text (local_tsv: the text column's header or index; corpus: the jsonl field / parquet column).
   data.label_key = ""  # Feature holding the class label (local_tsv: the label column's header or index).
   data.source_language = ""  # Translation: the source feature, e.g. "en" (with target_language).
   data.target_language = ""  # Translation: the target feature, e.g. "de".
-  data.val_fraction = 0.1  # local_text on one file (or files without split names): last fraction -> validation.
+  data.val_fraction = 0.1  # local_text on one file (or files without split names): last fraction -> validation; corpus: documents by hash.
   data.decode_errors = "strict"  # local_*: undecodable UTF-8 "strict" (stop, say where) | "replace" (U+FFFD, count logged).
   data.mask_rate = 0.15  # Masked LM: fraction of tokens chosen (80% mask, 10% random, 10% kept).
   data.continuation_chars = 600  # Seq2seq on plain text: characters per source/target block.
@@ -124,8 +126,12 @@ def get_config() -> ml_collections.ConfigDict:
   data.shuffle_rows = 0  # Training: also shuffle packed rows within a window of this many (0 = off).
   data.lm_windows = "packed"  # Causal-LM training rows: "packed" | "random" (nanoGPT: random offsets; the split in memory).
   data.batch_size = 16  # Global batch size in rows (split over data-parallel devices).
-  data.num_threads = 2  # Grain reader threads per process.
+  data.num_threads = 2  # Grain reader threads per process; 0 = none (fastest on prepared ids: docs/performance.md).
   data.prefetch = 2  # Calls' batches a background thread builds and places ahead of the step (evaluation: host batches); 0 = off. Checkpoints save the position of the batches taken.
+  data.prepare_workers = 0  # corpus: --mode=prepare's worker processes; 0 = the machine's cores.
+  data.prepare_shard = ""  # corpus: "i/N" prepares this host's share of the files (N hosts), "" all (docs/corpus.md).
+  data.mixture = ""  # corpus: "name:weight:path,..." several corpora mixed by weight, e.g. "web:0.7:/data/fineweb,code:0.3:/data/stack" (data.path ""; docs/corpus.md).
+  data.bad_records = "stop"  # corpus: a malformed jsonl line / parquet record "stop" (say file and line) | "skip" (counted).
   data.download = False  # Allow TFDS to download a catalog dataset that is not prepared yet.
 
   # ---- optimizer.* : AdamW and the warmup + inverse-sqrt schedule ----
@@ -219,3 +225,22 @@ def get_config() -> ml_collections.ConfigDict:
 
   config.lock()
   return config
+
+
+# Where the real-corpus presets (gpt_small.py:fineweb, llama.py:1b_fineweb) expect
+# FineWeb-Edu's 10B-token sample, as `huggingface-cli download` lays it out:
+#   huggingface-cli download HuggingFaceFW/fineweb-edu --repo-type dataset \
+#     --include "sample/10BT/*" --local-dir ~/data/fineweb-edu
+FINEWEB_EDU_10BT = os.path.join("~", "data", "fineweb-edu", "sample", "10BT")
+
+
+def use_fineweb_edu(config: ml_collections.ConfigDict) -> None:
+  """data.* for FineWeb-Edu's sample-10BT, prepared once by --mode=prepare (docs/corpus.md).
+
+  Its parquet files hold the document in the `text` column. 0.5% of the documents (by a
+  stable hash, about 50M tokens) form the validation split.
+  """
+  # num_threads 0: reading prepared ids is numpy work that grain's reader threads slow
+  # down (14.4M vs 5.3M tokens/s for gpt_small's rows, docs/performance.md).
+  config.data.update(name="corpus", path=os.path.expanduser(FINEWEB_EDU_10BT),
+                     text_key="text", val_fraction=0.005, lm_windows="packed", num_threads=0)

@@ -32,6 +32,25 @@ Quick run:  python launch.py --config=configs/gpt_small.py:local
   training (run.json) at 159-167 ms/step against 207-221 ms/step with one step per call
   (`--config.train.steps_per_call=1`); eval losses 5.827 / 2.739 / 2.573 / 2.562 / 2.379
   at steps 0-400 in both, equal to the last digit.
+
+Real corpus:  configs/gpt_small.py:fineweb
+  GPT-2 small on FineWeb-Edu's 10B-token sample, tokenized once into ids (docs/corpus.md),
+  64 rows x 1024 tokens a step (65,536 tokens), 150,000 steps: about one pass (9.8B
+  tokens). On a machine with network (about 28-30 GB of parquet; `pip install
+  huggingface_hub`):
+    huggingface-cli download HuggingFaceFW/fineweb-edu --repo-type dataset \
+      --include "sample/10BT/*" --local-dir ~/data/fineweb-edu
+  then, once (SentencePiece 32768 trained on a 2M-line sample, then every file tokenized
+  by data.prepare_workers processes; rerun to resume):
+    python launch.py --mode=prepare --config=configs/gpt_small.py:fineweb
+    python launch.py --config=configs/gpt_small.py:fineweb --workdir=runs/gpt_small_fineweb
+  Expected: about 10B tokens (the dataset card's "around 10B gpt2 tokens"; a 32k
+  SentencePiece vocabulary splits English into somewhat more pieces than GPT-2's 50k BPE,
+  so expect 10-11B), 0.5% of the documents in validation; ids as uint16 (2 bytes a token),
+  so about 20-22 GB of prepared shards under data.data_dir, beside the parquet. Not run
+  here (no network on the reference machine): the sizes are the card's and the
+  arithmetic's, to be checked against the prepare summary. `--mode=compile
+  --topology=h100:8` says whether one host's pipeline keeps up.
 """
 
 import ml_collections
@@ -40,7 +59,8 @@ from configs import base
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
-  """GPT-2 small; `arg="local"` shrinks it to train in minutes on 2 CPU cores."""
+  """GPT-2 small; `arg="local"` shrinks it to train in minutes on 2 CPU cores,
+  `arg="fineweb"` trains it on FineWeb-Edu's 10B sample (see the module docstring)."""
   config = base.get_config()
   config.model.update(
       vocab_size=32768, d_model=768, num_layers=12, num_heads=12, mlp_dim=3072,
@@ -77,7 +97,13 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.train.update(num_steps=800, log_every=50, eval_every=200, eval_batches=100,
                         eval_at_start=True, microbatches=1)
     config.checkpoint.update(every=400)
+  elif arg == "fineweb":
+    base.use_fineweb_edu(config)
+    # An accelerator's batch: 64 x 1024 tokens, no micro-batches; one pass of ~10B tokens.
+    config.data.update(batch_size=64, shuffle_rows=1024)
+    config.train.update(num_steps=150_000, microbatches=1, eval_every=5000, eval_batches=100)
+    config.checkpoint.update(every=5000)
   elif arg:
-    raise ValueError(f"configs/gpt_small.py: unknown argument {arg!r}; valid: '', 'local' "
-                     "or 'spm'")
+    raise ValueError(f"configs/gpt_small.py: unknown argument {arg!r}; valid: '', 'local', "
+                     "'spm' or 'fineweb'")
   return config

@@ -22,6 +22,22 @@ over every chip (fsdp=-1). No training run has used them: they exist to ask
        nats/byte at 400 (accuracy 0.491), 18m36s. gpt_small.py:local (GPT-2 recipe,
        3.3M parameters) reaches 2.38 at step 400 on the same data.
 
+  :1b_fineweb  the :1b model on FineWeb-Edu's 10B-token sample, prepared once into ids
+       (docs/corpus.md); 64 rows x 2048 tokens a step (131,072 tokens), 75,000 steps:
+       about one pass. On a machine with network (about 28-30 GB of parquet):
+         huggingface-cli download HuggingFaceFW/fineweb-edu --repo-type dataset \
+           --include "sample/10BT/*" --local-dir ~/data/fineweb-edu
+         python launch.py --mode=prepare --config=configs/llama.py:1b_fineweb
+         python launch.py --config=configs/llama.py:1b_fineweb --workdir=runs/llama_1b_fineweb
+       The tokenizer is the :1b preset's: SentencePiece trained on a 2M-line sample with
+       the model's 128256 pieces; `--config.init_from=<an --mode=hf_import run of
+       Llama-3.2-1B>` takes Llama 3's own tokenizer.json (and its weights) instead.
+       Expected: about 8.5-10B tokens (the dataset card counts "around 10B gpt2
+       tokens"; a 128k vocabulary makes fewer pieces than GPT-2's 50k), 0.5% of the
+       documents in validation; ids as uint32 (the vocabulary is above 65,536), so about
+       34-40 GB of prepared shards. Not run here (no network on the reference machine):
+       the card's figure and the arithmetic, to check against the prepare summary.
+
   python launch.py --mode=compile --config=configs/llama.py:7b --topology=v5p:2x4x4
   python launch.py --config=configs/llama.py:local
 
@@ -34,7 +50,7 @@ from configs import base
 
 
 def get_config(arg: str = "1b") -> ml_collections.ConfigDict:
-  """The `arg` ("1b", "7b" or "local") decoder."""
+  """The `arg` ("1b", "1b_fineweb", "7b" or "local") decoder."""
   config = base.get_config()
   config.model.update(
       arch="decoder", head="lm", position="rope", norm="pre", norm_type="rmsnorm",
@@ -46,10 +62,14 @@ def get_config(arg: str = "1b") -> ml_collections.ConfigDict:
                           warmup_steps=2000, b1=0.9, b2=0.95, weight_decay=0.1)
   config.train.update(num_steps=100_000, eval_every=2000, eval_at_start=False)
   config.mesh.shape = (("data", 1), ("fsdp", -1), ("tensor", 1))
-  if arg == "1b":
+  if arg in ("1b", "1b_fineweb"):
     config.model.update(vocab_size=128256, d_model=2048, num_layers=16, num_heads=32,
                         num_kv_heads=8, head_dim=64, mlp_dim=8192, max_len=2048,
                         tie_embeddings=True, rope_max_wavelength=500000.0)
+    if arg == "1b_fineweb":
+      base.use_fineweb_edu(config)
+      config.train.update(num_steps=75_000, eval_every=5000, eval_batches=50)
+      config.checkpoint.update(every=5000)
   elif arg == "7b":
     config.model.update(vocab_size=32000, d_model=4096, num_layers=32, num_heads=32,
                         num_kv_heads=0, head_dim=128, mlp_dim=11008, max_len=2048,
@@ -65,6 +85,6 @@ def get_config(arg: str = "1b") -> ml_collections.ConfigDict:
     config.checkpoint.update(every=100)
     config.mesh.shape = (("data", -1), ("fsdp", 1), ("tensor", 1))
   else:
-    raise ValueError(f"configs/llama.py: unknown argument {arg!r}; valid: '1b', '7b' or "
-                     "'local'")
+    raise ValueError(f"configs/llama.py: unknown argument {arg!r}; valid: '1b', "
+                     "'1b_fineweb', '7b' or 'local'")
   return config

@@ -92,6 +92,8 @@ def test_encoder_and_encoder_decoder_compile(devices, arch):
 def _run_mode(config, argv, capsys) -> tuple[int, str, str]:
   """transformer.cli.compile.run(config) with launch.py's flags parsed from `argv`."""
   from transformer.cli import compile as compile_mode  # pylint: disable=g-import-not-at-top
+  if not any(arg.startswith("--input_seconds") for arg in argv):
+    argv = argv + ["--input_seconds=0"]  # The input measurement: only where a test asks.
   flags.FLAGS(["launch.py", "--mode=compile"] + argv)
   try:
     code = compile_mode.run(config)
@@ -101,15 +103,17 @@ def _run_mode(config, argv, capsys) -> tuple[int, str, str]:
   return code, out.out, out.err
 
 
-def test_too_large_is_reported_not_fitting(tmp_path, capsys):
-  """A v5e chip has 16 GiB: 4 layers of width 8192, replicated, do not fit."""
+def test_too_large_is_reported_not_fitting(tmp_path, capsys, tfds_data_dir):
+  """A v5e chip has 16 GiB: 4 layers of width 8192, replicated, do not fit. The input
+  pipeline is measured beside it (planning/input_rate.py)."""
   report = tmp_path / "report.json"
   config = tiny()
   config.model.update(d_model=8192, mlp_dim=32768, num_layers=4, num_heads=64)
   config.mesh.shape = (("data", -1), ("fsdp", 1), ("tensor", 1))
+  config.data.update(data_dir=tfds_data_dir, num_threads=1)
   code, out, err = _run_mode(
       config, [f"--topology={TOPOLOGY}", f"--output={report}", "--compile_steps=train",
-               "--notry_levers"], capsys)
+               "--notry_levers", "--input_seconds=0.2"], capsys)
   assert code == 1, err[-3000:]
   assert "does not fit by" in out + err  # absl's app.run may route the report to either.
   assert err.strip().splitlines()[-1].startswith("Does not fit: the train step needs")
@@ -125,6 +129,14 @@ def test_too_large_is_reported_not_fitting(tmp_path, capsys):
   for key in ("arguments_bytes", "temp_bytes", "output_bytes", "flops_per_chip",
               "collective_bytes", "estimated_seconds", "estimated_hfu", "kernels"):
     assert key in train
+  measured = result["input"]  # v5e:2x2 is one host of 4 chips: it builds all 16 rows.
+  assert measured["error"] is None and measured["hosts"] == 1
+  assert measured["local_batch_size"] == 16 and measured["tokens_per_second"] > 0
+  assert "Input: this host's pipeline delivered" in out
+  if train["estimated_tokens_per_second"] is not None:
+    assert measured["demand_ratio"] == pytest.approx(
+        train["estimated_tokens_per_second"] / measured["tokens_per_second"])
+    assert ("INPUT-BOUND" in out) == measured["input_bound"] == (measured["demand_ratio"] > 1)
   if train["compile_error"]:  # XLA refused it: no step time is made up for it.
     assert train["estimated_seconds"] is None and train["estimated_mfu"] is None
     assert "no estimate: XLA refused to compile it" in out

@@ -23,12 +23,12 @@ CONFIG_FILES = sorted(p for p in glob.glob(os.path.join(ROOT, "configs", "*.py")
                       if not p.endswith("__init__.py"))
 # Arguments each preset documents (configs/<name>.py:<arg>).
 PRESET_ARGS = {
-    "gpt_small": ["", "local"],
+    "gpt_small": ["", "local", "fineweb"],
     "bert_base": ["", "local", "sst2", "sst2_local", "sst2_local_mlm"],
     "transformer_base": ["", "local", "multi30k"],
     "transformer_big": ["", "local"],
     "shakespeare_char": ["", "cpu", "cpu15", "cpu_2024", "cpu_moe"],
-    "llama": ["1b", "7b", "local"],
+    "llama": ["1b", "1b_fineweb", "7b", "local"],
     "maxtext": ["v5e_16b", "v5p_32b"],
 }
 # Presets whose dataset is read from data.path: validation needs a path to be set.

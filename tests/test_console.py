@@ -76,7 +76,8 @@ def test_launch_console_has_no_prefix_or_library_noise(tmp_path):
   console_lines = result.stderr.splitlines()
   assert not [line for line in console_lines if ABSL_PREFIX.match(line)]
   step_2 = [line for line in console_lines if line.startswith("step 2/2 (100%) | loss")]
-  assert len(step_2) == 1 and re.search(r"k tok/s \| MFU \d+\.\d% \| ETA", step_2[0])
+  assert len(step_2) == 1 and re.search(r"k tok/s \| MFU \d+\.\d% \| data wait \d+% \| ETA",
+                                        step_2[0])
   assert "Preparing TFDS dataset python_stdlib" in result.stderr  # The build happened...
   # jax's CUDA plugin on this driverless host (requirements-test.txt): plugin_noise.py.
   for noise in ("Generating", "Shuffling", "\x1b[", "Variant folder",

@@ -157,10 +157,10 @@ def test_joint_sentencepiece_covers_both_languages(tmp_path):
 def test_tokenizer_cache_name_holds_what_changes_it():
   config = base.get_config()
   config.data.update(tokenizer="sentencepiece", spm_model_type="bpe", spm_vocab_size=8000)
-  name = sources._cache_name(config, ("en", "de"))  # pylint: disable=protected-access
+  name = sources.cache_name(config, ("en", "de"))
   assert name.startswith("spm3_bpe_train_en+de_v8000_")
   config.data.spm_train_sentences = 10
-  assert sources._cache_name(config, ("en", "de")) != name  # pylint: disable=protected-access
+  assert sources.cache_name(config, ("en", "de")) != name
 
 
 def test_vocab_size_zero_rounds_the_tokenizer_up():

@@ -6,6 +6,7 @@ import signal
 import threading
 import time
 
+import grain
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
@@ -14,6 +15,7 @@ import pytest
 from transformer.training import hooks as hooks_lib
 from transformer.training import loop
 from transformer.training import metrics as metrics_lib
+from transformer.training import prefetch
 from transformer.training import reporting
 from transformer.training import signals
 from transformer.training import trainer as trainer_lib
@@ -52,6 +54,8 @@ def test_train_and_evaluate_writes_everything(tiny_config, tmp_path):
     assert np.isclose(row["tokens_per_second"], 8 * 32 / row["seconds_per_step"])
     assert 0 < row["mfu"] < 1
   assert "mfu" not in train_rows[0]
+  for row in train_rows[1:]:  # The step's input side (metrics.TrainProgress.next_batch).
+    assert 0.0 <= row["data_wait_fraction"] <= 1.0
   assert os.listdir(os.path.join(workdir, "tensorboard"))
   with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
     assert json.load(f)["model"]["d_model"] == 32
@@ -316,3 +320,57 @@ def test_an_mfu_above_100_percent_is_never_shown_unexplained(caplog):
   assert caplog.text.count("MFU above 100%") == 1  # Explained once, in the log.
   assert "above" not in progress.line(4, {"seconds_per_step": 1.0, "tokens_per_second": 100.0,
                                           "mfu": 0.5})
+
+
+class _FakeClock:
+  """time.perf_counter for TrainProgress: advanced by hand, so fractions are exact."""
+
+  def __init__(self):
+    self.now = 100.0
+
+  def __call__(self):
+    return self.now
+
+
+def test_data_wait_fraction_is_the_share_of_the_window_spent_waiting(monkeypatch):
+  """Calls of 1 s with 0.25 s then 0 s waits; the wait behind the compile is not counted,
+  nor is an interval that restart_clock dropped."""
+  clock = _FakeClock()
+  monkeypatch.setattr(metrics_lib.time, "perf_counter", clock)
+  progress = metrics_lib.TrainProgress(0, 10, 100)
+  progress.waited(30.0)  # The first call: waited behind the compile; the clock not started.
+  progress.update(1)
+  for step, wait in ((2, 0.25), (3, 0.25)):
+    clock.now += wait
+    progress.waited(wait)
+    clock.now += 1.0 - wait
+    progress.update(step)
+  assert progress.rates()["data_wait_fraction"] == pytest.approx(0.25)
+  progress.waited(5.0)
+  progress.restart_clock()  # An evaluation: dropped with its interval.
+  clock.now += 1.0
+  progress.update(4)
+  rates = progress.rates()
+  assert rates["data_wait_fraction"] == 0.0 and rates["seconds_per_step"] == 1.0
+  assert "data wait 0%" in progress.line(4, rates)
+
+
+def test_a_slow_pipeline_shows_a_larger_data_wait_than_a_fast_one():
+  """The loop's own measure (TrainProgress.next_batch over prefetch.CallBatches), with a
+  delay injected into the slow pipeline's placement; the step is a fixed sleep."""
+  fractions = {}
+  for name, delay in (("fast", 0.0), ("slow", 0.05)):
+    def place(batch, stacked, delay=delay):
+      time.sleep(delay)
+      return batch
+    rows = iter(grain.MapDataset.range(100).map(lambda i: {"x": np.array([[i]])})
+                .to_iter_dataset())
+    progress = metrics_lib.TrainProgress(0, 6, 1)
+    with prefetch.CallBatches(rows, place, start_step=0, num_steps=6, steps_per_call=1,
+                              depth=1) as batches:
+      for step in range(1, 7):
+        progress.next_batch(batches)
+        time.sleep(0.01)  # The step.
+        progress.update(step)
+    fractions[name] = progress.rates()["data_wait_fraction"]
+  assert 0.0 <= fractions["fast"] < fractions["slow"] <= 1.0, fractions

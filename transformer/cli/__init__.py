@@ -16,6 +16,8 @@
   compile.py    --mode=compile (--topology, --mesh_search, ...): the steps compiled for a
                 TPU slice on this host, fits or not, how fast (transformer/planning/)
   keys.py       --mode=keys: every config key with its value and base.py's comment
+  prepare.py    --mode=prepare: data.path's corpus tokenized once into token-id shards
+                (data.name="corpus"; data/corpus*.py, docs/corpus.md)
   common.py     flags several modes share (--input, --output, --checkpoint_step, decode flags)
                 and their file handling
   usage.py      flag, config-file and disk/permission mistakes in one line; the table of
@@ -23,7 +25,7 @@
 
 Each module sets SHARED_FLAGS, the cli/common.py flags it reads (with the flags its own
 module defines: the table launch.py refuses every other flag with), and STARTS_JAX
-(plot, compare, keys, sweep and compile start no devices of this host's run: compile
+(plot, compare, keys, sweep, prepare and compile start no devices of this host's run: compile
 uses libtpu's abstract TPU devices). May import
 every other part of the package; nothing imports cli/ but launch.py.
 """

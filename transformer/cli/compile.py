@@ -8,9 +8,11 @@ encoder-decoder) the cached decode for the target's abstract devices with XLA's 
 compiler (`pip install libtpu`) or GPU compiler (jax's CUDA plugin wheels,
 planning/gpu.py), on this CPU host, and prints per chip: parameters, optimizer state,
 batch and temporaries against the memory a run can use with a verdict; step-time
-bounds and an estimated tokens/s, MFU and HFU; the kernels that matter; the sharding
-audit; the levers tried when a step does not fit; with --mesh_search, every data x
-fsdp x tensor mesh (and remat policy) compiled and ranked. --output=FILE writes the same as JSON. Exit status 0 when every step
+bounds and an estimated tokens/s, MFU and HFU; the tokens/s this host's input pipeline
+delivers beside the step's demand per host ("INPUT-BOUND" when short; --input_seconds);
+the kernels that matter; the sharding audit; the levers tried when a step does not fit;
+with --mesh_search, every data x fsdp x tensor mesh (and remat policy) compiled and
+ranked. --output=FILE writes the same as JSON. Exit status 0 when every step
 fits, 1 when one does not, 2 on bad input (the reason on the last line).
 """
 
@@ -51,6 +53,9 @@ _EXTRAPOLATE_DEPTH = flags.DEFINE_bool(
     "XLA's optimal_seconds from the steps compiled unrolled at two small depths, "
     "extrapolated per layer (a scanned body's bytes are not counted as the unrolled "
     "layers' are; planning/depth.py); --noextrapolate_depth skips those compiles.")
+_INPUT_SECONDS = flags.DEFINE_float(
+    "input_seconds", 3.0, "compile: seconds to time this host's training input pipeline "
+    "(after its first batch), reported beside the step's token demand per host; 0 skips it.")
 
 
 STARTS_JAX = False  # No jax.distributed, no workdir: it compiles on this host's CPU.
@@ -97,6 +102,7 @@ def run(config: ml_collections.ConfigDict) -> int:
   plugin_noise.start_backends_quietly()  # jax loads every installed plugin as it starts.
   from transformer.workdir import files  # pylint: disable=g-import-not-at-top
   from transformer.config.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  from transformer.planning import input_rate  # pylint: disable=g-import-not-at-top
   from transformer.planning import plan as plan_lib  # pylint: disable=g-import-not-at-top
   from transformer.planning import report  # pylint: disable=g-import-not-at-top
   from transformer.planning import search  # pylint: disable=g-import-not-at-top
@@ -111,6 +117,10 @@ def run(config: ml_collections.ConfigDict) -> int:
     sys.stderr.write(f"ConfigError: {e}\n")
     return 2
   print("\n".join(report.plan_lines(plan)), flush=True)
+  rate = None
+  if _INPUT_SECONDS.value > 0:
+    rate = input_rate.measure(config, input_rate.hosts_of(devices), _INPUT_SECONDS.value)
+    print("\n" + "\n".join(input_rate.lines(rate, plan.train_tokens_per_second)), flush=True)
 
   levers = {}
   failing = [step for step in plan.costs if not plan.fits(step)]
@@ -136,7 +146,10 @@ def run(config: ml_collections.ConfigDict) -> int:
 
   output = flags.FLAGS.output
   if output:
-    files.write_atomically(output, json.dumps(report.to_json(plan, levers, trials), indent=2))
+    result = report.to_json(plan, levers, trials)
+    result["input"] = (input_rate.to_json(rate, plan.train_tokens_per_second)
+                       if rate is not None else None)
+    files.write_atomically(output, json.dumps(result, indent=2))
     print(f"Report written to {output}")
   if failing:
     worst = max(failing, key=lambda step: plan.costs[step].total_bytes)

@@ -29,6 +29,7 @@ from transformer.config import objective as objective_lib
 from transformer.cli import common
 from transformer.config.errors import ConfigError
 from transformer.data import catalog
+from transformer.data import corpus_run
 from transformer.data import pipeline
 from transformer.data import sources
 from transformer.inference import loaded
@@ -100,6 +101,23 @@ def _variant(workdir: str, config: ml_collections.ConfigDict) -> dict[str, Any]:
   return variant | loaded.changed_model_fields(workdir, config)
 
 
+def _text_split(config: ml_collections.ConfigDict, split: str, given_split: bool, workdir: str,
+                given_config: ml_collections.ConfigDict | None) -> tuple[Any, str]:
+  """The TFDS split to evaluate (after its features and the run's data are checked) and
+  the dataset's full name."""
+  try:
+    builder = catalog.load_builder(config.data)  # Also checks that the split exists.
+  except ConfigError as e:
+    named = f"config.data.eval_split={split!r}"
+    if not given_split or named not in str(e):
+      raise
+    # The user named the split with --split, not with the config key.
+    raise ConfigError(str(e).replace(named, f"--split={split!r}")) from None
+  sources.check_features(config, builder)
+  loaded.check_run_data(workdir, given_config, sources.dataset_record(builder), "evaluate")
+  return catalog.data_source(builder, split), builder.info.full_name
+
+
 def evaluate(workdir: str, *, config: ml_collections.ConfigDict | None = None,
              split: str = "", checkpoint_step: int | None = None, average_last: int = 0,
              decode_overrides: Mapping[str, Any] | None = None,
@@ -146,17 +164,12 @@ def evaluate(workdir: str, *, config: ml_collections.ConfigDict | None = None,
   path = output or result_path(workdir, split, run.steps, max_examples, variant)
   common.check_output(path, overwrite, given=bool(output))
   config.train.eval_batches = -1  # The whole split.
-  try:
-    builder = catalog.load_builder(config.data)  # Also checks that the split exists.
-  except ConfigError as e:
-    named = f"config.data.eval_split={split!r}"
-    if not given_split or named not in str(e):
-      raise
-    # The user named the split with --split, not with the config key.
-    raise ConfigError(str(e).replace(named, f"--split={split!r}")) from None
-  sources.check_features(config, builder)
-  loaded.check_run_data(workdir, given_config, builder, "evaluate")
-  source = catalog.data_source(builder, split)
+  if config.data.name == "corpus":  # Token ids prepared by --mode=prepare.
+    prepared, _ = corpus_run.open_for_training(config, workdir)
+    loaded.check_run_data(workdir, given_config, prepared.record(), "evaluate")
+    source, dataset_name = prepared.split(split), prepared.record()["name"]
+  else:
+    source, dataset_name = _text_split(config, split, given_split, workdir, given_config)
   if max_examples > 0:
     source = _FirstExamples(source, max_examples)
   local_batch_size = trainer_lib.check_batch_size(config, run.mesh)
@@ -175,7 +188,7 @@ def evaluate(workdir: str, *, config: ml_collections.ConfigDict | None = None,
     metrics["examples"] = metrics.pop("tokens")
     metrics.pop("perplexity", None)
   record: dict[str, Any] = {
-      "workdir": os.path.abspath(workdir), "dataset": builder.info.full_name,
+      "workdir": os.path.abspath(workdir), "dataset": dataset_name,
       "split": split, "examples": len(source), "objective": objective.name,
       "checkpoint_steps": run.steps, "metrics": metrics}
   if max_examples > 0:

@@ -119,3 +119,25 @@ def bundle_from_folder(hf_dir_files: dict[str, str]) -> dict[str, Any] | None:
             "sentencepiece": {"source": b64("source.spm"), "target": b64("target.spm"),
                               "vocab": vocab}}
   return None
+
+
+TOKENIZER_KINDS = ("bytes", "char", "sentencepiece", "huggingface")
+
+
+def from_kind(kind: str, path: str) -> base_tokenizers.Tokenizer:
+  """A tokenizer rebuilt from its kind (sources.tokenizer_kind) and vocabulary file.
+
+  Args:
+    kind: one of TOKENIZER_KINDS.
+    path: the vocabulary file ("" for bytes).
+
+  Raises:
+    ConfigError: an unknown kind.
+  """
+  if kind == "bytes":
+    return base_tokenizers.ByteTokenizer()
+  makers = {"char": base_tokenizers.CharTokenizer, "huggingface": HFTokenizer,
+            "sentencepiece": base_tokenizers.SentencePieceTokenizer}
+  if kind not in makers:
+    raise ConfigError(f"tokenizer kind {kind!r} is unknown; valid: {TOKENIZER_KINDS}")
+  return makers[kind](path)

@@ -25,6 +25,8 @@ import grain.experimental
 import numpy as np
 from absl import logging
 
+from transformer.data import corpus_rows
+from transformer.data import mixture
 from transformer.data import packing
 from transformer.data import tokenizers
 
@@ -61,15 +63,30 @@ class Tokenize(grain.transforms.Map):
     return {"tokens": packing.checked(tokens, self._vocab_size)}
 
 
+class Prepared(grain.transforms.Map):
+  """A prepared corpus's record (data/corpus.py: already [bos] ids [eos]) as it is.
+
+  Its ids are below the tokenizer's size, which sources.check_vocab_size held to the
+  model's vocabulary: nothing to tokenize or check per record.
+  """
+
+  def map(self, example: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return example
+
+
 def _packed_rows(source: Any, tokenizer: tokenizers.Tokenizer, *, text_key: str,
                  vocab_size: int, row_len: int, seed: int, train: bool, shuffle_rows: int,
-                 process_index: int, process_count: int,
-                 num_threads: int) -> grain.IterDataset:
+                 process_index: int, process_count: int, num_threads: int,
+                 prepared: bool = False) -> grain.IterDataset:
   """Tokenized documents concatenated and split into rows of `row_len` with segment ids."""
-  it = packing.documents(source, Tokenize(tokenizer, text_key, vocab_size), seed=seed,
+  transform = Prepared() if prepared else Tokenize(tokenizer, text_key, vocab_size)
+  it = packing.documents(source, transform, seed=seed,
                          train=train, process_index=process_index,
                          process_count=process_count, num_threads=num_threads)
-  it = grain.experimental.ConcatThenSplitIterDataset(it, length_struct={"tokens": row_len})
+  if prepared:  # The same rows, cut by numpy slices (data/corpus_rows.py).
+    it = corpus_rows.PackedRows(it, row_len)
+  else:
+    it = grain.experimental.ConcatThenSplitIterDataset(it, length_struct={"tokens": row_len})
   if train and shuffle_rows > 1:
     # Consecutive rows of one long document are alike; a corpus of few, long documents
     # (TFDS tiny_shakespeare has one per split) needs its rows mixed, not only its documents.
@@ -128,24 +145,57 @@ class _RandomWindow(grain.transforms.RandomMap):
     del index  # The generator is already seeded by it.
     start = int(rng.integers(0, len(self._stream) - self._row_len + 1))
     window = slice(start, start + self._row_len)
-    docs = self._doc_ids[window]
-    new_doc = np.concatenate([[True], docs[1:] != docs[:-1]])
-    steps = np.arange(self._row_len)
-    doc_start = np.maximum.accumulate(np.where(new_doc, steps, 0))
-    return {"tokens": self._stream[window],
-            "tokens_segment_ids": np.cumsum(new_doc).astype(np.int32),
-            "tokens_positions": (steps - doc_start).astype(np.int32)}
+    return window_row(self._stream[window], self._doc_ids[window])
+
+
+def window_row(tokens: np.ndarray, docs: np.ndarray) -> dict[str, np.ndarray]:
+  """A window of the token stream and its tokens' document ids -> a row with segment ids
+  1, 2, ... and positions restarting at each document (from the window start for the
+  first)."""
+  new_doc = np.concatenate([[True], docs[1:] != docs[:-1]])
+  steps = np.arange(len(tokens))
+  doc_start = np.maximum.accumulate(np.where(new_doc, steps, 0))
+  return {"tokens": tokens,
+          "tokens_segment_ids": np.cumsum(new_doc).astype(np.int32),
+          "tokens_positions": (steps - doc_start).astype(np.int32)}
+
+
+class _CorpusWindow(grain.transforms.RandomMap):
+  """_RandomWindow over a prepared corpus split: windows read by random access.
+
+  Offsets are uniform over this process's contiguous share of the split's token
+  stream (`process_count` equal ranges), so no process holds or scans the split.
+  """
+
+  def __init__(self, split: Any, row_len: int, process_index: int, process_count: int):
+    share = split.num_tokens // process_count
+    if share < row_len:
+      raise ValueError(f"random LM windows: the {split.name} split has {split.num_tokens} "
+                       f"tokens, {share} a process, fewer than one row of {row_len}; lower "
+                       "data.seq_len")
+    self._split, self._row_len = split, row_len
+    self._first = process_index * share
+    self._last = self._first + share - row_len  # The last start inside the share.
+
+  def random_map(self, index: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    del index  # The generator is already seeded by it.
+    start = int(rng.integers(self._first, self._last + 1))
+    return window_row(*self._split.window(start, self._row_len))
 
 
 def _random_windows(source: Any, tokenizer: tokenizers.Tokenizer, *, text_key: str,
                     vocab_size: int, row_len: int, seed: int, process_index: int,
-                    process_count: int, num_threads: int) -> grain.IterDataset:
+                    process_count: int, num_threads: int,
+                    prepared: bool = False) -> grain.IterDataset:
   """Training rows drawn like nanoGPT's get_batch: random offsets, with replacement."""
-  stream, doc_ids = _token_stream(source, Tokenize(tokenizer, text_key, vocab_size),
-                                  process_index=process_index, process_count=process_count)
+  if prepared:
+    windows = _CorpusWindow(source, row_len, process_index, process_count)
+  else:
+    stream, doc_ids = _token_stream(source, Tokenize(tokenizer, text_key, vocab_size),
+                                    process_index=process_index, process_count=process_count)
+    windows = _RandomWindow(stream, doc_ids, row_len)
   window_seed = int(np.random.SeedSequence((seed, process_index)).generate_state(1)[0])
-  ds = grain.MapDataset.range(_NUM_RANDOM_WINDOWS).random_map(
-      _RandomWindow(stream, doc_ids, row_len), seed=window_seed)
+  ds = grain.MapDataset.range(_NUM_RANDOM_WINDOWS).random_map(windows, seed=window_seed)
   return ds.to_iter_dataset(grain.ReadOptions(num_threads=num_threads,
                                               prefetch_buffer_size=64))
 
@@ -167,7 +217,7 @@ def make_lm_dataset(source: Any, tokenizer: tokenizers.Tokenizer, *, text_key: s
                     vocab_size: int, seq_len: int, batch_size: int, seed: int,
                     train: bool, shuffle_rows: int = 0, windows: str = "packed",
                     process_index: int = 0, process_count: int = 1,
-                    num_threads: int = 2) -> grain.IterDataset:
+                    num_threads: int = 2, prepared: bool = False) -> grain.IterDataset:
   """The causal-LM pipeline over any random-access source of text examples.
 
   Args:
@@ -186,20 +236,27 @@ def make_lm_dataset(source: Any, tokenizer: tokenizers.Tokenizer, *, text_key: s
     process_index: this JAX process; it reads only every process_count-th example.
     process_count: number of JAX processes.
     num_threads: grain read/tokenize threads.
+    prepared: `source` is a prepared corpus split (data/corpus.py) of token ids: no
+      tokenizer runs; random windows read it by random access, never hold it. A
+      mixture.MixtureSplit (data.mixture): each component's rows, mixed by weight.
 
   Returns:
     A grain IterDataset of dicts with [batch_size, seq_len] `inputs`, `targets`,
     `segment_ids`, `positions` (int32) and `weights` (float32).
   """
-  if train and windows == "random":
-    it = _random_windows(source, tokenizer, text_key=text_key, vocab_size=vocab_size,
-                         row_len=seq_len + 1, seed=seed, process_index=process_index,
-                         process_count=process_count, num_threads=num_threads)
-  else:
-    it = _packed_rows(source, tokenizer, text_key=text_key, vocab_size=vocab_size,
-                      row_len=seq_len + 1, seed=seed, train=train, shuffle_rows=shuffle_rows,
-                      process_index=process_index, process_count=process_count,
-                      num_threads=num_threads)
+  def rows(split: Any, index: int) -> grain.IterDataset:
+    if train and windows == "random":
+      return _random_windows(split, tokenizer, text_key=text_key, vocab_size=vocab_size,
+                             row_len=seq_len + 1, seed=mixture.component_seed(seed, index),
+                             process_index=process_index, process_count=process_count,
+                             num_threads=num_threads, prepared=prepared)
+    return _packed_rows(split, tokenizer, text_key=text_key, vocab_size=vocab_size,
+                        row_len=seq_len + 1, seed=mixture.component_seed(seed, index),
+                        train=train, shuffle_rows=shuffle_rows, process_index=process_index,
+                        process_count=process_count, num_threads=num_threads,
+                        prepared=prepared)
+
+  it = mixture.mix_rows(source, rows)  # data.mixture: the components' rows by weight.
   return it.map(_split_inputs_targets).batch(batch_size, drop_remainder=train)
 
 
@@ -241,7 +298,7 @@ def make_mlm_dataset(source: Any, tokenizer: tokenizers.Tokenizer, *, text_key: 
                      vocab_size: int, seq_len: int, batch_size: int, seed: int,
                      train: bool, mask_rate: float = 0.15, shuffle_rows: int = 0,
                      process_index: int = 0, process_count: int = 1,
-                     num_threads: int = 2) -> grain.IterDataset:
+                     num_threads: int = 2, prepared: bool = False) -> grain.IterDataset:
   """The BERT-style masked-LM pipeline: packed [bos] text [eos] rows, seeded masking.
 
   The masks come from grain's `random_map`, seeded by (`seed`, `process_index`) and
@@ -250,7 +307,8 @@ def make_mlm_dataset(source: Any, tokenizer: tokenizers.Tokenizer, *, text_key: 
 
   Args:
     source, tokenizer, text_key, vocab_size, seq_len, batch_size, seed, train,
-      shuffle_rows, process_index, process_count, num_threads: as for `make_lm_dataset`.
+      shuffle_rows, process_index, process_count, num_threads, prepared: as for
+      `make_lm_dataset`.
     mask_rate: the fraction of real tokens to corrupt and predict.
 
   Returns:
@@ -261,10 +319,11 @@ def make_mlm_dataset(source: Any, tokenizer: tokenizers.Tokenizer, *, text_key: 
   if not tokenizers.NUM_SPECIAL <= tokenizer.mask_id < min(tokenizer.vocab_size, vocab_size):
     raise ValueError(f"mask id {tokenizer.mask_id} is outside [{tokenizers.NUM_SPECIAL}, "
                      f"{min(tokenizer.vocab_size, vocab_size)})")
-  it = _packed_rows(source, tokenizer, text_key=text_key, vocab_size=vocab_size,
-                    row_len=seq_len, seed=seed, train=train, shuffle_rows=shuffle_rows,
-                    process_index=process_index, process_count=process_count,
-                    num_threads=num_threads)
+  it = mixture.mix_rows(source, lambda split, index: _packed_rows(
+      split, tokenizer, text_key=text_key, vocab_size=vocab_size, row_len=seq_len,
+      seed=mixture.component_seed(seed, index), train=train, shuffle_rows=shuffle_rows,
+      process_index=process_index, process_count=process_count, num_threads=num_threads,
+      prepared=prepared))
   # Fold in the process: otherwise every host would draw the same mask pattern per row.
   mask_seed = int(np.random.SeedSequence((seed, process_index)).generate_state(1)[0])
   it = it.random_map(_MaskTokens(tokenizer.mask_id, tokenizer.vocab_size, mask_rate),

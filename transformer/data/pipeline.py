@@ -5,6 +5,7 @@ The data package, by file:
   python_stdlib.py   the offline corpus builder
   local_text.py, local_parallel.py, local_tsv.py   builders over files at data.path
   tokenizers.py      byte, character and SentencePiece tokenizers
+  corpus*.py         prepared corpora: token-id shards (--mode=prepare) and their reader
   sources.py         the dataset + tokenizer of a run, checked against the config
   packing.py         reading, shuffling, length limits, padding and eval batching
   lm.py, seq2seq.py, classification.py             the per-objective transforms
@@ -29,13 +30,15 @@ from transformer.data import tokenizers
 def _lm(config, source, tokenizer, split, common):
   data = config.data
   return lm.make_lm_dataset(source, tokenizer, text_key=data.text_key, seq_len=data.seq_len,
-                            shuffle_rows=data.shuffle_rows, windows=data.lm_windows, **common)
+                            shuffle_rows=data.shuffle_rows, windows=data.lm_windows,
+                            prepared=data.name == "corpus", **common)
 
 
 def _mlm(config, source, tokenizer, split, common):
   data = config.data
   return lm.make_mlm_dataset(source, tokenizer, text_key=data.text_key, seq_len=data.seq_len,
-                             mask_rate=data.mask_rate, shuffle_rows=data.shuffle_rows, **common)
+                             mask_rate=data.mask_rate, shuffle_rows=data.shuffle_rows,
+                             prepared=data.name == "corpus", **common)
 
 
 def _seq2seq(config, source, tokenizer, split, common):
@@ -72,7 +75,8 @@ def make_dataset(config: ml_collections.ConfigDict, objective: objective_lib.Obj
   Args:
     config: the experiment config; `config.model.vocab_size` must be resolved (> 0).
     objective: `objective.resolve(config.model)`, or its name.
-    source: a random-access split, e.g. `builder.as_data_source(split)`.
+    source: a random-access split, e.g. `builder.as_data_source(split)`, or a prepared
+      corpus split (data.name="corpus": token ids, data/corpus.py).
     tokenizer: from `sources.load_sources`.
     train: training (repeat, shuffle rows, drop the last partial batch) or evaluation.
     batch_size: rows per batch on this process.

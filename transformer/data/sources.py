@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import json
 import os
+from typing import Any, Iterable
 
 import jax
 import ml_collections
@@ -39,9 +40,24 @@ VOCAB_MULTIPLE = 128  # model.vocab_size=0 rounds the tokenizer's size up to thi
 class DataSources:
   """The prepared dataset and tokenizer a run trains on."""
 
-  builder: tfds.core.DatasetBuilder
+  builder: tfds.core.DatasetBuilder | None  # None for a prepared corpus.
   tokenizer: tokenizers.Tokenizer
   text_keys: tuple[str, ...]  # The features holding text (two for translation).
+  corpus: Any = None  # data.name="corpus": its corpus.PreparedCorpus, or a
+  # mixture.MixedCorpus with data.mixture (builder is None).
+
+  @property
+  def name(self) -> str:
+    """The dataset's full name, for log lines."""
+    return self.corpus.record()["name"] if self.corpus else self.builder.info.full_name
+
+  def split(self, split: str) -> Any:
+    """A random-access split: a corpus split of token ids, or a TFDS split of text."""
+    return self.corpus.split(split) if self.corpus else catalog.data_source(self.builder, split)
+
+  def record(self) -> dict[str, object]:
+    """What identifies the data (dataset.json): `dataset_record`, or the corpus's."""
+    return self.corpus.record() if self.corpus else dataset_record(self.builder)
 
 
 def is_translation(data: ml_collections.ConfigDict) -> bool:
@@ -96,7 +112,7 @@ def check_features(config: ml_collections.ConfigDict, builder: tfds.core.Dataset
                         f"config.model.num_classes={num_classes}")
 
 
-def _cache_name(config: ml_collections.ConfigDict, keys: tuple[str, ...]) -> str:
+def cache_name(config: ml_collections.ConfigDict, keys: tuple[str, ...]) -> str:
   """The tokenizer file name: everything that changes the tokenizer is in it."""
   data = config.data
   keyname = "+".join(keys)
@@ -123,7 +139,7 @@ def load_tokenizer(config: ml_collections.ConfigDict, builder: tfds.core.Dataset
   data = config.data
   if data.tokenizer == "bytes":
     return tokenizers.ByteTokenizer()
-  path = os.path.join(str(builder.data_dir), _cache_name(config, keys))
+  path = os.path.join(str(builder.data_dir), cache_name(config, keys))
   if os.path.exists(path):
     logging.info("Tokenizer: %s", path)
     return _cached_tokenizer(data, path)
@@ -143,8 +159,7 @@ def _cached_tokenizer(data: ml_collections.ConfigDict, path: str) -> tokenizers.
 def _build_tokenizer(config: ml_collections.ConfigDict, builder: tfds.core.DatasetBuilder,
                      keys: tuple[str, ...], path: str) -> tokenizers.Tokenizer:
   """Makes the vocabulary file `path` from the train split (the caller holds its lock)."""
-  data = config.data
-  source = catalog.data_source(builder, data.train_split)
+  source = catalog.data_source(builder, config.data.train_split)
 
   def texts():
     for i in range(len(source)):
@@ -152,8 +167,15 @@ def _build_tokenizer(config: ml_collections.ConfigDict, builder: tfds.core.Datas
       for key in keys:
         yield packing.text_of(example[key])
 
+  return build_vocabulary(config, texts(), path)
+
+
+def build_vocabulary(config: ml_collections.ConfigDict, texts: Iterable[str],
+                     path: str) -> tokenizers.Tokenizer:
+  """A character or SentencePiece vocabulary (data.tokenizer) made from `texts` into `path`."""
+  data = config.data
   if data.tokenizer == "char":
-    return tokenizers.build_char_vocabulary(texts(), path)
+    return tokenizers.build_char_vocabulary(texts, path)
   size = spm_vocab_size(config)
   if size < MIN_SPM_VOCAB:  # Checked here: models that never train one may be smaller.
     key = "data.spm_vocab_size" if data.spm_vocab_size else "model.vocab_size"
@@ -161,7 +183,7 @@ def _build_tokenizer(config: ml_collections.ConfigDict, builder: tfds.core.Datas
                       f"{MIN_SPM_VOCAB} pieces (256 byte-fallback pieces and the special ids "
                       "come first); use a larger vocabulary, or data.tokenizer='char' or "
                       "'bytes'")
-  lines = (line for text in texts() for line in text.split("\n") if line.strip())
+  lines = (line for text in texts for line in text.split("\n") if line.strip())
   return tokenizers.train_sentencepiece(lines, size, path,
                                         data.spm_train_sentences, data.spm_model_type)
 
@@ -178,6 +200,14 @@ def load_sources(config: ml_collections.ConfigDict, tokenizer_workdir: str = "")
     tokenizer_workdir: a run's workdir whose vocabulary to use instead of the one
       `data.tokenizer` names (fine-tuning keeps its pretraining run's vocabulary).
   """
+  if config.data.name == "corpus":  # Token ids prepared by --mode=prepare: nothing to build.
+    from transformer.data import corpus_run  # pylint: disable=g-import-not-at-top (cycle)
+    from transformer.data import mixture  # pylint: disable=g-import-not-at-top (cycle)
+    # data.mixture: several corpora, mixed by weight (data/mixture.py), one tokenizer.
+    open_corpus = mixture.open_for_training if config.data.mixture else corpus_run.open_for_training
+    corpus, tokenizer = open_corpus(config, tokenizer_workdir)
+    check_vocab_size(config, tokenizer)
+    return DataSources(builder=None, tokenizer=tokenizer, text_keys=(), corpus=corpus)
   if jax.process_index() != 0:
     distributed.barrier("data_prepared")  # Wait until process 0 has prepared.
   builder = catalog.load_builder(config.data)
@@ -199,13 +229,18 @@ def load_sources(config: ml_collections.ConfigDict, tokenizer_workdir: str = "")
     tokenizer = load_tokenizer(config, builder, keys)
   if jax.process_index() == 0:
     distributed.barrier("data_prepared")
+  check_vocab_size(config, tokenizer)
+  return DataSources(builder=builder, tokenizer=tokenizer, text_keys=keys)
+
+
+def check_vocab_size(config: ml_collections.ConfigDict, tokenizer: tokenizers.Tokenizer) -> None:
+  """model.vocab_size (when set) must hold every id of the tokenizer."""
   if config.model.vocab_size and tokenizer.vocab_size > config.model.vocab_size:
     raise ConfigError(
         f"config.model.vocab_size={config.model.vocab_size} is smaller than the "
         f"{tokenizer_kind(tokenizer)} tokenizer's vocabulary ({tokenizer.vocab_size}); "
         f"expected >= {tokenizer.vocab_size}, or 0 to take the tokenizer's size rounded up "
         f"to a multiple of {VOCAB_MULTIPLE}")
-  return DataSources(builder=builder, tokenizer=tokenizer, text_keys=keys)
 
 
 def resolved_vocab_size(config: ml_collections.ConfigDict, tokenizer: tokenizers.Tokenizer) -> int:
@@ -330,11 +365,10 @@ def load_workdir_tokenizer(workdir: str) -> tokenizers.Tokenizer:
     if digest != record.get("sha256"):
       raise ConfigError(f"{path} is not the vocabulary the run trained with: its sha256 is "
                         f"{digest}, {record_path} says {record.get('sha256')}")
-    tokenizer = {"char": tokenizers.CharTokenizer, "huggingface": hf_tokenizer.HFTokenizer,
-                 "sentencepiece": tokenizers.SentencePieceTokenizer}[kind](path)
+    tokenizer = hf_tokenizer.from_kind(kind, path)
   else:
-    raise ConfigError(f"{record_path}: tokenizer kind {kind!r} is unknown; valid: 'bytes', "
-                      "'char', 'sentencepiece', 'huggingface'")
+    raise ConfigError(f"{record_path}: tokenizer kind {kind!r} is unknown; valid: "
+                      f"{hf_tokenizer.TOKENIZER_KINDS}")
   if tokenizer.vocab_size != record.get("vocab_size"):
     raise ConfigError(f"{record_path} records vocab_size={record.get('vocab_size')} but its "
                       f"{kind} tokenizer has {tokenizer.vocab_size}")

@@ -186,18 +186,23 @@ def changed_model_fields(workdir: str, config: ml_collections.ConfigDict) -> dic
 
 
 def check_run_data(workdir: str, config: ml_collections.ConfigDict | None,
-                   builder: Any, mode: str) -> None:
+                   record: dict[str, Any], mode: str) -> None:
   """Stops when the data a mode reads as the run's own is not what the run trained on.
 
   The run's own data: no --config, or one whose data.name and data.path name the
   run's. Compared with its dataset.json by content, as a resume compares it
   (data/run_data.py); a --config naming other data is a deliberate choice, only logged.
 
+  Args:
+    workdir: the run's workdir.
+    config: the given --config, or None.
+    record: the data's identity (`sources.DataSources.record()`, `dataset_record`).
+    mode: the mode's name, for messages.
+
   Raises:
     ConfigError: the run's data files were edited (or a relative path now names
       another file), naming what changed and both paths.
   """
-  record = sources.dataset_record(builder)
   stored = load_config(workdir).data
   given = config.data if config is not None else stored
   own = (given.name == stored.name and

@@ -17,6 +17,7 @@ What lives where (imports run downwards; nothing here imports transformer.cli):
   audit.py        parameter / optimizer leaves replicated on a weight-sharding mesh
   plan.py         one config on one slice: all of the above (Plan)
   search.py       levers tried when a step does not fit; the mesh search
+  input_rate.py   this host's training input pipeline timed beside the step's demand
   report.py       console lines and the --output JSON
 
 May import: config, distributed, hardware, sharding, model, data, inference,

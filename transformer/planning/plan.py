@@ -42,6 +42,12 @@ class Plan:
     return cost.compile_error is None and cost.total_bytes <= self.usable_bytes
 
   @property
+  def train_tokens_per_second(self) -> float | None:
+    """The train step's estimated tokens/s on the whole target; None without one."""
+    est = self.estimates.get("train")
+    return est.tokens_per_second if est is not None else None
+
+  @property
   def all_fit(self) -> bool:
     """Whether every compiled step fits."""
     return all(self.fits(step) for step in self.costs)

@@ -18,7 +18,8 @@ from transformer.training import hooks
 
 
 class KillAt(hooks.Hook):
-  """Test-only crash injection: TRANSFORMER_TEST_KILL_AT="<point>:<step>", read once per run.
+  """Test-only crash injection: TRANSFORMER_TEST_KILL_AT="<point>:<step>[:<signal>]", read
+  once per run (the signal: SIGKILL by default; SIGINT or SIGTERM as Ctrl-C or a kill).
 
   The process SIGKILLs itself (no cleanup, no flush: as a power cut or an OOM kill) at
   `point` of step `step`: after_step (the step's iteration is over: the hooks'
@@ -26,20 +27,29 @@ class KillAt(hooks.Hook):
   (after manager.save returned, the async write still in flight: after_save),
   after_save (the write finished: after_save, once checkpointer.wait() returned).
   Tests rerun the command and check that the run recovers exactly.
+
+  --mode=prepare (data/corpus_prepare.py) calls it with the index of a source file for
+  its `step`: prepare_writing (a document of that file written, its shard half-written)
+  and prepare_written (its shards renamed into place, its task json not yet written).
   """
 
-  POINTS = ("after_step", "during_eval", "during_save", "after_save")
+  POINTS = ("after_step", "during_eval", "during_save", "after_save", "prepare_writing",
+            "prepare_written")
   VARIABLE = "TRANSFORMER_TEST_KILL_AT"
+  SIGNALS = ("SIGKILL", "SIGINT", "SIGTERM")  # An optional third field: Ctrl-C, a kill.
 
   def __init__(self, value: str):
-    self.point, self.step = None, None
+    self.point, self.step, self.signum = None, None, signal.SIGKILL
     if not value:
       return
     point, _, step = value.partition(":")
-    if point not in self.POINTS or not step.isdigit():
+    step, _, name = step.partition(":")
+    if point not in self.POINTS or not step.isdigit() or name not in ("",) + self.SIGNALS:
       raise ValueError(f"{self.VARIABLE}={value!r} is invalid: expected <point>:<step> with "
-                       f"point one of {self.POINTS}, e.g. 'after_step:5'")
+                       f"point one of {self.POINTS}, e.g. 'after_step:5', optionally "
+                       f":<signal> of {self.SIGNALS} (default SIGKILL)")
     self.point, self.step = point, int(step)
+    self.signum = getattr(signal, name or "SIGKILL")
 
   @classmethod
   def from_env(cls) -> "KillAt":
@@ -51,9 +61,10 @@ class KillAt(hooks.Hook):
       return
     if first is not None:
       first()
-    logging.warning("%s: killing this process %s %d", self.VARIABLE, point, step)
+    logging.warning("%s: killing this process %s %d (%s)", self.VARIABLE, point, step,
+                    signal.Signals(self.signum).name)
     logging.flush()
-    os.kill(os.getpid(), signal.SIGKILL)
+    os.kill(os.getpid(), self.signum)
 
   def after_eval(self, step: int, state: Any, metrics: dict[str, float]) -> None:
     self("during_eval", step)

@@ -30,7 +30,6 @@ from absl import logging
 from transformer.config import objective as objective_lib
 from transformer import sharding
 from transformer.config.validation import validate
-from transformer.data import catalog
 from transformer.data import pipeline
 from transformer.data import sources
 from transformer.training import decode_hook
@@ -105,7 +104,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   # under its trained embeddings (a changed dataset is refused just below).
   data_sources = sources.load_sources(config, resume.vocabulary_workdir(config, workdir))
   config = resume.resolve_vocab_size(config, data_sources.tokenizer)
-  dataset = sources.dataset_record(data_sources.builder)
+  dataset = data_sources.record()
   resume.check_config_change(config, workdir, dataset)
   complete = resume.already_complete(workdir, config.train.num_steps)
   if complete is not None:
@@ -128,7 +127,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
   objective = objective_lib.resolve(config.model)
   logging.info("Objective: %s on %s (%s tokenizer, vocabulary %d, model.vocab_size %d)",
-               objective.name, data_sources.builder.info.full_name,
+               objective.name, data_sources.name,
                sources.tokenizer_kind(data_sources.tokenizer),
                data_sources.tokenizer.vocab_size, config.model.vocab_size)
   # Each process reads its devices' share of the rows: the same share as the processes
@@ -137,8 +136,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   data_kwargs = dict(batch_size=local_batch_size, process_index=share.index,
                      process_count=share.count)
   train_data, eval_data = (
-      pipeline.make_dataset(config, objective,
-                            catalog.data_source(data_sources.builder, split),
+      pipeline.make_dataset(config, objective, data_sources.split(split),
                             data_sources.tokenizer, train=train, split=split, **data_kwargs)
       for split, train in ((config.data.train_split, True), (config.data.eval_split, False)))
   train_iter = iter(train_data)
@@ -229,7 +227,7 @@ def _train_loop(run: _Run) -> dict[str, float]:
 
       loop = LoopState(dispatched=start_step)
       while loop.dispatched < num_steps:
-        call = next(batches)
+        call = progress.next_batch(batches)  # Its wait: data_wait_fraction.
         state, call_metrics = _dispatch(run, state, call)
         loop.dispatched += call.steps
         loop.calls += 1

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -26,13 +26,15 @@ from transformer.workdir import layout
 from transformer.workdir.console import format_duration
 from transformer.workdir.metrics_file import MOE_LOAD_PREFIX
 
+T = TypeVar("T")
+
 # Keys that are sums to be divided by `weight_sum` when reported.
 SUM_KEYS = ("loss_sum", "correct_sum")
 # The per-bucket arrays of loss_sums' by-position sums: by_position_rows reports them,
 # summarize leaves them out.
 BY_POSITION_PREFIX = "by_position_"
 # Row keys that measure speed: the only ones a rerun of the same steps may not reproduce.
-TIMING_KEYS = ("seconds_per_step", "tokens_per_second", "mfu")
+TIMING_KEYS = ("seconds_per_step", "tokens_per_second", "mfu", "data_wait_fraction")
 
 
 # What an excluded row's logit becomes: finite (a pad target there, weighted 0, must
@@ -300,10 +302,14 @@ def add_sums(total: dict[str, Any] | None, sums: Mapping[str, Any]) -> dict[str,
 
 
 class TrainProgress:
-  """Step time, throughput, MFU and ETA for the progress line (the first step's compile excluded).
+  """Step time, throughput, MFU, data wait and ETA for the progress line (the first
+  step's compile excluded).
 
   Rates are averages over the steps since the previous `rates()` call (one logged
-  row), without the time of evaluations (see `restart_clock`).
+  row), without the time of evaluations (see `restart_clock`). The data wait is the
+  time the loop spent blocked on its next batch (`waited`), as a fraction of that
+  window's wall time: near 0 when the input pipeline keeps ahead of the step, near 1
+  when the step is input-bound.
   """
 
   def __init__(self, start_step: int, num_steps: int, tokens_per_step: int,
@@ -317,7 +323,11 @@ class TrainProgress:
     self._mark_time = time.perf_counter()
     self._started = False
     self._window_seconds, self._window_steps = 0.0, 0
+    # Waits since the last mark (they belong to the interval the next update closes)
+    # and those of the closed intervals of the current window.
+    self._pending_wait, self._window_wait = 0.0, 0.0
     self.seconds_per_step = float("nan")
+    self.data_wait_fraction = float("nan")
     self._explained_mfu = False  # Whether an MFU above 100% was explained in the log.
 
   def update(self, step: int) -> None:
@@ -326,31 +336,52 @@ class TrainProgress:
     if self._started and step > self._mark_step:
       self._window_seconds += now - self._mark_time
       self._window_steps += step - self._mark_step
+      self._window_wait += self._pending_wait
+    self._pending_wait = 0.0  # Before the clock starts: waits behind the compile, dropped.
     self._started = True
     self._mark_step, self._mark_time = step, now
 
   def restart_clock(self) -> None:
     """Call after work that is not training (an evaluation): its time is not counted."""
     self._mark_time = time.perf_counter()
+    self._pending_wait = 0.0  # The interval it belonged to is dropped too.
+
+  def waited(self, seconds: float) -> None:
+    """Adds `seconds` the loop spent waiting for its next batch (data_wait_fraction)."""
+    self._pending_wait += seconds
+
+  def next_batch(self, batches: Iterator[T]) -> T:
+    """next(batches), its blocking time counted as data wait (the loop's one call)."""
+    start = time.perf_counter()
+    try:
+      return next(batches)
+    finally:
+      self.waited(time.perf_counter() - start)
 
   def rates(self) -> dict[str, float]:
-    """seconds_per_step, tokens_per_second and mfu over the steps since the last call.
+    """seconds_per_step, tokens_per_second, data_wait_fraction and mfu over the steps
+    since the last call.
 
     Empty before a step was timed; without `mfu` when the peak is unknown.
     """
     if self._window_steps:
       self.seconds_per_step = self._window_seconds / self._window_steps
-      self._window_seconds, self._window_steps = 0.0, 0
+      # At most 1: a wait measured just before a mark is a little longer than the part
+      # of the interval it ended in.
+      self.data_wait_fraction = min(1.0, self._window_wait / max(self._window_seconds, 1e-12))
+      self._window_seconds, self._window_steps, self._window_wait = 0.0, 0, 0.0
     sps = self.seconds_per_step
     if not sps > 0:  # Also NaN: nothing timed yet.
       return {}
-    out = {"seconds_per_step": sps, "tokens_per_second": self.tokens_per_step / sps}
+    out = {"seconds_per_step": sps, "tokens_per_second": self.tokens_per_step / sps,
+           "data_wait_fraction": self.data_wait_fraction}
     if self.peak_flops > 0 and self.flops_per_step > 0:
       out["mfu"] = self.flops_per_step / sps / self.peak_flops
     return out
 
   def line(self, step: int, metrics: Mapping[str, float]) -> str:
-    """'step 120/1000 (12%) | loss 2.345 | lr 3.0e-04 | 15.2k tok/s | MFU 41.3% | ETA 4m03s'.
+    """'step 120/1000 (12%) | loss 2.345 | lr 3.0e-04 | grad_norm 0.912 | 15.2k tok/s |
+    MFU 41.3% | data wait 2% | ETA 4m03s'.
 
     The rates come from `metrics` (those of `rates()`), "--" when missing.
     """
@@ -371,11 +402,14 @@ class TrainProgress:
               "on CPU (or an unlisted accelerator) is a matmul rate measured once, under "
               "other load than now (%s). Read MFU as relative between steps of this run; "
               "--mode=compare puts several runs on one peak.", layout.PEAK_FLOPS)
+    wait = (f" | data wait {100 * metrics['data_wait_fraction']:.0f}%"
+            if "data_wait_fraction" in metrics else "")
     eta = format_duration((self.num_steps - step) * sps) if known else "--"
     return (f"step {step}/{self.num_steps} ({100 * step / self.num_steps:.0f}%) | "
             f"loss {metrics.get('loss', float('nan')):.4f} | "
             f"lr {metrics.get('learning_rate', float('nan')):.2e} | "
-            f"grad_norm {metrics.get('grad_norm', float('nan')):.3f} | {rate}{mfu} | ETA {eta}")
+            f"grad_norm {metrics.get('grad_norm', float('nan')):.3f} | {rate}{mfu}{wait} | "
+            f"ETA {eta}")
 
 
 def log_parameter_count(params: Any, model_config: ModelConfig | None = None) -> int:

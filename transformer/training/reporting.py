@@ -19,6 +19,7 @@ from absl import logging
 
 from transformer.config import objective as objective_lib
 from transformer.config.model import ModelConfig
+from transformer.data import mixture
 from transformer.training import flops
 from transformer.training import metrics as metrics_lib
 from transformer.workdir import metrics_file
@@ -82,6 +83,8 @@ class Reporter:
     self.writer = writer
     self.progress = progress
     self.guard = guard or NonFiniteGuard(config.optimizer.skip_nonfinite)
+    # Rows each process takes a step (every process mixes its own by the same rule).
+    self.local_rows = config.data.batch_size // jax.process_count()
 
   def report_call(self, call: DispatchedCall, sums: dict[str, Any] | None
                   ) -> tuple[dict[str, Any] | None, dict[str, float] | None]:
@@ -137,7 +140,12 @@ class Reporter:
     summary = metrics_lib.summarize(sums)
     summary.update({k: float(v) for k, v in per_step.items()})
     summary.update(self.progress.rates())  # seconds_per_step, tokens_per_second, mfu.
+    # data.mixture: each corpus's share of the rows so far (exact: data/mixture.py).
+    mixed = mixture.realised(config, step * self.local_rows)
+    summary.update(mixed)
     line = self.progress.line(step, summary)
+    if mixed:
+      line += " | " + mixture.describe(mixed)
     if self.guard.limit:
       summary["skipped_total"] = float(self.guard.total)
       line += f" | skipped {summary['skipped_updates']:.0f} ({self.guard.total} in the run)"

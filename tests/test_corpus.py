@@ -1,0 +1,383 @@
+"""Prepared corpora: --mode=prepare's shards, resume, bad input, and training on the ids.
+
+Every test writes its own corpus of a few tens of KB (jsonl.gz, jsonl.zst, parquet,
+txt); nothing downloads. Tokenizer: bytes (no training), except where a vocabulary is
+the point.
+"""
+
+import errno
+import gzip
+import io
+import json
+import os
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+
+from transformer.config.errors import ConfigError, DataError
+from transformer.config.validation import validate
+from transformer.data import corpus
+from transformer.data import corpus_prepare
+from transformer.data import corpus_run
+from transformer.data import lm
+from transformer.data import tokenizers
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_WORDS = "the quick brown fox jumps over a lazy dog; naïve café 猫 def return".split()
+
+
+def _document(rng: random.Random) -> str:
+  return " ".join(rng.choice(_WORDS) for _ in range(rng.randint(3, 60)))
+
+
+def write_corpus(folder: str, documents: int = 120, seed: int = 0) -> list[str]:
+  """Four files, one of each format; returns every document's text (txt: the file)."""
+  rng = random.Random(seed)
+  os.makedirs(folder, exist_ok=True)
+  texts = {name: [_document(rng) for _ in range(documents)]
+           for name in ("a.jsonl.gz", "b.jsonl.zst", "c.parquet")}
+  with gzip.open(os.path.join(folder, "a.jsonl.gz"), "wt", encoding="utf-8") as f:
+    f.writelines(json.dumps({"text": t, "id": i}) + "\n" for i, t in enumerate(texts["a.jsonl.gz"]))
+  lines = "".join(json.dumps({"text": t}) + "\n" for t in texts["b.jsonl.zst"])
+  with open(os.path.join(folder, "b.jsonl.zst"), "wb") as f:
+    f.write(zstandard.ZstdCompressor().compress(lines.encode()))
+  pq.write_table(pa.table({"text": texts["c.parquet"]}), os.path.join(folder, "c.parquet"),
+                 row_group_size=50)
+  txt = "\n".join(_document(rng) for _ in range(documents)) + "\n"
+  with open(os.path.join(folder, "d.txt"), "w", encoding="utf-8") as f:
+    f.write(txt)
+  return texts["a.jsonl.gz"] + texts["b.jsonl.zst"] + texts["c.parquet"] + [txt]
+
+
+@pytest.fixture
+def config(tiny_config, tmp_path):
+  """The tiny config on a prepared-corpus dataset of its own (bytes tokenizer)."""
+  tiny_config.data.update(name="corpus", path=str(tmp_path / "src"), tokenizer="bytes",
+                          data_dir=str(tmp_path / "data"), prepare_workers=1,
+                          val_fraction=0.2)
+  tiny_config.model.vocab_size = 0
+  write_corpus(tiny_config.data.path)
+  return tiny_config
+
+
+def prepare(config, workers: int = 1, shard: str = ""):
+  tokenizer = corpus_run.tokenizer_for(config, create=True)
+  job = corpus_run.job_for(config, tokenizer)
+  return job, corpus_prepare.prepare(job, workers=workers,
+                                     shard=corpus_prepare.parse_shard(shard))
+
+
+def digests(folder: str) -> dict[str, str]:
+  """sha256 of every file under `folder` (relative path -> digest)."""
+  result = {}
+  for directory, _, names in os.walk(folder):
+    for name in names:
+      path = os.path.join(directory, name)
+      result[os.path.relpath(path, folder)] = corpus.file_digest(path)
+  return result
+
+
+def launch_prepare(config, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
+  """`launch.py --mode=prepare` on the tiny config with `config`'s data keys."""
+  data = config.data
+  args = [sys.executable, "launch.py", "--mode=prepare", "--config=tests/tiny.py:" + data.data_dir,
+          "--config.data.name=corpus", f"--config.data.path={data.path}",
+          "--config.data.tokenizer=bytes", "--config.model.vocab_size=0",
+          f"--config.data.val_fraction={data.val_fraction}", *extra]
+  return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                        env={**os.environ, **(env or {})})
+
+
+def test_prepared_documents_read_back_as_their_ids_and_split_by_hash(config):
+  job, manifest = prepare(config)
+  prepared = corpus.PreparedCorpus.open(job.output)
+  assert manifest["dtype"] == "uint16" and manifest["tokenizer"]["kind"] == "bytes"
+  assert [f["path"] for f in manifest["sources"]["files"]] == [
+      "a.jsonl.gz", "b.jsonl.zst", "c.parquet", "d.txt"]
+  texts = write_corpus(str(config.data.path) + "_again")  # The same texts (same seed).
+  byte = tokenizers.ByteTokenizer()
+  read = {}
+  for split in corpus.SPLITS:
+    source = prepared.split(split)
+    assert len(source) == manifest["splits"][split]["records"]
+    assert sum(len(source[i]["tokens"]) for i in range(len(source))) == source.num_tokens
+    for i in range(len(source)):
+      tokens = source[i]["tokens"]
+      assert tokens[0] == tokenizers.BOS_ID and tokens[-1] == tokenizers.EOS_ID
+      read[byte.decode(tokens)] = split
+  for text in texts:  # Every document once, in the split its hash chooses.
+    expected = "validation" if corpus_prepare.is_validation(text, 0.2) else "train"
+    assert read[text] == expected
+  assert 0 < manifest["splits"]["validation"]["documents"] < manifest["splits"]["train"]["documents"]
+
+
+def test_a_window_is_the_records_concatenated(config):
+  job, _ = prepare(config)
+  split = corpus.PreparedCorpus.open(job.output).split("train")
+  stream = np.concatenate([split[i]["tokens"] for i in range(len(split))])
+  for start in (0, 5, split.num_tokens // 2, split.num_tokens - 300):
+    tokens, docs = split.window(start, 300)
+    np.testing.assert_array_equal(tokens, stream[start:start + 300])
+    assert docs[0] == 0 and (np.diff(docs) >= 0).all()
+    # A new document starts exactly at a bos (except where the window starts).
+    np.testing.assert_array_equal(np.diff(docs) == 1, tokens[1:] == tokenizers.BOS_ID)
+
+
+def test_output_is_identical_whatever_the_worker_count_and_the_shard_split(config, tmp_path):
+  job, _ = prepare(config)
+  one = digests(job.output)
+  result = launch_prepare(config, "--config.data.prepare_workers=2",
+                          f"--config.data.data_dir={tmp_path / 'two'}")
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert "prepare: 4/4 files" in result.stderr and "MB/s" in result.stderr
+  assert digests(job.output.replace(str(tmp_path / "data"), str(tmp_path / "two"))) == one
+  config.data.data_dir = str(tmp_path / "shards")
+  _, manifest = prepare(config, shard="1/2")
+  assert manifest is None  # Shard 0's files are still missing: no manifest yet.
+  job, manifest = prepare(config, shard="0/2")
+  assert manifest is not None and digests(job.output) == one
+
+
+@pytest.mark.parametrize("point,status", [
+    ("prepare_writing:1", -9), ("prepare_writing:2:SIGINT", 130),
+    pytest.param("prepare_written:2", -9, marks=pytest.mark.slow)])
+def test_a_killed_preparation_resumes_and_never_uses_a_half_written_shard(config, tmp_path,
+                                                                          point, status):
+  job, _ = prepare(config)
+  clean = digests(job.output)
+  config.data.data_dir = str(tmp_path / "killed")
+  result = launch_prepare(config, "--config.data.prepare_workers=1",
+                          env={"TRANSFORMER_TEST_KILL_AT": point})
+  assert result.returncode == status, result.stderr[-2000:]
+  point = point.removesuffix(":SIGINT")
+  output = job.output.replace(str(tmp_path / "data"), str(tmp_path / "killed"))
+  assert not os.path.exists(os.path.join(output, corpus.MANIFEST))
+  with pytest.raises(ConfigError, match="not prepared.*--mode=prepare"):
+    corpus_run.open_for_training(config)
+  done = sorted(os.listdir(os.path.join(output, corpus.TASKS)))
+  assert done == [f"{i:05d}.json" for i in range(int(point[-1]))]
+  result = launch_prepare(config, "--config.data.prepare_workers=1")
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert f"({int(point[-1])} of this shard already done)" in result.stderr
+  assert digests(output) == clean
+
+
+def test_a_changed_source_or_another_tokenizer_is_refused_by_identity(config):
+  prepare(config)
+  prepared, _ = corpus_run.open_for_training(config)
+  assert prepared.manifest["splits"]["train"]["tokens"] > 0
+  config.data.tokenizer = "char"
+  with pytest.raises(ConfigError, match="no char vocabulary.*--mode=prepare"):
+    corpus_run.open_for_training(config)
+  prepare(config)  # Now also prepared for characters: the bytes one is still there.
+  config.data.tokenizer = "bytes"
+  path = os.path.join(config.data.path, "d.txt")
+  with open(path, "a", encoding="utf-8") as f:
+    f.write("one more line\n")
+  with pytest.raises(ConfigError, match="d.txt changed: .* bytes when prepared"):
+    corpus_run.open_for_training(config)
+  os.remove(path)
+  with pytest.raises(ConfigError, match=r"removed: \['d.txt'\]"):
+    corpus_run.open_for_training(config)
+
+
+def _bad(folder: str, name: str, content: bytes) -> None:
+  with open(os.path.join(folder, name), "wb") as f:
+    f.write(content)
+
+
+@pytest.mark.parametrize("name,content,message", [
+    ("e.jsonl", b'{"text": "fine"}\n{"text": "a", \n{"text": "b"}\n',
+     r"e.jsonl, line 2: malformed JSON"),
+    ("e.jsonl", b'{"text": "fine"}\n{"body": "a"}\n', r"e.jsonl, line 2: no string field 'text'"),
+    ("e.jsonl", b"", r"e.jsonl, the whole file: the file is empty"),
+])
+def test_a_bad_record_stops_naming_file_and_line_or_is_skipped_and_counted(config, name,
+                                                                          content, message):
+  _bad(config.data.path, name, content)
+  with pytest.raises(DataError, match=message + ".*data.bad_records='skip'"):
+    prepare(config)
+  config.data.bad_records = "skip"
+  _, manifest = prepare(config)
+  assert manifest["skipped_records"] == 1
+
+
+def test_parquet_without_the_key_and_undecodable_bytes(config):
+  pq.write_table(pa.table({"body": ["x", "y"]}), os.path.join(config.data.path, "e.parquet"))
+  with pytest.raises(DataError, match=r"e.parquet: no column 'text' .*\['body'\]"):
+    prepare(config)
+  os.remove(os.path.join(config.data.path, "e.parquet"))
+  _bad(config.data.path, "f.jsonl", b'{"text": "ok"}\n{"text": "caf\xe9"}\n')
+  with pytest.raises(DataError, match=r"f.jsonl, line 2: undecodable UTF-8.*decode_errors"):
+    prepare(config)
+  config.data.decode_errors = "replace"
+  _, manifest = prepare(config)
+  assert manifest["replaced_characters"] == 1
+
+
+def test_a_full_disk_stops_in_one_line_and_a_rerun_finishes(config, monkeypatch):
+  from transformer.cli import prepare as prepare_mode  # pylint: disable=g-import-not-at-top
+  real = corpus_prepare._SplitWriter.finish  # pylint: disable=protected-access
+  calls = []
+
+  def full(self):
+    calls.append(1)
+    if len(calls) == 3:  # As array_record says a failed write (its RuntimeError).
+      raise RuntimeError("riegeli write failed: No space left on device")
+    return real(self)
+
+  monkeypatch.setattr(corpus_prepare._SplitWriter, "finish", full)  # pylint: disable=protected-access
+  with pytest.raises(OSError) as raised:
+    prepare_mode.main(config, None)
+  assert raised.value.errno == errno.ENOSPC and raised.value.flag == "config.data.data_dir"
+  assert raised.value.filename == corpus.sources_folder(config.data)
+  monkeypatch.undo()
+  assert prepare_mode.main(config, None) == 0
+  corpus_run.open_for_training(config)
+
+
+def test_training_rows_come_from_the_ids_and_resume_exactly(config):
+  prepare(config)
+  prepared, tokenizer = corpus_run.open_for_training(config)
+  split = prepared.split("train")
+  for windows in ("packed", "random"):
+    dataset = lm.make_lm_dataset(split, tokenizer, text_key="text", vocab_size=384,
+                                 seq_len=32, batch_size=4, seed=0, train=True,
+                                 windows=windows, prepared=True, num_threads=1)
+    it = iter(dataset)
+    next(it)
+    state = it.get_state()
+    expected = [next(it) for _ in range(3)]
+    it.set_state(state)
+    for batch in expected:
+      again = next(it)
+      for key in batch:
+        np.testing.assert_array_equal(again[key], batch[key])
+    assert batch["inputs"].shape == (4, 32) and batch["segment_ids"].max() >= 1
+    # Two processes read different shares.
+    rows = [next(iter(lm.make_lm_dataset(split, tokenizer, text_key="text", vocab_size=384,
+                                         seq_len=32, batch_size=4, seed=0, train=True,
+                                         windows=windows, prepared=True, num_threads=1,
+                                         process_index=p, process_count=2)))["inputs"]
+            for p in (0, 1)]
+    assert not np.array_equal(rows[0], rows[1])
+
+
+def test_corpus_config_checks():
+  from tiny import make_tiny_config  # pylint: disable=g-import-not-at-top
+  config = make_tiny_config("")
+  config.data.update(name="corpus", path="")
+  with pytest.raises(ConfigError, match="data.path"):
+    validate(config)
+  config.data.update(path="x", prepare_shard="2/2")
+  with pytest.raises(ConfigError, match=r"data.prepare_shard='2/2' is invalid"):
+    validate(config)
+  config.data.update(prepare_shard="", eval_split="test")
+  with pytest.raises(ConfigError, match="data.eval_split='test'.*'validation'"):
+    validate(config)
+  config.data.update(eval_split="validation", bad_records="ignore")
+  with pytest.raises(ConfigError, match="data.bad_records"):
+    validate(config)
+
+
+def test_training_on_a_prepared_corpus_runs_no_tokenizer(config, tmp_path, monkeypatch):
+  from transformer.training import loop  # pylint: disable=g-import-not-at-top
+  prepare(config)
+
+  def no_encoding(self, text):
+    raise AssertionError("the training process tokenized text")
+
+  monkeypatch.setattr(tokenizers.ByteTokenizer, "encode", no_encoding)
+  config.train.update(num_steps=2, eval_every=2, eval_batches=1)
+  config.checkpoint.update(every=2)
+  workdir = str(tmp_path / "run")
+  loop.train_and_evaluate(config, workdir)
+  with open(os.path.join(workdir, "dataset.json"), encoding="utf-8") as f:
+    record = json.load(f)
+  assert record["name"].startswith("corpus/src-") and record["name"].endswith("/bytes")
+  assert sorted(record["files"]) == ["a.jsonl.gz", "b.jsonl.zst", "c.parquet", "d.txt"]
+  from transformer.cli import evaluate  # pylint: disable=g-import-not-at-top
+  result = evaluate.evaluate(workdir, max_examples=20, stdout=io.StringIO())
+  assert result["dataset"] == record["name"] and result["metrics"]["tokens"] > 0
+
+
+def test_the_vocabulary_of_init_froms_run_tokenizes_and_keys_the_corpus(config, tmp_path):
+  from transformer.data import sources  # pylint: disable=g-import-not-at-top
+  run = str(tmp_path / "pretrained")
+  vocabulary = tokenizers.build_char_vocabulary(["abc ", "def"], str(tmp_path / "chars.json"))
+  sources.save_tokenizer(run, vocabulary)  # What a run (or --mode=import) leaves.
+  config.init_from = run
+  job, manifest = prepare(config)  # In this process: a fork here would copy JAX's threads.
+  assert manifest["tokenizer"] == sources.tokenizer_record(vocabulary)
+  assert os.path.basename(job.output).startswith("char-v")
+  split = corpus.PreparedCorpus.open(job.output).split("train")
+  ids = np.concatenate([split[i]["tokens"] for i in range(len(split))])
+  assert set(np.unique(ids)) <= set(range(vocabulary.vocab_size))
+  assert (ids == tokenizers.UNK_ID).any()  # Letters outside "abcdef " are unknown.
+  assert corpus_run.open_for_training(config)[1].vocab_size == vocabulary.vocab_size
+  assert corpus.id_dtype(65_536) == np.uint16 and corpus.id_dtype(65_537) == np.uint32
+
+
+def test_long_documents_are_pieces_flagged_first_and_last(config, monkeypatch):
+  monkeypatch.setattr(corpus, "PIECE_CHARS", 64)  # Pieces of <= 64 characters (bytes: .txt).
+  job, manifest = prepare(config)
+  byte = tokenizers.ByteTokenizer()
+  with open(os.path.join(config.data.path, "d.txt"), encoding="utf-8") as f:
+    txt = f.read()
+  name = [n for n in corpus.SPLITS if manifest["splits"][n]["shards"][3]["documents"]][0]
+  split = corpus.PreparedCorpus.open(job.output).split(name)
+  shard = manifest["splits"][split.name]["shards"][3]  # d.txt's records, in order.
+  first = sum(s["records"] for s in manifest["splits"][split.name]["shards"][:3])
+  records = range(first, first + shard["records"])
+  assert shard["documents"] == 1 and len(records) > len(txt.encode()) // 64
+  flags = [split.flags(i) for i in records]
+  assert flags == [corpus.STARTS] + [0] * (len(records) - 2) + [corpus.ENDS]
+  assert "".join(byte.decode(split[i]["tokens"]) for i in records) == txt
+  # A window across the pieces of one document is one segment.
+  start = sum(len(split[i]["tokens"]) for i in range(first)) + 10
+  tokens, docs = split.window(start, 200)
+  assert (docs == 0).all() and tokenizers.BOS_ID not in tokens
+
+
+@pytest.mark.parametrize("row_len", [7, 64])
+def test_packed_rows_are_grains_concat_then_split_rows_and_resume_exactly(row_len):
+  import grain  # pylint: disable=g-import-not-at-top
+  import grain.experimental  # pylint: disable=g-import-not-at-top
+  from transformer.data import corpus_rows  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  documents = [{"tokens": rng.integers(4, 300, rng.integers(1, 150)).astype(np.int32)}
+               for _ in range(60)]
+  source = grain.MapDataset.source(documents).to_iter_dataset()
+  expected = list(grain.experimental.ConcatThenSplitIterDataset(
+      source, length_struct={"tokens": row_len}))
+  rows = list(corpus_rows.PackedRows(source, row_len))
+  assert len(rows) == len(expected) and rows[-1]["tokens_segment_ids"][-1] == 0
+  for row, want in zip(rows, expected):
+    assert row.keys() == want.keys()
+    for key in row:
+      np.testing.assert_array_equal(row[key], want[key])
+  it = iter(corpus_rows.PackedRows(source, row_len))
+  for _ in range(5):
+    next(it)
+  state = it.get_state()
+  again = iter(corpus_rows.PackedRows(source, row_len))
+  again.set_state(state)
+  for want in rows[5:]:
+    np.testing.assert_array_equal(next(again)["tokens"], want["tokens"])
+
+
+def test_prepare_checks_its_config_before_writing(config, tmp_path):
+  from transformer.cli import prepare as prepare_mode  # pylint: disable=g-import-not-at-top
+  config.data.path = str(tmp_path / "nothing_here")
+  with pytest.raises(ConfigError, match="names no corpus file"):
+    prepare_mode.check_config(config)
+  config.data.update(name="local_text")
+  with pytest.raises(ConfigError, match="--mode=prepare prepares a corpus"):
+    prepare_mode.check_config(config)
+  assert not os.path.exists(config.data.data_dir)

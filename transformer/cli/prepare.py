@@ -1,0 +1,63 @@
+"""--mode=prepare: tokenize `data.path`'s corpus once into token-id shards (docs/corpus.md).
+
+  python launch.py --mode=prepare --config=configs/my_corpus.py
+  python launch.py --config=configs/my_corpus.py          # then train on the ids
+
+Takes the training config (data.name="corpus", data.path, data.text_key,
+data.tokenizer, data.prepare_workers, data.prepare_shard, data.bad_records); needs no
+--workdir and starts no JAX devices. A character or SentencePiece vocabulary is trained
+first on a sample of the corpus (or init_from's run's vocabulary is used). Rerunning
+resumes: finished source files are kept, the others redone. With data.mixture, each
+of its corpora is prepared in turn, all with the first one's tokenizer. Exit status: 0 done (or
+this shard done), 2 a bad config or record (one line), 130 / 143 interrupted.
+"""
+
+from __future__ import annotations
+
+import os
+
+import ml_collections
+from absl import logging
+
+from transformer.config.errors import ConfigError
+from transformer.config.validation import validate
+from transformer.data import corpus
+from transformer.data import corpus_prepare
+from transformer.data import corpus_run
+from transformer.data import mixture
+from transformer.workdir import files
+
+STARTS_JAX = False
+# The flags of cli/common.py this mode reads (launch.py refuses the others it is given).
+SHARED_FLAGS = ()
+
+
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """The config's keys and values, and that it names a corpus (before anything is written)."""
+  validate(config)
+  if config.data.name != "corpus":
+    raise ConfigError(f"--mode=prepare prepares a corpus: config.data.name={config.data.name!r}"
+                      " must be 'corpus' (with config.data.path a folder or glob of .txt, "
+                      ".jsonl, .jsonl.gz, .jsonl.zst or .parquet files); the TFDS and local_* "
+                      "datasets are prepared by the training run itself")
+  for one in mixture.component_configs(config):  # data.mixture: each of its corpora.
+    corpus.source_files(one.data.path)  # Nothing there: one line now.
+
+
+def main(config: ml_collections.ConfigDict, workdir: str | None) -> int:
+  """launch.py --mode=prepare; returns the exit status."""
+  del workdir  # The corpus goes under data.data_dir, keyed by its sources and tokenizer.
+  # data.mixture: every component with the first one's tokenizer (data/mixture.py).
+  configs = mixture.component_configs(config)
+  tokenizer = None
+  for one in configs:
+    folder = corpus.sources_folder(one.data)
+    with files.disk_errors_as_oserror(folder, "config.data.data_dir"):  # A full disk: one line.
+      tokenizer = tokenizer or corpus_run.tokenizer_for(one, create=True)
+      job = corpus_run.job_for(one, tokenizer)
+      workers = one.data.prepare_workers or os.cpu_count() or 1
+      manifest = corpus_prepare.prepare(job, workers=workers,
+                                        shard=corpus_prepare.parse_shard(one.data.prepare_shard))
+    if manifest is not None:
+      logging.info("%s\n  in %s", corpus_prepare.summary(manifest), job.output)
+  return 0

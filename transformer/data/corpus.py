@@ -1,0 +1,303 @@
+"""A prepared corpus (`data.name="corpus"`): where it lives, its manifest, and its reader.
+
+`--mode=prepare` (cli/prepare.py, data/corpus_prepare.py) tokenizes the files at
+`data.path` once into array_record shards of token ids; training reads them here by
+random access and never runs a tokenizer. docs/corpus.md has the on-disk format:
+
+  <data_dir>/corpus/<stem>-<sources_key>/                 keyed by the sources
+      <vocabulary file>                                    a trained vocabulary, if any
+      <tokenizer_key>/manifest.json                        written last: present = complete
+      <tokenizer_key>/tasks/<task>.json                    one source file's shards, done
+      <tokenizer_key>/<split>/<task>.array_record          one record per document piece
+      <tokenizer_key>/<split>/<task>.index.npy             [records + 1, 2] uint64
+
+Opening a corpus reads manifest.json and memory-maps the small index files: the time
+to the first batch does not grow with the corpus.
+"""
+
+from __future__ import annotations
+
+import bisect
+import glob
+import hashlib
+import json
+import os
+import threading
+from typing import Any
+
+import numpy as np
+from absl import logging
+
+from transformer.config.data import CORPUS_SPLITS
+from transformer.config.errors import ConfigError
+from transformer.data import tokenizers
+
+FORMAT = "transformer-corpus/1"
+SPLITS = CORPUS_SPLITS  # ("train", "validation"): declared beside the config's checks.
+EXTENSIONS = (".txt", ".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet")
+MANIFEST = "manifest.json"
+TASKS = "tasks"
+STARTS, ENDS = 1, 2  # Index flags: the record starts / ends a document.
+PIECE_CHARS = 1 << 20  # Longer documents are tokenized in pieces cut at a newline.
+RECORD_OPTIONS = "group_size:1,uncompressed"  # One record per chunk: cheap random reads.
+
+
+def default_data_dir() -> str:
+  """Where prepared data goes when data.data_dir is "" (as TFDS: $TFDS_DATA_DIR or ~)."""
+  return os.environ.get("TFDS_DATA_DIR") or os.path.expanduser("~/tensorflow_datasets")
+
+
+def source_files(path: str) -> tuple[str, list[str]]:
+  """(root, sorted relative paths) of the corpus files that `data.path` names.
+
+  A folder: every file with a supported extension under it, recursively; a glob: the
+  matching files (relative to the glob's fixed leading folder); a file: that file.
+
+  Raises:
+    ConfigError: nothing matches, or a file has an unsupported extension.
+  """
+  path = os.path.abspath(os.path.expanduser(path))
+  if os.path.isdir(path):
+    root = path
+    every = [os.path.join(d, f) for d, _, names in os.walk(path) for f in names
+             if not f.startswith(".")]
+    found = [f for f in every if f.endswith(EXTENSIONS)]
+    if len(found) < len(every):  # Said, not silent: a README beside the shards is common.
+      logging.info("config.data.path=%r: %d files without a corpus extension (%s) are not "
+                   "read, e.g. %s", path, len(every) - len(found), ", ".join(EXTENSIONS),
+                   sorted(set(every) - set(found))[0])
+  else:
+    root = path
+    while glob.has_magic(root):
+      root = os.path.dirname(root)
+    root = root if os.path.isdir(root) else os.path.dirname(root)
+    found = [f for f in glob.glob(path, recursive=True) if os.path.isfile(f)]
+    unsupported = sorted(f for f in found if not f.endswith(EXTENSIONS))
+    if unsupported:
+      raise ConfigError(f"config.data.path={path!r}: {unsupported[0]} is not a corpus file; "
+                        f"valid extensions: {', '.join(EXTENSIONS)}")
+  if not found:
+    raise ConfigError(f"config.data.path={path!r} names no corpus file (valid extensions: "
+                      f"{', '.join(EXTENSIONS)})")
+  return root, sorted(os.path.relpath(f, root) for f in found)
+
+
+def sources_key(data: Any) -> str:
+  """The folder of a corpus's sources: `<stem>-<12 hex>` of what decides its documents."""
+  path = os.path.abspath(os.path.expanduser(data.path))
+  identity = json.dumps([FORMAT, path, data.text_key, float(data.val_fraction), PIECE_CHARS])
+  stem = os.path.basename(path.rstrip("/*").rstrip(os.sep)) or "corpus"
+  stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in stem)[:40]
+  return f"{stem}-{hashlib.sha256(identity.encode()).hexdigest()[:12]}"
+
+
+def sources_folder(data: Any) -> str:
+  """<data_dir>/corpus/<stem>-<sources_key>: the corpus's vocabulary and prepared ids."""
+  return os.path.join(os.path.expanduser(data.data_dir or default_data_dir()), "corpus",
+                      sources_key(data))
+
+
+def tokenizer_key(record: dict[str, Any]) -> str:
+  """The folder of a tokenizer's ids: its kind, and for a vocabulary file its sha256."""
+  kind = record["kind"]
+  if kind == "bytes":
+    return "bytes"
+  return f"{kind}-v{record['vocab_size']}-{str(record.get('sha256', ''))[:8]}"
+
+
+def id_dtype(vocab_size: int) -> np.dtype:
+  """uint16 below 65,536 ids, else uint32."""
+  return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
+
+
+def file_digest(path: str) -> str:
+  """sha256 of a file, read in 4 MiB blocks."""
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 22), b""):
+      digest.update(block)
+  return digest.hexdigest()
+
+
+def prepare_command() -> str:
+  """The command that prepares the corpus a config names (for error messages)."""
+  return "python launch.py --mode=prepare --config=<this config, with the same overrides>"
+
+
+def sources_change(manifest: dict[str, Any], root: str, names: list[str]) -> str | None:
+  """What changed in the source files since `manifest` was prepared, or None.
+
+  Sizes and mtimes are compared; a file whose mtime alone changed is hashed again
+  (a copy or a `touch` is no change). Reads no file otherwise.
+  """
+  recorded = {f["path"]: f for f in manifest["sources"]["files"]}
+  added, removed = sorted(set(names) - set(recorded)), sorted(set(recorded) - set(names))
+  if added or removed:
+    return (f"files added: {added[:3] or 'none'}, removed: {removed[:3] or 'none'}"
+            + (" (and more)" if len(added) > 3 or len(removed) > 3 else ""))
+  for name in names:
+    saved, stat = recorded[name], os.stat(os.path.join(root, name))
+    if stat.st_size != saved["bytes"]:
+      return f"{name} changed: {saved['bytes']} bytes when prepared, {stat.st_size} now"
+    if stat.st_mtime_ns != saved["mtime_ns"] and \
+        file_digest(os.path.join(root, name)) != saved["sha256"]:
+      return f"{name} changed: its content (sha256) differs from when it was prepared"
+  return None
+
+
+def tokenizer_change(manifest: dict[str, Any], record: dict[str, Any]) -> str | None:
+  """How the tokenizer `record` (sources.tokenizer_record) differs from the manifest's."""
+  saved = manifest["tokenizer"]
+  for key in ("kind", "vocab_size", "sha256"):
+    if saved.get(key) != record.get(key):
+      return f"tokenizer {key}: {saved.get(key)!r} when prepared, {record.get(key)!r} now"
+  return None
+
+
+class CorpusSplit:
+  """One split of a prepared corpus: a grain random-access source of document pieces.
+
+  `split[i]` is `{"tokens": int32 [bos] ids [eos]}` (bos where the record starts a
+  document, eos where it ends one, as `lm.Tokenize` gives for text), so the packed LM
+  pipeline reads it unchanged. Records are numbered across the shards in task order.
+  """
+
+  def __init__(self, folder: str, name: str, info: dict[str, Any], dtype: np.dtype):
+    self.name, self._folder, self._dtype = name, folder, dtype
+    self._shards = [s for s in info["shards"] if s["records"]]
+    self._first = np.cumsum([0] + [s["records"] for s in self._shards]).tolist()
+    self._first_token = np.cumsum([0] + [s["tokens"] for s in self._shards]).tolist()
+    self.num_tokens = int(info["tokens"])
+    self._readers: list[Any] = [None] * len(self._shards)
+    self._indices: list[Any] = [None] * len(self._shards)
+    # grain's reader threads share one (thread-safe) array_record reader per shard, as
+    # its ArrayRecordDataSource does; the lock only makes each reader open once.
+    self._lock = threading.Lock()
+
+  def __len__(self) -> int:
+    return self._first[-1]
+
+  def __getstate__(self):  # grain may pickle sources; readers reopen lazily.
+    state = dict(self.__dict__)
+    state["_readers"] = [None] * len(self._shards)
+    state["_indices"] = [None] * len(self._shards)
+    del state["_lock"]
+    return state
+
+  def __setstate__(self, state):
+    self.__dict__.update(state)
+    self._lock = threading.Lock()
+
+  def _path(self, shard: int, suffix: str) -> str:
+    return os.path.join(self._folder, self.name, self._shards[shard]["task"] + suffix)
+
+  def _index(self, shard: int) -> np.ndarray:
+    if self._indices[shard] is None:
+      with self._lock:
+        if self._indices[shard] is None:
+          self._indices[shard] = np.load(self._path(shard, ".index.npy"), mmap_mode="r")
+    return self._indices[shard]
+
+  def _reader(self, shard: int) -> Any:
+    if self._readers[shard] is None:
+      from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
+      with self._lock:
+        if self._readers[shard] is None:
+          self._readers[shard] = array_record_module.ArrayRecordReader(
+              self._path(shard, ".array_record"), "readahead_buffer_size:0")
+    return self._readers[shard]
+
+  def _locate(self, index: int) -> tuple[int, int]:
+    if not 0 <= index < len(self):
+      raise IndexError(f"record {index} of the {self.name} split ({len(self)} records)")
+    shard = bisect.bisect_right(self._first, index) - 1
+    return shard, index - self._first[shard]
+
+  def _item(self, shard: int, local: int) -> np.ndarray:
+    ids = np.frombuffer(self._reader(shard).read([local])[0], dtype=self._dtype)
+    flags = int(self._index(shard)[local, 1])
+    tokens = np.empty(len(ids) + bool(flags & STARTS) + bool(flags & ENDS), np.int32)
+    start = 0
+    if flags & STARTS:
+      tokens[0], start = tokenizers.BOS_ID, 1
+    tokens[start:start + len(ids)] = ids
+    if flags & ENDS:
+      tokens[-1] = tokenizers.EOS_ID
+    return tokens
+
+  def flags(self, index: int) -> int:
+    """STARTS | ENDS bits of record `index`."""
+    shard, local = self._locate(index)
+    return int(self._index(shard)[local, 1])
+
+  def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+    return {"tokens": self._item(*self._locate(index))}
+
+  def window(self, start: int, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """`length` tokens of the split's stream from token `start`: (int32 ids, document ids).
+
+    The stream is the records in order, each with its bos / eos (`split[i]`); the
+    document ids number the documents the window touches from 0 (a record that starts
+    a document starts a new one), from which a caller derives segment ids and positions.
+    """
+    if not 0 <= start <= self.num_tokens - length:
+      raise IndexError(f"window [{start}, {start + length}) is outside the {self.name} "
+                       f"split's {self.num_tokens} tokens")
+    shard = bisect.bisect_right(self._first_token, start) - 1
+    offsets = self._index(shard)[:, 0]
+    local = int(np.searchsorted(offsets, start - self._first_token[shard], side="right")) - 1
+    skip = start - self._first_token[shard] - int(offsets[local])
+    ids, docs, doc, taken = [], [], -1, 0
+    while taken < length:
+      if local == self._shards[shard]["records"]:
+        shard, local = shard + 1, 0
+        continue
+      if doc < 0 or (skip == 0 and int(self._index(shard)[local, 1]) & STARTS):
+        doc += 1
+      piece = self._item(shard, local)[skip:skip + length - taken]
+      ids.append(piece)
+      docs.append(np.full(len(piece), doc, np.int32))
+      taken += len(piece)
+      local, skip = local + 1, 0
+    return np.concatenate(ids), np.concatenate(docs)
+
+
+class PreparedCorpus:
+  """A prepared corpus folder (`<sources>/<tokenizer_key>`), opened by its manifest."""
+
+  def __init__(self, folder: str, manifest: dict[str, Any]):
+    self.folder, self.manifest = folder, manifest
+    self.dtype = np.dtype(manifest["dtype"])
+
+  @classmethod
+  def open(cls, folder: str) -> "PreparedCorpus":
+    """Reads `folder`/manifest.json; ConfigError when it is missing or of another format."""
+    path = os.path.join(folder, MANIFEST)
+    if not os.path.exists(path):
+      raise ConfigError(f"{folder} is not a prepared corpus (no {MANIFEST}): run "
+                        f"`{prepare_command()}`")
+    with open(path, encoding="utf-8") as f:
+      manifest = json.load(f)
+    if manifest.get("format") != FORMAT:
+      raise ConfigError(f"{path}: format {manifest.get('format')!r}, expected {FORMAT!r}; "
+                        f"prepare it again with `{prepare_command()}`")
+    return cls(folder, manifest)
+
+  @property
+  def tokenizer_record(self) -> dict[str, Any]:
+    """The identity of the tokenizer the ids were made with."""
+    return self.manifest["tokenizer"]
+
+  def split(self, name: str) -> CorpusSplit:
+    """The `train` or `validation` split."""
+    if name not in self.manifest["splits"]:
+      raise ConfigError(f"split {name!r} is not in the prepared corpus {self.folder}; "
+                        f"valid: {sorted(self.manifest['splits'])}")
+    return CorpusSplit(self.folder, name, self.manifest["splits"][name], self.dtype)
+
+  def record(self) -> dict[str, Any]:
+    """The run's data identity (dataset.json): the corpus and each file's sha256."""
+    return {"name": f"corpus/{os.path.basename(os.path.dirname(self.folder))}/"
+                    f"{os.path.basename(self.folder)}",
+            "files": {f["path"]: f["sha256"] for f in self.manifest["sources"]["files"]},
+            "source_path": self.manifest["sources"]["path"]}

@@ -1,0 +1,206 @@
+"""Reading a corpus source file as documents, streamed, with bad records said in one line.
+
+  .txt                    the whole file is one document, read 1 MiB at a time
+  .jsonl / .gz / .zst     one JSON object a line; `text_key` holds the document
+  .parquet                one row a document, column `text_key`, a row group at a time
+
+`reader(path, ...).documents()` yields each document as an iterator of pieces of at most about
+corpus.PIECE_CHARS characters, cut after a newline where there is one, so memory stays
+bounded whatever a file or a document holds. A malformed record (a line that is not a
+JSON object with a string `text_key`, a null parquet value, a parquet file without the
+column, an empty file) stops with a DataError naming the file and the line or row group,
+or is skipped and counted with `bad_records="skip"`. Undecodable UTF-8 follows
+`data.decode_errors` as the local datasets do: stop saying where, or U+FFFD (counted).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import io
+import json
+import os
+from typing import IO, Iterator
+
+from transformer.config.errors import DataError
+from transformer.data import corpus
+
+_SKIP_HINT = "set config.data.bad_records='skip' to skip such records (counted)"
+
+
+@dataclasses.dataclass
+class ReadStats:
+  """What reading a file met besides documents (summed into the manifest)."""
+
+  skipped_records: int = 0
+  replaced_characters: int = 0
+  empty_documents: int = 0
+
+
+def cut(text: str, limit: int = 0) -> Iterator[str]:
+  """`text` in pieces of at most `limit` (0: corpus.PIECE_CHARS) characters, each ending
+  after a newline if it can."""
+  limit = limit or corpus.PIECE_CHARS
+  start = 0
+  while len(text) - start > limit:
+    end = text.rfind("\n", start, start + limit) + 1 or start + limit
+    yield text[start:end]
+    start = end
+  if start < len(text):
+    yield text[start:]
+
+
+class _Reader:
+  """One file's records; `bad` stops or counts, `decode` follows data.decode_errors."""
+
+  def __init__(self, path: str, name: str, text_key: str, decode_errors: str,
+               bad_records: str, stats: ReadStats):
+    self.path, self.name, self.text_key = path, name, text_key
+    self.decode_errors, self.bad_records, self.stats = decode_errors, bad_records, stats
+    self._raw: IO[bytes] | None = None  # The file as stored, for the bytes read so far.
+    self._parquet_done = 0
+
+  def position(self) -> int:
+    """Bytes of the stored (maybe compressed) file read so far: the progress line's MB/s."""
+    if self._raw is not None and not self._raw.closed:
+      return self._raw.tell()
+    return self._parquet_done
+
+  def bad(self, where: str, what: str) -> None:
+    """A malformed record: DataError (stop) or one more skipped (skip)."""
+    if self.bad_records == "stop":
+      raise DataError(f"{self.path}, {where}: {what}; {_SKIP_HINT}")
+    self.stats.skipped_records += 1
+
+  def decode(self, data: bytes, where: str) -> str:
+    try:
+      return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+      if self.decode_errors == "strict":
+        raise DataError(f"{self.path}, {where}: undecodable UTF-8 at byte {e.start} "
+                        f"({data[e.start:e.start + 4]!r}); set config.data.decode_errors="
+                        "'replace' to read it as U+FFFD (counted)") from None
+      text = data.decode("utf-8", errors="replace")
+      self.stats.replaced_characters += text.count("\ufffd") - data.count(
+          "\ufffd".encode())
+      return text
+
+  def documents(self) -> Iterator[Iterator[str]]:
+    if os.path.getsize(self.path) == 0:
+      self.bad("the whole file", "the file is empty (0 bytes)")
+      return
+    if self.name.endswith(".txt"):
+      yield self._text()
+    elif self.name.endswith(".parquet"):
+      yield from self._parquet()
+    else:
+      yield from self._jsonl()
+
+  def _text(self) -> Iterator[str]:
+    with open(self.path, "rb") as f:
+      self._raw = f
+      rest, offset = b"", 0
+      while True:
+        block = f.read(corpus.PIECE_CHARS)
+        if not block:
+          break
+        data = rest + block
+        # Cut after the last newline: no character (or line) is split across pieces.
+        end = data.rfind(b"\n") + 1 or len(data) - _partial_utf8(data)
+        text = self.decode(data[:end], f"byte {offset}")
+        offset += end
+        rest = data[end:]
+        if text:
+          yield text
+      if rest:
+        yield self.decode(rest, f"byte {offset}")
+
+  def _open_lines(self) -> IO[bytes]:
+    self._raw = open(self.path, "rb")  # pylint: disable=consider-using-with
+    if self.name.endswith(".gz"):
+      return gzip.GzipFile(fileobj=self._raw, mode="rb")
+    if self.name.endswith(".zst"):
+      import zstandard  # pylint: disable=g-import-not-at-top
+      return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(self._raw))
+    return self._raw
+
+  def _jsonl(self) -> Iterator[Iterator[str]]:
+    try:
+      with self._open_lines() as f, self._raw:
+        for number, line in enumerate(f, 1):
+          if not line.strip():
+            continue
+          where = f"line {number}"
+          try:
+            record = json.loads(self.decode(line, where))
+          except json.JSONDecodeError as e:
+            self.bad(where, f"malformed JSON ({e.msg} at column {e.colno})")
+            continue
+          if not isinstance(record, dict) or not isinstance(record.get(self.text_key), str):
+            what = (f"no string field {self.text_key!r} (config.data.text_key; its fields: "
+                    f"{sorted(record)[:10]})" if isinstance(record, dict)
+                    else f"a JSON {type(record).__name__}, not an object")
+            self.bad(where, what)
+            continue
+          yield cut(record[self.text_key])
+    except (EOFError, gzip.BadGzipFile) as e:  # A truncated or damaged .gz.
+      raise DataError(f"{self.path}: damaged compressed file ({e})") from None
+    except Exception as e:  # zstandard.ZstdError is not an OSError.
+      if type(e).__name__ == "ZstdError":
+        raise DataError(f"{self.path}: damaged compressed file ({e})") from None
+      raise
+
+  def _parquet(self) -> Iterator[Iterator[str]]:
+    import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+    try:
+      parquet = pq.ParquetFile(self.path)
+    except Exception as e:  # pylint: disable=broad-except  (pyarrow.ArrowInvalid and kin)
+      raise DataError(f"{self.path}: not a readable parquet file ({e})") from None
+    names = parquet.schema_arrow.names
+    if self.text_key not in names:
+      if self.bad_records == "stop":
+        raise DataError(f"{self.path}: no column {self.text_key!r} (config.data.text_key; "
+                        f"its columns: {names[:10]}); {_SKIP_HINT}")
+      self.stats.skipped_records += parquet.metadata.num_rows
+      return
+    for group in range(parquet.num_row_groups):
+      column = parquet.read_row_group(group, columns=[self.text_key]).column(0)
+      for row, value in enumerate(column.to_pylist()):
+        if isinstance(value, bytes):
+          value = self.decode(value, f"row group {group} row {row}")
+        if not isinstance(value, str):
+          self.bad(f"row group {group} row {row}",
+                   f"column {self.text_key!r} holds {type(value).__name__}, not text")
+          continue
+        yield cut(value)
+      self._parquet_done = os.path.getsize(self.path) * (group + 1) // parquet.num_row_groups
+
+
+def _partial_utf8(data: bytes) -> int:
+  """How many bytes at the end of `data` begin a UTF-8 character not yet complete."""
+  for back in range(1, min(4, len(data)) + 1):
+    byte = data[-back]
+    if byte & 0xC0 != 0x80:  # A lead byte (or ASCII): is its character complete?
+      need = 1 if byte < 0x80 else 2 if byte >> 5 == 6 else 3 if byte >> 4 == 14 else 4
+      return back if need > back else 0
+  return 0
+
+
+def reader(path: str, name: str, *, text_key: str, decode_errors: str, bad_records: str,
+           stats: ReadStats) -> _Reader:
+  """A source file's reader: `.documents()` yields each document as an iterator of its
+  text pieces; `.position()` is how many of the file's bytes were read.
+
+  Args:
+    path: the file.
+    name: its path relative to the corpus root (decides the format by extension).
+    text_key: the jsonl field / parquet column with the text.
+    decode_errors: "strict" or "replace" (data.decode_errors).
+    bad_records: "stop" or "skip" (data.bad_records).
+    stats: counts of skipped records and replaced characters, added to.
+
+  Raises:
+    DataError: a malformed record (with "stop"), undecodable text (with "strict"), a
+      damaged compressed or parquet file; the message names the file and where.
+  """
+  return _Reader(path, name, text_key, decode_errors, bad_records, stats)
