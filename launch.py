@@ -37,7 +37,7 @@ is then optional and only its data.* and decode.* are used
 Thin by design: parse flags, start jax.distributed when several processes are in
 play, hold the workdir's lock (train and sweep: a second command on the same workdir
 stops with "workdir ... in use by PID N on HOST", exit 2), log the process/device
-picture, and call the mode's `main`. A mode's `check_config(config)`, where it has one
+picture, and call the mode's `main`. A mode's `check_config(config, workdir)`, where it has one
 (train, sweep), runs before the workdir is created or locked: a failed check creates
 nothing. Ctrl-C or SIGTERM outside the training loop ends the command with one line
 and 130 / 143, after the cleanups on the way up (outputs are complete or absent).
@@ -147,7 +147,8 @@ def _exit_interrupted(error: KeyboardInterrupt, mode: str) -> None:
 
 
 def _created_by_a_failed_check(workdir: str | None, existed: bool) -> None:
-  """Removes a workdir this command created that holds only its lock and log files.
+  """Removes a workdir this command created that holds only its lock and log files (and
+  an empty checkpoints/).
 
   A check that fails once the lock is taken (a dataset that cannot be built, an
   indivisible weight found late), or a Ctrl-C before anything was written, then
@@ -158,9 +159,16 @@ def _created_by_a_failed_check(workdir: str | None, existed: bool) -> None:
     return
   names = set(os.listdir(workdir))
   own = {layout.LOCK, layout.LOG} | {n for n in names if n.startswith("log_process")}
+  # The checkpoint manager makes checkpoints/ when it starts: empty, nothing was saved.
+  checkpoints = os.path.join(workdir, layout.CHECKPOINTS)
+  empty_checkpoints = os.path.isdir(checkpoints) and not os.listdir(checkpoints)
+  if empty_checkpoints:
+    names.discard(layout.CHECKPOINTS)
   if names <= own:
     for name in names:
       os.remove(os.path.join(workdir, name))
+    if empty_checkpoints:
+      os.rmdir(checkpoints)
     os.rmdir(workdir)
 
 
@@ -202,7 +210,7 @@ def main(argv):
       locked = mode in _LOCKED and single_host
       check = getattr(MODES[mode], "check_config", None)
       if check is not None:  # A failed check creates nothing: before the lock.
-        check(_CONFIG.value)
+        check(_CONFIG.value, _WORKDIR.value)
       with lock.hold(_WORKDIR.value) if locked else contextlib.nullcontext():
         held.append(locked)
         code = MODES[mode].main(_CONFIG.value, _WORKDIR.value)
@@ -245,7 +253,7 @@ def main(argv):
     with distributed.fail_together():
       check = getattr(MODES[mode], "check_config", None)
       if check is not None:  # A config that fails its checks creates nothing, not even log.txt.
-        check(_CONFIG.value)
+        check(_CONFIG.value, workdir)
       with lock.hold(workdir) if locked else contextlib.nullcontext():
         held.append(locked)
         # Other modes check their workdir; import writes a new one, which must start empty.

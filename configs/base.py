@@ -15,6 +15,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.seed = 0  # Seeds parameter init, dropout and the data shuffle.
   # Start from another run's parameters: its workdir or one of its checkpoints/<step> dirs.
   # Matched by path; new parameters are initialised; optimizer state and step start fresh.
+  # Its model.* and tokenizer keys replace the preset's, except the command line's and
+  # model.head / pooling / num_classes (training/fine_tune.py; docs/resume.md).
   config.init_from = ""
 
   # ---- model.* : the architecture (see docs/configuration.md for every value) ----

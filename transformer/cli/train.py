@@ -21,9 +21,11 @@ import ml_collections
 from absl import logging
 
 from transformer import sharding
+from transformer.cli import common
 from transformer.config.errors import ConfigError
 from transformer.config.validation import validate
 from transformer.reports import plots
+from transformer.training import fine_tune
 from transformer.training import loop
 from transformer.training import signals
 from transformer.training.trainer import check_batch_size, check_divisible
@@ -37,17 +39,21 @@ STARTS_JAX = True
 SHARED_FLAGS = ()
 
 
-def check_config(config: ml_collections.ConfigDict) -> None:
+def check_config(config: ml_collections.ConfigDict, workdir: str = "") -> None:
   """What can be checked before the workdir is touched: keys, values, the mesh, the batch,
-  and that every weight divides over its mesh axes.
+  that every weight divides over its mesh axes, and that init_from's parameters fit.
 
+  With config.init_from, the source run's model and tokenizer keys replace the preset's
+  first (in place; the command line's --config.x keys stay: training/fine_tune.py).
   launch.py calls it first, so a config that fails creates nothing (not even log.txt).
   """
+  fine_tune.take_source_model(config, common.config_overrides(), workdir)
   validate(config)
   mesh = sharding.make_mesh(config.mesh)
   check_batch_size(config, mesh)
   if config.model.vocab_size:  # 0: the tokenizer's size; Trainer.create checks it then.
     check_divisible(config, mesh)
+  fine_tune.check_parameters_fit(config, workdir)
 
 
 def summary(workdir: str, num_steps: int, session_seconds: float,
