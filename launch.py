@@ -5,7 +5,8 @@
                           --by_position=W: by bucket of W token positions
   --mode=translate        --input (or stdin), one sentence a line -> --output (or stdout)
   --mode=generate         continue --prompt (or each line of --input or stdin) with a
-                          decoder LM -> --output (or stdout)
+                          decoder LM -> --output (or stdout); greedy unless --temperature
+                          (sampling) or --beam_size=N (beam search)
   --mode=classify         --input (or stdin), one text a line -> its class and probability
                           (a model.head='classification' run) -> --output (or stdout)
   --mode=passkey          passkey retrieval of a decoder LM at --passkey_lengths x

@@ -57,17 +57,22 @@ def check_config(config: ml_collections.ConfigDict, workdir: str = "") -> None:
 
 
 def summary(workdir: str, num_steps: int, session_seconds: float,
-            interrupted: signals.Interrupted | None = None) -> str:
-  """The end-of-run lines: step reached, wall time, final and best eval_loss, the outputs."""
+            interrupted: signals.Interrupted | None = None,
+            sessions_before: list | None = None) -> str:
+  """The end-of-run lines: step reached, wall time, final and best eval_loss, the outputs.
+
+  `sessions_before`: run.json's sessions when this session started; "all sessions" is
+  the earlier ones plus this one (run_record.total_seconds).
+  """
   step = checkpointing.newest_complete_step(workdir)
   state = ("finished" if step is not None and step >= num_steps else
            f"stopped by {signal.Signals(interrupted.signum).name}" if interrupted
            else "unfinished")
-  total = run_record.read_record(workdir).get("wall_seconds")
+  total = run_record.total_seconds(workdir, sessions_before or [], session_seconds)
   lines = [f"Run summary: step {step}/{num_steps} ({state}); this session "
            f"{format_duration(session_seconds)}"
            + (f", all sessions {format_duration(total)} (run.json)"
-              if isinstance(total, (int, float)) else "")]
+              if total is not None else "")]
   try:
     eval_loss = plots.read_series(workdir).get("eval_loss")
   except ConfigError:  # No metrics.jsonl rows yet.
@@ -84,6 +89,7 @@ def summary(workdir: str, num_steps: int, session_seconds: float,
 def main(config: ml_collections.ConfigDict, workdir: str) -> int:
   """launch.py --mode=train; returns the exit status (see the module docstring)."""
   started = time.perf_counter()
+  sessions_before = run_record.sessions(workdir)
   interrupted = None
   try:
     loop.train_and_evaluate(config, workdir)
@@ -92,7 +98,8 @@ def main(config: ml_collections.ConfigDict, workdir: str) -> int:
   if jax.process_index() == 0:
     plots.write_plots_after_training(workdir)
     logging.info("%s", summary(workdir, config.train.num_steps,
-                               time.perf_counter() - started, interrupted))
+                               time.perf_counter() - started, interrupted,
+                               sessions_before))
   if interrupted is not None:
     logging.warning("%s (exit status %d)", interrupted, interrupted.exit_status)
     return interrupted.exit_status

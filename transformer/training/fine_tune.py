@@ -112,7 +112,8 @@ def take_source_model(config: ml_collections.ConfigDict, explicit: Collection[st
     taken.append(f"data.seq_len={max_len} (the preset's {config.data.seq_len} is longer "
                  "than model.max_len)")
     config.data.seq_len = max_len
-  line = (f"init_from: model and tokenizer from {run} ({len(taken)} keys differ from the "
+  origin = (f"this run's own {layout.CONFIG} (a resume)" if run == workdir else run)
+  line = (f"init_from: model and tokenizer from {origin} ({len(taken)} keys differ from the "
           "preset's" + (": " + ", ".join(taken) if taken else "")
           + "; set on the command line, kept: " + (", ".join(kept) or "none") + ")")
   logging.info("%s", line)
