@@ -12,9 +12,11 @@
   --mode=passkey          passkey retrieval of a decoder LM at --passkey_lengths x
                           --passkey_depths -> a table, JSON and a heat map PNG
   --mode=average          the mean of the newest --average_last checkpoints -> --output
-  --mode=import           a local Hugging Face folder (--hf_dir: GPT-2, BERT, Marian, T5) ->
-                          a new --workdir that the other modes and init_from read
-  --mode=export           --workdir's GPT-2-shaped decoder -> a Hugging Face folder --hf_dir
+  --mode=import           a local Hugging Face folder --hf_dir -> a new --workdir that the
+                          other modes and init_from read; its config.json's model_type:
+                          {import_types}
+  --mode=export           --workdir's decoder -> a Hugging Face folder --hf_dir, the first
+                          model_type its shape fits: {export_types}
   --mode=plot             PNG curves of --workdir's metrics.jsonl -> <workdir>/plots/
   --mode=sweep            one run per point of the --sweep grid, each in a subfolder of
                           --workdir; rerunning resumes it; then compares them
@@ -47,6 +49,7 @@ and 130 / 143, after the cleanups on the way up (outputs are complete or absent)
 import contextlib
 import os
 import sys
+import textwrap
 
 from absl import app
 from absl import flags
@@ -82,6 +85,11 @@ from transformer.cli import sweep
 from transformer.cli import train
 from transformer.cli import translate
 from transformer.cli import usage
+
+# --help prints this docstring: the Hugging Face families come from the tables themselves.
+__doc__ = __doc__.replace("{import_types}", "\n".join(textwrap.wrap(
+    hf_import.MODEL_TYPES, 90, initial_indent=" " * 26, subsequent_indent=" " * 26)).lstrip())
+__doc__ = __doc__.replace("{export_types}", hf_export.MODEL_TYPES)
 
 MODES = {"train": train, "evaluate": evaluate, "translate": translate, "generate": generate,
          "average": average, "plot": plot, "sweep": sweep, "compare": compare,
