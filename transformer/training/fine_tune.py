@@ -132,7 +132,8 @@ def check_parameters_fit(config: ml_collections.ConfigDict, workdir: str) -> Non
       number of parameters whose shape they change (with the first few), or init_from's
       path holds no checkpoint.
   """
-  if not config.init_from or (workdir and checkpointing.has_checkpoint(workdir)):
+  if (not config.init_from or not config.model.vocab_size  # 0: the loop checks it later.
+      or (workdir and checkpointing.has_checkpoint(workdir))):
     return
   stored = init_from_lib.source_params(config.init_from)
   target = nn.unbox(trainer_lib.abstract_params(config))
