@@ -12,7 +12,7 @@ import pytest
 
 from configs import bert_base
 from configs import gpt_small
-from test_bad_inputs import TINY, _launch_in_process
+from test_bad_inputs import TINY, _launch_in_process, _launch_subprocess
 from tiny import make_tiny_config
 from transformer.cli import evaluate
 from transformer.cli import sweep
@@ -105,6 +105,57 @@ def test_an_override_that_cannot_carry_the_parameters_is_refused_creating_nothin
                           "parameters into this model: model.mlp_dim=64 (the source's 128) "
                           "changes the shape of 6 of them (first: block_0/mlp/wi/bias")
   assert not workdir.exists()
+  assert stderr.count("in the checkpoint but") == 1  # One example, not every parameter.
+
+
+def _sst2_like(folder):
+  """train.tsv / dev.tsv as GLUE's SST-2 has them: a header, sentence<TAB>label."""
+  rows = ["a fine film\t1", "dull and long\t0", "the cat is great\t1", "bad red dog\t0"]
+  for split in ("train", "dev"):
+    (folder / f"{split}.tsv").write_text("sentence\tlabel\n" + "\n".join(rows * 8) + "\n",
+                                         encoding="utf-8")
+
+
+def _multi30k_like(folder):
+  """train / val .en and .de files, one sentence a line, as ../shared/data/multi30k."""
+  pairs = [("a dog runs", "ein hund rennt"), ("the house is red", "das haus ist rot"),
+           ("two men sit", "zwei manner sitzen")]
+  for split in ("train", "val"):
+    for side, language in enumerate(("en", "de")):
+      (folder / f"{split}.{language}").write_text(
+          "\n".join(p[side] for p in pairs * 8) + "\n", encoding="utf-8")
+
+
+# docs/huggingface.md's fine-tuning recipes, with the tiny fixtures for the hub folders.
+RECIPES = {
+    "gpt2_on_local_text": ("gpt2", "configs/gpt_small.py:local", "text.txt",
+                           ["--config.data.name=local_text"]),
+    "bert_on_sst2": ("bert", "configs/bert_base.py:sst2_local", "sst2", []),
+    "marian_on_multi30k": ("marian", "configs/transformer_base.py:multi30k", "multi30k", []),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_the_docs_fine_tuning_recipes_run(recipe, tfds_data_dir, tmp_path):
+  family, preset, data, extra = RECIPES[recipe]
+  source = str(tmp_path / f"{family}_hf")
+  importer.import_folder(os.path.join(FIXTURES, family), source)
+  path = tmp_path / data
+  if data == "text.txt":
+    path.write_text("the cat sat on the mat\n" * 200, encoding="utf-8")
+  else:
+    path.mkdir()
+    (_sst2_like if data == "sst2" else _multi30k_like)(path)
+  code, output = _launch_subprocess(
+      [f"--config={preset}", f"--config.init_from={source}", f"--config.data.path={path}",
+       f"--config.data.data_dir={tfds_data_dir}", f"--workdir={tmp_path / 'run'}",
+       "--config.train.num_steps=2", "--config.train.steps_per_call=1",
+       "--config.train.eval_every=2", "--config.checkpoint.every=2", *extra])
+  assert code == 0, output[-3000:]
+  assert f"init_from: model and tokenizer from {source}" in output
+  assert " 0 dropped" in output or family == "bert"  # BERT drops its MLM head.
+  assert "Run summary: step 2/2 (finished)" in output
 
 
 def test_a_sweeps_runs_take_the_source_model_and_keep_their_swept_keys(gpt2_run):
