@@ -5,15 +5,18 @@
                           --by_position=W: by bucket of W token positions
   --mode=translate        --input (or stdin), one sentence a line -> --output (or stdout)
   --mode=generate         continue --prompt (or each line of --input or stdin) with a
-                          decoder LM -> --output (or stdout)
+                          decoder LM -> --output (or stdout); greedy unless --temperature
+                          (sampling) or --beam_size=N (beam search)
   --mode=classify         --input (or stdin), one text a line -> its class and probability
                           (a model.head='classification' run) -> --output (or stdout)
   --mode=passkey          passkey retrieval of a decoder LM at --passkey_lengths x
                           --passkey_depths -> a table, JSON and a heat map PNG
   --mode=average          the mean of the newest --average_last checkpoints -> --output
-  --mode=import           a local Hugging Face folder (--hf_dir: GPT-2, BERT, Marian, T5) ->
-                          a new --workdir that the other modes and init_from read
-  --mode=export           --workdir's GPT-2-shaped decoder -> a Hugging Face folder --hf_dir
+  --mode=import           a local Hugging Face folder --hf_dir -> a new --workdir that the
+                          other modes and init_from read; its config.json's model_type:
+                          {import_types}
+  --mode=export           --workdir's decoder -> a Hugging Face folder --hf_dir, the first
+                          model_type its shape fits: {export_types}
   --mode=plot             PNG curves of --workdir's metrics.jsonl -> <workdir>/plots/
   --mode=sweep            one run per point of the --sweep grid, each in a subfolder of
                           --workdir; rerunning resumes it; then compares them
@@ -39,7 +42,7 @@ is then optional and only its data.* and decode.* are used
 Thin by design: parse flags, start jax.distributed when several processes are in
 play, hold the workdir's lock (train and sweep: a second command on the same workdir
 stops with "workdir ... in use by PID N on HOST", exit 2), log the process/device
-picture, and call the mode's `main`. A mode's `check_config(config)`, where it has one
+picture, and call the mode's `main`. A mode's `check_config(config, workdir)`, where it has one
 (train, sweep), runs before the workdir is created or locked: a failed check creates
 nothing. Ctrl-C or SIGTERM outside the training loop ends the command with one line
 and 130 / 143, after the cleanups on the way up (outputs are complete or absent).
@@ -48,6 +51,7 @@ and 130 / 143, after the cleanups on the way up (outputs are complete or absent)
 import contextlib
 import os
 import sys
+import textwrap
 
 from absl import app
 from absl import flags
@@ -84,6 +88,11 @@ from transformer.cli import sweep
 from transformer.cli import train
 from transformer.cli import translate
 from transformer.cli import usage
+
+# --help prints this docstring: the Hugging Face families come from the tables themselves.
+__doc__ = __doc__.replace("{import_types}", "\n".join(textwrap.wrap(
+    hf_import.MODEL_TYPES, 90, initial_indent=" " * 26, subsequent_indent=" " * 26)).lstrip())
+__doc__ = __doc__.replace("{export_types}", hf_export.MODEL_TYPES)
 
 MODES = {"train": train, "evaluate": evaluate, "translate": translate, "generate": generate,
          "average": average, "plot": plot, "sweep": sweep, "compare": compare,
@@ -151,7 +160,8 @@ def _exit_interrupted(error: KeyboardInterrupt, mode: str) -> None:
 
 
 def _created_by_a_failed_check(workdir: str | None, existed: bool) -> None:
-  """Removes a workdir this command created that holds only its lock and log files.
+  """Removes a workdir this command created that holds only its lock and log files (and
+  an empty checkpoints/).
 
   A check that fails once the lock is taken (a dataset that cannot be built, an
   indivisible weight found late), or a Ctrl-C before anything was written, then
@@ -162,9 +172,16 @@ def _created_by_a_failed_check(workdir: str | None, existed: bool) -> None:
     return
   names = set(os.listdir(workdir))
   own = {layout.LOCK, layout.LOG} | {n for n in names if n.startswith("log_process")}
+  # The checkpoint manager makes checkpoints/ when it starts: empty, nothing was saved.
+  checkpoints = os.path.join(workdir, layout.CHECKPOINTS)
+  empty_checkpoints = os.path.isdir(checkpoints) and not os.listdir(checkpoints)
+  if empty_checkpoints:
+    names.discard(layout.CHECKPOINTS)
   if names <= own:
     for name in names:
       os.remove(os.path.join(workdir, name))
+    if empty_checkpoints:
+      os.rmdir(checkpoints)
     os.rmdir(workdir)
 
 
@@ -206,7 +223,7 @@ def main(argv):
       locked = mode in _LOCKED and single_host
       check = getattr(MODES[mode], "check_config", None)
       if check is not None:  # A failed check creates nothing: before the lock.
-        check(_CONFIG.value)
+        check(_CONFIG.value, _WORKDIR.value)
       with lock.hold(_WORKDIR.value) if locked else contextlib.nullcontext():
         held.append(locked)
         code = MODES[mode].main(_CONFIG.value, _WORKDIR.value)
@@ -249,7 +266,7 @@ def main(argv):
     with distributed.fail_together():
       check = getattr(MODES[mode], "check_config", None)
       if check is not None:  # A config that fails its checks creates nothing, not even log.txt.
-        check(_CONFIG.value)
+        check(_CONFIG.value, workdir)
       with lock.hold(workdir) if locked else contextlib.nullcontext():
         held.append(locked)
         # Other modes check their workdir; import writes a new one, which must start empty.

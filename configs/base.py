@@ -17,6 +17,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.seed = 0  # Seeds parameter init, dropout and the data shuffle.
   # Start from another run's parameters: its workdir or one of its checkpoints/<step> dirs.
   # Matched by path; new parameters are initialised; optimizer state and step start fresh.
+  # Its model.* and tokenizer keys replace the preset's, except the command line's and
+  # model.head / pooling / num_classes (training/fine_tune.py; docs/resume.md).
   config.init_from = ""
 
   # ---- model.* : the architecture (see docs/configuration.md for every value) ----
@@ -166,7 +168,7 @@ def get_config() -> ml_collections.ConfigDict:
 
   # ---- decode.* : generation for translate / generate / evaluate and in-training BLEU ----
   dec = config.decode = ml_collections.ConfigDict()
-  dec.beam_size = 4  # Beam width (1 = greedy); the paper: 4.
+  dec.beam_size = 4  # Beam width (1 = greedy); the paper: 4. Translation's; --mode=generate is greedy unless --beam_size.
   dec.alpha = 0.6  # GNMT length penalty ((5 + |Y|) / 6) ** alpha; the paper: 0.6.
   dec.max_length_offset = 50  # Longest translation: source length + this (the paper: 50).
   dec.max_new_tokens = 64  # generate: tokens added to a prompt.

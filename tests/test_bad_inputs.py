@@ -505,7 +505,8 @@ CASES = [
     Case("model_vocabulary_smaller_than_tokenizer", (TINY, WORKDIR, "--config.model.vocab_size=100"),
          2, ("config.model.vocab_size=100 is smaller than the bytes tokenizer's vocabulary",)),
     Case("init_from_missing", (TINY, WORKDIR, "--config.init_from={files}/nowhere"), 2,
-         ("config.init_from='{files}/nowhere' is invalid", "is not a directory")),
+         ("config.init_from='{files}/nowhere' is invalid", "is not a directory"),
+         creates_nothing=True),
     # -- data files
     Case("missing_data_file",
          (TINY, WORKDIR, "--config.data.name=local_text", "--config.data.path={files}/none.txt"),

@@ -280,6 +280,22 @@ def test_generate_at_temperature_zero_is_decoding_generate(lm_run):
   assert continuation == run.tokenizer.decode(expected)
 
 
+def test_generate_is_greedy_unless_a_beam_is_asked_for(lm_run, monkeypatch):
+  """The run's decode.beam_size (base.py's 4) is translation's; generate takes the
+  likeliest token unless --beam_size is given."""
+  workdir, _, _ = lm_run
+  assert loaded.load_config(workdir).decode.beam_size == 4
+  searches = []
+  original = text.continue_texts
+  monkeypatch.setattr(text, "continue_texts", lambda *args, **kw: searches.append(
+      text.describe_search(args[4])) or original(*args, **kw))
+  generate_mode.generate(workdir, ["the cat"], decode_overrides={"max_new_tokens": 4},
+                         stdout=io.StringIO())
+  generate_mode.generate(workdir, ["the cat"], stdout=io.StringIO(),
+                         decode_overrides={"max_new_tokens": 4, "beam_size": 2})
+  assert searches == [{"search": "greedy"}, {"search": "beam", "beam_size": 2, "alpha": 0.6}]
+
+
 def test_generate_reads_input_from_a_pipe_and_writes_output(lm_run, tmp_path, monkeypatch):
   """generate reads --input (a `<(...)` pipe here) and writes --output as translate does;
   the byte-order mark of the input (and of a --prompt) is not text given to the model."""

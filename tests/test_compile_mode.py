@@ -7,6 +7,7 @@ per chip, 8 rows), so that TPU layout padding does not blur the byte counts.
 
 import importlib.util
 import json
+import os
 import re
 
 import pytest
@@ -323,3 +324,21 @@ def test_moe_experts_spread_over_the_expert_axis_move_tokens_all_to_all(devices)
   # Expert kernels [4, 256, 512] x 2 and [4, 512, 256] per layer split over expert x fsdp.
   expert_params = 2 * 3 * 4 * 256 * 512
   assert plan.breakdown["params"] < (expert_params // 2) * 4  # Not whole on any chip.
+
+
+def test_a_fine_tuning_config_compiles_the_model_of_its_source(tmp_path, capsys):
+  """With init_from the compiled model is the source's (training/fine_tune.py): the
+  tiny GPT-2 import's, its data.seq_len lowered to the import's max_len of 32."""
+  from transformer.interop.hf import importer  # pylint: disable=g-import-not-at-top
+  source = str(tmp_path / "gpt2_hf")
+  importer.import_folder(os.path.join(os.path.dirname(__file__), "fixtures", "hf", "gpt2"),
+                         source)
+  config = tiny()
+  config.init_from = source
+  report = tmp_path / "report.json"
+  code, out, err = _run_mode(config, [f"--topology={TOPOLOGY}", f"--output={report}",
+                                      "--compile_steps=train", "--notry_levers"], capsys)
+  assert code == 0, err[-3000:]
+  assert json.loads(report.read_text())["config"]["seq_len"] == 32
+  assert config.model.d_model == 32 and config.model.vocab_size == 304
+

@@ -668,3 +668,19 @@ def test_a_model_no_family_expresses_stops_naming_the_fields(tmp_path):
                                         r"model.norm='sandwich'"):
     hf_export.export(workdir, str(tmp_path / "out"))
   assert not os.path.exists(tmp_path / "out")
+
+
+def test_help_and_docs_list_the_families_of_the_tables():
+  """launch.py --help and docs/huggingface.md print importer.FAMILIES and the export
+  model_types, so neither drifts from what the code reads and writes."""
+  import launch  # pylint: disable=g-import-not-at-top
+  from transformer.cli import hf_export, hf_import  # pylint: disable=g-import-not-at-top
+  assert hf_import.MODEL_TYPES.split(", ") == list(importer.FAMILIES)
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  with open(os.path.join(root, "docs", "huggingface.md"), encoding="utf-8") as f:
+    docs = f.read()
+  help_text = " ".join(launch.__doc__.split())
+  for types in (hf_import.MODEL_TYPES, hf_export.MODEL_TYPES):
+    assert f"{types}." in docs
+    assert types in help_text
+

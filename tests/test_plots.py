@@ -11,6 +11,7 @@ import pytest
 
 from transformer.reports import plots
 from transformer.workdir import run_record
+from transformer.cli import train
 from transformer.config.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -155,3 +156,19 @@ def test_run_record_sums_sessions_and_restarts_at_step_zero(tmp_path, monkeypatc
   assert run_record.read_record(workdir) == {
       "sessions": [{"start_step": 0, "end_step": 0, "seconds": 1.0}], "parameters": 99,
       "wall_seconds": 1.0}
+
+
+def test_all_sessions_include_this_one_measured_whole(tmp_path, monkeypatch):
+  """The summary's "all sessions" is never less than "this session" (once 4m10s < 4m28s:
+  run.json's sessions leave out the data build)."""
+  clock = iter([0.0, 10.0, 100.0, 150.0])
+  monkeypatch.setattr(run_record, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+  workdir = str(tmp_path)
+  assert run_record.total_seconds(workdir, [], 5.0) is None  # Nothing trained, ever.
+  run_record.RunRecord(workdir).update(0)  # An earlier session: 10 s.
+  before = run_record.sessions(workdir)
+  assert run_record.total_seconds(workdir, before, 3.0) == 13.0  # This one trained nothing.
+  run_record.RunRecord(workdir).update(3)  # This session: 50 s in run.json, 58 s whole.
+  assert run_record.total_seconds(workdir, before, 58.0) == 68.0
+  assert "this session 0m58s, all sessions 1m08s (run.json)" in train.summary(
+      workdir, 6, 58.0, sessions_before=before)

@@ -48,7 +48,9 @@ HF_DIR = flags.DEFINE_string(
     "model.safetensors); export: the folder to write.")
 # decode.* fields these flags set, over the workdir's (or --config's) values.
 DECODE_FLAGS = {
-    "beam_size": flags.DEFINE_integer("beam_size", None, "decode.beam_size: 1 is greedy."),
+    "beam_size": flags.DEFINE_integer(
+        "beam_size", None, "decode.beam_size: 1 is greedy; translate's default is the run's "
+        "decode.beam_size (4), generate's is 1 (greedy)."),
     "alpha": flags.DEFINE_float("alpha", None, "decode.alpha: beam length penalty."),
     "max_length_offset": flags.DEFINE_integer(
         "max_length_offset", None, "decode.max_length_offset: output <= source + this."),

@@ -25,6 +25,8 @@ import sys
 import ml_collections
 from absl import flags
 
+from transformer.cli import common
+
 _TOPOLOGY = flags.DEFINE_string(
     "topology", None, "compile: the TPU slice, <generation>:<chips per side> as "
     "jax.experimental.topologies spells it (v4:2x2x1, v5e:4x4, v5p:2x4x4, v6e:2x4) or a "
@@ -108,6 +110,9 @@ def run(config: ml_collections.ConfigDict) -> int:
   from transformer.planning import search  # pylint: disable=g-import-not-at-top
 
   try:
+    # A fine-tuning config compiles the model it would train: init_from's (training/fine_tune.py).
+    from transformer.training import fine_tune  # pylint: disable=g-import-not-at-top
+    fine_tune.take_source_model(config, common.config_overrides())
     topology = topology_lib.parse_topology(_TOPOLOGY.value, _NUM_SLICES.value,
                                            any_shape=_ANY_SLICE.value)
     devices = topology_lib.topology_devices(topology)

@@ -1,5 +1,8 @@
 """--mode=generate: continue --prompt (or each line of --input, or of stdin) with a decoder LM.
 
+Greedy by default (the likeliest token each step); --temperature > 0 samples (with
+--top_k / --top_p), --beam_size=N > 1 is beam search.
+
 The continuations go to --output (written at the end, atomically; --overwrite to
 replace it) or stdout, each followed by a newline, as translate and classify write.
 
@@ -27,6 +30,9 @@ PROMPT = flags.DEFINE_string(
     "prompt", None, "generate: the text to continue (default: each line of --input, or of "
     "stdin).")
 STARTS_JAX = True
+# generate's search unless --beam_size asks for another: greedy (the run's
+# decode.beam_size, 4 by default, is translation's beam).
+GENERATE_BEAM_SIZE = 1
 # The flags of cli/common.py this mode reads (launch.py refuses the others it is given).
 SHARED_FLAGS = ("input", "output", "overwrite", "seed", *common.LOADING_FLAGS)
 
@@ -36,9 +42,13 @@ def main(config: ml_collections.ConfigDict | None, workdir: str) -> None:
   if PROMPT.value is not None and common.INPUT.value:
     raise ConfigError("--prompt and --input both give prompts; pass one of them")
   prompts = None if PROMPT.value is None else [PROMPT.value]
+  loading = common.loading_flags(config)
+  if loading["decode_overrides"]["beam_size"] is None and (
+      "decode.beam_size" in common.config_overrides()):
+    # --config.decode.beam_size on the command line asks for beam search as --beam_size does.
+    loading["decode_overrides"]["beam_size"] = config.decode.beam_size
   generate(workdir, prompts, input_path=common.INPUT.value, output_path=common.OUTPUT.value,
-           overwrite=common.OVERWRITE.value, seed=common.SEED.value,
-           **common.loading_flags(config))
+           overwrite=common.OVERWRITE.value, seed=common.SEED.value, **loading)
 
 
 def generate(workdir: str, prompts: Sequence[str] | None = None, *,
@@ -50,10 +60,12 @@ def generate(workdir: str, prompts: Sequence[str] | None = None, *,
              stdin: TextIO | None = None, stdout: TextIO | None = None) -> list[str]:
   """Continues prompts with a decoder LM and prints each continuation.
 
-  Each prompt is [bos] + its ids, as training documents begin. The search follows
-  decode.* (see text.search_options): greedy for beam_size 1 at temperature 0,
-  beam search for beam_size > 1, sampling (temperature, top_k, top_p) for
-  temperature > 0; decode.max_new_tokens tokens at most.
+  Each prompt is [bos] + its ids, as training documents begin. The search is greedy
+  (the likeliest token each step) by default, as nanoGPT's and Hugging Face's: the
+  run's decode.beam_size is translation's (4) and applies here only when
+  `decode_overrides` gives a beam_size (--beam_size=N, beam search for N > 1); at
+  decode.temperature > 0 it samples (temperature, top_k, top_p). decode.max_new_tokens
+  tokens at most.
 
   Args:
     workdir: the run's workdir.
@@ -90,6 +102,9 @@ def generate(workdir: str, prompts: Sequence[str] | None = None, *,
   if not prompts:
     raise ConfigError("no prompt: give --prompt=TEXT, --input=FILE or lines on stdin")
   prompts = [common.check_text(p, name) for p, name in zip(prompts, names)]
+  decode_overrides = dict(decode_overrides or {})
+  if decode_overrides.get("beam_size") is None:
+    decode_overrides["beam_size"] = GENERATE_BEAM_SIZE
   run = loaded.load_run(workdir, config=config, checkpoint_step=checkpoint_step,
                         average_last=average_last, decode_overrides=decode_overrides,
                         model_overrides=model_overrides)

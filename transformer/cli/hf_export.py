@@ -16,6 +16,9 @@ from transformer.interop.hf import gpt2
 from transformer.interop.hf import llama
 
 STARTS_JAX = True
+# The model_types an export writes, in the order export tries them (launch.py's --help
+# and docs/huggingface.md print this list).
+MODEL_TYPES = ", ".join(("gpt2", *llama.EXPORT_MODEL_TYPES))
 # The flags of cli/common.py this mode reads (launch.py refuses the others it is given).
 SHARED_FLAGS = ("hf_dir", "checkpoint_step")
 

@@ -1,6 +1,10 @@
 """--mode=import: a local Hugging Face folder (--hf_dir: any family of importer.FAMILIES,
 GPT-2 to Mixtral and Switch) -> a new --workdir that the other modes and
-config.init_from read (interop/hf/importer.py)."""
+config.init_from read (interop/hf/importer.py).
+
+MODEL_TYPES is the list launch.py's --help and docs/huggingface.md print (a test holds
+the docs to it).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,8 @@ from transformer.cli import common
 from transformer.interop.hf import importer
 
 STARTS_JAX = True
+# The config.json model_types an import reads, from the family table itself.
+MODEL_TYPES = ", ".join(importer.FAMILIES)
 # The flags of cli/common.py this mode reads (launch.py refuses the others it is given).
 SHARED_FLAGS = ("hf_dir",)
 

@@ -70,6 +70,7 @@ from transformer.config.errors import ConfigError
 from transformer.config.validation import validate
 from transformer.reports import compare
 from transformer.reports import plots
+from transformer.training import fine_tune
 from transformer.training import resume
 from transformer.workdir import checkpointing
 from transformer.workdir import files
@@ -89,9 +90,10 @@ LAUNCHER_FLAGS = ("distributed", "coordinator_address", "num_processes", "proces
                   "heartbeat_timeout_seconds")
 
 
-def check_config(config: ml_collections.ConfigDict) -> None:
+def check_config(config: ml_collections.ConfigDict, workdir: str = "") -> None:
   """Builds and validates every run's config; launch.py calls it before the sweep folder
-  is created or locked, so a sweep that fails validation creates nothing."""
+  (`workdir`) is created or locked, so a sweep that fails validation creates nothing."""
+  del workdir  # Each run's own launch.py process checks its run's folder.
   build_runs(config, SWEEP.value, flags.FLAGS["config"].override_values)
 
 
@@ -302,6 +304,8 @@ def build_runs(config: ml_collections.ConfigDict, spec: str,
     common.fit_steps_per_call(run_config, set(fixed) | set(overrides),
                               where=f"--sweep run {index}/{len(flags)} ({run.label})")
     try:
+      # init_from's model and tokenizer, as the run's own check_config takes them.
+      fine_tune.take_source_model(run_config, set(fixed) | set(overrides))
       validate(run_config)
     except ConfigError as e:
       raise ConfigError(f"--sweep run {index}/{len(flags)} ({run.label}): {e}") from None

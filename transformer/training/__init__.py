@@ -13,6 +13,8 @@
                       (Interrupted: exit 130 / 143)
   resume.py           what a resume keeps: the run's vocabulary, the config change check,
                       whether a run is already complete
+  fine_tune.py        what a run started with init_from takes from its source: the model
+                      and tokenizer keys (the command line's stay), the parameter-fit check
   reporting.py        rows, the progress line, the non-finite guard, the steps-per-call hint
   fault_injection.py  test-only crash injection (TRANSFORMER_TEST_KILL_AT), a registered hook
   decode_hook.py      what an evaluation decodes: in-training BLEU and a sample (a hook)

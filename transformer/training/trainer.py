@@ -345,12 +345,18 @@ def check_divisible(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) 
   Raises:
     ConfigError: a weight dimension does not split over its mesh axes.
   """
+  sharding.check_divisible(abstract_params(config), mesh,
+                           sharding.rules_of(config.mesh, mesh))
+
+
+def abstract_params(config: ml_collections.ConfigDict) -> Any:
+  """`config`'s model parameters as jax.ShapeDtypeStructs (boxed with their logical axes),
+  traced from shapes alone: no array is made."""
   objective = objective_lib.resolve(config.model)
   batch = objectives.init_batch(objective, 1, config.data.seq_len)
   model = make_model(ModelConfig.from_config(config.model))
-  boxed = jax.eval_shape(model.init, jax.random.PRNGKey(0),
-                         *objectives.model_inputs(objective, batch))["params"]
-  sharding.check_divisible(boxed, mesh, sharding.rules_of(config.mesh, mesh))
+  return jax.eval_shape(model.init, jax.random.PRNGKey(0),
+                        *objectives.model_inputs(objective, batch))["params"]
 
 
 def check_batch_size(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> int:

@@ -86,6 +86,21 @@ def _dtype_kind(dtype: Any) -> str:
   return str(dtype)
 
 
+def shape_mismatches(target: Any, source: Any) -> list[str]:
+  """"<path> is <shape> <dtype> in the checkpoint but ... in this model" for each shared
+  path whose shape or dtype kind (int vs float) differs; [] when every one fits."""
+  target_flat, source_flat = flat_paths(target), flat_paths(source)
+  mismatches = []
+  for path in target_flat:
+    if path not in source_flat:
+      continue
+    t, s = target_flat[path], source_flat[path]
+    if tuple(t.shape) != tuple(s.shape) or _dtype_kind(t.dtype) != _dtype_kind(s.dtype):
+      mismatches.append(f"{'/'.join(path)} is {tuple(s.shape)} {s.dtype} in the checkpoint "
+                        f"but {tuple(t.shape)} {t.dtype} in this model")
+  return mismatches
+
+
 def match_params(target: Any, source: Any, init_from: str = "") -> ParamMatch:
   """Pairs the new model's parameters with a checkpoint's by path (a pure function).
 
@@ -104,12 +119,7 @@ def match_params(target: Any, source: Any, init_from: str = "") -> ParamMatch:
   """
   target_flat, source_flat = flat_paths(target), flat_paths(source)
   shared = [p for p in target_flat if p in source_flat]
-  mismatches = []
-  for path in shared:
-    t, s = target_flat[path], source_flat[path]
-    if tuple(t.shape) != tuple(s.shape) or _dtype_kind(t.dtype) != _dtype_kind(s.dtype):
-      mismatches.append(f"{'/'.join(path)} is {tuple(s.shape)} {s.dtype} in the checkpoint "
-                        f"but {tuple(t.shape)} {t.dtype} in this model")
+  mismatches = shape_mismatches(target, source)
   if mismatches:
     raise ConfigError(
         f"config.init_from={init_from!r} is invalid: parameters with the same path must "
@@ -169,6 +179,30 @@ def _state_directory(init_from: str) -> epath.Path:
   return root / layout.STATE
 
 
+def _stored_params(init_from: str) -> tuple[epath.Path, Any]:
+  """The checkpoint's `state` item and its parameters' metadata (shapes, dtypes; no array)."""
+  state_dir = _state_directory(init_from)
+  handler = ocp.PyTreeCheckpointHandler()
+  try:
+    metadata = handler.metadata(state_dir)
+  finally:
+    handler.close()
+  if "params" not in metadata:
+    raise ConfigError(f"config.init_from={init_from!r} is invalid: {state_dir} has no "
+                      f"'params' (it holds {sorted(metadata)}); {_INIT_FROM_EXPECTED}.")
+  return state_dir, metadata["params"]
+
+
+def source_params(init_from: str) -> Any:
+  """The parameter tree `config.init_from`'s checkpoint holds, as metadata (`.shape`,
+  `.dtype`): what a check before the workdir is created compares against.
+
+  Raises:
+    ConfigError: the path holds no checkpoint with parameters.
+  """
+  return _stored_params(init_from)[1]
+
+
 def load_params(init_from: str, abstract_params: Any) -> tuple[Any, ParamMatch]:
   """Reads the parameters a checkpoint shares with a new model, into its shardings.
 
@@ -191,16 +225,8 @@ def load_params(init_from: str, abstract_params: Any) -> tuple[Any, ParamMatch]:
   Raises:
     ConfigError: the path holds no checkpoint, or a shared parameter's shape differs.
   """
-  state_dir = _state_directory(init_from)
-  handler = ocp.PyTreeCheckpointHandler()
-  try:
-    metadata = handler.metadata(state_dir)
-  finally:
-    handler.close()
-  if "params" not in metadata:
-    raise ConfigError(f"config.init_from={init_from!r} is invalid: {state_dir} has no "
-                      f"'params' (it holds {sorted(metadata)}); {_INIT_FROM_EXPECTED}.")
-  match = match_params(abstract_params, metadata["params"], init_from)
+  state_dir, stored = _stored_params(init_from)
+  match = match_params(abstract_params, stored, init_from)
   # The restore target: the shared paths only, as nested dicts under "params"; with
   # partial_restore Orbax skips everything else the checkpoint holds.
   loaded = set(match.loaded)

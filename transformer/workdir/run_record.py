@@ -73,3 +73,33 @@ class RunRecord:
     with open(temporary, "w", encoding="utf-8") as f:
       json.dump(self._record, f, indent=1)
     os.replace(temporary, self._path)
+
+
+def sessions(workdir: str) -> list[dict[str, Any]]:
+  """The sessions run.json lists (each {"start_step", "end_step", "seconds"}), [] if none."""
+  found = read_record(workdir).get("sessions")
+  return found if isinstance(found, list) else []
+
+
+def total_seconds(workdir: str, before: list[dict[str, Any]],
+                  session_seconds: float) -> float | None:
+  """The wall time of every session of the run, this one (`session_seconds`) included.
+
+  Args:
+    workdir: the run's workdir.
+    before: `sessions(workdir)` read before this session trained: the entry this
+      session added since (if any) is replaced by `session_seconds`, which counts
+      what run.json leaves out of a session (building the data), so that the total is
+      never less than this session alone.
+    session_seconds: this session's wall time as the command measured it.
+
+  Returns:
+    The seconds, or None when run.json holds no session (nothing was ever trained).
+  """
+  after = sessions(workdir)
+  if not after:
+    return None
+  added = after != before[:len(after)] or len(after) > len(before)
+  earlier = after[:-1] if added else after
+  return sum(float(s.get("seconds", 0)) for s in earlier) + session_seconds
+

@@ -417,6 +417,8 @@ def llama_shape_problem(model: ml_collections.ConfigDict) -> str:
 
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                   "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+# The model_types an export writes (by the model's shape): --help and the docs list them.
+EXPORT_MODEL_TYPES = tuple(_ARCHITECTURES)
 
 
 def _rope_scaling(model: ml_collections.ConfigDict) -> dict[str, Any] | None:
