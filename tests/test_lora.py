@@ -25,6 +25,7 @@ from transformer.interop.hf import importer
 from transformer.model import lora
 from transformer.model.models import make_model
 from transformer.training import loop
+from transformer.training import optim
 from transformer.training import trainer as trainer_lib
 from transformer.workdir import checkpointing, layout
 
@@ -143,6 +144,27 @@ def test_adapters_shard_like_their_kernels_and_train_alike_on_fsdp_and_tensor(
   assert specs["self_attention"]["query"]["lora_b"].spec == P(None, "tensor", None)
   assert specs["self_attention"]["out"]["lora_a"].spec == P("tensor", None, None)
   assert specs["mlp"]["wo"]["lora_b"].spec == P(None, "fsdp")
+
+
+def test_targets_pick_the_projections_and_a_classifier_head_trains_in_full(tiny_config):
+  """Adapters exactly where lora_targets names (wi_gate goes with wi); split_trainable
+  keeps a classification head in the trainable half and join_trainable undoes it."""
+  tiny_config.model.update(activation="swiglu", head="classification", pooling="last")
+  _with_lora(tiny_config).model.lora_targets = ("value", "wi")
+  model_config = ModelConfig.from_config(tiny_config.model)
+  ids = np.ones((1, 8), np.int32)
+  shapes = jax.eval_shape(make_model(model_config).init, jax.random.PRNGKey(0), ids,
+                          ids, np.arange(8, dtype=np.int32)[None])["params"]
+  params = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), nn.unbox(shapes))
+  adapted = sorted({p.split("/")[-2] for p in _flat(params) if _is_adapter(p)})
+  assert adapted == ["value", "wi", "wi_gate"]
+  trainable, frozen = optim.split_trainable(params, lora=True)
+  assert sorted(_flat(trainable)) == sorted(
+      p for p in _flat(params) if _is_adapter(p) or p.startswith("classification_head/"))
+  assert not any(_is_adapter(p) for p in _flat(frozen))
+  assert _flat(optim.join_trainable(trainable, frozen)).keys() == _flat(params).keys()
+  whole, nothing = optim.split_trainable(params, lora=False)
+  assert whole is params and nothing == {}
 
 
 @pytest.mark.parametrize("targets, message", [
