@@ -86,6 +86,11 @@ def get_config() -> ml_collections.ConfigDict:
   model.param_dtype = "float32"  # Storage dtype of parameters and optimizer state.
   model.attention_impl = "auto"  # "auto" (cuDNN on GPUs, splash on TPUs, xla on CPUs) | "xla" | "einsum" | "cudnn" | "splash" (config/attention.py's KERNELS table).
   model.attention_max_segments = 32  # cuDNN attention (GPUs): the most packed documents a row may hold; sizes the kernel's float32 softmax statistics (B x this x heads x length per layer); a batch with more stops with one line naming this key; 1 = one document a row from position 0 (per-row lengths: any cuDNN GPU, A100 too).
+  # LoRA (docs/configuration.md "LoRA"): low-rank adapters beside the projections; only they train.
+  model.lora_rank = 0  # Rank r of every adapter (kernel + alpha / r * A @ B, B = 0 at init); 0 = off (full fine-tuning).
+  model.lora_targets = ("query", "key", "value", "out", "wi", "wo")  # Projections that get an adapter: attention query | key | value | out, MLP wi (both halves when gated) | wo.
+  model.lora_alpha = 16.0  # Adapter scale numerator: the update is alpha / lora_rank * A @ B (peft's lora_alpha).
+  model.lora_dropout = 0.0  # Dropout on an adapter's input (training only; the base projection sees no dropout).
   # Mixture of experts (docs/configuration.md "Mixture of experts"): the moe_* keys apply with mlp="moe".
   model.mlp = "dense"  # Feed-forward of a block: "dense" (one MLP) | "moe" (routed experts on the layers moe_every picks).
   model.num_experts = 8  # Routed experts per MoE layer (Mixtral 8, OLMoE 64, Switch-base 8..256).
@@ -223,6 +228,7 @@ def get_config() -> ml_collections.ConfigDict:
       ("mlp", "tensor"),
       ("vocab", "tensor"),
       ("layers", None),
+      ("lora", None),  # The rank axis of LoRA adapters (small: replicated).
   )
 
   config.lock()

@@ -203,7 +203,7 @@ _FIELD_OF_AXIS = {"heads": "model.num_heads", "kv_heads": "model.num_kv_heads",
                   "mlp": "model.mlp_dim", "embed": "model.d_model",
                   "vocab": "model.vocab_size", "head_dim": "model.head_dim",
                   "layers": "model.num_layers", "expert": "model.num_experts",
-                  "length": "model.max_len"}
+                  "length": "model.max_len", "lora": "model.lora_rank"}
 
 
 def check_divisible(boxed_params: Any, mesh: Mesh, rules: Rules) -> None:

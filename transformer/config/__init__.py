@@ -10,6 +10,7 @@ Cut by concern, from the ground up:
   checks.py      the typed field checks (is_int, is_number, check_int, check_bool, ...)
   modern.py      the Llama / Mistral / Qwen / Gemma axes: windows, softcaps, RoPE variants
   moe.py         the mixture-of-experts fields and their split over the mesh
+  lora.py        the LoRA fields (model.lora_*): LORA_TARGETS, the projections adapted
   objective.py   the training objectives, one Objective each, resolved once from
                  (model.arch, model.head): inputs, targets, sides, pipeline, modes
   model.py       validate_model, the model choice registries (REMAT_POLICIES, ...),

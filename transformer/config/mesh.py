@@ -17,7 +17,7 @@ MESH_AXES = ("data", "fsdp", "tensor")
 # Mesh axes a mesh.shape may leave out (a rule naming one maps to None then).
 OPTIONAL_MESH_AXES = ("expert", "context")
 LOGICAL_AXES = ("batch", "length", "activation_length", "embed", "heads", "kv_heads",
-                "head_dim", "mlp", "vocab", "layers", "expert")
+                "head_dim", "mlp", "vocab", "layers", "expert", "lora")
 
 
 def validate_mesh(config: ml_collections.ConfigDict) -> None:

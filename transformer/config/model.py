@@ -26,6 +26,7 @@ import ml_collections
 
 from configs import base
 from transformer.config import attention
+from transformer.config import lora
 from transformer.config import moe
 from transformer.config import objective as objective_lib
 from transformer.config import modern
@@ -118,6 +119,7 @@ def validate_model(config: ml_collections.ConfigDict) -> None:
   _validate_topology(model)
   modern.validate_modern_axes(config)
   moe.validate_moe(config)
+  lora.validate_lora(config)
   check_positive(config, m + "norm_epsilon")
   if model.head_dim == 0 and model.d_model % model.num_heads:
     fail(m + "num_heads", model.num_heads,
@@ -185,6 +187,7 @@ def resolve_dtype(name: str) -> jnp.dtype:
 NOT_MODEL_FIELDS = ("moe_aux_loss", "moe_z_loss")
 # Fields whose type after `from_config` is not the key's: names resolved to dtypes.
 _RESOLVED_TYPES = {"dtype": Any, "param_dtype": Any, "never_predict": tuple[int, ...],
+                   "lora_targets": tuple[str, ...],
                    "rope_short_factor": tuple[float, ...],
                    "rope_long_factor": tuple[float, ...]}
 
@@ -204,6 +207,7 @@ class _ModelConfigMethods:
     values["head_dim"] = model.head_dim or model.d_model // model.num_heads
     values["num_decoder_layers"] = model.num_decoder_layers or model.num_layers
     values["never_predict"] = tuple(model.never_predict)
+    values["lora_targets"] = tuple(model.lora_targets)
     for key in ("rope_short_factor", "rope_long_factor"):  # Hashable, for jit.
       values[key] = tuple(float(f) for f in model[key])
     values["moe_mlp_dim"] = model.moe_mlp_dim or model.mlp_dim

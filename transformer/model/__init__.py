@@ -15,6 +15,7 @@
   norms.py         LayerNorm / RMSNorm / Gemma's (1 + scale) RMSNorm, one make_norm;
                    NORM_PLACEMENTS, where a block puts them (pre, post, sandwich)
   mlp.py           the dense MLP and the activation table
+  lora.py          LoRA: a low-rank adapter beside a projection (model.lora_*), its merge
   moe.py           mixture of experts: router, dropless / capacity dispatch, aux losses
   layers.py        StackInputs (what every block of a stack reads), the shared Block
                    (dense or MoE MLP), scan/remat stacks

@@ -21,6 +21,7 @@ from transformer.config.model import ModelConfig
 from transformer.model import attention_ops
 from transformer.model import context
 from transformer.model import initializers
+from transformer.model import lora
 from transformer.model import norms
 from transformer.model import positions
 # The kernels and the mask helper live in attention_ops.py; these names stay importable here.
@@ -42,6 +43,7 @@ class EinsumDense(nn.Module):
   dtype: jnp.dtype
   param_dtype: jnp.dtype
   kernel_init: nn.initializers.Initializer = nn.initializers.normal(0.02)
+  lora: ModelConfig | None = None  # The config when a LoRA adapter rides along (lora.py).
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -62,6 +64,11 @@ class EinsumDense(nn.Module):
       y = y.reshape(x.shape[:2] + y.shape[1:])
     else:  # The length sharded over context: merged, XLA would gather the sequence.
       y = jnp.einsum(self.equation, x.astype(self.dtype), kernel.astype(self.dtype))
+    if self.lora is not None:
+      n_in = len(self.kernel_shape) - len(self.bias_axes)
+      y = y + lora.adapter_delta(self, self.lora, x, self.kernel_axes[:n_in],
+                                 self.bias_axes, self.kernel_shape[:n_in],
+                                 self.kernel_shape[n_in:])
     if self.use_bias:
       bias_shape = self.kernel_shape[len(self.kernel_shape) - len(self.bias_axes):]
       bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros,
@@ -125,7 +132,8 @@ class MultiHeadAttention(nn.Module):
     # Qwen2 biases q/k/v (model.qkv_bias) in a model without other biases.
     qkv_dense = functools.partial(dense, use_bias=cfg.use_bias or cfg.qkv_bias)
     q_BLHD = qkv_dense("BLE,EHD->BLHD", (E, H, D), ("embed", "heads", "head_dim"),
-                       ("heads", "head_dim"), name="query")(x_BLE)
+                       ("heads", "head_dim"), lora=lora.adapted(cfg, "query"),
+                       name="query")(x_BLE)
     if cfg.qk_norm:  # Per head, before RoPE (Qwen3, Gemma 3): bounds the scores' scale.
       q_BLHD = norms.make_norm(cfg, "query_norm", axis_name="head_dim")(q_BLHD).astype(
           cfg.dtype)
@@ -144,9 +152,11 @@ class MultiHeadAttention(nn.Module):
       v_BSKD = self.get_variable("cache", "cached_value")
     else:
       k_BSKD = qkv_dense("BSE,EKD->BSKD", (E, K, D), ("embed", "kv_heads", "head_dim"),
-                         ("kv_heads", "head_dim"), name="key")(kv_BSE)
+                         ("kv_heads", "head_dim"), lora=lora.adapted(cfg, "key"),
+                         name="key")(kv_BSE)
       v_BSKD = qkv_dense("BSE,EKD->BSKD", (E, K, D), ("embed", "kv_heads", "head_dim"),
-                         ("kv_heads", "head_dim"), name="value")(kv_BSE)
+                         ("kv_heads", "head_dim"), lora=lora.adapted(cfg, "value"),
+                         name="value")(kv_BSE)
       if cfg.qk_norm:
         k_BSKD = norms.make_norm(cfg, "key_norm", axis_name="head_dim")(k_BSKD).astype(
             cfg.dtype)
@@ -165,7 +175,7 @@ class MultiHeadAttention(nn.Module):
     out_init = initializers.dense_kernel(cfg, in_axis=(0, 1), out_axis=2,
                                          residual_adds=self.residual_adds)
     return dense("BLHD,HDE->BLE", (H, D, E), ("heads", "head_dim", "embed"), ("embed",),
-                 kernel_init=out_init, name="out")(out_BLHD)
+                 kernel_init=out_init, lora=lora.adapted(cfg, "out"), name="out")(out_BLHD)
 
   def _attend(self, q_BLHD, k_BSKD, v_BSKD, mask_B1LS, bias_BHLS, segments, *,
               causal: bool, local: bool | jax.Array) -> jax.Array:

@@ -13,6 +13,7 @@ from flax import linen as nn
 from transformer.config.model import GATED_ACTIVATIONS, ModelConfig
 from transformer.model import context
 from transformer.model import initializers
+from transformer.model import lora
 from transformer.model.dropout import Dropout
 
 
@@ -41,12 +42,27 @@ ACTIVATION_FNS = {
 }
 
 
+class Dense(nn.Dense):
+  """flax's Dense (the same parameters and numbers), plus a LoRA adapter when `lora` is set."""
+
+  axes: tuple[str, str] = ("embed", "mlp")  # The kernel's logical axes, for the adapter's.
+  lora: ModelConfig | None = None  # The config when an adapter rides along (lora.py).
+
+  @nn.compact
+  def __call__(self, inputs: jax.Array) -> jax.Array:
+    y = super().__call__(inputs)
+    if self.lora is None:
+      return y
+    return y + lora.adapter_delta(self, self.lora, inputs, self.axes[:1], self.axes[1:],
+                                  (inputs.shape[-1],), (self.features,))
+
+
 def _dense(config: ModelConfig, features: int, axes: tuple[str, str], name: str,
-           residual_adds: int = 0) -> nn.Dense:
+           residual_adds: int = 0) -> Dense:
   kernel_init = initializers.dense_kernel(config, residual_adds=residual_adds)
-  return nn.Dense(
+  return Dense(
       features, use_bias=config.use_bias, dtype=config.dtype, param_dtype=config.param_dtype,
-      name=name,
+      name=name, axes=axes, lora=lora.adapted(config, name),
       kernel_init=nn.with_logical_partitioning(kernel_init, axes),
       bias_init=nn.with_logical_partitioning(nn.initializers.zeros, axes[1:]))
 

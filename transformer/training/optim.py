@@ -18,6 +18,9 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
+from flax import traverse_util
+
+from transformer.model import lora as lora_lib
 
 
 def warmup_rsqrt_schedule(peak: float, warmup_steps: int) -> optax.Schedule:
@@ -100,7 +103,7 @@ def make_schedule(optimizer: ml_collections.ConfigDict, d_model: int,
 
 # Parameter names that are weights (decayed); biases and norm scales are not, even
 # when they have 2+ dims (the [heads, head_dim] attention biases).
-DECAYED_NAMES = ("kernel", "embedding", "position_embed")
+DECAYED_NAMES = ("kernel", "embedding", "position_embed", "lora_a", "lora_b")
 # Modules whose "embedding" is an additive attention-logit bias, not a token table: the
 # T5 relative-position bias [buckets, heads]. It is not decayed, like every bias (T5
 # itself trained with no weight decay at all).
@@ -115,6 +118,43 @@ def decay_mask(params) -> object:
     return (names[-1] in DECAYED_NAMES and jnp.ndim(p) >= 2
             and not any(n in UNDECAYED_MODULES for n in names))
   return jax.tree_util.tree_map_with_path(is_weight, params)
+
+
+# With LoRA (model.lora_rank > 0) only the adapters train, and these top-level modules in
+# full beside them: a classifier's head is new to a fine-tune (peft's modules_to_save).
+TRAINED_WITH_ADAPTERS = ("classification_head",)
+
+
+def split_trainable(params: dict, lora: bool) -> tuple[dict, dict]:
+  """(trainable, frozen): the parameters the optimizer updates, and the rest.
+
+  Without LoRA everything trains: (params, {}). With it, the trainable tree holds only
+  the adapters (model/lora.py) and TRAINED_WITH_ADAPTERS, so the optimizer's state
+  (Adam's moments) and the gradients exist for them alone; the frozen base parameters
+  pass through a step untouched. Boxed leaves (nn.Partitioned) count as leaves.
+
+  Args:
+    params: the model's parameter tree (nested dicts).
+    lora: whether model.lora_rank > 0.
+
+  Returns:
+    Two nested dicts whose leaves together are `params`'s (`join_trainable` undoes it).
+  """
+  if not lora:
+    return params, {}
+  trainable, frozen = {}, {}
+  for path, leaf in traverse_util.flatten_dict(params).items():
+    trains = lora_lib.is_adapter(path) or path[0] in TRAINED_WITH_ADAPTERS
+    (trainable if trains else frozen)[path] = leaf
+  return traverse_util.unflatten_dict(trainable), traverse_util.unflatten_dict(frozen)
+
+
+def join_trainable(trainable: dict, frozen: dict) -> dict:
+  """The whole parameter tree again from `split_trainable`'s two halves."""
+  if not frozen:
+    return trainable
+  return traverse_util.unflatten_dict({**traverse_util.flatten_dict(frozen),
+                                       **traverse_util.flatten_dict(trainable)})
 
 
 def update_count(opt_state: Any) -> jax.Array:

@@ -57,7 +57,8 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, forward: Calla
                never_predict: tuple[int, ...] = (),
                moe_aux_loss: float = 0.0,
                moe_z_loss: float = 0.0,
-               logits_chunk: int = 0) -> tuple[TrainState, dict[str, jax.Array]]:
+               logits_chunk: int = 0,
+               lora: bool = False) -> tuple[TrainState, dict[str, jax.Array]]:
   """One optimizer update; returns the new state and metric sums for this batch.
 
   With `microbatches` = k > 1 the batch is processed as k sequential slices whose
@@ -76,11 +77,15 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, forward: Calla
   `moe_z_loss` x the router z-loss (metrics.add_moe_sums), logged as moe_* metrics.
   `logits_chunk`: train.logits_chunk, the positions projected to the vocabulary at a time
   when `forward` returns hidden states (metrics.head_loss_sums; 0 = auto).
+  With `lora` (model.lora_rank > 0) the gradients, the optimizer state and the update
+  cover only optim.split_trainable's trainable half; the frozen base passes through.
   """
   rng = jax.random.fold_in(state.rng, state.step)
+  trainable, frozen = optim.split_trainable(state.params, lora)
 
   def sums_and_grads(micro: dict[str, jax.Array], micro_rng: jax.Array):
-    def objective(params):
+    def objective(trained):
+      params = optim.join_trainable(trained, frozen)
       outputs, targets, weights, moe_stats = forward(params, micro,
                                                      rngs={"dropout": micro_rng})
       sums = metrics_lib.objective_sums(outputs, targets, weights, chunk=logits_chunk,
@@ -89,7 +94,7 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, forward: Calla
       sums = metrics_lib.add_moe_sums(sums, moe_stats, moe_aux_loss, moe_z_loss)
       return sums["objective_sum"], sums
 
-    (_, sums), grads = jax.value_and_grad(objective, has_aux=True)(state.params)
+    (_, sums), grads = jax.value_and_grad(objective, has_aux=True)(trainable)
     return sums, grads
 
   if microbatches == 1:
@@ -114,8 +119,8 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, forward: Calla
         accumulate, zeros, (jnp.arange(microbatches), micro_batches))
 
   grads = jax.tree.map(lambda g: g / jnp.maximum(sums["weight_sum"], 1.0), grad_sums)
-  updates, opt_state = tx.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
+  updates, opt_state = tx.update(grads, state.opt_state, trainable)
+  params = optim.join_trainable(optax.apply_updates(trainable, updates), frozen)
   grad_norm, update_norm = optax.tree.norm(grads), optax.tree.norm(updates)
   if skip_nonfinite:
     finite = jnp.isfinite(grad_norm) & jnp.isfinite(sums["loss_sum"])
@@ -154,9 +159,13 @@ def eval_step(params: Any, batch: dict[str, jax.Array], *, forward: Callable,
 
 
 def make_init_fn(model: nn.Module, tx: optax.GradientTransformation, seq_len: int,
-                 objective: objectives.ObjectiveLike = "causal_lm"
+                 objective: objectives.ObjectiveLike = "causal_lm", lora: bool = False
                  ) -> Callable[[jax.Array], TrainState]:
-  """init(rng) -> TrainState whose params carry logical-axis metadata (boxed)."""
+  """init(rng) -> TrainState whose params carry logical-axis metadata (boxed).
+
+  With `lora` the optimizer state covers only the trainable half of the parameters
+  (optim.split_trainable): a frozen base parameter has no Adam moments.
+  """
 
   def init(rng: jax.Array) -> TrainState:
     params_rng, dropout_rng = jax.random.split(rng)
@@ -164,7 +173,8 @@ def make_init_fn(model: nn.Module, tx: optax.GradientTransformation, seq_len: in
     params = model.init({"params": params_rng},
                         *objectives.model_inputs(objective, batch))["params"]
     return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                      opt_state=tx.init(params), rng=dropout_rng)
+                      opt_state=tx.init(optim.split_trainable(params, lora)[0]),
+                      rng=dropout_rng)
 
   return init
 
@@ -293,7 +303,8 @@ class Trainer(Scorer):
     schedule = optim.make_schedule(config.optimizer, model_config.d_model,
                                    config.train.num_steps)
     tx = optim.make_optimizer(config.optimizer, schedule)
-    init = make_init_fn(model, tx, config.data.seq_len, objective)
+    lora = model_config.lora_rank > 0
+    init = make_init_fn(model, tx, config.data.seq_len, objective, lora)
 
     # Sharded from the first byte: shapes -> logical specs -> mesh shardings -> jit(init).
     boxed = jax.eval_shape(init, jax.random.PRNGKey(0))
@@ -315,7 +326,7 @@ class Trainer(Scorer):
         skip_nonfinite=config.optimizer.skip_nonfinite > 0, z_loss=config.optimizer.z_loss,
         never_predict=predicted_rows_excluded(model_config),
         moe_aux_loss=config.model.moe_aux_loss, moe_z_loss=config.model.moe_z_loss,
-        logits_chunk=config.train.logits_chunk)
+        logits_chunk=config.train.logits_chunk, lora=lora)
     jit_train = jax.jit(one_step, in_shardings=(state_shardings, batch_sharding),
                         out_shardings=(state_shardings, replicated), donate_argnums=(0,))
     jit_train_steps = jax.jit(

@@ -23,6 +23,7 @@ from absl import logging
 from transformer.config.errors import ConfigError
 from transformer.data import sources
 from transformer.model import layers
+from transformer.model import lora
 from transformer.workdir import files
 from transformer.workdir import layout
 
@@ -261,11 +262,14 @@ def export_inputs(workdir: str, run: Any) -> tuple[dict, dict | None, Vocabulary
     run: `inference.loaded.load_run(workdir, ...)`.
 
   Returns:
-    (parameters as unrolled float32 NumPy arrays, the imported tokenizer bundle or None
+    (parameters as unrolled float32 NumPy arrays, LoRA adapters merged into their
+    kernels (model/lora.py), the imported tokenizer bundle or None
     for a vocabulary trained here, the map from internal ids to source rows: the
     identity without a bundle).
   """
   params = jax.tree.map(lambda x: np.asarray(jax.device_get(x), np.float32), run.params)
+  if run.config.model.lora_rank:  # A LoRA run exports merged: kernel + alpha / r * A . B.
+    params = lora.merge(params, run.config.model)
   if run.config.model.scan_layers:
     params = layers.scanned_to_unrolled(params)
   bundle_path = os.path.join(workdir, layout.HF_TOKENIZER)
