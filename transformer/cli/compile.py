@@ -136,7 +136,8 @@ def run(config: ml_collections.ConfigDict) -> int:
 
   output = flags.FLAGS.output
   if output:
-    files.write_atomically(output, json.dumps(report.to_json(plan, levers, trials), indent=2))
+    files.write_atomically(output, json.dumps(report.to_json(plan, levers, trials), indent=2),
+                           flag="--output")  # A full disk names --output, not --workdir.
     print(f"Report written to {output}")
   if failing:
     worst = max(failing, key=lambda step: plan.costs[step].total_bytes)
