@@ -197,6 +197,15 @@ def _late_signal_line(signum: int) -> str:
           f"short (exit status {128 + signum})\n")
 
 
+def _say_unseen_characters() -> None:
+  """One warning for the characters a fixed character vocabulary lacked (they became
+  the unknown id), however many texts the mode encoded; nothing when there were none."""
+  tokenizers = sys.modules.get("transformer.data.tokenizers")  # Loaded by modes that encode.
+  line = tokenizers.unseen_line() if tokenizers is not None else None
+  if line:
+    logging.warning("%s", line)
+
+
 def _finished() -> None:
   """From here on a signal is noted, not raised: the mode returned and its outputs are
   whole, so the exit (absl's, JAX's and Orbax's exit hooks) is never cut short by a
@@ -265,7 +274,10 @@ def main(argv):
         check(_CONFIG.value)
       with lock.hold(_WORKDIR.value) if locked else contextlib.nullcontext():
         held.append(locked)
-        code = MODES[mode].main(_CONFIG.value, _WORKDIR.value)
+        try:
+          code = MODES[mode].main(_CONFIG.value, _WORKDIR.value)
+        finally:
+          _say_unseen_characters()
         _finished()
     except (ConfigError, DataError) as e:
       if any(held):  # Never another command's workdir (WorkdirInUse).
@@ -317,7 +329,10 @@ def main(argv):
                      jax.process_index(), jax.process_count(), jax.local_device_count(),
                      jax.device_count(), jax.devices()[0].platform)
         try:
-          code = MODES[mode].main(_CONFIG.value, workdir)
+          try:
+            code = MODES[mode].main(_CONFIG.value, workdir)
+          finally:
+            _say_unseen_characters()
           _finished()
         except Exception as e:  # pylint: disable=broad-except
           if not isinstance(e, (ConfigError, DataError)):  # Python prints it on the console.

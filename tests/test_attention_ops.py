@@ -204,3 +204,14 @@ def test_dropout_keeps_threefry_on_a_mesh_of_several_accelerators():
       assert dropout_lib.use_hardware_bits() is expected, len(devices)
   with jax.set_mesh(Mesh(np.asarray(jax.devices()[:4]), ("data",))):
     assert not dropout_lib.use_hardware_bits()  # CPU devices: flax's numbers.
+
+
+def test_cudnn_on_a_host_without_a_gpu_says_so(monkeypatch):
+  """Issue 42: on a CPU host the reason is the missing GPU, not a missing pip package."""
+  monkeypatch.setattr(ops, "cudnn_available", lambda: False)
+  reason = ops.unsupported_reason(
+      "cudnn", ops.LayerKind(causal=True), dtype=jnp.bfloat16, head_dim=64,
+      q_len=128, kv_len=128)
+  assert reason == ("cuDNN attention runs on NVIDIA GPUs and this host has none (jax's "
+                    "backend is cpu); compiling for a GPU target here (--mode=compile) needs "
+                    "nvidia-cudnn-cu12 installed")

@@ -372,3 +372,30 @@ def test_a_signal_after_the_command_finished_is_said_as_such(monkeypatch):
   assert "Traceback" not in output, output[-3000:]
   assert ("\nSIGTERM came after --mode=keys had finished; nothing was cut short (exit "
           "status 143)\n") in output, output[-3000:]  # stderr's last line (stdout follows).
+
+
+def test_characters_a_fixed_vocabulary_lacks_are_counted_and_said_once(tmp_path, monkeypatch,
+                                                                        caplog):
+  """Issue 42: init_from onto edited data (or new text to translate) mapped unseen
+  characters to unk silently; every mode now ends with one line counting them."""
+  import launch  # pylint: disable=g-import-not-at-top
+  from transformer.data import tokenizers  # pylint: disable=g-import-not-at-top
+  (tmp_path / "chars.json").write_text('{"chars": "abc"}', encoding="utf-8")
+  vocabulary = tokenizers.CharTokenizer(str(tmp_path / "chars.json"))
+  tokenizers.UNSEEN.clear()
+
+  def encodes(config, workdir):  # A mode that tokenizes three texts.
+    for text in ("abc", "abxé", "xx"):
+      vocabulary.encode(text)
+    return 0
+
+  with monkeypatch.context() as patch:
+    patch.setattr(launch.MODES["keys"], "main", encodes)
+    code, output = _launch_in_process(["--mode=keys"], patch)
+  assert code == 0, output[-3000:]
+  said = [r.getMessage() for r in caplog.records if "character vocabulary" in r.getMessage()]
+  assert len(said) == 1 and said[0].startswith(
+      "4 characters of the text this command encoded (2 distinct: 'x' x3, 'é' x1) are not "
+      "in the run's character vocabulary and became the unknown id"), said
+  assert not tokenizers.UNSEEN  # Said once, then forgotten.
+  assert list(vocabulary.encode("ab")) == [5, 6] and tokenizers.unseen_line() is None
