@@ -342,7 +342,7 @@ def test_a_result_file_names_its_flag_and_is_noted_once_whole(tmp_path, monkeypa
     files.write_atomically(str(tmp_path / "other.json"), "{}", flag="--output")
   message = usage.environment_error(raised.value, "compile", "")
   assert message == (f"No space left on device: {tmp_path / 'other.json'}; free space on "
-                     "that file system or choose another --output.")
+                     "that file system or write the result elsewhere with --output=PATH.")
   assert files.finished_outputs() == [(path, "--output")]
   files.forget_finished()
 

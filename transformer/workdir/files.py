@@ -65,7 +65,9 @@ def write_atomically(path: str, content: str | bytes, flag: str = "") -> bool:
         note_finished(path, flag)
     except OSError as e:
       if e.errno in DISK_FULL_ERRNOS + _REFUSALS and not getattr(e, "flag", ""):
-        raise named(e, path, flag) from None
+        error = named(e, path, flag)
+        error.result_file = True  # A file, not a folder: "write the result elsewhere".
+        raise error from None
       raise
     return written
   data = content.encode("utf-8") if isinstance(content, str) else content
