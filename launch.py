@@ -48,10 +48,39 @@ nothing. Ctrl-C or SIGTERM outside the training loop ends the command with one l
 and 130 / 143, after the cleanups on the way up (outputs are complete or absent).
 """
 
+import atexit
 import contextlib
 import os
+import signal
 import sys
 import textwrap
+
+# SIGINT / SIGTERM that came after the mode had returned successfully, and whether this
+# is `python launch.py` (its exit hooks are then guarded too) with its exit status.
+_LATE_SIGNALS: list[int] = []
+_AS_SCRIPT = {"running": False, "status": None}
+
+
+def _late_signal_at_exit() -> None:
+  """A signal during the interpreter's exit, after a command succeeded: one line, 128 +
+  the signal. Registered before any library's exit hook, so it runs after all of them;
+  after it, in the interpreter's last teardown, signals are ignored."""
+  if not _AS_SCRIPT["running"]:
+    return
+  if not (_LATE_SIGNALS and _AS_SCRIPT["status"] in (None, 0)):
+    # Python's finalization puts SIG_DFL back for its handlers (not for SIG_IGN): a
+    # signal while JAX's backends are torn down would kill the process, with no line.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+      signal.signal(sig, signal.SIG_IGN)
+    return
+  signum = _LATE_SIGNALS[-1]
+  sys.stdout.flush()
+  sys.stderr.write(_late_signal_line(signum))
+  sys.stderr.flush()
+  os._exit(128 + signum)  # pylint: disable=protected-access
+
+
+atexit.register(_late_signal_at_exit)
 
 from absl import app
 from absl import flags
@@ -151,12 +180,52 @@ def _raise_stopped(signum, frame) -> None:
 
 
 def _exit_interrupted(error: KeyboardInterrupt, mode: str) -> None:
-  """One line and 130 (Ctrl-C) / 143 (SIGTERM) for a command stopped before it finished."""
-  import signal  # pylint: disable=g-import-not-at-top
+  """One line and 130 (Ctrl-C) / 143 (SIGTERM) for a command stopped by a signal.
+
+  The line says what is on disk: nothing partial, or, when the signal came after an
+  output was made whole (workdir/files.py notes each), that output's path and flag.
+  """
+  from transformer.workdir import files  # pylint: disable=g-import-not-at-top
   signum = getattr(error, "signum", signal.SIGINT)
-  sys.stderr.write(f"\nStopped by {signal.Signals(signum).name}: --mode={mode} did not "
-                   "finish and left no partial output; rerun the same command\n")
+  name = signal.Signals(signum).name
+  finished = files.finished_outputs()
+  if finished:
+    where = ", ".join(f"{path} ({flag})" for path, flag in finished)
+    sys.stderr.write(f"\nStopped by {name} after --mode={mode} had written its output "
+                     f"completely: {where}; it is whole and usable as is (exit status "
+                     f"{128 + signum})\n")
+  else:
+    sys.stderr.write(f"\nStopped by {name}: --mode={mode} did not finish and left no "
+                     "partial output; rerun the same command\n")
   sys.exit(128 + signum)
+
+
+def _late_signal_line(signum: int) -> str:
+  """The line for a signal that came after the command had succeeded."""
+  from transformer.workdir import files  # pylint: disable=g-import-not-at-top
+  mode = _MODE.value if flags.FLAGS.is_parsed() else "train"
+  finished = ", ".join(f"{path} ({flag})" for path, flag in files.finished_outputs())
+  return (f"\n{signal.Signals(signum).name} came after --mode={mode} had finished"
+          f"{': its output is complete: ' + finished if finished else ''}; nothing was cut "
+          f"short (exit status {128 + signum})\n")
+
+
+def _say_unseen_characters() -> None:
+  """One warning for the characters a fixed character vocabulary lacked (they became
+  the unknown id), however many texts the mode encoded; nothing when there were none."""
+  tokenizers = sys.modules.get("transformer.data.tokenizers")  # Loaded by modes that encode.
+  line = tokenizers.unseen_line() if tokenizers is not None else None
+  if line:
+    logging.warning("%s", line)
+
+
+def _finished() -> None:
+  """From here on a signal is noted, not raised: the mode returned and its outputs are
+  whole, so the exit (absl's, JAX's and Orbax's exit hooks) is never cut short by a
+  KeyboardInterrupt traceback; run() (or, during the exit, `_late_signal_at_exit`)
+  says it in one line."""
+  for sig in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(sig, lambda signum, frame: _LATE_SIGNALS.append(signum))
 
 
 def _created_by_a_failed_check(workdir: str | None, existed: bool) -> None:
@@ -226,7 +295,11 @@ def main(argv):
         check(_CONFIG.value, _WORKDIR.value)
       with lock.hold(_WORKDIR.value) if locked else contextlib.nullcontext():
         held.append(locked)
-        code = MODES[mode].main(_CONFIG.value, _WORKDIR.value)
+        try:
+          code = MODES[mode].main(_CONFIG.value, _WORKDIR.value)
+        finally:
+          _say_unseen_characters()
+        _finished()
     except (ConfigError, DataError) as e:
       if any(held):  # Never another command's workdir (WorkdirInUse).
         _created_by_a_failed_check(_WORKDIR.value, existed)
@@ -277,7 +350,11 @@ def main(argv):
                      jax.process_index(), jax.process_count(), jax.local_device_count(),
                      jax.device_count(), jax.devices()[0].platform)
         try:
-          code = MODES[mode].main(_CONFIG.value, workdir)
+          try:
+            code = MODES[mode].main(_CONFIG.value, workdir)
+          finally:
+            _say_unseen_characters()
+          _finished()
         except Exception as e:  # pylint: disable=broad-except
           if not isinstance(e, (ConfigError, DataError)):  # Python prints it on the console.
             logging.exception("Stopped by an error", extra={"console": False})
@@ -319,18 +396,38 @@ def run(argv: list[str] | None = None) -> None:
 
   Ctrl-C, or SIGTERM, outside the training loop (which saves first and returns 130 /
   143 itself) ends the command with one line and 130 / 143, after every cleanup on the
-  way up has run.
+  way up has run; the line names the outputs already whole, if any. A signal once the
+  mode has returned is noted, not raised (no exit hook is cut short), and said in one
+  line with 130 / 143.
   """
-  import signal  # pylint: disable=g-import-not-at-top
+  from transformer.workdir import files  # pylint: disable=g-import-not-at-top
+  files.forget_finished()
+  _LATE_SIGNALS.clear()
   # SIGTERM unwinds like Ctrl-C (cleanup runs; one line, exit 143), not a silent kill.
-  previous = signal.signal(signal.SIGTERM, _raise_stopped)
+  previous = {signal.SIGINT: signal.getsignal(signal.SIGINT),
+              signal.SIGTERM: signal.signal(signal.SIGTERM, _raise_stopped)}
   try:
     app.run(main, argv=argv, flags_parser=usage.parse_flags)
   except KeyboardInterrupt as e:
     _exit_interrupted(e, _MODE.value if flags.FLAGS.is_parsed() else "train")
+  except SystemExit as e:
+    if not _LATE_SIGNALS or (e.code not in (None, 0)):
+      raise  # Only a command that succeeded has a late signal to say.
+    signum = _LATE_SIGNALS.pop()
+    _LATE_SIGNALS.clear()
+    sys.stderr.write(_late_signal_line(signum))
+    sys.exit(128 + signum)
   finally:
-    signal.signal(signal.SIGTERM, previous)
+    for sig, handler in previous.items():
+      signal.signal(sig, handler)
 
 
 if __name__ == "__main__":
-  run()
+  _AS_SCRIPT["running"] = True
+  try:
+    run()
+  except SystemExit as exit_:
+    _AS_SCRIPT["status"] = exit_.code
+    raise
+  finally:
+    _finished()  # From here a signal is noted and said at the exit, never a traceback.

@@ -274,3 +274,14 @@ def test_cross_attention_is_a_cross_kind_in_training_not_only_when_decoding(monk
   tokens = jnp.ones((1, 16), jnp.int32)
   model.init(jax.random.PRNGKey(0), tokens, tokens, tokens, tokens, tokens, tokens)
   assert [(k.causal, k.cross) for k in seen] == [(False, False), (True, False), (False, True)]
+
+
+def test_cudnn_on_a_host_without_a_gpu_says_so(monkeypatch):
+  """Issue 42: on a CPU host the reason is the missing GPU, not a missing pip package."""
+  monkeypatch.setattr(ops, "cudnn_available", lambda: False)
+  reason = ops.unsupported_reason(
+      "cudnn", ops.LayerKind(causal=True), dtype=jnp.bfloat16, head_dim=64,
+      q_len=128, kv_len=128)
+  assert reason == ("cuDNN attention runs on NVIDIA GPUs and this host has none (jax's "
+                    "backend is cpu); compiling for a GPU target here (--mode=compile) needs "
+                    "nvidia-cudnn-cu12 installed")

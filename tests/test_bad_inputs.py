@@ -21,6 +21,7 @@ import json
 import logging as std_logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from typing import Callable
@@ -314,6 +315,32 @@ def _orbax_disk_full(monkeypatch, paths: Paths) -> None:
   monkeypatch.setattr(ocp.CheckpointManager, "save", save)
 
 
+def _sigterm_while_orbax_saves(monkeypatch, paths: Paths) -> None:
+  """A patch: SIGTERM arrives as Orbax starts writing (its threads then write on)."""
+  del paths
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  real = ocp.CheckpointManager.save
+
+  def save(self, *args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)
+    return real(self, *args, **kwargs)
+
+  monkeypatch.setattr(ocp.CheckpointManager, "save", save)
+
+
+def _sigterm_after_the_final_rename(monkeypatch, paths: Paths) -> None:
+  """A patch: SIGTERM arrives just after the output folder was renamed into place."""
+  from transformer.workdir import files  # pylint: disable=g-import-not-at-top
+  real = files._fsync_directory  # pylint: disable=protected-access
+
+  def fsync_directory(directory):
+    real(directory)
+    if os.path.abspath(directory) == os.path.abspath(paths.files):  # The folder's parent.
+      os.kill(os.getpid(), signal.SIGTERM)
+
+  monkeypatch.setattr(files, "_fsync_directory", fsync_directory)
+
+
 def _tfds_disk_full(monkeypatch, paths: Paths) -> None:
   """A patch: preparing a dataset fails as TFDS does on a full data_dir."""
   del paths
@@ -596,6 +623,18 @@ CASES = [
           "another --hf_dir",), trained_workdir=True,
          patch=_failing_writes(errno.ENOSPC, under="files"),
          absent=("{files}/hf", "{files}/.hf.partial")),
+    # A signal while Orbax writes waits for its threads, then removes the folder; one
+    # at the final rename says the output is whole (a rerun would be refused).
+    Case("sigterm_while_average_writes", ("--mode=average", WORKDIR, "--average_last=2",
+                                          "--output={files}/avg"), 143,
+         ("Stopped by SIGTERM: --mode=average did not finish and left no partial output",),
+         trained_workdir=True, patch=_sigterm_while_orbax_saves,
+         absent=("{files}/avg", "{files}/.avg.partial")),
+    Case("sigterm_at_the_export_rename", ("--mode=export", WORKDIR, "--hf_dir={files}/hf"),
+         143, ("Stopped by SIGTERM after --mode=export had written its output completely: "
+               "{files}/hf (--hf_dir); it is whole and usable as is (exit status 143)",),
+         trained_workdir=True, patch=_sigterm_after_the_final_rename,
+         absent=("{files}/.hf.partial",)),
     Case("import_index_names_a_missing_shard", ("--mode=import", WORKDIR, "--hf_dir={files}/hf"),
          2, ("{files}/hf/model.safetensors.index.json names 1 shard file(s) that {files}/hf "
              "does not have: model-00001-of-00002.safetensors; download the missing shards",),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from unittest import mock
 
 import numpy as np
@@ -369,3 +370,39 @@ def test_too_small_sentencepiece_vocabulary_is_named(tmp_path):
   with pytest.raises(ConfigError, match=r"config\.data\.spm_vocab_size=100 is too small for "
                      r"SentencePiece: it needs >= 300"):
     loop.train_and_evaluate(config, str(tmp_path / "run"))
+
+
+def test_a_vocabulary_swapped_with_its_record_is_refused_against_config_json(tmp_path):
+  """Issue 42: another run's tokenizer.json and SentencePiece model copied in together
+  agree by sha256; config.json's data.spm_vocab_size (and data.tokenizer) do not."""
+
+  rng = np.random.default_rng(0)  # Varied words: enough pieces for 330.
+  lines = [" ".join("".join(rng.choice(list("abcdefghijklmnop"), 4)) for _ in range(12))
+           for _ in range(800)]
+  run, other = tmp_path / "run", tmp_path / "other"
+  for folder, size in ((run, 320), (other, 330)):
+    folder.mkdir()
+    model = tokenizers.train_sentencepiece(iter(lines), size, str(tmp_path / f"{size}.model"),
+                                           max_sentences=1000)
+    sources.save_tokenizer(str(folder), model)
+  config = base.get_config()
+  config.data.update(tokenizer="sentencepiece", spm_vocab_size=320, spm_train_sentences=1000)
+  config.model.vocab_size = 384
+  (run / "config.json").write_text(config.to_json_best_effort(), encoding="utf-8")
+  assert sources.load_workdir_tokenizer(str(run)).vocab_size == 320
+  for name in ("tokenizer.json", "330.model"):  # The other run's pair, copied in together.
+    shutil.copy(other / name, run / name)
+  with pytest.raises(ConfigError, match=(
+      r"run/tokenizer.json names a SentencePiece model built with data.spm_vocab_size=330 "
+      r"\(config.json: 320\): it is not this run's vocabulary; restore this run's own")):
+    sources.load_workdir_tokenizer(str(run))
+  config.data.tokenizer = "char"  # A config.json of another kind: the kind is named.
+  (run / "config.json").write_text(config.to_json_best_effort(), encoding="utf-8")
+  with pytest.raises(ConfigError, match=r"names a sentencepiece vocabulary, but .*config.json "
+                                        r"has data.tokenizer='char'"):
+    sources.load_workdir_tokenizer(str(run))
+  config.data.tokenizer, config.model.vocab_size = "sentencepiece", 300  # No room for 330.
+  (run / "config.json").write_text(config.to_json_best_effort(), encoding="utf-8")
+  with pytest.raises(ConfigError, match=r"vocabulary of 330 ids, but .*config.json has "
+                                        r"model.vocab_size=300"):
+    sources.load_workdir_tokenizer(str(run))

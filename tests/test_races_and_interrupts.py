@@ -5,11 +5,14 @@
   - Ctrl-C / SIGTERM outside the training loop: one line, exit 130 / 143, no traceback,
     no partial output (the dataset build, --mode=translate, SentencePiece training).
   - The one divisibility check runs in every mode that places weights on a mesh.
-  - A folder written through `files.complete_or_absent` is whole or absent.
+  - A folder written through `files.complete_or_absent` is whole or absent, also when
+    a signal or a full disk meets Orbax's threads; a signal after the output is whole
+    (or after the command finished) is said as such.
 """
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import logging as std_logging
 import os
@@ -20,7 +23,10 @@ import threading
 import time
 
 import jax
+import jax.numpy as jnp
+import orbax.checkpoint as ocp
 import pytest
+from orbax.checkpoint._src import asyncio_utils
 
 from test_bad_inputs import _launch_in_process  # pylint: disable=protected-access
 from tiny import make_tiny_config
@@ -32,6 +38,8 @@ from transformer.data import sources
 from transformer.data import tokenizers
 from transformer.inference import loaded
 from transformer.training import trainer as trainer_lib
+from transformer.cli import usage
+from transformer.workdir import checkpointing
 from transformer.workdir import files
 from transformer.workdir import lock
 
@@ -267,3 +275,127 @@ def test_a_folder_is_complete_or_absent(tmp_path):
     assert os.listdir(folder) == []
     files.write_atomically(os.path.join(folder, "a.txt"), "a")
   assert os.listdir(tmp_path) == ["out"] and os.listdir(target) == ["a.txt"]
+
+
+def _stop(signum, frame):
+  raise KeyboardInterrupt
+
+
+def test_a_signal_while_orbax_writes_waits_for_the_save_then_removes_the_folder(
+    tmp_path, monkeypatch):
+  """Orbax writes from threads of its own: interrupted at once, they wrote on into a
+  removed folder ("Event loop is closed", a `.partial` left). The signal waits for the
+  save and the manager's close, then the folder is removed and the interrupt raised."""
+  real, saved = ocp.CheckpointManager.save, []
+
+  def save(self, *args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)  # The handler would raise at the next bytecode.
+    result = real(self, *args, **kwargs)
+    saved.append(True)
+    return result
+
+  monkeypatch.setattr(ocp.CheckpointManager, "save", save)
+  previous = signal.signal(signal.SIGTERM, _stop)
+  try:
+    with pytest.raises(KeyboardInterrupt):
+      with files.complete_or_absent(str(tmp_path / "out"), "--output") as partial:
+        checkpointing.save_params(os.path.join(partial, "checkpoints"), 0,
+                                  {"w": jnp.ones((4, 4))})
+    assert signal.getsignal(signal.SIGTERM) is _stop  # Given back after the save.
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+  assert saved == [True]
+  assert os.listdir(tmp_path) == []
+
+
+def test_a_failed_orbax_write_ends_its_other_writes_before_the_error():
+  """A full disk fails one of Orbax's gathered writes; the others must end in the loop
+  before it closes (else their completions print "Event loop is closed" and write on)."""
+  finished = []
+
+  async def writes():
+    async def fails():
+      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    async def goes_on():
+      for _ in range(10):  # Outlives the failure by several loop turns (Orbax's own
+        await asyncio.sleep(0)  # loop stops after the first); no time passes.
+      finished.append(True)
+
+    await asyncio.gather(fails(), goes_on())
+
+  with pytest.raises(OSError):
+    asyncio_utils.run_sync(writes())
+  assert finished == [True]
+
+
+def test_a_result_file_names_its_flag_and_is_noted_once_whole(tmp_path, monkeypatch):
+  """A full disk under --mode=compile --output=F names --output (not --workdir or the
+  data_dir); a result written whole is what a later signal's line names."""
+  files.forget_finished()
+  path = str(tmp_path / "report.json")
+  files.write_atomically(path, "{}", flag="--output")
+  assert files.finished_outputs() == [(path, "--output")]
+  monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(
+      OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))))
+  with pytest.raises(OSError) as raised:
+    files.write_atomically(str(tmp_path / "other.json"), "{}", flag="--output")
+  message = usage.environment_error(raised.value, "compile", "")
+  assert message == (f"No space left on device: {tmp_path / 'other.json'}; free space on "
+                     "that file system or write the result elsewhere with --output=PATH.")
+  assert files.finished_outputs() == [(path, "--output")]
+  files.forget_finished()
+
+
+def test_a_signal_after_the_command_finished_is_said_as_such(monkeypatch):
+  """SIGTERM once the mode has returned (its exit hooks running): one line saying it
+  finished, 143, no KeyboardInterrupt traceback from an exit hook."""
+  import launch  # pylint: disable=g-import-not-at-top
+  real = launch._finished  # pylint: disable=protected-access
+
+  def finished():
+    real()
+    os.kill(os.getpid(), signal.SIGTERM)  # Noted by the handler real() installed.
+
+  def not_handled(signum, frame):
+    raise AssertionError("launch.run did not put the handler back")
+
+  previous = signal.signal(signal.SIGTERM, not_handled)
+  try:
+    with monkeypatch.context() as patch:
+      patch.setattr(launch, "_finished", finished)
+      code, output = _launch_in_process(["--mode=keys"], patch)
+    assert signal.getsignal(signal.SIGTERM) == not_handled
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+  assert code == 143, output[-3000:]
+  assert "Traceback" not in output, output[-3000:]
+  assert ("\nSIGTERM came after --mode=keys had finished; nothing was cut short (exit "
+          "status 143)\n") in output, output[-3000:]  # stderr's last line (stdout follows).
+
+
+def test_characters_a_fixed_vocabulary_lacks_are_counted_and_said_once(tmp_path, monkeypatch,
+                                                                        caplog):
+  """Issue 42: init_from onto edited data (or new text to translate) mapped unseen
+  characters to unk silently; every mode now ends with one line counting them."""
+  import launch  # pylint: disable=g-import-not-at-top
+  from transformer.data import tokenizers  # pylint: disable=g-import-not-at-top
+  (tmp_path / "chars.json").write_text('{"chars": "abc"}', encoding="utf-8")
+  vocabulary = tokenizers.CharTokenizer(str(tmp_path / "chars.json"))
+  tokenizers.UNSEEN.clear()
+
+  def encodes(config, workdir):  # A mode that tokenizes three texts.
+    for text in ("abc", "abxé", "xx"):
+      vocabulary.encode(text)
+    return 0
+
+  with monkeypatch.context() as patch:
+    patch.setattr(launch.MODES["keys"], "main", encodes)
+    code, output = _launch_in_process(["--mode=keys"], patch)
+  assert code == 0, output[-3000:]
+  said = [r.getMessage() for r in caplog.records if "character vocabulary" in r.getMessage()]
+  assert len(said) == 1 and said[0].startswith(
+      "4 characters of the text this command encoded (2 distinct: 'x' x3, 'é' x1) are not "
+      "in the run's character vocabulary and became the unknown id"), said
+  assert not tokenizers.UNSEEN  # Said once, then forgotten.
+  assert list(vocabulary.encode("ab")) == [5, 6] and tokenizers.unseen_line() is None

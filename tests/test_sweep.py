@@ -306,17 +306,16 @@ def test_a_diverged_run_is_recorded_and_the_sweep_goes_on(tfds_data_dir, tmp_pat
 # ---------------------------------------------------------------- reruns that cannot lie
 
 
-def test_a_rerun_refuses_changed_flags_and_reports_a_locked_run_in_use(tiny_config, tmp_path,
-                                                                       monkeypatch, capsys):
-  """Issue 34: finished runs are checked against their config.json; a locked run is in use."""
+def _finished_runs(tiny_config, sweep_dir: str, spec: str, monkeypatch) -> list:
+  """The runs of `spec` as training leaves them finished (config.json with vocab_size
+  resolved, one metrics row); checkpoints as far as the sweep and the resume check
+  look, and no run may start."""
   from unittest import mock  # pylint: disable=import-outside-toplevel
-  from transformer.workdir import checkpointing, lock  # pylint: disable=import-outside-toplevel
+  from transformer.workdir import checkpointing  # pylint: disable=import-outside-toplevel
 
-  sweep_dir = str(tmp_path / "sweep")
-  spec = "model.position=learned,rope"
   tiny_config.model.vocab_size = 0  # The tokenizer's size, which the runs recorded resolved.
   runs = sweep.build_runs(tiny_config, spec)
-  for run in runs:  # Two finished runs, as training leaves them (vocab_size resolved).
+  for run in runs:
     workdir = os.path.join(sweep_dir, run.name)
     config = run.config.copy_and_resolve_references()
     config.model.vocab_size = 128
@@ -325,12 +324,22 @@ def test_a_rerun_refuses_changed_flags_and_reports_a_locked_run_in_use(tiny_conf
       f.write(config.to_json_best_effort(indent=2))
     with open(os.path.join(workdir, "metrics.jsonl"), "w", encoding="utf-8") as f:
       f.write(json.dumps({"step": 6, "loss": 2.0, "eval_loss": 2.1}) + "\n")
-  # Their checkpoints, as far as the sweep and the resume check look; no run may start.
   monkeypatch.setattr(checkpointing, "has_checkpoint", lambda workdir: True)
   monkeypatch.setattr(sweep, "finished_step", lambda workdir: 6)
   monkeypatch.setattr(sweep.plots, "write_plots_after_training", lambda workdir: None)
   monkeypatch.setattr(sweep.subprocess, "Popen", mock.Mock(side_effect=AssertionError))
   monkeypatch.setattr(sweep.compare, "overlay_figures", lambda *args: {})
+  return runs
+
+
+def test_a_rerun_refuses_changed_flags_and_reports_a_locked_run_in_use(tiny_config, tmp_path,
+                                                                       monkeypatch, capsys):
+  """Issue 34: finished runs are checked against their config.json; a locked run is in use."""
+  from transformer.workdir import lock  # pylint: disable=import-outside-toplevel
+
+  sweep_dir = str(tmp_path / "sweep")
+  spec = "model.position=learned,rope"
+  runs = _finished_runs(tiny_config, sweep_dir, spec, monkeypatch)
 
   assert sweep.run_sweep(tiny_config, "tests/tiny.py", sweep_dir, spec) == 0
   assert capsys.readouterr().out.count("finished (checkpoint 6/6), skipped") == 2
@@ -367,3 +376,37 @@ def test_a_rerun_refuses_changed_flags_and_reports_a_locked_run_in_use(tiny_conf
     _, rows = _table_rows(f.read())
   assert rows[0]["status"].startswith(holder) and rows[1]["status"] == "finished"
   assert not os.path.exists(os.path.join(sweep_dir, "position=rope", "lock"))  # Probed only.
+
+
+def test_a_rerun_with_another_list_keeps_the_earlier_runs_in_the_record(tiny_config, tmp_path,
+                                                                         monkeypatch, capsys):
+  """Issue 42: seed=0,1 then seed=1,2: sweep.json and compare.md keep seed=0, mark which
+  runs the current list has, and one line says the list changed."""
+  sweep_dir = str(tmp_path / "sweep")
+  _finished_runs(tiny_config, sweep_dir, "seed=0,1,2", monkeypatch)  # seed=2 as if trained.
+  assert sweep.run_sweep(tiny_config, "tests/tiny.py", sweep_dir, "seed=0,1") == 0
+  assert "--sweep list changed" not in capsys.readouterr().out
+  assert sweep.run_sweep(tiny_config, "tests/tiny.py", sweep_dir, "seed=1,2") == 0
+  out = capsys.readouterr().out
+  assert ("sweep: the --sweep list changed ('seed=0,1' -> 'seed=1,2'): seed=0 no longer in "
+          "it (kept in sweep.json and compare.md as runs of an earlier list); new: seed=2\n"
+          ) in out
+  with open(os.path.join(sweep_dir, "sweep.json"), encoding="utf-8") as f:
+    record = json.load(f)
+  assert record["sweeps"] == ["seed=0,1", "seed=1,2"]
+  assert [(r["name"], r["current"], r["status"]) for r in record["runs"]] == [
+      ("seed=1", True, "finished"), ("seed=2", True, "finished"),
+      ("seed=0", False, "finished")]
+  with open(os.path.join(sweep_dir, "compare.md"), encoding="utf-8") as f:
+    text = f.read()
+  _, rows = _table_rows(text)
+  assert [(r["run"], r["status"]) for r in rows] == [
+      ("seed=1", "finished"), ("seed=2", "finished"),
+      ("seed=0", "finished (earlier --sweep list)")]
+  assert "earlier --sweep list: a run a previous --sweep of this folder ran" in text
+  # --mode=compare on the folder reads the same record; the same list again says nothing.
+  assert len(compare.find_runs(sweep_dir)) == 3
+  assert sweep.run_sweep(tiny_config, "tests/tiny.py", sweep_dir, "seed=1,2") == 0
+  assert "--sweep list changed" not in capsys.readouterr().out
+  with open(os.path.join(sweep_dir, "sweep.json"), encoding="utf-8") as f:
+    assert json.load(f)["runs"] == record["runs"]

@@ -234,7 +234,7 @@ def write_result(text: str, count: int, what: str, output_path: str | None,
   stdout; process 0 only, the caller checks."""
   if output_path:
     check_output(output_path, overwrite, [input_path])  # None appeared meanwhile.
-    files.write_atomically(output_path, text)
+    files.write_atomically(output_path, text, flag="--output")
     logging.info("Wrote %d %s to %s", count, what, output_path)
   else:
     out = stdout or sys.stdout

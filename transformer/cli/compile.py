@@ -154,7 +154,8 @@ def run(config: ml_collections.ConfigDict) -> int:
     result = report.to_json(plan, levers, trials)
     result["input"] = (input_rate.to_json(rate, plan.train_tokens_per_second)
                        if rate is not None else None)
-    files.write_atomically(output, json.dumps(result, indent=2))
+    files.write_atomically(output, json.dumps(result, indent=2),
+                           flag="--output")  # A full disk names --output, not --workdir.
     print(f"Report written to {output}")
   if failing:
     worst = max(failing, key=lambda step: plan.costs[step].total_bytes)

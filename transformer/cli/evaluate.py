@@ -224,7 +224,7 @@ def evaluate(workdir: str, *, config: ml_collections.ConfigDict | None = None,
       record["averaged"] = json.load(f)
   if jax.process_index() == 0:
     common.check_output(path, overwrite, given=bool(output))
-    files.write_atomically(path, json.dumps(record, indent=2) + "\n")
+    files.write_atomically(path, json.dumps(record, indent=2) + "\n", flag="--output")
     if by_position:
       long_context.write_position_plot(
           record["by_position"]["rows"], record["by_position"]["plot"],

@@ -146,7 +146,7 @@ def run_passkey(workdir: str, *, lengths: Sequence[int], depths: Sequence[float]
     record["changed"] = variant
   if jax.process_index() == 0:
     common.check_output(path, overwrite, given=bool(output))
-    files.write_atomically(path, json.dumps(record, indent=2) + "\n")
+    files.write_atomically(path, json.dumps(record, indent=2) + "\n", flag="--output")
     changed = ", ".join(f"{k} {v}" for k, v in variant.items())
     long_context.write_passkey_heatmap(
         cells, record["heatmap"], f"passkey: {os.path.basename(os.path.normpath(workdir))} "

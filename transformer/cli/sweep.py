@@ -23,7 +23,11 @@ flags are passed on) with the workdir `<sweep dir>/<short key>=<value>+...`, e.g
 one after another. A run that fails or diverges (its exit status is not 0; a diverged
 run's error line is a FloatingPointError) does not stop the sweep: its status
 ("failed" / "diverged"), the last step it logged and its error line (the reason) go
-into sweep.json, and the next run starts. At the end the comparison
+into sweep.json, and the next run starts. A rerun with another list keeps the
+record's history: sweep.json lists the runs of the current list ("current": true)
+and those earlier lists ran ("current": false), with every list given ("sweeps"), the
+comparison keeps their rows (status "... (earlier --sweep list)"), and one line says
+what changed. At the end the comparison
 (transformer/reports/compare.py) is written into the sweep dir, failed runs marked as
 such, and the sweep exits 1 if any run did not finish. Rerunning the same command
 resumes the sweep: a run whose newest complete checkpoint is at train.num_steps is
@@ -406,14 +410,54 @@ class _Forward:
 
 
 def _write_record(sweep_dir: str, config_arg: str, spec: str, fixed: Mapping[str, Any],
-                  runs: Sequence[SweepArm], outcomes: Mapping[str, dict[str, Any]]) -> None:
-  """sweep.json: the spec, and each run with its outcome (status, step, reason)."""
-  record = {"config": config_arg, "sweep": spec,
+                  runs: Sequence[SweepArm], outcomes: Mapping[str, dict[str, Any]],
+                  history: tuple[list[str], list[dict[str, Any]]]) -> None:
+  """sweep.json: the spec, each run with its outcome (status, step, reason) and
+  "current": true, then the runs of earlier --sweep lists ("current": false), and every
+  list given in this folder ("sweeps", oldest first)."""
+  specs, earlier = history
+  record = {"config": config_arg, "sweep": spec, "sweeps": specs,
             "flags": [f"--config.{k}={_as_flag(v)}" for k, v in fixed.items()],
-            "runs": [{"name": run.name, "overrides": run.overrides,
-                      **outcomes.get(run.name, {"status": "pending"})} for run in runs]}
+            "runs": [{"name": run.name, "overrides": run.overrides, "current": True,
+                      **outcomes.get(run.name, {"status": "pending"})} for run in runs]
+                    + [dict(arm, current=False) for arm in earlier]}
   files.write_atomically(os.path.join(sweep_dir, layout.SWEEP_RECORD),
                          json.dumps(record, indent=1))
+
+
+def _history(sweep_dir: str, spec: str,
+             runs: Sequence[SweepArm]) -> tuple[list[str], list[dict[str, Any]]]:
+  """(every --sweep list given here, oldest first; the runs earlier lists ran that this
+  one lacks, as sweep.json recorded them), and one line when the list changed.
+
+  A record keeps its history: a rerun with another list never drops a run that was
+  started (its folder stays, and so does its row in sweep.json and compare.md).
+  """
+  try:
+    with open(os.path.join(sweep_dir, layout.SWEEP_RECORD), encoding="utf-8") as f:
+      previous = json.load(f)
+  except (OSError, ValueError):
+    previous = {}
+  if not isinstance(previous, dict):
+    previous = {}
+  specs = list(previous.get("sweeps") or ([previous["sweep"]] if "sweep" in previous else []))
+  current = {run.name for run in runs}
+  recorded = [r for r in compare.sweep_runs(sweep_dir) if isinstance(r, dict) and "name" in r]
+  earlier = [{k: v for k, v in r.items() if k != "current"} for r in recorded
+             if r["name"] not in current and (r.get("status", "pending") != "pending"
+                                              or os.path.isdir(os.path.join(sweep_dir,
+                                                                            r["name"])))]
+  last_list = [r["name"] for r in recorded if r.get("current", True)]
+  if previous and last_list and set(last_list) != current:
+    gone = [name for name in last_list if name not in current]
+    new = [run.name for run in runs if run.name not in last_list]
+    print(f"sweep: the --sweep list changed ({previous.get('sweep')!r} -> {spec!r}): "
+          + (f"{', '.join(gone)} no longer in it (kept in {layout.SWEEP_RECORD} and "
+             f"{layout.COMPARE} as runs of an earlier list)" if gone else "no run dropped")
+          + (f"; new: {', '.join(new)}" if new else ""), flush=True)
+  if not specs or specs[-1] != spec:
+    specs.append(spec)
+  return specs, earlier
 
 
 # A line that names an exception, as launch.py's one-line errors and tracebacks end.
@@ -483,7 +527,8 @@ def run_sweep(config: ml_collections.ConfigDict, config_arg: str, sweep_dir: str
             for index, run in refused))
   os.makedirs(sweep_dir, exist_ok=True)
   outcomes = _previous_outcomes(sweep_dir)
-  record = lambda: _write_record(sweep_dir, config_arg, spec, fixed, runs, outcomes)
+  history = _history(sweep_dir, spec, runs)
+  record = lambda: _write_record(sweep_dir, config_arg, spec, fixed, runs, outcomes, history)
   record()
   print(f"sweep: {len(runs)} runs in {os.path.abspath(sweep_dir)}", flush=True)
   stop_with_the_sweep = _stop_with_the_sweep()
@@ -553,8 +598,11 @@ def run_sweep(config: ml_collections.ConfigDict, config_arg: str, sweep_dir: str
       print(f"{label} {status}: {how} after {elapsed}, last logged step {logged}: "
             f"{reason or '(no error line)'}; the sweep goes on (rerunning it retries this "
             "run)", file=sys.stderr, flush=True)
-  text = compare.compare([os.path.join(sweep_dir, run.name) for run in runs], sweep_dir,
-                         log_steps)
+  # The runs of earlier --sweep lists stay in the comparison, marked as such.
+  earlier = [os.path.join(sweep_dir, arm["name"]) for arm in history[1]
+             if os.path.isdir(os.path.join(sweep_dir, arm["name"]))]
+  text = compare.compare([os.path.join(sweep_dir, run.name) for run in runs] + earlier,
+                         sweep_dir, log_steps)
   print(text, flush=True)
   failed = [run.name for run in runs if outcomes[run.name]["status"] != "finished"]
   if failed:

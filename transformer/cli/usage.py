@@ -162,7 +162,10 @@ def environment_error(error: OSError, mode: str = "train", workdir: str = "") ->
   fix = ENVIRONMENT_ERRNOS[error.errno]
   flag = getattr(error, "flag", "")
   if flag:  # The writer said which flag (or config key) chose the path (workdir/files.py).
-    fix = fix.replace("use another --workdir", f"choose another {flag}")
+    fix = fix.replace("use another --workdir",
+                      "write the result elsewhere with --output=PATH"
+                      if flag == "--output" and getattr(error, "result_file", False)
+                      else f"choose another {flag}")
     return f"{error.strerror or error}{where}; {fix}."
   if workdir and error.filename and not os.path.abspath(str(error.filename)).startswith(
       os.path.abspath(workdir) + os.sep) and os.path.abspath(str(error.filename)) != (

@@ -372,4 +372,58 @@ def load_workdir_tokenizer(workdir: str) -> tokenizers.Tokenizer:
   if tokenizer.vocab_size != record.get("vocab_size"):
     raise ConfigError(f"{record_path} records vocab_size={record.get('vocab_size')} but its "
                       f"{kind} tokenizer has {tokenizer.vocab_size}")
+  _check_against_config(workdir, kind, tokenizer)
   return tokenizer
+
+
+def _sentencepiece_options(tokenizer: tokenizers.SentencePieceTokenizer) -> dict[str, object]:
+  """The options a SentencePiece model was trained with, read from the model file itself."""
+  from sentencepiece import sentencepiece_model_pb2  # pylint: disable=g-import-not-at-top
+  proto = sentencepiece_model_pb2.ModelProto()
+  proto.ParseFromString(tokenizer._sp.serialized_model_proto())  # pylint: disable=protected-access
+  spec = proto.trainer_spec
+  return {"data.spm_vocab_size": spec.vocab_size,
+          "data.spm_model_type": sentencepiece_model_pb2.TrainerSpec.ModelType.Name(
+              spec.model_type).lower(),
+          "data.spm_train_sentences": spec.input_sentence_size}
+
+
+def _check_against_config(workdir: str, kind: str, tokenizer: tokenizers.Tokenizer) -> None:
+  """Refuses a vocabulary that is not the one the run's own config.json describes.
+
+  tokenizer.json and the file it names agree by sha256, but both may have been copied
+  from another run together: then the size, the kind or the options the vocabulary was
+  built with (read from the SentencePiece model itself) differ from config.json's. A run
+  that took its vocabulary from config.init_from, or imported it, is only checked for
+  room in its embedding (model.vocab_size).
+  """
+  config_path = os.path.join(workdir, layout.CONFIG)
+  try:
+    with open(config_path, encoding="utf-8") as f:
+      config = json.load(f)
+    data, model = config["data"], config["model"]
+  except (OSError, ValueError, KeyError, TypeError):
+    return  # No config.json (yet): nothing to compare; modes that need it say so.
+  record = f"{workdir}/{layout.TOKENIZER_RECORD}"
+  fix = (f"restore this run's own {layout.TOKENIZER_RECORD} and vocabulary file (they were "
+         "replaced together), or use the run they come from")
+  size = model.get("vocab_size")
+  if isinstance(size, int) and size and tokenizer.vocab_size > size:
+    raise ConfigError(f"{record} names a {kind} vocabulary of {tokenizer.vocab_size} ids, but "
+                      f"{config_path} has model.vocab_size={size}: it is not this run's "
+                      f"vocabulary; {fix}")
+  if config.get("init_from") or kind in ("bytes", "huggingface"):
+    return  # Kept from the source run, or imported: not built from this config's options.
+  if kind != data.get("tokenizer"):
+    raise ConfigError(f"{record} names a {kind} vocabulary, but {config_path} has "
+                      f"data.tokenizer={data.get('tokenizer')!r}; {fix}")
+  if kind == "sentencepiece":
+    expected = {"data.spm_vocab_size": data.get("spm_vocab_size") or size,
+                "data.spm_model_type": data.get("spm_model_type"),
+                "data.spm_train_sentences": data.get("spm_train_sentences")}
+    built = _sentencepiece_options(tokenizer)
+    differ = [f"{key}={built[key]!r} (config.json: {value!r})"
+              for key, value in expected.items() if value is not None and built[key] != value]
+    if differ:
+      raise ConfigError(f"{record} names a SentencePiece model built with "
+                        f"{', '.join(differ)}: it is not this run's vocabulary; {fix}")

@@ -7,10 +7,17 @@ bytes to ids 4..259, puts the mask at 260 and needs no training (handy for quick
 runs); `CharTokenizer` gives each character of the training split its own id after
 the mask (4), as character-level language models do. No text ever encodes to the
 mask id: only masked-LM input pipelines write it.
+
+A character vocabulary is fixed once built: a character its text never had encodes
+to unk. `CharTokenizer` counts such characters (`UNSEEN`), and launch.py says them in
+one line at the end of every command (`unseen_line`): fine-tuning with
+config.init_from on edited data, translating or evaluating text with new characters
+is never silently lossy.
 """
 
 from __future__ import annotations
 
+import collections
 import io
 import json
 import os
@@ -55,6 +62,25 @@ class ByteTokenizer:
     return data.decode("utf-8", errors="replace")
 
 
+# Characters a character vocabulary lacked, with how often this process encoded each
+# (to UNK_ID); threads of the input pipeline add to it, launch.py says it once.
+UNSEEN: collections.Counter = collections.Counter()
+
+
+def unseen_line() -> str | None:
+  """One line on the characters encoded to unk since the last call (None if none); resets."""
+  if not UNSEEN:
+    return None
+  counts, total = UNSEEN.most_common(), sum(UNSEEN.values())
+  UNSEEN.clear()
+  shown = ", ".join(f"{c!r} x{n:,}" for c, n in counts[:8])
+  more = f" and {len(counts) - 8} more" if len(counts) > 8 else ""
+  return (f"{total:,} characters of the text this command encoded ({len(counts)} distinct: "
+          f"{shown}{more}) are not in the run's character vocabulary and became the unknown "
+          "id (the vocabulary holds the characters of the text it was built from; a run "
+          "fine-tuned with config.init_from keeps its source's)")
+
+
 class CharTokenizer:
   """One id per character of the training text: specials 0..3, mask 4, characters from 5.
 
@@ -75,7 +101,11 @@ class CharTokenizer:
 
   def encode(self, text: str) -> np.ndarray:
     ids = self._ids
-    return np.fromiter((ids.get(c, UNK_ID) for c in text), dtype=np.int32, count=len(text))
+    encoded = np.fromiter((ids.get(c, UNK_ID) for c in text), dtype=np.int32,
+                          count=len(text))
+    if (encoded == UNK_ID).any():  # Only an unseen character encodes to unk: counted.
+      UNSEEN.update(c for c in text if c not in ids)
+    return encoded
 
   def decode(self, ids: Iterable[int]) -> str:
     first = NUM_SPECIAL + 1

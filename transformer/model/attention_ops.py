@@ -89,6 +89,10 @@ def unsupported_reason(kernel: str, kind: LayerKind, *, dtype, head_dim: int,
 
 def _cudnn_device_reason(kind: LayerKind) -> str | None:
   if not cudnn_available():
+    if jax.default_backend() not in ("gpu", "cuda"):  # The hint must hold on this host.
+      return (f"cuDNN attention runs on NVIDIA GPUs and this host has none (jax's backend "
+              f"is {jax.default_backend()}); compiling for a GPU target here "
+              "(--mode=compile) needs nvidia-cudnn-cu12 installed")
     return ("cuDNN is not installed (pip install nvidia-cudnn-cu12; jax[cuda12] brings it "
             "on a GPU host)")
   if kind.packed and not packed_layout_supported():

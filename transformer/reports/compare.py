@@ -123,7 +123,8 @@ def common_peak(runs: Sequence[RunSummary]) -> tuple[float | None, str]:
 
 
 def sweep_outcome(workdir: str) -> dict[str, Any]:
-  """{status, step, reason} the sweep that ran `workdir` recorded ({} if none did).
+  """{status, step, reason, current} the sweep that ran `workdir` recorded ({} if none
+  did); current is False for a run of an earlier --sweep list of that folder.
 
   Looked up in the sweep.json of the folder above (cli/sweep.py writes it), so a run
   compared through --compare_dirs shows its status too.
@@ -132,7 +133,7 @@ def sweep_outcome(workdir: str) -> dict[str, Any]:
   parent = os.path.dirname(os.path.abspath(os.path.normpath(workdir)))
   for run in sweep_runs(parent):
     if isinstance(run, dict) and run.get("name") == name and "status" in run:
-      return {k: run[k] for k in ("status", "step", "reason") if k in run}
+      return {k: run[k] for k in ("status", "step", "reason", "current") if k in run}
   return {}
 
 
@@ -192,6 +193,8 @@ def table(runs: Sequence[RunSummary], first_keys: Sequence[str] = ()) -> str:
         status = run.outcome.get("reason", status)
       elif status in ("failed", "diverged", "stopped") and run.outcome.get("step") is not None:
         status += f" (step {run.outcome['step']})"
+      if run.outcome.get("current") is False:
+        status += " (earlier --sweep list)"
       cells.append(f"**{status}**" if status.startswith(("failed", "diverged")) else status)
     cells += [_format_value(run.config.get(key)) for key in shown]
     parameters = run.record.get("parameters")
@@ -232,7 +235,10 @@ def table(runs: Sequence[RunSummary], first_keys: Sequence[str] = ()) -> str:
                    + f": {run.outcome.get('reason', 'no reason recorded')}")
   if with_status:
     notes.append("status: what the sweep recorded in sweep.json (a failed or diverged run "
-                 "does not stop the sweep; rerunning the sweep retries it).")
+                 "does not stop the sweep; rerunning the sweep retries it)"
+                 + ("; earlier --sweep list: a run a previous --sweep of this folder ran "
+                    "that the current list does not have (kept, not rerun)."
+                    if any(run.outcome.get("current") is False for run in runs) else "."))
   if hidden:
     notes.append(f"Also differing between the runs: {', '.join(hidden)}.")
   if with_mfu and peak:

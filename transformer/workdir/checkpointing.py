@@ -16,10 +16,11 @@ Parameter matching for `config.init_from` is in init_from.py, averaging in avera
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
-from typing import Any
+from typing import Any, Coroutine
 
 import grain
 import jax
@@ -27,12 +28,44 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
+from orbax.checkpoint._src import asyncio_utils
 from etils import epath
 from jax.experimental import multihost_utils
 
 from transformer.config.errors import ConfigError
 from transformer.workdir import files
 from transformer.workdir import layout
+
+
+def _run_sync_draining(coro: Coroutine[Any, Any, Any]) -> Any:
+  """Orbax's `_run_sync_via_new_loop`, but a failure waits for the loop's other tasks.
+
+  Orbax runs each write's coroutines with `asyncio.gather` in a fresh loop and closes
+  the loop as soon as one write fails (a full disk): the other tensorstore writes go on
+  in C++, then print "RuntimeError: Event loop is closed" (dozens of tracebacks after
+  the one-line message) and write files into a folder the caller has already removed.
+  Here the failed loop first runs its remaining tasks to their end (each fails fast on
+  the same full disk), so a failed save is over when its error reaches the caller.
+  """
+  loop = asyncio.new_event_loop()
+  try:
+    asyncio.set_event_loop(loop)
+    try:
+      return loop.run_until_complete(coro)
+    except BaseException:
+      pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
+      if pending:
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+      raise
+  finally:
+    asyncio.set_event_loop(None)
+    loop.close()
+
+
+# The one place a library's internals are replaced; a newer Orbax without the function
+# keeps its own (the test of a full disk during import then says so).
+if hasattr(asyncio_utils, "_run_sync_via_new_loop"):
+  asyncio_utils._run_sync_via_new_loop = _run_sync_draining  # pylint: disable=protected-access
 
 
 class Checkpointer:
@@ -197,15 +230,20 @@ def save_params(directory: str, step: int, params: Any) -> str:
   What --mode=average and --mode=import write: the other modes and config.init_from
   read it; it cannot resume training (no optimizer state). Every process writes its
   shards, synchronously. Returns the step's directory.
+
+  SIGINT / SIGTERM wait until the save has ended and the manager is closed
+  (`files.signals_deferred`): Orbax writes from threads of its own, which an
+  interrupted main thread would leave writing into a folder its caller removes.
   """
-  manager = ocp.CheckpointManager(
-      directory, options=ocp.CheckpointManagerOptions(create=True,
-                                                      enable_async_checkpointing=False))
-  try:
-    manager.save(step, args=ocp.args.Composite(
-        **{layout.STATE: ocp.args.StandardSave({"params": params})}))
-  finally:
-    manager.close()
+  with files.signals_deferred():
+    manager = ocp.CheckpointManager(
+        directory, options=ocp.CheckpointManagerOptions(create=True,
+                                                        enable_async_checkpointing=False))
+    try:
+      manager.save(step, args=ocp.args.Composite(
+          **{layout.STATE: ocp.args.StandardSave({"params": params})}))
+    finally:
+      manager.close()
   return os.path.join(directory, str(step))
 
 

@@ -17,6 +17,15 @@ whole or not there and a retry is never refused as "not empty".
 `disk_errors_as_oserror` is the other half: a full disk met inside a library (Orbax,
 TFDS) becomes an OSError naming the path, which launch.py says in one line. Both
 attach the flag that chooses the path (`error.flag`), which that line names.
+
+`signals_deferred` holds SIGINT / SIGTERM back while a write that other threads share
+runs (an Orbax save: its event loops and thread pools keep writing after the main
+thread is interrupted, into a folder already removed, with "Event loop is closed"
+tracebacks): the write ends, its manager closes, and only then does the signal take
+effect, so that `complete_or_absent` removes a folder nobody writes into any more.
+The final rename is held back the same way, and each output made whole is noted
+(`finished_outputs`), so that a signal after it is reported as what it is: the output
+complete at its path, not "left no partial output".
 """
 
 from __future__ import annotations
@@ -25,13 +34,17 @@ import contextlib
 import errno
 import os
 import shutil
+import signal
+import threading
 import uuid
 from typing import Callable, Iterator
+
+from absl import logging
 
 _MODE = 0o644  # rw-r--r--: results and workdir files are for everyone to read.
 
 
-def write_atomically(path: str, content: str | bytes) -> bool:
+def write_atomically(path: str, content: str | bytes, flag: str = "") -> bool:
   """Makes `path` hold `content`; returns whether it was written (False: it already did).
 
   Creates the parent directory if needed.
@@ -39,10 +52,24 @@ def write_atomically(path: str, content: str | bytes) -> bool:
   Args:
     path: the file to write.
     content: text (written as UTF-8) or bytes.
+    flag: for a command's result, the flag that chose `path` (--output): a refusal
+      names it, and the file is noted as finished (`finished_outputs`) once whole.
 
   Raises:
     OSError: the write failed (e.g. ENOSPC); `path` is then as it was before.
   """
+  if flag:
+    try:
+      with signals_deferred():  # Replaced whole, then noted: a signal sees both or neither.
+        written = write_atomically(path, content)
+        note_finished(path, flag)
+    except OSError as e:
+      if e.errno in DISK_FULL_ERRNOS + _REFUSALS and not getattr(e, "flag", ""):
+        error = named(e, path, flag)
+        error.result_file = True  # A file, not a folder: "write the result elsewhere".
+        raise error from None
+      raise
+    return written
   data = content.encode("utf-8") if isinstance(content, str) else content
   try:
     with open(path, "rb") as f:
@@ -134,15 +161,86 @@ def complete_or_absent(target: str, flag: str, *, writer: bool = True,
     sync("partial_folder_created")
     yield partial
     sync("partial_folder_written")
-    if writer:
-      os.replace(partial, target)  # An empty `target` folder is replaced; POSIX rename.
-      _fsync_directory(os.path.dirname(os.path.abspath(target)))
+    # Held back: a signal at the rename must not be told "no partial output" while the
+    # whole folder is in place (and a rerun would be refused as "not empty").
+    with signals_deferred():
+      if writer:
+        os.replace(partial, target)  # An empty `target` folder is replaced; POSIX rename.
+        _fsync_directory(os.path.dirname(os.path.abspath(target)))
+      note_finished(target, flag)
   except BaseException as e:
     if writer and os.path.lexists(partial):
-      shutil.rmtree(partial, ignore_errors=True)
+      with signals_deferred():  # A second Ctrl-C does not leave half a removal behind.
+        shutil.rmtree(partial, ignore_errors=True)
     if isinstance(e, OSError) and _refused_here(e, partial):
       raise named(e, target, flag) from None
     raise
+
+
+# (path, flag) of each output this command made whole, in order: what launch.py's line
+# for a signal names (a signal after the output is complete is not "no partial output").
+_FINISHED: list[tuple[str, str]] = []
+
+
+def note_finished(path: str, flag: str) -> None:
+  """Notes that the command's output `path` (chosen by `flag`) is complete on disk."""
+  _FINISHED.append((os.path.abspath(path), flag))
+
+
+def finished_outputs() -> list[tuple[str, str]]:
+  """(absolute path, flag) of each output made whole so far (that still exists)."""
+  return [(path, flag) for path, flag in _FINISHED if os.path.lexists(path)]
+
+
+def forget_finished() -> None:
+  """Starts a new command's record (launch.run calls it; tests run several in a process)."""
+  _FINISHED.clear()
+
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+  """SIGINT / SIGTERM that arrive in the block take effect when it ends, not inside it.
+
+  For writes that must finish or be undone as a whole before the program unwinds: an
+  Orbax save (other threads write for it; interrupting the main thread leaves them
+  writing into a folder being removed), a final rename, the removal of a partial
+  folder. At the end the handler that was installed before gets the (last) signal:
+  Python's raises KeyboardInterrupt, launch.py's raises its `Stopped`, the training
+  loop's StopRequest notes a stop request. When the block raises, its error goes on
+  and the signal is only logged (the command stops on that error anyway). A no-op
+  outside the main thread (signals are only handled there).
+  """
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+  caught: list[int] = []
+
+  def note(signum, frame) -> None:
+    del frame
+    if not caught:
+      logging.warning("%s: stopping once the write in progress is whole (or removed)",
+                      signal.Signals(signum).name)
+    caught.append(signum)
+
+  previous = {sig: signal.signal(sig, note) for sig in _SIGNALS}
+  try:
+    yield
+  finally:
+    for sig, handler in previous.items():
+      signal.signal(sig, handler)
+  if caught:
+    _deliver(caught[-1], previous[caught[-1]])
+
+
+def _deliver(signum: int, handler) -> None:
+  """Gives `signum` to `handler` as the signal itself would have."""
+  if callable(handler):
+    handler(signum, None)
+  elif handler == signal.SIG_DFL:
+    os.kill(os.getpid(), signum)  # Its default action (the handler is back in place).
 
 
 def _refused_here(error: OSError, partial: str) -> bool:
