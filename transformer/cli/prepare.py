@@ -32,8 +32,10 @@ STARTS_JAX = False
 SHARED_FLAGS = ()
 
 
-def check_config(config: ml_collections.ConfigDict) -> None:
-  """The config's keys and values, and that it names a corpus (before anything is written)."""
+def check_config(config: ml_collections.ConfigDict, workdir: str = "") -> None:
+  """The config's keys and values, and that it names a corpus (before anything is written;
+  `workdir` is launch.py's common signature: the prepared ids go under data.data_dir)."""
+  del workdir
   validate(config)
   if config.data.name != "corpus":
     raise ConfigError(f"--mode=prepare prepares a corpus: config.data.name={config.data.name!r}"

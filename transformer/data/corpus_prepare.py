@@ -35,8 +35,8 @@ from transformer.config.errors import ConfigError, DataError
 from transformer.data import corpus
 from transformer.data import corpus_read
 from transformer.data import tokenizers
-from transformer.training import fault_injection
 from transformer.workdir import files
+from transformer.workdir import kill_points
 
 _PROGRESS_SECONDS = 10.0
 
@@ -155,7 +155,7 @@ def run_task(job: Job, index: int) -> dict[str, Any]:
             "sha256": corpus.file_digest(path)}
   tokenizer, dtype = _tokenizer(job), np.dtype(job.dtype)
   limit = min(tokenizer.vocab_size, np.iinfo(dtype).max + 1)
-  kill = fault_injection.KillAt.from_env()
+  kill = kill_points.KillPoints.from_env()
   stats = corpus_read.ReadStats()
   reader = corpus_read.reader(path, name, text_key=job.text_key,
                               decode_errors=job.decode_errors, bad_records=job.bad_records,

@@ -11,6 +11,8 @@
   run_record.py     run.json: parameter count, wall time of each session
   console.py        what the console shows (durations too); the full log in
                     <workdir>/log.txt
+  kill_points.py    test-only crash injection at named points of a write
+                    (TRANSFORMER_TEST_KILL_AT), shared by the training hook and prepare
 
 May import: transformer.config only.
 """
