@@ -534,3 +534,17 @@ def test_a_checkpoint_deleted_while_read_gives_way_to_the_newest(lm_run, tmp_pat
   shutil.rmtree(checkpoints / "6")
   with pytest.raises(ConfigError, match=r"checkpoint 4 of .* was deleted while it was read"):
     loaded.load_run(str(run), checkpoint_step=4)
+
+
+def test_the_decoding_snippet_in_docs_modes_runs_as_written(lm_run, capsys):
+  """docs/modes.md's Python example runs on a trained run (the quick start's path swapped
+  for this test's run): a doc that drifts from the API fails here."""
+  workdir, _, _ = lm_run
+  with open(os.path.join(ROOT, "docs", "modes.md"), encoding="utf-8") as f:
+    doc = f.read()
+  start = doc.index("```python\n") + len("```python\n")
+  snippet = doc[start:doc.index("```", start)]
+  assert 'loaded.load_run("runs/gpt_small_local")' in snippet
+  exec(compile(snippet.replace("runs/gpt_small_local", workdir), "docs/modes.md", "exec"),  # pylint: disable=exec-used
+       {"__name__": "docs_snippet"})
+  assert capsys.readouterr().out.strip()  # The decoded continuation was printed.
