@@ -54,10 +54,10 @@ def repeat_kv_for_packed_offsets(k_BSKD: jax.Array, v_BSKD: jax.Array, heads: in
   if "gqa" not in _SAID:
     _SAID.add("gqa")
     logging.warning(
-        "cuDNN attention: jax %s's packed layout scales the key/value offsets by the query "
-        "head count (fixed in jax %s); repeating the %d key/value heads to the %d query "
-        "heads before the kernel", jax.__version__,
-        ".".join(map(str, KV_OFFSETS_FIXED_IN)), kv_heads, heads)
+        "cuDNN attention: the packed layout of jax before %s scales the key/value offsets "
+        "by the query head count (this is jax %s); repeating the %d key/value heads to the "
+        "%d query heads before the kernel", ".".join(map(str, KV_OFFSETS_FIXED_IN)),
+        jax.__version__, kv_heads, heads)
   groups = heads // kv_heads
   return jnp.repeat(k_BSKD, groups, axis=2), jnp.repeat(v_BSKD, groups, axis=2)
 
