@@ -40,6 +40,10 @@ ALLOWED: dict[str, set[str]] = {
     "cli": {"config", "distributed", "hardware", "accelerator", "sharding", "model", "data",
             "inference", "training", "reports", "interop", "planning", "workdir",
             "plugin_noise"},
+    # The notebook facade (docs/python.md): over everything, imported by nothing.
+    "api": {"config", "distributed", "hardware", "accelerator", "sharding", "model", "data",
+            "inference", "training", "reports", "interop", "planning", "workdir",
+            "plugin_noise", "cli"},
 }
 
 

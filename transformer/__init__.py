@@ -24,4 +24,6 @@ tests/test_layout.py holds the table and enforces it):
   planning/         before renting: the steps compiled for a TPU slice or GPU host, fits
                     and speed
   cli/              launch.py's modes, one module each, with the flags they own
+  api.py            the Python API for a notebook (docs/python.md): load a run, generate,
+                    score, evaluate, build a model from a config
 """

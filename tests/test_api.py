@@ -1,0 +1,66 @@
+"""transformer/api.py, the notebook facade (docs/python.md): load, generate, score,
+evaluate, build_model, train; and a quiet JAX start on import."""
+
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from transformer import api
+from transformer.config.errors import ConfigError
+from transformer.data import tokenizers
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+  from tiny import make_tiny_config  # pylint: disable=g-import-not-at-top
+  root = tmp_path_factory.mktemp("api")
+  config = make_tiny_config(str(root / "tfds"))
+  config.train.update(num_steps=2, eval_every=2, eval_at_start=False)
+  config.checkpoint.every = 2
+  api.train(config, str(root / "run"))
+  return api.load(str(root / "run"))
+
+
+def test_score_is_the_sum_of_the_forward_log_probabilities(model):
+  """score == log_softmax of build_model's module on the run's parameters, summed."""
+  module, fresh = api.build_model(model.config)
+  assert jax.tree.map(np.shape, fresh) == jax.tree.map(np.shape, model.params)
+  text = "def f(x):"
+  ids = np.asarray([tokenizers.BOS_ID, *model.tokenizer.encode(text)], np.int32)[None]
+  inputs = ids[:, :-1]
+  logits = module.apply({"params": model.params}, inputs, np.ones_like(inputs),
+                        np.arange(inputs.shape[1])[None])
+  logp = jax.nn.log_softmax(np.asarray(logits, np.float32))
+  expected = float(np.take_along_axis(logp, ids[:, 1:, None], -1).sum())
+  assert model.score(text) == pytest.approx(expected, rel=1e-4)
+  assert model.score([text, text]) == pytest.approx([expected] * 2, rel=1e-4)
+
+
+def test_generate_is_greedy_by_default_and_checks_its_options(model):
+  greedy = model.generate("import ", max_new_tokens=4)
+  assert isinstance(greedy, str)
+  assert model.generate(["import ", "def "], max_new_tokens=4)[0] == greedy
+  assert model.generate("import ", max_new_tokens=4, temperature=0.0, beam_size=1) == greedy
+  with pytest.raises(ConfigError, match=r"\['top_q'\] unknown; valid: \['max_new_tokens'"):
+    model.generate("import ", top_q=0.9)
+
+
+def test_evaluate_returns_the_record(model):
+  record = model.evaluate(max_examples=4)
+  assert np.isfinite(record["metrics"]["loss"]), record
+
+
+def test_import_starts_jax_without_plugin_noise():
+  env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_FLAGS")}
+  result = subprocess.run(
+      [sys.executable, "-c", "from transformer import api\nimport jax\nprint(jax.devices())"],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=True)
+  assert "CpuDevice" in result.stdout
+  for noise in ("cuda", "CUDA", "E0000", "TPU", "Traceback"):
+    assert noise not in result.stderr, result.stderr[-3000:]
