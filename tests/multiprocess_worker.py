@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import sys
+import threading
 
 from absl import logging
 
@@ -46,7 +47,10 @@ def main():
     distributed.initialize(coordinator_address=f"127.0.0.1:{args.port}",
                            num_processes=args.num_processes, process_id=args.process_id,
                            heartbeat_timeout_seconds=args.heartbeat_timeout_seconds)
-  seen = {"metrics": [], "rows": []}
+  # "threads": the thread that built each batch of "rows" (data.prefetch builds training
+  # batches on its own thread while evaluation's come from the main one, so the two
+  # streams interleave in no fixed order; each stream's own order is fixed).
+  seen = {"metrics": [], "rows": [], "threads": []}
   global_batch, write = trainer_lib.Trainer.global_batch, metrics_file.MetricWriter.write
 
   def recording_global_batch(self, local, stacked=False):
@@ -54,6 +58,8 @@ def main():
       raise RuntimeError(f"injected failure in process {args.process_id}")
     rows = local["inputs"].reshape(-1, local["inputs"].shape[-1])  # Stacked or not.
     seen["rows"].append([hashlib.sha1(row.tobytes()).hexdigest() for row in rows])
+    seen["threads"].append("main" if threading.current_thread() is threading.main_thread()
+                           else "background")
     return global_batch(self, local, stacked=stacked)
 
   def recording_write(self, step, values):

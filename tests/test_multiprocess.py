@@ -101,6 +101,14 @@ def test_two_processes_train_checkpoint_and_resume(tmp_path, prepared_data_dir):
   assert not set(seen[0]["rows"][0]) & set(seen[1]["rows"][0])
 
 
+def _rows_by_thread(seen: dict) -> dict[str, list[list[str]]]:
+  """A worker's row digests grouped by the thread that built each batch, in order."""
+  streams: dict[str, list[list[str]]] = {}
+  for thread, batch in zip(seen["threads"], seen["rows"]):
+    streams.setdefault(thread, []).append(batch)
+  return streams
+
+
 # The processes' devices split the mesh's first axis: with a tensor or context axis
 # outermost, each process holds every row, and both must read the same ones.
 SPANNING_MESHES = {
@@ -122,7 +130,10 @@ def test_an_axis_across_processes_gives_the_losses_of_one_process(
   codes, logs, alone = _run_pair(tmp_path, prepared_data_dir, str(tmp_path / "one"), 2,
                                  "one", extra=mesh, processes=1)
   assert codes == [0], logs
-  assert seen[0]["rows"] == seen[1]["rows"] == alone[0]["rows"]
+  # Per stream (training batches from the prefetch thread, evaluation's from the main
+  # one): the two interleave in no fixed order, each stream's rows in a fixed one.
+  streams = [_rows_by_thread(s) for s in (*seen, alone[0])]
+  assert streams[0] == streams[1] == streams[2]
   assert {len(batch) for batch in alone[0]["rows"]} == {8}  # Every batch whole.
   losses = _train_losses(alone[0])
   assert sorted(losses) == [1, 2]
