@@ -48,7 +48,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import logging
-from flax import linen as nn
 
 from transformer import accelerator
 from transformer.config import attention as attention_table
