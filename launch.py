@@ -261,7 +261,13 @@ def default_workdir(config_path: str) -> str:
   return os.path.join("runs", f"{name}_{arg}" if arg else name)
 
 
-def main(argv):
+def check_usage(argv: list[str]) -> str:
+  """The parsed command line's checks that need no JAX and no config: the --mode, its
+  flags, --config / --workdir / --sweep where the mode needs them; returns the mode.
+
+  Raises app.UsageError (or exits 1 for a flag the mode would ignore). tests/test_docs.py
+  runs it on every `python launch.py` command of the docs.
+  """
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   mode = _MODE.value
@@ -273,6 +279,11 @@ def main(argv):
                          + _WORKDIR_OF.get(mode, "a trained run"))
   if mode == "sweep" and not sweep.SWEEP.value:
     raise app.UsageError("--mode=sweep needs --sweep='model.norm=pre,post;...' or a JSON file")
+  return mode
+
+
+def main(argv):
+  mode = check_usage(argv)
   console.setup_console()  # Project INFO and all warnings, without absl's prefix.
   if mode in ("train", "compile") and _CONFIG.value is not None:
     # A preset's steps_per_call gives way to the cadences the command line sets (a sweep

@@ -1,0 +1,336 @@
+"""Every command and Python snippet of README.md and docs/*.md, checked (default) and run (slow).
+
+tests/doc_commands.py extracts them (its docstring states the rule). By default each
+`python launch.py ...` is parsed and checked as launch.py would before any work, without
+training: absl's flags, --mode and the flags that mode reads, the config file and its
+`get_config(arg)`, every `--config.a.b=v` override, and the config's validation (a
+sweep: every run's). Benchmark, pip and pytest commands are checked against the files
+they name. A command the slow tests cannot run here is in NOT_RUN with its reason; any
+other command is run by tests/test_docs_run.py (slow), so a new command in a doc forces
+a decision, and an entry whose command left the docs fails too.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import sys
+
+import pytest
+from absl import app
+from absl import flags
+
+import doc_commands
+import launch
+from test_bad_inputs import _reset_flags  # pylint: disable=protected-access
+from transformer.cli import common
+from transformer.cli import sweep
+from transformer.config.validation import validate
+
+ROOT = doc_commands.ROOT
+COMMANDS, SNIPPETS = doc_commands.all_commands()
+
+_OPTIONAL = "optional extra, not in requirements.txt: "
+_SUITE = "the test suite itself: CI runs it (.ci/run)"
+_COMPILE = ("--mode=compile of a 1B-70B model for an accelerator: minutes of CPU each "
+            "(tests/test_compile_mode.py runs the mode on tiny configs)")
+_RESULT = ("reproduces a published result: several runs of 15-50 minutes of CPU "
+           "(docs/sweeps.md's sweep runs the same mode on tiny settings)")
+_HUB = ("needs the Hugging Face folders the block's first command downloads (network); "
+        "tests/test_hf_import.py and test_fine_tune.py run these modes on tiny fixtures")
+
+# The doc commands the slow tests do not run, keyed by the start of the command as written
+# (doc_commands.Command.text), with the reason. Every launch.py command among them is
+# still checked statically. Keep entries specific enough that a new command needs its own.
+NOT_RUN = {
+    # Setting up: what .ci/run itself does before the tests.
+    "python3 -m venv .venv": "creates a virtualenv: .ci/run does it before the tests",
+    ". .venv/bin/activate": "activates the virtualenv: .ci/run does it before the tests",
+    "pip install -r requirements": "installs the requirements: .ci/run does it",
+    "pip install libtpu": _OPTIONAL + "in requirements-test.txt for --mode=compile",
+    "pip install jax-cuda12-plugin==": _OPTIONAL + "in requirements-test.txt for --mode=compile",
+    "pip install tensorboard": _OPTIONAL + "README says it is not in the requirements",
+    "pip install --dry-run apache-beam": "needs network: asks PyPI",
+    "tensorboard --logdir runs": _OPTIONAL + "tensorboard is not installed by any requirements",
+    "python -m pytest tests": _SUITE,
+    # Network.
+    'python -c "from huggingface_hub import': "needs network: downloads from the Hugging Face hub",
+    'python -c "import tensorflow_datasets': "needs network: downloads WMT14 from the TFDS catalog",
+    "python3 -m pip download": "needs network: downloads wheels for the GPU host",
+    "python launch.py --mode=import --hf_dir=hf/": _HUB,
+    "python launch.py --mode=generate --workdir=runs/gpt2_hf": _HUB,
+    "python launch.py --config=configs/gpt_small.py:local --config.init_from=runs/gpt2_hf": _HUB,
+    "python launch.py --config=configs/bert_base.py:sst2_local --config.init_from=runs/bert_hf": _HUB,
+    'echo "The house is wonderful." | python launch.py --mode=translate --workdir=runs/opus': _HUB,
+    "python launch.py --config=configs/transformer_base.py:multi30k --config.init_from=runs/opus": _HUB,
+    "python launch.py --mode=export --workdir=runs/gpt2_": _HUB,
+    "python launch.py --mode=prepare --config=configs/gpt_small.py:fineweb": (
+        "needs network: gpt_small:fineweb's tokenizer is GPT-2's from the hub"),
+    "python launch.py --config=configs/gpt_small.py:fineweb": (
+        "needs network: gpt_small:fineweb's tokenizer is GPT-2's from the hub"),
+    # Accelerators, clusters and hours of CPU.
+    "python launch.py --mode=compile": _COMPILE,
+    "python benchmarks/compile_table.py": "compiles 36 preset x accelerator cells: about an hour",
+    "mkdir -p .gpu/whl .gpu/src": "prepares a GPU host's copy (docs/performance.md's GPU recipe)",
+    "git archive HEAD | tar -x -C .gpu/src": "prepares a GPU host's copy (the GPU recipe)",
+    "bash .gpu/src/benchmarks/gpu_first_run.sh": "needs an NVIDIA GPU host",
+    "python benchmarks/attention_parity.py": "needs an accelerator: cuDNN (GPU) or splash (TPU)",
+    "gcloud compute tpus tpu-vm ssh": "needs a TPU pod slice",
+    "python launch.py --config=configs/gpt_small.py --coordinator_address=": (
+        "needs 4 processes on a cluster (tests/test_multiprocess.py runs 2 local processes)"),
+    "python launch.py --config=configs/gpt_small.py --config.mesh.shape=": (
+        "needs 8 devices: the 'Simulate a mesh on a laptop' command below it is run instead"),
+    "python launch.py --config=configs/llama.py:1b --config.data.seq_len=131072": (
+        "a 1B model at 131072 tokens a row: needs accelerators"),
+    "python launch.py --mode=prepare --config=... ": "a pattern (--config=..., shard i/N), not a command",
+    "python benchmarks/nanogpt_side_by_side.py": "needs PyTorch in another Python (--torch_python)",
+    "python benchmarks/nanogpt_reference.py": "needs PyTorch (not a requirement)",
+    "python benchmarks/train_step.py": "a benchmark: minutes of timed steps",
+    "python benchmarks/input_pipeline.py": "a benchmark: minutes of timed input",
+    "python benchmarks/prepared_corpus.py": "a benchmark: prepares 12-2000 MB corpora",
+    "python benchmarks/compile_time.py": "a benchmark: compiles 12-48-layer models",
+    "python benchmarks/memory.py": "a benchmark: gpt_small's step under each remat policy",
+    "python benchmarks/decoding_speed.py": "a benchmark: timed decoding at several lengths",
+    "python launch.py --mode=sweep --config=configs/shakespeare_char.py:cpu_2024": _RESULT,
+    "python launch.py --mode=sweep --config=configs/shakespeare_char.py:cpu_moe": _RESULT,
+    "python launch.py --mode=sweep --config=configs/shakespeare_char.py:cpu --config.data.path="
+    "../shared/data/tiny_shakespeare/input.txt --workdir=/tmp/r20b/": _RESULT,
+    "python launch.py --mode=sweep --config=configs/shakespeare_char.py:cpu --workdir=runs/ablation": _RESULT,
+}
+
+
+def not_run_reason(command: doc_commands.Command) -> str | None:
+  """The NOT_RUN reason of a command, None when the slow tests run it."""
+  return next((reason for prefix, reason in NOT_RUN.items()
+               if command.text.startswith(prefix)), None)
+
+
+# Programs the slow tests run (tests/test_docs_run.py), beside `python launch.py`.
+RUNNABLE_PROGRAMS = ("head", "cat", "printf", "echo", "mkdir")
+
+
+def runnable(command: doc_commands.Command) -> bool:
+  """Whether tests/test_docs_run.py knows how to run this kind of command."""
+  return command.argv[:2] == ("python", "launch.py") or command.argv[0] in RUNNABLE_PROGRAMS
+
+
+# Placeholders of commands meant for a cluster, filled for the static check.
+PLACEHOLDERS = {"$RANK": "0"}
+
+
+def _filled(arg: str) -> str:
+  for placeholder, value in PLACEHOLDERS.items():
+    arg = arg.replace(placeholder, value)
+  return arg
+
+
+def _launch_commands() -> list[doc_commands.Command]:
+  return [c for c in COMMANDS if c.argv[:2] == ("python", "launch.py")]
+
+
+# ---------------------------------------------------------------- extraction
+
+
+def test_extraction_reads_every_kind_of_block():
+  """The rule of doc_commands.py on the docs as they are: fenced, unlabelled, console
+  transcripts (their output left out), inline spans, variables and environment prefixes."""
+  texts = {c.text for c in COMMANDS}
+  assert len(COMMANDS) > 100 and len(SNIPPETS) >= 4
+  assert {c.path for c in COMMANDS} >= {"README.md", "docs/modes.md", "docs/scaling.md"}
+  assert "python launch.py --mode=keys" in texts  # Inline in docs/configuration.md.
+  assert not any(c.text.startswith(("loss", "Wrote", "ConfigError", "launch.py "))
+                 for c in COMMANDS)  # Transcript output and layout.md's tree are not read.
+  passkey = next(c for c in COMMANDS if "--mode=passkey" in c.text)
+  assert "--workdir=runs/shakespeare_rope256" in passkey.argv  # $W from the block above.
+  corpus = [c for c in COMMANDS if c.path == "docs/corpus.md" and "$CORPUS" in c.text]
+  assert corpus and all("--config.data.name=corpus" in c.argv for c in corpus)
+
+
+def test_extraction_handles_continuations_chains_and_prefixes(tmp_path, monkeypatch):
+  page = tmp_path / "docs" / "page.md"
+  page.parent.mkdir()
+  page.write_text(
+      "Text with `python launch.py --mode=keys` inline.\n\n"
+      "```bash\n# a comment\nX=1; python launch.py \\\n  --workdir=$X  # why\n"
+      "A=b python launch.py --mode=plot && cat out.txt\n"
+      "echo \"hi there\" | python launch.py --mode=translate > out.txt 2>/dev/null\n```\n\n"
+      "```\nlaunch.py   the entry point\n```\n\n"
+      "```\n$ python launch.py --mode=evaluate\nloss 1.0\n```\n", encoding="utf-8")
+  monkeypatch.setattr(doc_commands, "ROOT", str(tmp_path))
+  commands, _ = doc_commands.extract("docs/page.md")
+  got = [(c.line, c.env, c.argv, c.stdin, c.stdout) for c in commands]
+  assert got == [
+      (5, (), ("python", "launch.py", "--workdir=1"), None, None),
+      (7, (("A", "b"),), ("python", "launch.py", "--mode=plot"), None, None),
+      (7, (), ("cat", "out.txt"), None, None),
+      (8, (), ("python", "launch.py", "--mode=translate"), "hi there", "out.txt"),
+      (16, (), ("python", "launch.py", "--mode=evaluate"), None, None),
+      (1, (), ("python", "launch.py", "--mode=keys"), None, None)]
+  assert commands[4].output == ("loss 1.0",)
+
+
+# ---------------------------------------------------------------- the table
+
+
+def test_every_doc_command_is_run_or_has_a_reason_not_to_be():
+  """A command neither in NOT_RUN nor of a kind the slow tests run: decide which."""
+  undecided = [f"{c.where}: {c.text}" for c in COMMANDS
+               if not_run_reason(c) is None and not runnable(c)]
+  assert not undecided, ("doc commands the slow tests cannot run and NOT_RUN (tests/"
+                         "test_docs.py) does not list: " + "; ".join(undecided))
+
+
+def test_every_not_run_entry_names_a_command_in_the_docs():
+  stale = [prefix for prefix in NOT_RUN
+           if not any(c.text.startswith(prefix) for c in COMMANDS)]
+  assert not stale, f"NOT_RUN entries whose command is in no doc: {stale}"
+
+
+# ---------------------------------------------------------------- launch.py, statically
+
+
+def check_launch_command(argv: list[str]) -> None:
+  """What `python launch.py *argv` checks before it trains or starts JAX; raises on a problem.
+
+  absl's parsing with launch.py's own one-line errors (usage.parse_flags: unknown flags,
+  a missing config file, get_config's argument, an undeclared --config.x key), then
+  launch.check_usage (the mode, the flags it reads, --config / --workdir / --sweep), then
+  the config's validation as the mode runs it (train: check_config; sweep: every run).
+  """
+  sys.argv = ["launch.py"] + argv  # config_flags finds the --config.* overrides here.
+  stderr = io.StringIO()
+  real_stderr, sys.stderr = sys.stderr, stderr
+  try:
+    launch.usage.parse_flags(["launch.py"] + argv)
+    mode = launch.check_usage(["launch.py"])
+  except SystemExit as e:
+    if e.code == 0:  # --help: printed, exit status 0.
+      return
+    raise AssertionError(stderr.getvalue().strip() or f"exit {e.code}") from None
+  except app.UsageError as e:
+    raise AssertionError(f"UsageError: {e}") from None
+  finally:
+    sys.stderr = real_stderr
+  config = flags.FLAGS["config"].value
+  if config is None or mode not in ("train", "sweep", "compile", "prepare"):
+    return  # The reading modes take the model from the run: only data.* / decode.* apply.
+  overrides = common.config_overrides()
+  if mode in ("train", "compile"):
+    common.fit_steps_per_call(config, overrides)
+  if mode == "sweep" and not sweep.SWEEP.value.endswith(".json"):  # A file the doc shows.
+    sweep.build_runs(config, sweep.SWEEP.value, overrides)  # Validates every run's config.
+  else:
+    # Not train.check_config's mesh and batch checks: they depend on this machine's
+    # devices (the tests' 8 simulated ones), not on the command.
+    validate(config)
+
+
+@pytest.mark.parametrize("command", _launch_commands(), ids=lambda c: c.where)
+def test_launch_command_parses_and_validates(command, monkeypatch):
+  monkeypatch.chdir(ROOT)
+  monkeypatch.setattr(sys, "argv", list(sys.argv))
+  argv = [_filled(a) for a in command.argv[2:]]
+  if any("..." in a for a in argv):
+    pytest.skip(f"{command.where}: a pattern with '...' placeholders")
+  app.define_help_flags()  # As app.run does: --help, --helpshort, --helpfull.
+  _reset_flags()
+  try:
+    check_launch_command(argv)
+  except Exception as e:  # pylint: disable=broad-except
+    pytest.fail(f"{command.where}: `{command.text}` fails launch.py's checks: "
+                f"{type(e).__name__}: {e}")
+  finally:
+    _reset_flags()
+
+
+# ---------------------------------------------------------------- other commands
+
+
+def _script_flags(path: str) -> set[str]:
+  """The --flags a benchmark script defines (argparse's add_argument or absl's DEFINE_*)."""
+  with open(path, encoding="utf-8") as f:
+    source = f.read()
+  names = set(re.findall(r"add_argument\(\s*\"--([\w-]+)\"", source))
+  names |= set(re.findall(r"DEFINE_\w+\(\s*\"(\w+)\"", source))
+  return names
+
+
+def test_benchmark_commands_name_a_script_and_its_flags():
+  checked = 0
+  for command in COMMANDS:
+    if not (command.argv[0] in ("python", "python3", "bash") and len(command.argv) > 1
+            and command.argv[1].endswith((".py", ".sh")) and command.argv[1] != "launch.py"):
+      continue
+    script = command.argv[1].replace(".gpu/src/", "")  # The GPU recipe's copy of the repo.
+    assert os.path.isfile(os.path.join(ROOT, script)), f"{command.where}: no {script}"
+    if script.endswith(".py"):
+      known = _script_flags(os.path.join(ROOT, script))
+      for arg in command.argv[2:]:
+        name = arg[2:].split("=")[0]
+        assert not arg.startswith("--") or name in known, (
+            f"{command.where}: {script} has no flag --{name} (it has {sorted(known)})")
+    checked += 1
+  assert checked >= 10
+
+
+def _requirements() -> str:
+  text = ""
+  for name in ("requirements.txt", "requirements-test.txt"):
+    with open(os.path.join(ROOT, name), encoding="utf-8") as f:
+      text += f.read().lower()
+  return text
+
+
+def test_pip_installs_name_a_requirements_file_or_an_optional_package():
+  requirements = _requirements()
+  for command in COMMANDS:
+    if command.argv[:2] != ("pip", "install"):
+      continue
+    packages = [a for a in command.argv[2:] if not a.startswith("-")]
+    if "-r" in command.argv:
+      assert all(os.path.isfile(os.path.join(ROOT, p)) for p in packages), command.where
+      continue
+    reason = not_run_reason(command) or ""
+    for package in packages:
+      name = re.split(r"[=<>]", package)[0].lower()
+      assert name in requirements or "optional" in reason or "network" in reason, (
+          f"{command.where}: pip install {name}: not in a requirements file, and NOT_RUN "
+          "does not say it is optional")
+
+
+def test_pytest_commands_name_tests_and_markers():
+  with open(os.path.join(ROOT, "pytest.ini"), encoding="utf-8") as f:
+    markers = set(re.findall(r"^\s+(\w+):", f.read(), re.M))
+  for command in COMMANDS:
+    if command.argv[1:3] != ("-m", "pytest"):
+      continue
+    args = list(command.argv[3:])
+    for k, arg in enumerate(args):
+      if arg == "-m":
+        assert args[k + 1] in markers, f"{command.where}: no marker {args[k + 1]!r}"
+      elif not arg.startswith("-") and args[k - 1] not in ("-m", "-n"):
+        assert os.path.exists(os.path.join(ROOT, arg)), f"{command.where}: no {arg}"
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["--config=configs/gpt_small.py:local", "--config.model.nope=1"], "no key 'nope'"),
+    (["--config=configs/gpt_small.py:nope"], "nope"),
+    (["--config=configs/missing.py"], "missing.py"),
+    (["--config=configs/gpt_small.py:local", "--config.model.norm=sideways"], "model.norm"),
+    (["--mode=plot", "--workdir=w", "--output=x"], "--output is not used by --mode=plot"),
+    (["--mode=evaluate"], "needs --workdir"),
+    (["--mode=sweep", "--config=configs/gpt_small.py:local", "--workdir=w",
+      "--sweep=model.norm=pre,sideways"], "sideways"),
+    (["--nosuchflag"], "nosuchflag"),
+])
+def test_the_static_check_refuses_what_launch_py_refuses(argv, expected, monkeypatch):
+  """A doc command with any of these mistakes would fail test_launch_command_parses_..."""
+  monkeypatch.chdir(ROOT)
+  monkeypatch.setattr(sys, "argv", list(sys.argv))
+  _reset_flags()
+  try:
+    with pytest.raises(Exception, match=re.escape(expected)):
+      check_launch_command(argv)
+  finally:
+    _reset_flags()
