@@ -26,6 +26,7 @@ import sacrebleu
 
 from configs import base
 from test_datasets import tiny, write_local_files
+from test_docs import snippet_of
 from test_decoding import _FAST_ENTRY_POINTS  # pylint: disable=protected-access
 from test_decoding import fast_decoding_compiles  # pylint: disable=unused-import (autouse)
 from transformer.workdir import averaging
@@ -540,11 +541,20 @@ def test_the_decoding_snippet_in_docs_modes_runs_as_written(lm_run, capsys):
   """docs/modes.md's Python example runs on a trained run (the quick start's path swapped
   for this test's run): a doc that drifts from the API fails here."""
   workdir, _, _ = lm_run
-  with open(os.path.join(ROOT, "docs", "modes.md"), encoding="utf-8") as f:
-    doc = f.read()
-  start = doc.index("```python\n") + len("```python\n")
-  snippet = doc[start:doc.index("```", start)]
-  assert 'loaded.load_run("runs/gpt_small_local")' in snippet
-  exec(compile(snippet.replace("runs/gpt_small_local", workdir), "docs/modes.md", "exec"),  # pylint: disable=exec-used
+  snippet = snippet_of("docs/modes.md", 0)
+  assert 'loaded.load_run("runs/gpt_small_local")' in snippet.code
+  exec(compile(snippet.code.replace("runs/gpt_small_local", workdir), snippet.where, "exec"),  # pylint: disable=exec-used
        {"__name__": "docs_snippet"})
   assert capsys.readouterr().out.strip()  # The decoded continuation was printed.
+
+
+def test_the_python_api_snippet_in_docs_python_runs_as_written(lm_run, capsys):
+  """docs/python.md's first example on a trained run (its "runs/quick")."""
+  workdir, _, _ = lm_run
+  snippet = snippet_of("docs/python.md", 0)
+  assert 'api.load("runs/quick")' in snippet.code
+  namespace = {"__name__": "docs_snippet"}
+  exec(compile(snippet.code.replace("runs/quick", workdir), snippet.where, "exec"),  # pylint: disable=exec-used
+       namespace)
+  assert namespace["record"]["metrics"]["loss"] > 0
+  assert capsys.readouterr().out.strip()  # evaluate printed its table.

@@ -24,6 +24,7 @@ from absl import flags
 import doc_commands
 import launch
 from test_bad_inputs import _reset_flags  # pylint: disable=protected-access
+from test_corpus import config, prepare  # pylint: disable=unused-import (config: a fixture)
 from transformer.cli import common
 from transformer.cli import sweep
 from transformer.config.validation import validate
@@ -334,3 +335,51 @@ def test_the_static_check_refuses_what_launch_py_refuses(argv, expected, monkeyp
       check_launch_command(argv)
   finally:
     _reset_flags()
+
+
+# ---------------------------------------------------------------- Python snippets
+
+# Where each ```python block of the docs runs: (page, index among the page's blocks) ->
+# the test. Those that need a trained run use test_commands.py's (trained once there).
+SNIPPET_TESTS = {
+    ("docs/python.md", 0):
+        "test_commands.py::test_the_python_api_snippet_in_docs_python_runs_as_written",
+    ("docs/python.md", 1): "test_docs.py::test_the_build_model_snippet_runs_as_written",
+    ("docs/modes.md", 0): "test_commands.py::test_the_decoding_snippet_in_docs_modes_runs_as_written",
+    ("docs/corpus.md", 0): "test_docs.py::test_the_corpus_reader_snippet_runs_as_written",
+}
+
+
+def snippet_of(path: str, index: int) -> doc_commands.Snippet:
+  """The index-th ```python block of a page."""
+  return [s for s in SNIPPETS if s.path == path][index]
+
+
+def test_every_snippet_has_a_test_that_runs_it():
+  for test in SNIPPET_TESTS.values():  # The named tests exist.
+    module, name = test.split("::")
+    with open(os.path.join(ROOT, "tests", module), encoding="utf-8") as f:
+      assert f"def {name}(" in f.read(), test
+  found = {(path, i) for path in {s.path for s in SNIPPETS}
+           for i, _ in enumerate(s for s in SNIPPETS if s.path == path)}
+  assert found == set(SNIPPET_TESTS), (
+      "```python blocks without a test in SNIPPET_TESTS (tests/test_docs.py): "
+      f"{sorted(found - set(SNIPPET_TESTS))}; entries for blocks that are gone: "
+      f"{sorted(set(SNIPPET_TESTS) - found)}")
+
+
+def test_the_build_model_snippet_runs_as_written(monkeypatch):
+  snippet = snippet_of("docs/python.md", 1)
+  monkeypatch.chdir(ROOT)
+  namespace = {"__name__": "docs_snippet"}
+  exec(compile(snippet.code, snippet.where, "exec"), namespace)  # pylint: disable=exec-used
+  assert namespace["params"] and hasattr(namespace["module"], "apply")
+
+
+def test_the_corpus_reader_snippet_runs_as_written(config):
+  """docs/corpus.md's reader API on a corpus prepared here (its `folder`)."""
+  job, _ = prepare(config)
+  snippet = snippet_of("docs/corpus.md", 0)
+  namespace = {"__name__": "docs_snippet", "folder": job.output}
+  exec(compile(snippet.code, snippet.where, "exec"), namespace)  # pylint: disable=exec-used
+  assert namespace["tokens"].shape == namespace["doc_ids"].shape
