@@ -36,11 +36,8 @@ _OPTIONAL = "optional extra, not in requirements.txt: "
 _SUITE = "the test suite itself: CI runs it (.ci/run)"
 _COMPILE = ("--mode=compile of a 1B-70B model for an accelerator: minutes of CPU each "
             "(tests/test_compile_mode.py runs the mode on tiny configs)")
-_RESULT = ("reproduces a published result: several runs of 15-50 minutes of CPU "
-           "(docs/sweeps.md's sweep runs the same mode on tiny settings)")
-_HUB = ("needs the Hugging Face folders the block's first command downloads (network); "
-        "tests/test_hf_import.py and test_fine_tune.py run these modes on tiny fixtures")
-
+_SAME_SWEEP = ("results.md's table row for a sweep of the blocks below it, which run "
+               "(the same command, another --workdir)")
 # The doc commands the slow tests do not run, keyed by the start of the command as written
 # (doc_commands.Command.text), with the reason. Every launch.py command among them is
 # still checked statically. Keep entries specific enough that a new command needs its own.
@@ -59,13 +56,6 @@ NOT_RUN = {
     'python -c "from huggingface_hub import': "needs network: downloads from the Hugging Face hub",
     'python -c "import tensorflow_datasets': "needs network: downloads WMT14 from the TFDS catalog",
     "python3 -m pip download": "needs network: downloads wheels for the GPU host",
-    "python launch.py --mode=import --hf_dir=hf/": _HUB,
-    "python launch.py --mode=generate --workdir=runs/gpt2_hf": _HUB,
-    "python launch.py --config=configs/gpt_small.py:local --config.init_from=runs/gpt2_hf": _HUB,
-    "python launch.py --config=configs/bert_base.py:sst2_local --config.init_from=runs/bert_hf": _HUB,
-    'echo "The house is wonderful." | python launch.py --mode=translate --workdir=runs/opus': _HUB,
-    "python launch.py --config=configs/transformer_base.py:multi30k --config.init_from=runs/opus": _HUB,
-    "python launch.py --mode=export --workdir=runs/gpt2_": _HUB,
     "python launch.py --mode=prepare --config=configs/gpt_small.py:fineweb": (
         "needs network: gpt_small:fineweb's tokenizer is GPT-2's from the hub"),
     "python launch.py --config=configs/gpt_small.py:fineweb": (
@@ -93,11 +83,15 @@ NOT_RUN = {
     "python benchmarks/compile_time.py": "a benchmark: compiles 12-48-layer models",
     "python benchmarks/memory.py": "a benchmark: gpt_small's step under each remat policy",
     "python benchmarks/decoding_speed.py": "a benchmark: timed decoding at several lengths",
-    "python launch.py --mode=sweep --config=configs/shakespeare_char.py:cpu_2024": _RESULT,
-    "python launch.py --mode=sweep --config=configs/shakespeare_char.py:cpu_moe": _RESULT,
-    "python launch.py --mode=sweep --config=configs/shakespeare_char.py:cpu --config.data.path="
-    "../shared/data/tiny_shakespeare/input.txt --workdir=/tmp/r20b/": _RESULT,
-    "python launch.py --mode=sweep --config=configs/shakespeare_char.py:cpu --workdir=runs/ablation": _RESULT,
+    "python launch.py --mode=sweep --config=configs/shakespeare_char.py:cpu_2024 --config.data."
+    "path=../shared/data/tiny_shakespeare/input.txt --workdir=runs/sweep2024": _SAME_SWEEP,
+    "python launch.py --mode=sweep --config=configs/shakespeare_char.py:cpu_moe --config.data."
+    "path=../shared/data/tiny_shakespeare/input.txt --workdir=runs/sweep_moe": _SAME_SWEEP,
+    "python launch.py --mode=sweep --config=configs/shakespeare_char.py:cpu_moe --config.data."
+    "path=../shared/data/tiny_shakespeare/input.txt --workdir=/tmp/moe/sweep --sweep=arms.json": (
+        "a pattern: arms.json's list is elided ('...')"),
+    "python launch.py --mode=sweep --config=configs/shakespeare_char.py:cpu --workdir=runs/ablation": (
+        "docs/sweeps.md's grid (run) at 1000 steps: the same command on tiny settings"),
 }
 
 

@@ -52,9 +52,10 @@ def write_shared_data(shared: str) -> None:
   """Tiny stand-ins for ../shared/data: the files the docs' commands read."""
   os.makedirs(os.path.join(shared, "tiny_shakespeare"))
   with open(os.path.join(shared, "tiny_shakespeare", "input.txt"), "w", encoding="utf-8") as f:
-    # Every capital, as the real text has: docs/modes.md's passkey uses A-J.
-    f.write("\n\n".join(f"ROMEO:\n{s}" for s in _sentences(600, 0))
-            + "\n\nALL:\nABCDEFGHIJKLMNOPQRSTUVWXYZ.\n")
+    # Every capital, as the real text has (docs/modes.md's passkey uses A-J), first: the
+    # character vocabulary is the training split's, the text's start.
+    f.write("ALL:\nABCDEFGHIJKLMNOPQRSTUVWXYZ.\n\n"
+            + "\n\n".join(f"ROMEO:\n{s}" for s in _sentences(600, 0)) + "\n")
   os.makedirs(os.path.join(shared, "multi30k"))
   for split, n in (("train", 300), ("val", 24), ("test_2016_flickr", 12)):
     english = _sentences(n, len(split))
@@ -90,7 +91,23 @@ def sandbox(tmp_path_factory) -> str:
   write_shared_data(os.path.join(root, "shared", "data"))
   write_corpus(os.path.join(root, "data", "fineweb-edu", "sample", "10BT"))
   os.makedirs(os.path.join(root, "tmp"))
+  write_hub_folders(repo)
   return repo
+
+
+# docs/huggingface.md's folders (fetched there with network) -> the tiny folders of the
+# same families that tests/test_hf_import.py checks (tests/fixtures/hf).
+HUB_FOLDERS = {"gpt2": "gpt2", "bert": "bert", "opus-mt-en-de": "marian"}
+
+
+def write_hub_folders(repo: str) -> None:
+  """hf/<name> as the doc's download would leave it, and the doc's my_text.txt."""
+  os.makedirs(os.path.join(repo, "hf"))
+  for name, fixture in HUB_FOLDERS.items():
+    os.symlink(os.path.join(ROOT, "tests", "fixtures", "hf", fixture),
+               os.path.join(repo, "hf", name))
+  with open(os.path.join(repo, "my_text.txt"), "w", encoding="utf-8") as f:
+    f.write("\n".join(_sentences(300, 3)) + "\n")
 
 
 def _moved(arg: str, repo: str) -> str:
@@ -119,8 +136,19 @@ TINY = {"train.num_steps": 6, "optimizer.warmup_steps": 2, "train.eval_every": 3
         "model.num_layers": 2, "model.num_decoder_layers": 1, "data.spm_vocab_size": 448,
         "model.vocab_size": 448, "data.spm_train_sentences": 20000,
         "model.num_experts": 4, "decode.max_length_offset": 8}
-# Flags of the reading modes, kept small the same way.
-TINY_FLAGS = {"passkey_trials": 1}
+# Flags of the reading modes, where a command gives them, kept small the same way (the
+# tiny hub folders' context is 32 tokens: no room for 40 new ones).
+TINY_FLAGS = {"passkey_trials": 1, "max_new_tokens": 8}
+
+
+def _swept_keys(spec: str, repo: str) -> set[str]:
+  """The config keys a --sweep value varies: `key=v1,v2;...` or a JSON file's grid/list."""
+  if not spec.endswith(".json"):
+    return {key.removeprefix("config.") for key in re.findall(r"(?:^|;)([\w.]+)=", spec)}
+  with open(os.path.join(repo, spec), encoding="utf-8") as f:
+    grid = json.load(f)
+  return {key.removeprefix("config.") for run in (grid if isinstance(grid, list) else [grid])
+          for key in run}
 
 
 def tiny_settings(argv: list[str], repo: str) -> list[str]:
@@ -145,7 +173,7 @@ def tiny_settings(argv: list[str], repo: str) -> list[str]:
   with open(os.path.join(ROOT, path), encoding="utf-8") as f:
     exec(compile(f.read(), path, "exec"), namespace)  # pylint: disable=exec-used
   config = namespace["get_config"](arg) if arg else namespace["get_config"]()
-  varied = set(re.findall(r"(?:^|;)(?:config\.)?([\w.]+)=", _flag(argv, "sweep", "")))
+  varied = _swept_keys(_flag(argv, "sweep", ""), repo)
   for key, value in TINY.items():
     group, name = key.split(".")
     current = config[group].get(name)
