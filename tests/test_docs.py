@@ -34,7 +34,7 @@ COMMANDS, SNIPPETS = doc_commands.all_commands()
 
 _OPTIONAL = "optional extra, not in requirements.txt: "
 _SUITE = "the test suite itself: CI runs it (.ci/run)"
-_COMPILE = ("--mode=compile of a 1B-70B model for an accelerator: minutes of CPU each "
+_COMPILE = ("--mode=compile of a preset for a TPU slice or GPU host: minutes of CPU each "
             "(tests/test_compile_mode.py runs the mode on tiny configs)")
 _SAME_SWEEP = ("results.md's table row for a sweep of the blocks below it, which run "
                "(the same command, another --workdir)")
