@@ -24,6 +24,7 @@ from transformer.inference import loaded
 from transformer.interop.hf import importer
 from transformer.model import lora
 from transformer.model.models import make_model
+from transformer.training import fine_tune
 from transformer.training import loop
 from transformer.training import optim
 from transformer.training import trainer as trainer_lib
@@ -264,3 +265,36 @@ def test_a_lora_run_fine_tunes_from_init_from_and_resumes(tfds_data_dir, tmp_pat
   assert int(second["step"]) == 2
   with open(os.path.join(workdir, layout.METRICS), encoding="utf-8") as f:
     assert [r["step"] for r in map(json.loads, f) if "loss" in r] == [1, 2]
+
+
+@pytest.mark.slow  # A LoRA training run through the loop first: ~20 s on two cores.
+def test_init_from_a_lora_run_into_a_model_without_adapters_merges_them(tfds_data_dir,
+                                                                        tmp_path):
+  """The source's adapters are folded into their kernels (its alpha / r), not dropped:
+  the new model starts from the function the LoRA run learnt, on an fsdp mesh."""
+  source = str(tmp_path / "source")
+  lora_config = _with_lora(_quick(make_tiny_config(tfds_data_dir), 1))
+  lora_config.model.lora_alpha = 6.0  # alpha / r = 1.5: a wrong factor would show.
+  loop.train_and_evaluate(lora_config, source)
+  stored = ocp.StandardCheckpointer().restore(
+      os.path.join(source, layout.CHECKPOINTS, "1", layout.STATE))["params"]
+  assert any(v.any() for p, v in _flat(stored).items() if p.endswith("lora_b"))
+
+  config = _quick(make_tiny_config(tfds_data_dir), 1)
+  config.init_from = source
+  config.mesh.shape = (("data", 1), ("fsdp", 2), ("tensor", 1), ("expert", 1), ("context", 1))
+  trainer = trainer_lib.Trainer.create(config, sharding.make_mesh(config.mesh,
+                                                                  jax.devices()[:2]))
+  loaded_params, match = fine_tune.load_source_params(config, trainer.abstract_state.params)
+  expected = _flat(lora.merge(stored, lora_config.model))
+  got = _flat(loaded_params)
+  assert set(got) == set(expected) and not any(_is_adapter(p) for p in match.loaded)
+  for path, value in expected.items():
+    np.testing.assert_allclose(got[path], value, rtol=1e-6, atol=1e-6, err_msg=path)
+  merged = [p for p in expected if p.endswith("kernel")
+            and p.rsplit("/", 1)[0] + "/lora_a" in _flat(stored)]
+  assert merged and any(np.abs(expected[p] - _flat(stored)[p]).max() > 0 for p in merged)
+  abstract = {jax.tree_util.keystr(p, simple=True, separator="/"): x.sharding
+              for p, x in jax.tree_util.tree_leaves_with_path(trainer.abstract_state.params)}
+  for path, leaf in jax.tree_util.tree_leaves_with_path(loaded_params):
+    assert leaf.sharding == abstract[jax.tree_util.keystr(path, simple=True, separator="/")]

@@ -75,18 +75,20 @@ def adapter_delta(module: nn.Module, config: ModelConfig, x: jax.Array,
   return delta * jnp.asarray(scale(config), config.dtype)
 
 
-def merged_kernel(kernel: Any, lora_a: Any, lora_b: Any, factor: float) -> np.ndarray:
-  """kernel + factor * A . B in float32 NumPy; any leading stacked axes (a scanned
-  stack's layers) are shared by all three."""
-  kernel, lora_a, lora_b = (np.asarray(v, np.float32) for v in (kernel, lora_a, lora_b))
+def merged_kernel(kernel: Any, lora_a: Any, lora_b: Any, factor: float,
+                  xp: Any = np) -> Any:
+  """kernel + factor * A . B in float32; any leading stacked axes (a scanned stack's
+  layers) are shared by all three. `xp`: NumPy (export, averaging on the host) or
+  jax.numpy (inside a jit that keeps the kernel's sharding, init_from)."""
+  kernel, lora_a, lora_b = (xp.asarray(v, xp.float32) for v in (kernel, lora_a, lora_b))
   lead = lora_a.ndim + lora_b.ndim - 2 - kernel.ndim  # Axes all three share in front.
   n_in = lora_a.ndim - 1 - lead
   letters = iter(string.ascii_lowercase[:25])
   lead_s = "".join(next(letters) for _ in range(lead))
   ins = "".join(next(letters) for _ in range(n_in))
   outs = "".join(next(letters) for _ in range(lora_b.ndim - 1 - lead))
-  delta = np.einsum(f"{lead_s}{ins}z,{lead_s}z{outs}->{lead_s}{ins}{outs}", lora_a, lora_b)
-  return kernel + np.float32(factor) * delta
+  delta = xp.einsum(f"{lead_s}{ins}z,{lead_s}z{outs}->{lead_s}{ins}{outs}", lora_a, lora_b)
+  return kernel + xp.float32(factor) * delta
 
 
 def merge(params: dict, config: Any) -> dict:
