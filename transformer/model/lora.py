@@ -91,7 +91,7 @@ def merged_kernel(kernel: Any, lora_a: Any, lora_b: Any, factor: float,
   return kernel + xp.float32(factor) * delta
 
 
-def merge(params: dict, config: Any) -> dict:
+def merge(params: dict, config: Any, xp: Any = np) -> dict:
   """The parameters with every adapter folded into its kernel and removed.
 
   The merged model (config.model with lora_rank=0) computes what the adapted one
@@ -100,9 +100,10 @@ def merge(params: dict, config: Any) -> dict:
   Args:
     params: a parameter tree (nested dicts of arrays), adapters anywhere in it.
     config: the model config the adapters were built with (lora_alpha, lora_rank).
+    xp: NumPy (host arrays) or jax.numpy (inside a jit, sharded arrays).
 
   Returns:
-    A new tree without `lora_a` / `lora_b` leaves; adapted kernels as float32 NumPy.
+    A new tree without `lora_a` / `lora_b` leaves; adapted kernels in float32.
   """
   if not isinstance(params, dict):
     return params
@@ -112,9 +113,9 @@ def merge(params: dict, config: Any) -> dict:
                        f"{sorted(params)}")
     out = {k: v for k, v in params.items() if k not in ADAPTER_NAMES}
     out["kernel"] = merged_kernel(params["kernel"], params["lora_a"], params["lora_b"],
-                                  scale(config))
+                                  scale(config), xp)
     return out
-  return {k: merge(v, config) for k, v in params.items()}
+  return {k: merge(v, config, xp) for k, v in params.items()}
 
 
 def is_adapter(path: tuple[str, ...]) -> bool:
