@@ -1,4 +1,5 @@
-"""--mode=classify: label each line of --input (or stdin) with a classifier run.
+"""--mode=classify: label each line of --input (or stdin) with a classifier run (its class and
+probability) -> --output (or stdout).
 
   python launch.py --mode=classify --workdir=runs/bert_base_sst2_local --input=reviews.txt
 

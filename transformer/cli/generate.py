@@ -1,4 +1,5 @@
-"""--mode=generate: continue --prompt (or each line of --input, or of stdin) with a decoder LM.
+"""--mode=generate: continue --prompt (or each line of --input, or of stdin) with a decoder LM
+-> --output (or stdout); greedy unless --temperature (sampling) or --beam_size=N (beam search).
 
 Greedy by default (the likeliest token each step); --temperature > 0 samples (with
 --top_k / --top_p), --beam_size=N > 1 is beam search.
