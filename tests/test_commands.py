@@ -305,7 +305,8 @@ def test_generate_is_greedy_unless_a_beam_is_asked_for(lm_run, monkeypatch):
   assert searches == [{"search": "greedy"}, {"search": "beam", "beam_size": 2, "alpha": 0.6}]
 
 
-def test_generate_reads_input_from_a_pipe_and_writes_output(lm_run, tmp_path, monkeypatch):
+def test_generate_reads_input_from_a_pipe_and_writes_output(lm_run, tmp_path, monkeypatch,
+                                                            caplog):
   """generate reads --input (a `<(...)` pipe here) and writes --output as translate does;
   the byte-order mark of the input (and of a --prompt) is not text given to the model."""
   workdir, _, _ = lm_run
@@ -320,11 +321,14 @@ def test_generate_reads_input_from_a_pipe_and_writes_output(lm_run, tmp_path, mo
   os.write(write, "\ufeffthe cat\na dog\n".encode("utf-8"))
   os.close(write)
   out, stdout = tmp_path / "out.txt", io.StringIO()
+  monkeypatch.setattr(progress, "EVERY_SECONDS", 0)
   try:
-    got = generate_mode.generate(workdir, input_path=f"/dev/fd/{read}", output_path=str(out),
-                                 decode_overrides=overrides, stdout=stdout)
+    with caplog.at_level("INFO"):
+      got = generate_mode.generate(workdir, input_path=f"/dev/fd/{read}", output_path=str(out),
+                                   decode_overrides=overrides, stdout=stdout)
   finally:
     os.close(read)
+  assert "generate: 2/2 prompts (" in caplog.text and "generate: 2 prompts in " in caplog.text
   assert seen[1] == ["the cat", "a dog"] and got == expected
   assert out.read_text(encoding="utf-8") == "".join(c + "\n" for c in expected)
   assert stdout.getvalue() == ""  # The continuations went to the file.

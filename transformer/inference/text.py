@@ -244,7 +244,8 @@ def continue_texts(model_config: ModelConfig, params: Any, tokenizer: tokenizers
                    prompts: Sequence[str], decode: ml_collections.ConfigDict,
                    policy: LengthPolicy, *, max_new_tokens: int,
                    names: Sequence[str] | None = None,
-                   rng: jax.Array | None = None) -> list[str]:
+                   rng: jax.Array | None = None,
+                   progress: progress_lib.Progress | None = None) -> list[str]:
   """Continues each prompt with a decoder LM; returns the continuations' text.
 
   A prompt is [bos] + ids, as the training documents begin. `policy.limit` is the
@@ -261,6 +262,7 @@ def continue_texts(model_config: ModelConfig, params: Any, tokenizer: tokenizers
     max_new_tokens: the most tokens added to each prompt.
     names: how messages name each prompt; default "prompt <i + 1>".
     rng: PRNG key when sampling.
+    progress: counts finished prompts.
 
   Returns:
     One continuation per prompt (what follows the prompt, up to eos), in input order.
@@ -281,7 +283,7 @@ def continue_texts(model_config: ModelConfig, params: Any, tokenizer: tokenizers
         **search_options(decode, None if rng is None else jax.random.fold_in(rng, index)))
 
   outputs = _decode_batches(run, ids, decode.batch_size, policy.limit, tokenizers.BOS_ID,
-                            None)
+                            progress)
   return [tokenizer.decode(output) for output in outputs]
 
 
