@@ -159,6 +159,7 @@ def test_evaluate_an_lm_gives_the_training_eval_loss(lm_run, monkeypatch, caplog
     record = evaluate_mode.evaluate(workdir, stdout=out)
   said = caplog.text  # While it works: the checkpoint read, batches scored, a summary.
   assert "Reading the parameters of step 4 ..." in said
+  assert f"evaluate validation: scoring {record['examples']} examples in batches of " in said
   assert "evaluate validation: 1 batches (" in said
   assert re.search(r"evaluate validation: \d+ batches in \d+\.\ds \(.* batches/s\); "
                    rf"{record['examples']} examples scored", said), said

@@ -186,6 +186,8 @@ def evaluate(workdir: str, *, config: ml_collections.ConfigDict | None = None,
   # Batches, not examples: packed LM rows are not counted before they are built. The
   # first batch's time includes compiling the eval step.
   scoring = progress_lib.Progress(f"evaluate {split}", unit="batches")
+  progress_lib.say(f"evaluate {split}: scoring {len(source)} examples in batches of "
+                   f"{config.data.batch_size} (the first also compiles the eval step) ...")
   with scorer.context():
     sums = trainer_lib.sum_split(scorer, run.params, dataset, local_batch_size, scoring)
   scoring.finish(f"{len(source)} examples scored")
