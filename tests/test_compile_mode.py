@@ -104,7 +104,7 @@ def _run_mode(config, argv, capsys) -> tuple[int, str, str]:
   return code, out.out, out.err
 
 
-def test_too_large_is_reported_not_fitting(tmp_path, capsys, tfds_data_dir):
+def test_too_large_is_reported_not_fitting(tmp_path, capsys, tfds_data_dir, caplog):
   """A v5e chip has 16 GiB: 4 layers of width 8192, replicated, do not fit. The input
   pipeline is measured beside it (planning/input_rate.py)."""
   report = tmp_path / "report.json"
@@ -112,10 +112,20 @@ def test_too_large_is_reported_not_fitting(tmp_path, capsys, tfds_data_dir):
   config.model.update(d_model=8192, mlp_dim=32768, num_layers=4, num_heads=64)
   config.mesh.shape = (("data", -1), ("fsdp", 1), ("tensor", 1))
   config.data.update(data_dir=tfds_data_dir, num_threads=1)
-  code, out, err = _run_mode(
-      config, [f"--topology={TOPOLOGY}", f"--output={report}", "--compile_steps=train",
-               "--notry_levers", "--input_seconds=0.2"], capsys)
+  with caplog.at_level("INFO"):
+    code, out, err = _run_mode(
+        config, [f"--topology={TOPOLOGY}", f"--output={report}", "--compile_steps=train",
+                 "--notry_levers", "--input_seconds=0.2"], capsys)
   assert code == 1, err[-3000:]
+  # Each stage as it starts, then its time (workdir/progress.py), on stderr: stdout is the report.
+  for stage in (f"compile: train for {TOPOLOGY} (4 devices)",
+                "compile: tracing the model on mesh {'data': 4, 'fsdp': 1, 'tensor': 1}",
+                "compile: lowering the train step", "compile: XLA compiling the train step",
+                "compile: timing this host's input pipeline (--input_seconds=0.2)"):
+    assert f"{stage} ..." in caplog.text, caplog.text
+    # (XLA may refuse the train step as out of memory: it says so, with the time.)
+    assert re.search(re.escape(stage) + r".*: (out of memory after )?(\d+\.\ds|\d+m\d\ds)$",
+                     caplog.text, re.MULTILINE), stage
   assert "does not fit by" in out + err  # absl's app.run may route the report to either.
   assert err.strip().splitlines()[-1].startswith("Does not fit: the train step needs")
   assert [p.name for p in tmp_path.iterdir()] == ["report.json"]  # Nothing else written.
@@ -244,7 +254,7 @@ def test_audit_lists_a_leaf_a_rule_leaves_whole(devices):
   assert wi.shape == (256, 512) and wi.nbytes == 256 * 512 * 4
 
 
-def test_mesh_search_puts_fitting_fastest_first(devices, monkeypatch):
+def test_mesh_search_puts_fitting_fastest_first(devices, monkeypatch, caplog):
   from transformer.planning import search  # pylint: disable=g-import-not-at-top
   topo, devs = devices
   config = tiny()
@@ -256,8 +266,11 @@ def test_mesh_search_puts_fitting_fastest_first(devices, monkeypatch):
   # searches every mesh of its host through the command line.
   meshes = [(4, 1, 1), (1, 2, 2), (1, 1, 4)]
   monkeypatch.setattr(search, "factorisations", lambda n: meshes)
-  trials = search.mesh_search(config, topo, devs, ("none",))
+  with caplog.at_level("INFO"):
+    trials = search.mesh_search(config, topo, devs, ("none",))
   assert len(trials) == 3
+  assert "compile: trying data=4 fsdp=1 tensor=1 remat=none for the train step" in caplog.text
+  assert "compile: mesh search: 3 trials in " in caplog.text
   ranks = [search.rank(t) for t in trials]
   assert ranks == sorted(ranks)
   fitting = [t for t in trials if t.fits]

@@ -17,6 +17,7 @@ from transformer.inference import loaded
 from transformer.workdir import checkpointing
 from transformer.workdir import files
 from transformer.workdir import layout
+from transformer.workdir import progress
 
 STARTS_JAX = True
 # The flags of cli/common.py this mode reads (launch.py refuses the others it is given).
@@ -95,7 +96,8 @@ def average(workdir: str, output: str, *, average_last: int,
                              json.dumps({"source": source, "steps": run.steps}, indent=2))
     # Every process writes its shards of the parameters.
     checkpoints = os.path.join(partial, layout.CHECKPOINTS)
-    with files.disk_errors_as_oserror(checkpoints, "--output"):
+    with files.disk_errors_as_oserror(checkpoints, "--output"), \
+        progress.stage(f"average: writing the parameters to {target}"):
       checkpointing.save_params(checkpoints, step, run.params)
   path = os.path.join(target, layout.CHECKPOINTS, str(step))
   logging.info("Wrote the %s of %s to %s", run.checkpoint_label(), source, path)

@@ -1,4 +1,5 @@
-"""--mode=compile: does this config fit a TPU slice or GPU host, and how fast could it run?
+"""--mode=compile: does --config fit a TPU slice or GPU host (--topology=v5p:4x4x4, h100:8),
+and how fast could it run? Compiled on this CPU host; -> --output.
 
   python launch.py --mode=compile --config=configs/gpt_small.py --topology=v5p:4x4x4
   python launch.py --mode=compile --config=configs/gpt_small.py --topology=h100:8
@@ -103,6 +104,7 @@ def run(config: ml_collections.ConfigDict) -> int:
     jax.config.update("jax_platforms", "cpu")
   plugin_noise.start_backends_quietly()  # jax loads every installed plugin as it starts.
   from transformer.workdir import files  # pylint: disable=g-import-not-at-top
+  from transformer.workdir import progress  # pylint: disable=g-import-not-at-top
   from transformer.config.errors import ConfigError  # pylint: disable=g-import-not-at-top
   from transformer.planning import input_rate  # pylint: disable=g-import-not-at-top
   from transformer.planning import plan as plan_lib  # pylint: disable=g-import-not-at-top
@@ -116,15 +118,19 @@ def run(config: ml_collections.ConfigDict) -> int:
     topology = topology_lib.parse_topology(_TOPOLOGY.value, _NUM_SLICES.value,
                                            any_shape=_ANY_SLICE.value)
     devices = topology_lib.topology_devices(topology)
-    plan = plan_lib.make_plan(config, topology, devices, tuple(_COMPILE_STEPS.value),
-                              extrapolate_depth=_EXTRAPOLATE_DEPTH.value)
+    with progress.stage(f"compile: {', '.join(_COMPILE_STEPS.value)} for {_TOPOLOGY.value} "
+                        f"({len(devices)} devices)"):
+      plan = plan_lib.make_plan(config, topology, devices, tuple(_COMPILE_STEPS.value),
+                                extrapolate_depth=_EXTRAPOLATE_DEPTH.value)
   except ConfigError as e:
     sys.stderr.write(f"ConfigError: {e}\n")
     return 2
   print("\n".join(report.plan_lines(plan)), flush=True)
   rate = None
   if _INPUT_SECONDS.value > 0:
-    rate = input_rate.measure(config, input_rate.hosts_of(devices), _INPUT_SECONDS.value)
+    with progress.stage(f"compile: timing this host's input pipeline "
+                        f"(--input_seconds={_INPUT_SECONDS.value:g})"):
+      rate = input_rate.measure(config, input_rate.hosts_of(devices), _INPUT_SECONDS.value)
     print("\n" + "\n".join(input_rate.lines(rate, plan.train_tokens_per_second)), flush=True)
 
   levers = {}

@@ -55,6 +55,7 @@ from transformer.model.models import make_model
 from transformer.workdir import averaging
 from transformer.workdir import checkpointing
 from transformer.workdir import layout
+from transformer.workdir import progress
 
 # data.* fields that make the tokenizer; a run's own vocabulary always wins over them.
 TOKENIZER_FIELDS = ("tokenizer", "spm_vocab_size", "spm_model_type", "spm_train_sentences")
@@ -464,7 +465,10 @@ def load_run(workdir: str, *, config: ml_collections.ConfigDict | None = None,
     steps = select_steps(workdir, checkpoint_steps(workdir), checkpoint_step, average_last,
                          config.checkpoint)
     try:
-      params = _read_params(workdir, config, steps, abstract, mesh, merge_from)
+      with progress.stage(f"Reading the parameters of step {steps[-1]}"
+                          + (f" (the mean of {len(steps)} checkpoints)" if len(steps) > 1
+                             else "")):
+        params = _read_params(workdir, config, steps, abstract, mesh, merge_from)
       break
     except Exception as e:  # pylint: disable=broad-except
       gone = _deleted_while_read(workdir, steps, config.checkpoint.keep)

@@ -13,6 +13,7 @@ from absl import logging
 from etils import epath
 
 from transformer.config.errors import ConfigError
+from transformer.workdir import progress
 from transformer.workdir.init_from import flat_paths, path_names
 
 def _restore_all_params(state_dir: str, abstract_params: Any, model_source: str) -> Any:
@@ -75,6 +76,7 @@ def average_params(state_dirs: list[str], abstract_params: Any, model_source: st
   if not state_dirs:
     raise ValueError("average_params needs at least one checkpoint")
   total = None
+  reading = progress.Progress("averaging", len(state_dirs), "checkpoints")
   for state_dir in state_dirs:
     params = _restore_all_params(state_dir, abstract_params, model_source)
     if transform is not None:
@@ -83,6 +85,8 @@ def average_params(state_dirs: list[str], abstract_params: Any, model_source: st
       return params
     params = jax.tree.map(lambda x: x.astype(jnp.float32), params)
     total = params if total is None else jax.tree.map(jnp.add, total, params)
+    reading.update()
+  reading.finish()
   logging.info("Averaged the parameters of %d checkpoints: %s", len(state_dirs),
                ", ".join(str(d) for d in state_dirs))
   return jax.tree.map(lambda t, a: (t / len(state_dirs)).astype(a.dtype), total,
