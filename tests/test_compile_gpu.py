@@ -88,6 +88,7 @@ def test_encoder_and_encoder_decoder_on_eight_h100s(h100x8, arch):
 
 
 @needs_plugin
+@pytest.mark.slow  # Five GPU compiles (~30 s on two cores).
 def test_scanned_and_unscanned_agree_on_gpu(h100x8):
   """The same 3-layer model, scanned and unrolled: FLOPs and collective bytes within 5%
   (the scanned loop's trips multiplied out), HBM bytes too once taken from the step
@@ -113,6 +114,7 @@ def test_scanned_and_unscanned_agree_on_gpu(h100x8):
 
 
 @needs_plugin
+@pytest.mark.slow  # One GPU compile per mesh (~17 s on two cores).
 def test_mesh_search_on_two_h100s_ranks_the_meshes(tmp_path, capsys):
   """--mesh_search on a GPU host: every data x fsdp x tensor of 2 compiled, those that
   fit ranked fastest first, the one the single head cannot split over refused with why.

@@ -153,6 +153,7 @@ def test_too_large_is_reported_not_fitting(tmp_path, capsys, tfds_data_dir, capl
     assert "no estimate: XLA refused to compile it" in out
 
 
+@pytest.mark.slow  # Five compiles of a 4-layer model (~45 s on two cores).
 def test_scanned_and_unscanned_agree(devices):
   """XLA's TPU cost analysis counts a scanned stack's body once; with every trip
   multiplied out (the bound read from the loop's condition) the same 4-layer model
@@ -254,6 +255,7 @@ def test_audit_lists_a_leaf_a_rule_leaves_whole(devices):
   assert wi.shape == (256, 512) and wi.nbytes == 256 * 512 * 4
 
 
+@pytest.mark.slow  # One compile per mesh and remat policy (~50 s on two cores).
 def test_mesh_search_puts_fitting_fastest_first(devices, monkeypatch, caplog):
   from transformer.planning import search  # pylint: disable=g-import-not-at-top
   topo, devs = devices
