@@ -65,12 +65,16 @@ class StepCost:
   bytes_source: str = ""
   depth_compile_seconds: float = 0.0  # The unrolled compiles bytes_source needed.
   kernels: dict[str, int] = dataclasses.field(default_factory=dict)  # Kind -> launches.
+  # cuDNN attention's workspace, which XLA sizes only on a GPU (hlo.py's estimate; 0
+  # where XLA sized it or there is no cuDNN call).
+  workspace_bytes: int = 0
 
   @property
   def total_bytes(self) -> int:
-    """Peak footprint: arguments + outputs not aliased to them + temporaries + code."""
+    """Peak footprint: arguments + outputs not aliased to them + temporaries + code, and
+    the cuDNN workspace XLA could not size here."""
     return (self.arguments_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
-            + self.code_bytes)
+            + self.code_bytes + self.workspace_bytes)
 
 
 def target_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -202,6 +206,7 @@ def _collect(name: str, lowered, start: float, arguments_bytes: int = 0,
       loop_factors=factors, cost_source="XLA cost analysis" if cost else "HLO count",
       bytes_source="XLA cost analysis" if cost else "HLO count",
       kernels=dict(counts[0].kernels) if counts else {},
+      workspace_bytes=counts[0].cudnn_workspace if counts else 0,
       collective_bytes=collective_bytes, collective_error=collective_error,
       compile_seconds=seconds, **extra)
 
