@@ -149,8 +149,10 @@ def trial_lines(title: str, trials: list[Trial], chip_bytes: int,
 
 
 def to_json(plan: Plan, levers: dict[str, list[Trial]] | None = None,
-            search: list[Trial] | None = None) -> dict[str, Any]:
-  """The --output report."""
+            search: list[Trial] | None = None,
+            full_fine_tuning: Trial | None = None) -> dict[str, Any]:
+  """The --output report (`full_fine_tuning`: a LoRA config's train step without
+  adapters, search.full_fine_tuning)."""
   steps = {}
   for name, cost in plan.costs.items():
     est = plan.estimates[name]
@@ -189,4 +191,5 @@ def to_json(plan: Plan, levers: dict[str, list[Trial]] | None = None,
                   for leaf in plan.replicated],
       levers={step: [trial(t) for t in trials] for step, trials in (levers or {}).items()},
       mesh_search=[trial(t) for t in (search or [])],
+      full_fine_tuning=trial(full_fine_tuning) if full_fine_tuning is not None else None,
       assumptions=estimate_lib.ASSUMPTIONS)

@@ -95,6 +95,14 @@ def try_levers(config: ml_collections.ConfigDict, topology: topology_lib.Topolog
           for label, overrides in levers(config, mesh, step)]
 
 
+def full_fine_tuning(config: ml_collections.ConfigDict, topology: topology_lib.Topology,
+                     devices: list, extrapolate_depth: bool = False) -> Trial:
+  """A LoRA config's train step compiled without adapters (model.lora_rank=0): what
+  training every weight would need, beside what the adapters need."""
+  return _try(config, topology, devices, "full fine-tuning (model.lora_rank=0)",
+              {"model.lora_rank": 0}, "train", extrapolate_depth)
+
+
 def factorisations(chips: int) -> list[tuple[int, int, int]]:
   """Every (data, fsdp, tensor) whose product is `chips`."""
   divisors = [d for d in range(1, chips + 1) if chips % d == 0]
