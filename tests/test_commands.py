@@ -540,12 +540,12 @@ def test_a_checkpoint_deleted_while_read_gives_way_to_the_newest(lm_run, tmp_pat
   real = averaging.average_params
   saves = []
 
-  def training_saves_meanwhile(state_dirs, *args):
+  def training_saves_meanwhile(state_dirs, *args, **kwargs):
     if not saves:  # Step 6 saved, then step 4 deleted, as keep=1 does, during the read.
       saves.append(6)
       shutil.copytree(checkpoints / "4", checkpoints / "6")
       shutil.rmtree(checkpoints / "4")
-    return real(state_dirs, *args)  # Reads the deleted step 4: tensorstore's NOT_FOUND.
+    return real(state_dirs, *args, **kwargs)  # Reads the deleted step 4: tensorstore's NOT_FOUND.
 
   monkeypatch.setattr(averaging, "average_params", training_saves_meanwhile)
   assert loaded.load_run(str(run)).steps == [6]
