@@ -1,34 +1,9 @@
 """Trains a model, or uses a trained one: `python launch.py --config=configs/gpt_small.py:local`.
 
-  --mode=train (default)  train_and_evaluate(--config, --workdir); rerunning resumes
-  --mode=evaluate         loss / perplexity / accuracy (+ sacreBLEU, chrF) on a split;
-                          --by_position=W: by bucket of W token positions
-  --mode=translate        --input (or stdin), one sentence a line -> --output (or stdout)
-  --mode=generate         continue --prompt (or each line of --input or stdin) with a
-                          decoder LM -> --output (or stdout); greedy unless --temperature
-                          (sampling) or --beam_size=N (beam search)
-  --mode=classify         --input (or stdin), one text a line -> its class and probability
-                          (a model.head='classification' run) -> --output (or stdout)
-  --mode=passkey          passkey retrieval of a decoder LM at --passkey_lengths x
-                          --passkey_depths -> a table, JSON and a heat map PNG
-  --mode=average          the mean of the newest --average_last checkpoints -> --output
-  --mode=import           a local Hugging Face folder --hf_dir -> a new --workdir that the
-                          other modes and init_from read; its config.json's model_type:
-                          {import_types}
-  --mode=export           --workdir's decoder -> a Hugging Face folder --hf_dir, the first
-                          model_type its shape fits: {export_types}
-  --mode=plot             PNG curves of --workdir's metrics.jsonl -> <workdir>/plots/
-  --mode=sweep            one run per point of the --sweep grid, each in a subfolder of
-                          --workdir; rerunning resumes it; then compares them
-  --mode=compare          a Markdown table and overlaid curves of --compare_dirs (or
-                          the runs in --workdir) -> <workdir>/compare.md, compare_*.png
-  --mode=compile          --config's steps compiled for a TPU slice (--topology=v5p:4x4x4)
-                          on this CPU host: fits or not, step-time estimate -> --output
-                          (transformer/cli/compile.py; needs `pip install libtpu`)
-  --mode=prepare          data.path's corpus (jsonl / parquet / text) tokenized once into
-                          token-id shards under data.data_dir (data.name="corpus"; docs/corpus.md)
-  --mode=keys             every config key = value  # its comment from configs/base.py
-                          (the --config's values when one is given)
+{modes}
+
+Config keys: `--mode=keys` lists every key with its value and its comment from
+configs/base.py (with --config=..., that preset's values); --config.KEY=VALUE sets one.
 
 Each mode is one module of transformer/cli/ (MODES below) that defines the flags it
 owns; the flags several modes share are in transformer/cli/common.py, and each mode
@@ -53,7 +28,6 @@ import contextlib
 import os
 import signal
 import sys
-import textwrap
 
 # SIGINT / SIGTERM that came after the mode had returned successfully, and whether this
 # is `python launch.py` (its exit hooks are then guarded too) with its exit status.
@@ -118,15 +92,14 @@ from transformer.cli import train
 from transformer.cli import translate
 from transformer.cli import usage
 
-# --help prints this docstring: the Hugging Face families come from the tables themselves.
-__doc__ = __doc__.replace("{import_types}", "\n".join(textwrap.wrap(
-    hf_import.MODEL_TYPES, 90, initial_indent=" " * 26, subsequent_indent=" " * 26)).lstrip())
-__doc__ = __doc__.replace("{export_types}", hf_export.MODEL_TYPES)
-
 MODES = {"train": train, "evaluate": evaluate, "translate": translate, "generate": generate,
-         "average": average, "plot": plot, "sweep": sweep, "compare": compare,
-         "import": hf_import, "export": hf_export, "compile": compile_mode, "keys": keys,
-         "classify": classify, "passkey": passkey, "prepare": prepare}
+         "classify": classify, "passkey": passkey, "average": average, "import": hf_import,
+         "export": hf_export, "plot": plot, "sweep": sweep, "compare": compare,
+         "compile": compile_mode, "prepare": prepare, "keys": keys}
+
+# --help prints this docstring: each mode's line is the first sentence of its module's
+# docstring (and a Hugging Face mode's model_types come from the family tables).
+__doc__ = __doc__.replace("{modes}", usage.modes_help(MODES))
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file, optionally with an argument: configs/gpt_small.py:local.",
@@ -146,8 +119,8 @@ _HEARTBEAT = flags.DEFINE_integer(
     "an error (no silent hang).")
 _MODE = flags.DEFINE_enum(
     "mode", "train", list(MODES),
-    "What to do with --workdir (each mode is a module of transformer/cli/); evaluate, "
-    "translate, generate, average and plot need a trained workdir.")
+    "What to do (each mode is a module of transformer/cli/; --help says what each does); "
+    "--mode=keys lists the config keys.")
 _NEEDS_CONFIG = ("train", "sweep", "compile", "prepare")
 # Modes that need no --workdir: train defaults to runs/<config>; compile, keys and prepare
 # (which writes under data.data_dir) write none.

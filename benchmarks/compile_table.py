@@ -1,4 +1,4 @@
-"""docs/compile.md's table ("Before renting"): every preset compiled for every slice, one cell at a time.
+"""docs/compile-results.md's table: every preset compiled for every slice, one cell at a time.
 
 Each cell is one `launch.py --mode=compile --notry_levers --compile_steps=<steps>`
 process (the command a user would type, printed before it starts), its report kept as
@@ -6,7 +6,7 @@ process (the command a user would type, printed before it starts), its report ke
 and its wall time in `<out>/<preset>@<slice>.time`. A cell whose JSON (or, for a cell
 that stopped with an error, whose .time file) exists is not compiled again, so the
 same command resumes an interrupted table; `--redo` compiles every cell anew. At the
-end, and with `--table_only` at any time, the cells are printed as docs/compile.md's
+end, and with `--table_only` at any time, the cells are printed as docs/compile-results.md's
 markdown table. Cells that could not be compiled are rows too, with the reason.
 
   python benchmarks/compile_table.py --out=/tmp/compile_table            # all 36 cells

@@ -41,7 +41,7 @@ over every chip (fsdp=-1). No training run has used them: they exist to ask
   python launch.py --mode=compile --config=configs/llama.py:7b --topology=v5p:2x4x4
   python launch.py --config=configs/llama.py:local
 
-docs/compile.md's table lists what these compiled to on which slices.
+docs/compile-results.md's table lists what these compiled to on which slices.
 """
 
 import ml_collections

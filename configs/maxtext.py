@@ -27,7 +27,7 @@ then: 6 x parameters x tokens + half of 12 x heads x layers x head_dim x seq^2 x
 for causal attention) over the TFLOP/s in the table: 1239.2 / 120 = 10.33 s (v5e) and
 3252.5 / 328 = 9.92 s (v5p). The mode's estimates, compiled on this project's 2-core
 AMD EPYC host on 2026-11-25: 7.72 s (0.75x, compute-bound) and 7.23 s (0.73x,
-compute-bound), lower bounds within 1.5x; docs/compile.md "Calibration" has the rest:
+compute-bound), lower bounds within 1.5x; docs/compile-results.md "Calibration" has the rest:
 
   python launch.py --mode=compile --config=configs/maxtext.py:v5e_16b --topology=v5e:16x16 \
       --compile_steps=train --notry_levers

@@ -42,13 +42,15 @@ def classifier(tfds_data_dir, tmp_path_factory):
   return workdir, dev
 
 
-def test_classify_agrees_with_evaluate_on_the_same_texts(classifier, tmp_path):
+def test_classify_agrees_with_evaluate_on_the_same_texts(classifier, tmp_path, caplog):
   workdir, dev = classifier
   record = evaluate.evaluate(workdir, output=str(tmp_path / "eval.json"), stdout=io.StringIO())
   stdin = io.TextIOWrapper(io.BytesIO("".join(t + "\n" for t, _ in dev).encode()))
   out = io.StringIO()
-  predictions = classify.classify(workdir, stdin=stdin, stdout=out,
-                                  class_names=["negative", "positive"])
+  with caplog.at_level("INFO"):
+    predictions = classify.classify(workdir, stdin=stdin, stdout=out,
+                                    class_names=["negative", "positive"])
+  assert f"classify: {len(dev)} lines in " in caplog.text  # The summary (workdir/progress.py).
   lines = out.getvalue().splitlines()
   assert len(lines) == len(dev) == len(predictions)
   for line, (label, probability) in zip(lines, predictions):

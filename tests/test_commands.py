@@ -13,6 +13,7 @@ import errno
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -40,6 +41,7 @@ from transformer.cli import translate as translate_mode
 from transformer.inference import decoding
 from transformer.inference import text
 from transformer.workdir import metrics_file
+from transformer.workdir import progress
 from transformer.training import loop
 from transformer.training import resume
 from transformer.config.errors import ConfigError
@@ -149,11 +151,19 @@ def test_the_run_config_reads_back_and_a_config_brings_only_data_and_decode(lm_r
 # ---------------------------------------------------------------- evaluate
 
 
-def test_evaluate_an_lm_gives_the_training_eval_loss(lm_run):
+def test_evaluate_an_lm_gives_the_training_eval_loss(lm_run, monkeypatch, caplog):
   workdir, result, _ = lm_run
   before = _snapshot(workdir)
   out = io.StringIO()
-  record = evaluate_mode.evaluate(workdir, stdout=out)
+  monkeypatch.setattr(progress, "EVERY_SECONDS", 0)  # A line at every batch of the tiny run.
+  with caplog.at_level("INFO"):
+    record = evaluate_mode.evaluate(workdir, stdout=out)
+  said = caplog.text  # While it works: the checkpoint read, batches scored, a summary.
+  assert "Reading the parameters of step 4 ..." in said
+  assert f"evaluate validation: scoring {record['examples']} examples in batches of " in said
+  assert "evaluate validation: 1 batches (" in said
+  assert re.search(r"evaluate validation: \d+ batches in \d+\.\ds \(.* batches/s\); "
+                   rf"{record['examples']} examples scored", said), said
   path = os.path.join(workdir, "eval_validation_step4.json")
   with open(path, encoding="utf-8") as f:
     assert json.load(f) == record
@@ -254,7 +264,7 @@ def test_translate_through_launch(translation_run, tmp_path):
   assert result.returncode == 0, result.stderr[-3000:]
   lines = (tmp_path / "out.txt").read_text(encoding="utf-8").split("\n")
   assert len(lines) == 4 and lines[1] == "" and lines[3] == ""
-  assert "translate: 3/3 sentences" in result.stderr
+  assert "translate: 3 sentences in " in result.stderr  # The summary (workdir/progress.py).
   assert result.stdout == ""  # Translations went to the file.
   # A loaded run builds nothing of training (inference/loaded.py): no optimizer, and no
   # sharding table, which only Trainer.create logs.
@@ -297,7 +307,8 @@ def test_generate_is_greedy_unless_a_beam_is_asked_for(lm_run, monkeypatch):
   assert searches == [{"search": "greedy"}, {"search": "beam", "beam_size": 2, "alpha": 0.6}]
 
 
-def test_generate_reads_input_from_a_pipe_and_writes_output(lm_run, tmp_path, monkeypatch):
+def test_generate_reads_input_from_a_pipe_and_writes_output(lm_run, tmp_path, monkeypatch,
+                                                            caplog):
   """generate reads --input (a `<(...)` pipe here) and writes --output as translate does;
   the byte-order mark of the input (and of a --prompt) is not text given to the model."""
   workdir, _, _ = lm_run
@@ -312,11 +323,14 @@ def test_generate_reads_input_from_a_pipe_and_writes_output(lm_run, tmp_path, mo
   os.write(write, "\ufeffthe cat\na dog\n".encode("utf-8"))
   os.close(write)
   out, stdout = tmp_path / "out.txt", io.StringIO()
+  monkeypatch.setattr(progress, "EVERY_SECONDS", 0)
   try:
-    got = generate_mode.generate(workdir, input_path=f"/dev/fd/{read}", output_path=str(out),
-                                 decode_overrides=overrides, stdout=stdout)
+    with caplog.at_level("INFO"):
+      got = generate_mode.generate(workdir, input_path=f"/dev/fd/{read}", output_path=str(out),
+                                   decode_overrides=overrides, stdout=stdout)
   finally:
     os.close(read)
+  assert "generate: 2/2 prompts (" in caplog.text and "generate: 2 prompts in " in caplog.text
   assert seen[1] == ["the cat", "a dog"] and got == expected
   assert out.read_text(encoding="utf-8") == "".join(c + "\n" for c in expected)
   assert stdout.getvalue() == ""  # The continuations went to the file.
@@ -330,11 +344,18 @@ def test_generate_reads_input_from_a_pipe_and_writes_output(lm_run, tmp_path, mo
 # ---------------------------------------------------------------- average
 
 
-def test_average_is_the_mean_of_the_checkpoints(translation_run, tmp_path):
+def test_average_is_the_mean_of_the_checkpoints(translation_run, tmp_path, monkeypatch, caplog):
   workdir, _, _ = translation_run
   before = _snapshot(workdir)
   out = tmp_path / "averaged"
-  path = average_mode.average(workdir, str(out), average_last=2)
+  monkeypatch.setattr(progress, "EVERY_SECONDS", 0)
+  with caplog.at_level("INFO"):
+    path = average_mode.average(workdir, str(out), average_last=2)
+  said = caplog.text  # Each checkpoint read, a summary, the write timed.
+  for line in ("averaging: 1/2 checkpoints (", "averaging: 2 checkpoints in ",
+               f"average: writing the parameters to {out} ...",
+               f"average: writing the parameters to {out}: "):
+    assert line in said, said
   assert path == str(out / "checkpoints" / "4")
   restore = lambda directory: ocp.StandardCheckpointer().restore(
       os.path.join(directory, "state"))["params"]
@@ -520,12 +541,12 @@ def test_a_checkpoint_deleted_while_read_gives_way_to_the_newest(lm_run, tmp_pat
   real = averaging.average_params
   saves = []
 
-  def training_saves_meanwhile(state_dirs, *args):
+  def training_saves_meanwhile(state_dirs, *args, **kwargs):
     if not saves:  # Step 6 saved, then step 4 deleted, as keep=1 does, during the read.
       saves.append(6)
       shutil.copytree(checkpoints / "4", checkpoints / "6")
       shutil.rmtree(checkpoints / "4")
-    return real(state_dirs, *args)  # Reads the deleted step 4: tensorstore's NOT_FOUND.
+    return real(state_dirs, *args, **kwargs)  # Reads the deleted step 4: tensorstore's NOT_FOUND.
 
   monkeypatch.setattr(averaging, "average_params", training_saves_meanwhile)
   assert loaded.load_run(str(run)).steps == [6]

@@ -21,7 +21,7 @@ from transformer.planning import hlo
 from transformer.planning import topology
 
 needs_plugin = pytest.mark.skipif(
-    importlib.util.find_spec("jax_cuda12_plugin") is None,
+    gpu.wheels_missing() is not None,
     reason=f"jax's CUDA plugin is not installed ({gpu.INSTALL_HINT}): XLA's GPU compiler")
 
 DATA_PARALLEL = (("data", -1), ("fsdp", 1), ("tensor", 1))
@@ -88,6 +88,7 @@ def test_encoder_and_encoder_decoder_on_eight_h100s(h100x8, arch):
 
 
 @needs_plugin
+@pytest.mark.slow  # Five GPU compiles (~30 s on two cores).
 def test_scanned_and_unscanned_agree_on_gpu(h100x8):
   """The same 3-layer model, scanned and unrolled: FLOPs and collective bytes within 5%
   (the scanned loop's trips multiplied out), HBM bytes too once taken from the step
@@ -113,6 +114,7 @@ def test_scanned_and_unscanned_agree_on_gpu(h100x8):
 
 
 @needs_plugin
+@pytest.mark.slow  # One GPU compile per mesh (~17 s on two cores).
 def test_mesh_search_on_two_h100s_ranks_the_meshes(tmp_path, capsys):
   """--mesh_search on a GPU host: every data x fsdp x tensor of 2 compiled, those that
   fit ranked fastest first, the one the single head cannot split over refused with why.
@@ -153,6 +155,10 @@ def test_gpu_bad_inputs_are_one_line(monkeypatch):
     gpu.memory_fraction()
   monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
   assert gpu.INSTALL_HINT in gpu.wheels_missing()
+  # jax[cuda13]'s plugin compiles as well (a GPU host with a newer jax).
+  monkeypatch.setattr(importlib.util, "find_spec",
+                      lambda name: object() if name == "jax_cuda13_plugin" else None)
+  assert gpu.wheels_missing() is None
 
 
 def test_missing_wheels_name_the_install_command(monkeypatch, capsys):
@@ -351,3 +357,4 @@ def test_plugin_noise_is_dropped_and_other_lines_kept(capfd):
                 b"GPU will not be used.\n")
     os.write(2, b"a real error\n")
   assert capfd.readouterr().err == "a real error\n"
+

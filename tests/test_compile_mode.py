@@ -104,7 +104,7 @@ def _run_mode(config, argv, capsys) -> tuple[int, str, str]:
   return code, out.out, out.err
 
 
-def test_too_large_is_reported_not_fitting(tmp_path, capsys, tfds_data_dir):
+def test_too_large_is_reported_not_fitting(tmp_path, capsys, tfds_data_dir, caplog):
   """A v5e chip has 16 GiB: 4 layers of width 8192, replicated, do not fit. The input
   pipeline is measured beside it (planning/input_rate.py)."""
   report = tmp_path / "report.json"
@@ -112,10 +112,20 @@ def test_too_large_is_reported_not_fitting(tmp_path, capsys, tfds_data_dir):
   config.model.update(d_model=8192, mlp_dim=32768, num_layers=4, num_heads=64)
   config.mesh.shape = (("data", -1), ("fsdp", 1), ("tensor", 1))
   config.data.update(data_dir=tfds_data_dir, num_threads=1)
-  code, out, err = _run_mode(
-      config, [f"--topology={TOPOLOGY}", f"--output={report}", "--compile_steps=train",
-               "--notry_levers", "--input_seconds=0.2"], capsys)
+  with caplog.at_level("INFO"):
+    code, out, err = _run_mode(
+        config, [f"--topology={TOPOLOGY}", f"--output={report}", "--compile_steps=train",
+                 "--notry_levers", "--input_seconds=0.2"], capsys)
   assert code == 1, err[-3000:]
+  # Each stage as it starts, then its time (workdir/progress.py), on stderr: stdout is the report.
+  for stage in (f"compile: train for {TOPOLOGY} (4 devices)",
+                "compile: tracing the model on mesh {'data': 4, 'fsdp': 1, 'tensor': 1}",
+                "compile: lowering the train step", "compile: XLA compiling the train step",
+                "compile: timing this host's input pipeline (--input_seconds=0.2)"):
+    assert f"{stage} ..." in caplog.text, caplog.text
+    # (XLA may refuse the train step as out of memory: it says so, with the time.)
+    assert re.search(re.escape(stage) + r".*: (out of memory after )?(\d+\.\ds|\d+m\d\ds)$",
+                     caplog.text, re.MULTILINE), stage
   assert "does not fit by" in out + err  # absl's app.run may route the report to either.
   assert err.strip().splitlines()[-1].startswith("Does not fit: the train step needs")
   assert [p.name for p in tmp_path.iterdir()] == ["report.json"]  # Nothing else written.
@@ -143,6 +153,7 @@ def test_too_large_is_reported_not_fitting(tmp_path, capsys, tfds_data_dir):
     assert "no estimate: XLA refused to compile it" in out
 
 
+@pytest.mark.slow  # Five compiles of a 4-layer model (~45 s on two cores).
 def test_scanned_and_unscanned_agree(devices):
   """XLA's TPU cost analysis counts a scanned stack's body once; with every trip
   multiplied out (the bound read from the loop's condition) the same 4-layer model
@@ -244,7 +255,8 @@ def test_audit_lists_a_leaf_a_rule_leaves_whole(devices):
   assert wi.shape == (256, 512) and wi.nbytes == 256 * 512 * 4
 
 
-def test_mesh_search_puts_fitting_fastest_first(devices, monkeypatch):
+@pytest.mark.slow  # One compile per mesh and remat policy (~50 s on two cores).
+def test_mesh_search_puts_fitting_fastest_first(devices, monkeypatch, caplog):
   from transformer.planning import search  # pylint: disable=g-import-not-at-top
   topo, devs = devices
   config = tiny()
@@ -256,8 +268,11 @@ def test_mesh_search_puts_fitting_fastest_first(devices, monkeypatch):
   # searches every mesh of its host through the command line.
   meshes = [(4, 1, 1), (1, 2, 2), (1, 1, 4)]
   monkeypatch.setattr(search, "factorisations", lambda n: meshes)
-  trials = search.mesh_search(config, topo, devs, ("none",))
+  with caplog.at_level("INFO"):
+    trials = search.mesh_search(config, topo, devs, ("none",))
   assert len(trials) == 3
+  assert "compile: trying data=4 fsdp=1 tensor=1 remat=none for the train step" in caplog.text
+  assert "compile: mesh search: 3 trials in " in caplog.text
   ranks = [search.rank(t) for t in trials]
   assert ranks == sorted(ranks)
   fitting = [t for t in trials if t.fits]
@@ -342,3 +357,26 @@ def test_a_fine_tuning_config_compiles_the_model_of_its_source(tmp_path, capsys)
   assert json.loads(report.read_text())["config"]["seq_len"] == 32
   assert config.model.d_model == 32 and config.model.vocab_size == 304
 
+
+
+@pytest.mark.slow  # Two compiles of a 1024-wide model (~30 s on two cores).
+def test_a_lora_config_shows_full_fine_tuning_beside_it(tmp_path, capsys):
+  """LoRA's saving is shown, not left to a second command: the train step compiled
+  without adapters (full fine-tuning) needs more (gradients and Adam moments for every
+  weight). Wider than tiny() and 4 rows, so that weights, not the compiled code and
+  activations, make the step: 44 MiB with LoRA against 91 MiB in full on v5e:2x2."""
+  config = tiny()
+  config.model.update(lora_rank=4, lora_alpha=8.0, d_model=1024, num_heads=8, mlp_dim=2048,
+                      vocab_size=4096)
+  config.data.batch_size = 4
+  report = tmp_path / "report.json"
+  code, out, err = _run_mode(config, [f"--topology={TOPOLOGY}", f"--output={report}",
+                                      "--compile_steps=train", "--notry_levers"], capsys)
+  assert code == 0, err[-3000:]
+  data = json.loads(report.read_text())
+  lora_bytes, full = data["steps"]["train"]["total_bytes"], data["full_fine_tuning"]
+  assert full["label"] == "full fine-tuning (model.lora_rank=0)"
+  assert full["step"] == "train" and full["total_bytes"] > lora_bytes
+  assert "LoRA against full fine-tuning" in out
+  assert re.search(r"full fine-tuning \(model.lora_rank=0\)\s+[\d.]+ [MG]iB \(\+[\d.]+ GiB\)",
+                   out), out

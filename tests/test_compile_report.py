@@ -17,6 +17,7 @@ from transformer.planning import collectives
 from transformer.planning import compiled
 from transformer.planning import estimate as estimate_lib
 from transformer.planning import gpu
+from transformer.planning import hlo
 from transformer.planning import report
 from transformer.planning import search
 from transformer.planning import topology as topology_lib
@@ -189,3 +190,40 @@ def test_a_trial_xla_refused_carries_its_message_and_no_estimate(monkeypatch):
   assert trial.seconds is None and trial.mfu is None and not trial.fits
   assert trial.total_bytes == refused.costs["train"].total_bytes
   assert search.rank(trial) == (1, float(trial.total_bytes))  # Among those that do not fit.
+
+
+# A cuDNN attention backward call as XLA's GPU compiler prints it for a compile-only
+# H100 (jax 0.10.2, nvidia-cudnn-cu12 9.28; a tiny Llama, packed rows of up to 32
+# documents): its workspace, the last result, is u8[0], since cuDNN sizes it on a GPU.
+_CUDNN_BACKWARD = (
+    "%bwd = (bf16[4,4,256,32]{3,1,2,0}, bf16[4,4,256,32]{3,1,2,0}, "
+    "bf16[4,4,256,32]{3,1,2,0}, u8[WORKSPACE]{0}) custom-call(%q, %k, %v, %stats, %o, "
+    "%do, %l, %l, %off, %off), custom_call_target=\"__cudnn$fmhaSoftmaxBackward\", "
+    "operand_layout_constraints={bf16[4,256,4,32]{3,2,1,0}, bf16[4,256,4,32]{3,2,1,0}, "
+    "bf16[4,256,4,32]{3,2,1,0}, f32[128,4,256]{2,1,0}, bf16[4,256,4,32]{3,2,1,0}, "
+    "bf16[4,256,4,32]{3,2,1,0}, LENGTHS}")
+
+
+def _module(call: str) -> str:
+  return ("HloModule m\n\nENTRY %main (q: bf16[4,256,4,32]) -> bf16[4,256,4,32] {\n"
+          f"  {call}\n  ROOT %r = bf16[4,4,256,32]{{3,1,2,0}} get-tuple-element(%bwd), "
+          "index=0\n}\n")
+
+
+@pytest.mark.parametrize("workspace,lengths,expected", [
+    # Packed: lengths [B, M = 32] and offsets [B, M + 1], twice (queries, keys).
+    ("0", "s32[4,32]{1,0}, s32[4,32]{1,0}, s32[4,33]{1,0}, s32[4,33]{1,0}",
+     4 * 256 * 4 * 32 * (8 * 32 + 4)),
+    ("0", "s32[4]{0}, s32[4]{0}", 4 * 256 * 4 * 1 * (8 * 32 + 4)),  # Per-row lengths: M = 1.
+    ("3271951360", "s32[4,32]{1,0}, s32[4,32]{1,0}", 0)])  # Sized by XLA on a GPU: nothing to add.
+def test_an_unsized_cudnn_workspace_is_estimated_and_counted(workspace, lengths, expected):
+  """XLA leaves cuDNN's backward workspace at u8[0] without a GPU; on an H100 it was up
+  to 16 GiB (llama:1b): the estimate joins the step's total, and the report says so."""
+  text = _module(_CUDNN_BACKWARD.replace("WORKSPACE", workspace).replace("LENGTHS", lengths))
+  assert hlo.count(text).cudnn_workspace == expected
+  cost = _cost(workspace_bytes=expected)
+  assert cost.total_bytes == _cost().total_bytes + expected
+  out, data = _render(_plan({"train": cost}, chip=H100, memory_fraction=0.9))
+  assert data["steps"]["train"]["workspace_bytes"] == expected
+  assert data["steps"]["train"]["total_bytes"] == cost.total_bytes
+  assert ("cuDNN attention workspace, an ESTIMATE" in out) == bool(expected)

@@ -85,9 +85,13 @@ def test_launch_console_has_no_prefix_or_library_noise(tmp_path):
                 "Jax plugin configuration error"):
     assert noise not in result.stderr, noise  # ... without progress bars or chatter.
   assert result.stdout == ""  # TFDS's "Downloading and preparing" banner went to the log.
+  # One device: the sharding table in log.txt only, one console line saying where.
+  assert "block_*/mlp/wi/kernel" not in result.stderr
+  assert f"nothing is split; the table is in {workdir / layout.LOG}" in result.stderr
 
   log = (workdir / layout.LOG).read_text()
   # The progress line is written by training/reporting.py.
   assert re.search(r"^I\d{4} [\d:.]+ +\d+ reporting\.py:\d+\] step 2/2 \(100%\)", log, re.M)
   assert "Downloading and preparing dataset" in log
+  assert "block_*/mlp/wi/kernel" in log  # The sharding table.
   assert re.search(r"^I\d{4} .* checkpoint_manager\.py:\d+\] ", log, re.M)  # Library INFO.

@@ -52,6 +52,23 @@ def test_encoder_decoder_flops_by_hand():
   assert flops.train_flops_per_step(cfg, 1, seq_len=5, source_len=7) == 75168
 
 
+def test_lora_counts_the_frozen_weights_4_not_6():
+  """LoRA: no gradient for the frozen weights (forward 2 + input gradient 2 per weight);
+  attention's scores and values keep 3 x their forward."""
+  cfg = _config(arch="decoder", head="lm", num_layers=2, lora_rank=2)
+  weights = 2 * (256 + 256) + 80
+  attention = 12 * 2 * 2 * 4 * 5
+  assert flops.train_flops_per_step(cfg, 3, 5) == 3 * 5 * (4 * weights + attention)
+
+
+def test_lora_counts_a_classification_head_in_full():
+  """The classification head trains (6 per weight, once per row), the encoder is frozen."""
+  cfg = _config(arch="encoder", head="classification", num_classes=3, num_layers=2,
+                lora_rank=2)
+  body = 5 * (4 * 2 * (256 + 256) + 12 * 2 * 2 * 4 * 5)
+  assert flops.train_flops_per_step(cfg, 1, 5) == body + 6 * 8 * 3
+
+
 @pytest.mark.parametrize("arch,head,activation", [("decoder", "lm", "gelu_tanh"),
                                                   ("decoder", "lm", "swiglu"),
                                                   ("encoder", "mlm", "gelu")])

@@ -13,6 +13,7 @@ allows 1e-5 in float32 (Gemma 3: 3e-5, see TOLERANCES).
 import dataclasses
 import json
 import os
+import re
 import shutil
 
 import jax
@@ -441,13 +442,18 @@ def _flat(tree) -> dict:
           for p, x in jax.tree_util.tree_leaves_with_path(tree)}
 
 
-def test_import_writes_a_workdir_the_commands_load_and_export_round_trips(tmp_path):
+def test_import_writes_a_workdir_the_commands_load_and_export_round_trips(tmp_path, caplog):
   """import -> load_run (sharded, scanned) -> export -> import: the same model, exactly."""
   folder, expected = _fixture("gpt2")
   config = _small_mesh_config()
   config.model.scan_layers = True
   workdir = str(tmp_path / "gpt2")
-  importer.import_folder(folder, workdir, config)
+  with caplog.at_level("INFO"):
+    importer.import_folder(folder, workdir, config)
+  for line in (f"import: reading and mapping {folder} ...",  # What it does, timed.
+               f"import: reading {folder}: 1 safetensors files in ",
+               f"import: writing {workdir}: "):
+    assert line in caplog.text, caplog.text
   assert sorted(os.listdir(workdir)) == ["checkpoints", "config.json", "hf_tokenizer.json",
                                          "tokenizer.json"]
   run = loaded.load_run(workdir)
@@ -462,7 +468,11 @@ def test_import_writes_a_workdir_the_commands_load_and_export_round_trips(tmp_pa
   assert len(embedding.sharding.device_set) == 8
 
   exported = str(tmp_path / "exported")
-  gpt2.export_gpt2(workdir, exported)
+  caplog.clear()
+  with caplog.at_level("INFO"):
+    gpt2.export_gpt2(workdir, exported)
+  assert "Reading the parameters of step 0 ..." in caplog.text
+  assert re.search(rf"export: writing \d+ tensors to {re.escape(exported)}: \d", caplog.text)
   assert sorted(os.listdir(exported)) == ["config.json", "model.safetensors", "tokenizer.json"]
   for name in os.listdir(exported):  # Readable by others, as files a user writes are.
     assert os.stat(os.path.join(exported, name)).st_mode & 0o777 == 0o644, name

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import types
@@ -30,6 +31,7 @@ from transformer.inference import passkey
 from transformer.model import lm_head
 from transformer.training import loop
 from transformer.training import metrics as metrics_lib
+from transformer.workdir import progress
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALPHABET = "acdehmnorst"  # Letters of the test corpus (its char vocabulary has no digits).
@@ -253,11 +255,16 @@ def test_passkey_bad_input_is_one_line(char_tokenizer):
 # ---------------------------------------------------------------- passkey scoring
 
 
-def test_passkey_mode_writes_the_table_json_and_heat_map(rope_run, tmp_path):
+def test_passkey_mode_writes_the_table_json_and_heat_map(rope_run, tmp_path, monkeypatch,
+                                                        caplog):
   out = io.StringIO()
   path = str(tmp_path / "pk.json")
-  record = passkey_mode.run_passkey(rope_run, lengths=[256, 300], depths=[0.0, 1.0],
-                                    trials=2, alphabet=ALPHABET, output=path, stdout=out)
+  monkeypatch.setattr(progress, "EVERY_SECONDS", 0)  # A line at every batch of prompts.
+  with caplog.at_level("INFO"):
+    record = passkey_mode.run_passkey(rope_run, lengths=[256, 300], depths=[0.0, 1.0],
+                                      trials=2, alphabet=ALPHABET, output=path, stdout=out)
+  assert re.search(r"passkey: \d/8 prompts \(.*\), ETA ", caplog.text), caplog.text
+  assert "passkey: 8 prompts in " in caplog.text
   assert [(c["length"], c["depth"]) for c in record["cells"]] == [
       (256, 0.0), (256, 1.0), (300, 0.0), (300, 1.0)]
   assert all(c["trials"] == 2 and 0.0 <= c["accuracy"] <= 1.0 and c["key_logprob"] < 0

@@ -16,6 +16,7 @@ from test_init_from import _quick  # One layer, a checkpoint a step, no step-0 e
 from test_sharding import _batch, _config  # The tiny mesh-divisible shapes, packed batches.
 from tiny import make_tiny_config
 from transformer import sharding
+from transformer.cli import average
 from transformer.cli import hf_export
 from transformer.config.errors import ConfigError
 from transformer.config.model import ModelConfig
@@ -24,6 +25,7 @@ from transformer.inference import loaded
 from transformer.interop.hf import importer
 from transformer.model import lora
 from transformer.model.models import make_model
+from transformer.training import fine_tune
 from transformer.training import loop
 from transformer.training import optim
 from transformer.training import trainer as trainer_lib
@@ -264,3 +266,71 @@ def test_a_lora_run_fine_tunes_from_init_from_and_resumes(tfds_data_dir, tmp_pat
   assert int(second["step"]) == 2
   with open(os.path.join(workdir, layout.METRICS), encoding="utf-8") as f:
     assert [r["step"] for r in map(json.loads, f) if "loss" in r] == [1, 2]
+
+
+@pytest.fixture(scope="module")
+def lora_source(tfds_data_dir, tmp_path_factory):
+  """(workdir, config) of a two-step LoRA run, a checkpoint after each step, alpha / r =
+  1.5 (a wrong factor would show); its adapters are no longer zero."""
+  workdir = str(tmp_path_factory.mktemp("lora_source") / "run")
+  config = _with_lora(_quick(make_tiny_config(tfds_data_dir), 2))
+  config.model.lora_alpha = 6.0
+  loop.train_and_evaluate(config, workdir)
+  return workdir, config
+
+
+def _stored(workdir, step):
+  return ocp.StandardCheckpointer().restore(
+      os.path.join(workdir, layout.CHECKPOINTS, str(step), layout.STATE))["params"]
+
+
+@pytest.mark.slow  # A LoRA training run through the loop first: ~20 s on two cores.
+def test_init_from_a_lora_run_into_a_model_without_adapters_merges_them(tfds_data_dir,
+                                                                        lora_source):
+  """The source's adapters are folded into their kernels (its alpha / r), not dropped:
+  the new model starts from the function the LoRA run learnt, on an fsdp mesh."""
+  source, lora_config = lora_source
+  stored = _stored(source, 2)
+  assert any(v.any() for p, v in _flat(stored).items() if p.endswith("lora_b"))
+
+  config = _quick(make_tiny_config(tfds_data_dir), 1)
+  config.init_from = source
+  config.mesh.shape = (("data", 1), ("fsdp", 2), ("tensor", 1), ("expert", 1), ("context", 1))
+  trainer = trainer_lib.Trainer.create(config, sharding.make_mesh(config.mesh,
+                                                                  jax.devices()[:2]))
+  loaded_params, match = fine_tune.load_source_params(config, trainer.abstract_state.params)
+  expected = _flat(lora.merge(stored, lora_config.model))
+  got = _flat(loaded_params)
+  assert set(got) == set(expected) and not any(_is_adapter(p) for p in match.loaded)
+  for path, value in expected.items():
+    np.testing.assert_allclose(got[path], value, rtol=1e-6, atol=1e-6, err_msg=path)
+  merged = [p for p in expected if p.endswith("kernel")
+            and p.rsplit("/", 1)[0] + "/lora_a" in _flat(stored)]
+  assert merged and any(np.abs(expected[p] - _flat(stored)[p]).max() > 0 for p in merged)
+  abstract = {jax.tree_util.keystr(p, simple=True, separator="/"): x.sharding
+              for p, x in jax.tree_util.tree_leaves_with_path(trainer.abstract_state.params)}
+  for path, leaf in jax.tree_util.tree_leaves_with_path(loaded_params):
+    assert leaf.sharding == abstract[jax.tree_util.keystr(path, simple=True, separator="/")]
+
+
+@pytest.mark.slow  # Shares the LoRA run above.
+def test_averaging_a_lora_run_averages_its_merged_kernels(lora_source, tmp_path):
+  """--mode=average over LoRA checkpoints: the mean of kernel + alpha / r A . B, not of A
+  and B apart (whose product is another function); the new run has no adapters."""
+  source, lora_config = lora_source
+  output = str(tmp_path / "averaged")
+  average.average(source, output, average_last=2)
+  merged = [_flat(lora.merge(_stored(source, step), lora_config.model)) for step in (1, 2)]
+  got = _flat(_stored(output, 2))
+  assert set(got) == set(merged[0]) and not any(_is_adapter(p) for p in got)
+  for path in got:
+    np.testing.assert_allclose(got[path], (merged[0][path] + merged[1][path]) / 2,
+                               rtol=1e-6, atol=1e-6, err_msg=path)
+  apart = {p: v for p, v in _flat(lora.merge(
+      jax.tree.map(lambda a, b: (a + b) / 2, _stored(source, 1), _stored(source, 2)),
+      lora_config.model)).items()}
+  assert any(np.abs(apart[p] - got[p]).max() > 1e-7 for p in got)  # The two differ here.
+  with open(os.path.join(output, layout.CONFIG), encoding="utf-8") as f:
+    assert json.load(f)["model"]["lora_rank"] == 0
+  run = loaded.load_run(output)
+  assert set(_flat(run.params)) == set(got)

@@ -8,6 +8,8 @@ Changing parallelism is a config change, never a code change.
 from __future__ import annotations
 
 import dataclasses
+import os
+import logging as std_logging
 import re
 from typing import Any, Sequence
 
@@ -298,10 +300,25 @@ def sharding_report(boxed_params: Any, param_shardings: Any, abstract_opt_state:
 
 def log_sharding_report(boxed_params: Any, param_shardings: Any, abstract_opt_state: Any,
                         opt_shardings: Any, mesh: Mesh) -> dict[str, float]:
-  """Logs the sharding table; warns when fsdp > 1 leaves over 2% of parameter bytes whole."""
+  """Logs the sharding table; warns when fsdp > 1 leaves over 2% of parameter bytes whole.
+
+  With every mesh axis 1 (one device) the table shows nothing split: where a log file
+  keeps it (the workdir's log.txt), it goes there only, and the console gets one line
+  naming the file. With no log file it stays on the console, as with an axis > 1.
+  """
   lines, stats = sharding_report(boxed_params, param_shardings, abstract_opt_state,
                                  opt_shardings)
-  logging.info("Parameter sharding on mesh %s:\n%s", dict(mesh.shape), "\n".join(lines))
+  split = any(size > 1 for size in mesh.shape.values())
+  # (pytest's logging plugin holds one on os.devnull.)
+  log_files = [handler.baseFilename for handler in std_logging.getLogger().handlers
+               if isinstance(handler, std_logging.FileHandler)
+               and handler.baseFilename != os.devnull]
+  on_console = split or not log_files
+  logging.info("Parameter sharding on mesh %s:\n%s", dict(mesh.shape), "\n".join(lines),
+               extra={"console": on_console})
+  if not on_console:
+    logging.info("Parameter sharding: every mesh axis is 1 (%s), nothing is split; the "
+                 "table is in %s", dict(mesh.shape), log_files[0])
   if mesh.shape.get("fsdp", 1) > 1 and stats["replicated_fraction"] > 0.02:
     logging.warning(
         "fsdp=%d but %.1f%% of parameter bytes are replicated on every device; check "

@@ -21,9 +21,11 @@
   common.py     flags several modes share (--input, --output, --checkpoint_step, decode flags)
                 and their file handling
   usage.py      flag, config-file and disk/permission mistakes in one line; the table of
-                which modes read which flag (check_mode_flags)
+                which modes read which flag (check_mode_flags); --help's list of modes
+                (modes_help)
 
-Each module sets SHARED_FLAGS, the cli/common.py flags it reads (with the flags its own
+Each module's docstring starts `--mode=<name>: ` and one sentence: launch.py --help
+lists the modes with it (usage.modes_help). Each module sets SHARED_FLAGS, the cli/common.py flags it reads (with the flags its own
 module defines: the table launch.py refuses every other flag with), and STARTS_JAX
 (plot, compare, keys, sweep, prepare and compile start no devices of this host's run: compile
 uses libtpu's abstract TPU devices). May import

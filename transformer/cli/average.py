@@ -17,6 +17,7 @@ from transformer.inference import loaded
 from transformer.workdir import checkpointing
 from transformer.workdir import files
 from transformer.workdir import layout
+from transformer.workdir import progress
 
 STARTS_JAX = True
 # The flags of cli/common.py this mode reads (launch.py refuses the others it is given).
@@ -37,7 +38,9 @@ def average(workdir: str, output: str, *, average_last: int,
   The new workdir holds config.json, the tokenizer files, `averaged.json` (the source
   run and steps) and one checkpoint, `checkpoints/<newest averaged step>/state`, with
   only the parameters: the other modes and `config.init_from` read it; it cannot
-  resume training (no optimizer state). The source workdir is only read. The new
+  resume training (no optimizer state). A LoRA run's checkpoints are averaged with
+  their adapters merged into the kernels, so the new run has no adapters
+  (model.lora_rank=0 in its config.json). The source workdir is only read. The new
   workdir is complete or absent (workdir/files.py's `complete_or_absent`).
 
   Args:
@@ -77,6 +80,14 @@ def average(workdir: str, output: str, *, average_last: int,
           continue  # A run from before dataset.json was kept.
         # dataset.json too: evaluating the averaged run checks its data as the source's.
         shutil.copyfile(os.path.join(source, name), os.path.join(partial, name))
+      with open(os.path.join(source, layout.CONFIG), encoding="utf-8") as f:
+        source_config = json.load(f)
+      if source_config["model"].get("lora_rank") != run.config.model.lora_rank:
+        # A LoRA run's mean has its adapters merged (loaded.load_run): the new run is
+        # the model without adapters, every other key as the source has it.
+        source_config["model"]["lora_rank"] = run.config.model.lora_rank
+        files.write_atomically(os.path.join(partial, layout.CONFIG),
+                               json.dumps(source_config, indent=2))
       with open(os.path.join(source, layout.TOKENIZER_RECORD), encoding="utf-8") as f:
         vocabulary = json.load(f).get("file")
       if vocabulary:
@@ -85,7 +96,8 @@ def average(workdir: str, output: str, *, average_last: int,
                              json.dumps({"source": source, "steps": run.steps}, indent=2))
     # Every process writes its shards of the parameters.
     checkpoints = os.path.join(partial, layout.CHECKPOINTS)
-    with files.disk_errors_as_oserror(checkpoints, "--output"):
+    with files.disk_errors_as_oserror(checkpoints, "--output"), \
+        progress.stage(f"average: writing the parameters to {target}"):
       checkpointing.save_params(checkpoints, step, run.params)
   path = os.path.join(target, layout.CHECKPOINTS, str(step))
   logging.info("Wrote the %s of %s to %s", run.checkpoint_label(), source, path)

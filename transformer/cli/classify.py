@@ -1,4 +1,5 @@
-"""--mode=classify: label each line of --input (or stdin) with a classifier run.
+"""--mode=classify: label each line of --input (or stdin) with a classifier run (its class and
+probability) -> --output (or stdout).
 
   python launch.py --mode=classify --workdir=runs/bert_base_sst2_local --input=reviews.txt
 
@@ -29,6 +30,7 @@ from transformer.config.errors import ConfigError
 from transformer.data import packing
 from transformer.data import tokenizers
 from transformer.inference import loaded
+from transformer.workdir import progress as progress_lib
 from transformer.model.models import make_model
 
 CLASS_NAMES = flags.DEFINE_list(
@@ -129,6 +131,7 @@ def _predict(run: loaded.LoadedRun, rows: list[dict[str, np.ndarray]]) -> list[t
 
   batch_size = max(run.config.decode.batch_size, 1)
   out: list[tuple[int, float]] = []
+  classifying = progress_lib.Progress("classify", len(rows), "lines")
   with run.context():
     for start in range(0, len(rows), batch_size):
       chunk = rows[start:start + batch_size]
@@ -140,4 +143,6 @@ def _predict(run: loaded.LoadedRun, rows: list[dict[str, np.ndarray]]) -> list[t
       for row in p[:len(chunk)]:
         label = int(np.argmax(row))
         out.append((label, float(row[label])))
+      classifying.update(len(chunk))
+  classifying.finish()
   return out

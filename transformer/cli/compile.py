@@ -1,4 +1,5 @@
-"""--mode=compile: does this config fit a TPU slice or GPU host, and how fast could it run?
+"""--mode=compile: does --config fit a TPU slice or GPU host (--topology=v5p:4x4x4, h100:8),
+and how fast could it run? Compiled on this CPU host; -> --output.
 
   python launch.py --mode=compile --config=configs/gpt_small.py --topology=v5p:4x4x4
   python launch.py --mode=compile --config=configs/gpt_small.py --topology=h100:8
@@ -12,8 +13,9 @@ bounds and an estimated tokens/s, MFU and HFU; the tokens/s this host's input pi
 delivers beside the step's demand per host ("INPUT-BOUND" when short; --input_seconds);
 the kernels that matter; the sharding audit; the levers tried when a step does not fit;
 with --mesh_search, every data x fsdp x tensor mesh (and remat policy) compiled and
-ranked. --output=FILE writes the same as JSON. Exit status 0 when every step
-fits, 1 when one does not, 2 on bad input (the reason on the last line).
+ranked; for a LoRA config, the train step without adapters beside it (--lora_baseline).
+--output=FILE writes the same as JSON. Exit status 0 when every step fits, 1 when one
+does not, 2 on bad input (the reason on the last line).
 """
 
 from __future__ import annotations
@@ -55,6 +57,9 @@ _EXTRAPOLATE_DEPTH = flags.DEFINE_bool(
     "XLA's optimal_seconds from the steps compiled unrolled at two small depths, "
     "extrapolated per layer (a scanned body's bytes are not counted as the unrolled "
     "layers' are; planning/depth.py); --noextrapolate_depth skips those compiles.")
+_LORA_BASELINE = flags.DEFINE_bool(
+    "lora_baseline", True, "compile: for a LoRA config (model.lora_rank > 0), also compile "
+    "the train step without adapters (full fine-tuning) and show what LoRA saves.")
 _INPUT_SECONDS = flags.DEFINE_float(
     "input_seconds", 3.0, "compile: seconds to time this host's training input pipeline "
     "(after its first batch), reported beside the step's token demand per host; 0 skips it.")
@@ -103,6 +108,7 @@ def run(config: ml_collections.ConfigDict) -> int:
     jax.config.update("jax_platforms", "cpu")
   plugin_noise.start_backends_quietly()  # jax loads every installed plugin as it starts.
   from transformer.workdir import files  # pylint: disable=g-import-not-at-top
+  from transformer.workdir import progress  # pylint: disable=g-import-not-at-top
   from transformer.config.errors import ConfigError  # pylint: disable=g-import-not-at-top
   from transformer.planning import input_rate  # pylint: disable=g-import-not-at-top
   from transformer.planning import plan as plan_lib  # pylint: disable=g-import-not-at-top
@@ -116,15 +122,19 @@ def run(config: ml_collections.ConfigDict) -> int:
     topology = topology_lib.parse_topology(_TOPOLOGY.value, _NUM_SLICES.value,
                                            any_shape=_ANY_SLICE.value)
     devices = topology_lib.topology_devices(topology)
-    plan = plan_lib.make_plan(config, topology, devices, tuple(_COMPILE_STEPS.value),
-                              extrapolate_depth=_EXTRAPOLATE_DEPTH.value)
+    with progress.stage(f"compile: {', '.join(_COMPILE_STEPS.value)} for {_TOPOLOGY.value} "
+                        f"({len(devices)} devices)"):
+      plan = plan_lib.make_plan(config, topology, devices, tuple(_COMPILE_STEPS.value),
+                                extrapolate_depth=_EXTRAPOLATE_DEPTH.value)
   except ConfigError as e:
     sys.stderr.write(f"ConfigError: {e}\n")
     return 2
   print("\n".join(report.plan_lines(plan)), flush=True)
   rate = None
   if _INPUT_SECONDS.value > 0:
-    rate = input_rate.measure(config, input_rate.hosts_of(devices), _INPUT_SECONDS.value)
+    with progress.stage(f"compile: timing this host's input pipeline "
+                        f"(--input_seconds={_INPUT_SECONDS.value:g})"):
+      rate = input_rate.measure(config, input_rate.hosts_of(devices), _INPUT_SECONDS.value)
     print("\n" + "\n".join(input_rate.lines(rate, plan.train_tokens_per_second)), flush=True)
 
   levers = {}
@@ -137,6 +147,15 @@ def run(config: ml_collections.ConfigDict) -> int:
           f"Levers for the {step} step, each compiled on its own ({report.gib(plan.costs[step].total_bytes)} "
           "now):", levers[step], plan.usable_bytes, plan.costs[step].total_bytes)),
             flush=True)
+  full = None
+  if _LORA_BASELINE.value and plan.config.model.lora_rank and "train" in plan.costs:
+    with progress.stage("compile: the train step without adapters (full fine-tuning)"):
+      full = search.full_fine_tuning(plan.config, topology, devices, _EXTRAPOLATE_DEPTH.value)
+    print("\n".join(report.trial_lines(
+        f"LoRA against full fine-tuning: the train step without adapters "
+        f"({report.gib(plan.costs['train'].total_bytes)} with them; --nolora_baseline "
+        "skips it):", [full], plan.usable_bytes, plan.costs["train"].total_bytes)),
+          flush=True)
   trials = None
   if _MESH_SEARCH.value:
     try:
@@ -151,7 +170,7 @@ def run(config: ml_collections.ConfigDict) -> int:
 
   output = flags.FLAGS.output
   if output:
-    result = report.to_json(plan, levers, trials)
+    result = report.to_json(plan, levers, trials, full)
     result["input"] = (input_rate.to_json(rate, plan.train_tokens_per_second)
                        if rate is not None else None)
     files.write_atomically(output, json.dumps(result, indent=2),

@@ -1,4 +1,5 @@
-"""--mode=evaluate: loss / perplexity / accuracy (+ sacreBLEU, chrF) of a checkpoint on a split.
+"""--mode=evaluate: loss / perplexity / accuracy (+ sacreBLEU, chrF) of a checkpoint on a split;
+--by_position=W: by bucket of W token positions.
 
 The loss comes from the training loop's own eval step (training/trainer.py's Scorer,
 built for the loaded parameters alone: no optimizer); translations through
@@ -39,6 +40,7 @@ from transformer.training import metrics as metrics_lib
 from transformer.training import trainer as trainer_lib
 from transformer.workdir import files
 from transformer.workdir import layout
+from transformer.workdir import progress as progress_lib
 
 SPLIT = flags.DEFINE_string("split", "", "evaluate: the split (default data.eval_split).")
 MAX_EXAMPLES = flags.DEFINE_integer(
@@ -181,8 +183,14 @@ def evaluate(workdir: str, *, config: ml_collections.ConfigDict | None = None,
   # whose train.eval_batches (-1 above) evaluate_split reads.
   scorer = trainer_lib.Scorer.create(config, run.mesh, run.param_shardings,
                                      position_bucket=by_position)
+  # Batches, not examples: packed LM rows are not counted before they are built. The
+  # first batch's time includes compiling the eval step.
+  scoring = progress_lib.Progress(f"evaluate {split}", unit="batches")
+  progress_lib.say(f"evaluate {split}: scoring {len(source)} examples in batches of "
+                   f"{config.data.batch_size} (the first also compiles the eval step) ...")
   with scorer.context():
-    sums = trainer_lib.sum_split(scorer, run.params, dataset, local_batch_size)
+    sums = trainer_lib.sum_split(scorer, run.params, dataset, local_batch_size, scoring)
+  scoring.finish(f"{len(source)} examples scored")
   metrics = metrics_lib.summarize(sums)
   if objective.classifies:  # One weight per example; perplexity means little.
     metrics["examples"] = metrics.pop("tokens")
@@ -204,11 +212,14 @@ def evaluate(workdir: str, *, config: ml_collections.ConfigDict | None = None,
     texts, references = text.source_and_reference_texts(config.data, source)
     policy = text.LengthPolicy(config.decode.overlong, text.source_context(config),
                                      "source", "min(data.seq_len, model.max_len), eos included")
+    translating = progress_lib.Progress(f"evaluate {split}: translating", len(texts),
+                                        "sentences")
     with run.context():
       outputs = text.translate_texts(
           run.model_config, run.params, run.tokenizer, texts, config.decode, policy,
           names=[f"{split}[{i}]" for i in range(len(texts))], rng=run.sampling_rng(seed),
-          progress=text.DecodeProgress(len(texts), f"evaluate {split}"))
+          progress=translating)
+    translating.finish()
     scores = text.corpus_scores(outputs, references)
     metrics.update(bleu=scores["bleu"], chrf=scores["chrf"])
     record["decoding"] = dict(text.describe_search(config.decode),

@@ -1,4 +1,5 @@
-"""--mode=generate: continue --prompt (or each line of --input, or of stdin) with a decoder LM.
+"""--mode=generate: continue --prompt (or each line of --input, or of stdin) with a decoder LM
+-> --output (or stdout); greedy unless --temperature (sampling) or --beam_size=N (beam search).
 
 Greedy by default (the likeliest token each step); --temperature > 0 samples (with
 --top_k / --top_p), --beam_size=N > 1 is beam search.
@@ -24,6 +25,7 @@ from transformer.cli import common
 from transformer.config.errors import ConfigError
 from transformer.data import local_files
 from transformer.inference import loaded
+from transformer.workdir import progress as progress_lib
 from transformer.inference import text
 
 PROMPT = flags.DEFINE_string(
@@ -92,7 +94,8 @@ def generate(workdir: str, prompts: Sequence[str] | None = None, *,
   """
   if output_path:
     common.check_output(output_path, overwrite, [input_path])
-  if prompts is None:  # Read (and checked) before the model loads.
+  read = prompts is None
+  if read:  # Read (and checked) before the model loads.
     prompts = common.read_lines(input_path, stdin or sys.stdin)
     names = [f"{input_path or 'stdin'} line {i + 1}" for i in range(len(prompts))]
   else:
@@ -111,10 +114,15 @@ def generate(workdir: str, prompts: Sequence[str] | None = None, *,
   run.require("decoder", "lm", "generate", "Use --mode=translate for an encoder-decoder.")
   decode = run.config.decode
   policy = text.prompt_policy(run.config, decode.max_new_tokens, decode.overlong)
+  # Lines of a file or a pipe are counted; a --prompt is not.
+  generating = progress_lib.Progress("generate", len(prompts), "prompts") if read else None
   with run.context():
     continuations = text.continue_texts(
         run.model_config, run.params, run.tokenizer, prompts, decode, policy,
-        max_new_tokens=decode.max_new_tokens, names=names, rng=run.sampling_rng(seed))
+        max_new_tokens=decode.max_new_tokens, names=names, rng=run.sampling_rng(seed),
+        progress=generating)
+  if generating:
+    generating.finish()
   if jax.process_index() == 0:
     result = "".join(continuation + "\n" for continuation in continuations)
     common.write_result(result, len(continuations), "continuations", output_path, overwrite, input_path,

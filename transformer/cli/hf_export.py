@@ -1,6 +1,7 @@
-"""--mode=export: --workdir's decoder -> a Hugging Face folder --hf_dir, in the family its
-shape fits: GPT-2 (interop/hf/gpt2.py) or the Llama family (interop/hf/llama.py: Llama,
-Qwen2, Qwen3, Mistral)."""
+"""--mode=export: --workdir's decoder -> a Hugging Face folder --hf_dir, in the first family
+its shape fits (interop/hf/gpt2.py, interop/hf/llama.py).
+
+GPT-2, or the Llama family (Llama, Qwen2, Qwen3, Mistral)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""--mode=import: a local Hugging Face folder (--hf_dir: any family of importer.FAMILIES,
-GPT-2 to Mixtral and Switch) -> a new --workdir that the other modes and
-config.init_from read (interop/hf/importer.py).
+"""--mode=import: a local Hugging Face folder --hf_dir -> a new --workdir that the other
+modes and config.init_from read (interop/hf/importer.py: any family of importer.FAMILIES).
 
 MODEL_TYPES is the list launch.py's --help and docs/huggingface.md print (a test holds
 the docs to it).

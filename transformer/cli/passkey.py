@@ -1,4 +1,5 @@
-"""--mode=passkey: passkey retrieval of a decoder LM at several context lengths and depths.
+"""--mode=passkey: passkey retrieval of a decoder LM at --passkey_lengths x --passkey_depths
+-> a table, JSON and a heat map PNG.
 
 The prompts and the scoring are inference/passkey.py's (synthetic, generated offline
 from the run's tokenizer, deterministic in --seed; greedy decoding of the key, computed
@@ -27,9 +28,9 @@ from transformer.config import objective as objective_lib
 from transformer.config.errors import ConfigError
 from transformer.inference import loaded
 from transformer.inference import passkey
-from transformer.inference import text
 from transformer.reports import long_context
 from transformer.workdir import files
+from transformer.workdir import progress as progress_lib
 
 LENGTHS = flags.DEFINE_list(
     "passkey_lengths", [], "passkey: the context lengths to test, in tokens the model "
@@ -127,11 +128,12 @@ def run_passkey(workdir: str, *, lengths: Sequence[int], depths: Sequence[float]
   if max(lengths) > trained:
     logging.info("Lengths past the %d tokens %s trained on: the model extrapolates there",
                  trained, workdir)
-  progress = text.DecodeProgress(len(prompts), "passkey", unit="prompts")
+  progress = progress_lib.Progress("passkey", len(prompts), "prompts")
   with run.context():
     scorer = passkey.make_scorer(run.model_config, max(p.key_tokens for p in prompts))
     results = passkey.score_prompts(scorer, run.params, prompts, run.config.decode.batch_size,
                                     progress)
+  progress.finish()
   cells = passkey.summarize_cells(prompts, results)
   record = {
       "workdir": os.path.abspath(workdir), "checkpoint_steps": run.steps,

@@ -1,4 +1,5 @@
-"""A grid of config overrides, one training run each: `launch.py --mode=sweep`.
+"""--mode=sweep: a grid of config overrides, one training run each, in subfolders of
+--workdir; rerunning resumes it; then the runs are compared.
 
   python launch.py --mode=sweep --config=configs/shakespeare_char.py:cpu \
     --workdir=runs/ablation --sweep='model.norm=pre,post;model.position=learned,rope'

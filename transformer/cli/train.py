@@ -1,4 +1,4 @@
-"""--mode=train (the default): train_and_evaluate(--config, --workdir); rerunning resumes.
+"""--mode=train: train_and_evaluate(--config, --workdir), the default mode; rerunning resumes.
 
 After the loop (finished, or stopped by a signal and saved) process 0 draws the curves
 of metrics.jsonl into `<workdir>/plots/` and prints a summary: the step reached, the

@@ -16,6 +16,7 @@ from absl import logging
 from transformer.cli import common
 from transformer.inference import loaded
 from transformer.inference import text
+from transformer.workdir import progress as progress_lib
 
 STARTS_JAX = True
 # The flags of cli/common.py this mode reads (launch.py refuses the others it is given).
@@ -74,7 +75,7 @@ def translate(workdir: str, *, input_path: str = "", output_path: str = "",
   limit = text.source_context(run.config)
   policy = text.LengthPolicy(run.config.decode.overlong, limit, "source",
                                    "min(data.seq_len, model.max_len), eos included")
-  progress = text.DecodeProgress(len(lines), "translate") if input_path else None
+  progress = progress_lib.Progress("translate", len(lines), "sentences") if input_path else None
   logging.info("Translating %d lines (%s; batches of %d)", len(lines),
                ", ".join(f"{k} {v}" for k, v in
                          text.describe_search(run.config.decode).items()),
@@ -84,6 +85,8 @@ def translate(workdir: str, *, input_path: str = "", output_path: str = "",
         run.model_config, run.params, run.tokenizer, lines, run.config.decode, policy,
         names=[f"line {i + 1}" for i in range(len(lines))], rng=run.sampling_rng(seed),
         progress=progress)
+  if progress:
+    progress.finish()
   if jax.process_index() == 0:
     # One line per input line, whatever the model emits (byte and character models can
     # produce a newline).

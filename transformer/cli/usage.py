@@ -18,6 +18,7 @@ import errno
 import os
 import re
 import sys
+import textwrap
 from types import ModuleType
 from typing import Mapping, NoReturn, Sequence
 
@@ -132,6 +133,37 @@ def check_mode_flags(mode: str, modes: Mapping[str, ModuleType]) -> None:
                else "no mode reads it")
       _flags_error(f"--{flag} is not used by --mode={mode}: {taken}. Leave it out (or "
                    "choose the mode that uses it).")
+
+
+def mode_summary(name: str, module: ModuleType) -> str:
+  """A mode's one-line description for --help: its module docstring's first paragraph
+  after `--mode=<name>: `, with the model_types of a mode that has a MODEL_TYPES list.
+
+  Raises:
+    ValueError: the docstring does not start with `--mode=<name>: ` (a new mode must
+      describe itself there: --help is made from it).
+  """
+  head = f"--mode={name}: "
+  doc = (module.__doc__ or "").strip()
+  if not doc.startswith(head):
+    raise ValueError(f"{module.__name__}'s docstring must start with {head!r} and one "
+                     "sentence saying what the mode does (launch.py --help prints it)")
+  summary = " ".join(doc.split("\n\n")[0][len(head):].split())
+  types = getattr(module, "MODEL_TYPES", "")
+  return summary + (f" model_type: {types}." if types else "")
+
+
+def modes_help(modes: Mapping[str, ModuleType], width: int = 90) -> str:
+  """The --help list of modes, `--mode=NAME  description` wrapped at `width`, from
+  launch.py's MODES (each description from the mode module's docstring)."""
+  column = max(len(name) for name in modes) + len("  --mode=") + 2
+  lines = []
+  for name, module in modes.items():
+    lines += textwrap.wrap(mode_summary(name, module), width,
+                           initial_indent=f"  --mode={name}".ljust(column),
+                           subsequent_indent=" " * column, break_on_hyphens=False,
+                           break_long_words=False)
+  return "\n".join(lines)
 
 
 # Modes whose output file can go elsewhere: the fix for an unwritable workdir is --output.

@@ -31,6 +31,7 @@ import os
 from typing import Any, Mapping, Sequence
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import orbax.checkpoint as ocp
 from absl import logging
@@ -47,12 +48,14 @@ from transformer.config.validation import validate
 from transformer.data import run_data
 from transformer.data import sources
 from transformer.data import tokenizers
+from transformer.model import lora
 from transformer.model import objectives
 from transformer.model import positions as positions_lib
 from transformer.model.models import make_model
 from transformer.workdir import averaging
 from transformer.workdir import checkpointing
 from transformer.workdir import layout
+from transformer.workdir import progress
 
 # data.* fields that make the tokenizer; a run's own vocabulary always wins over them.
 TOKENIZER_FIELDS = ("tokenizer", "spm_vocab_size", "spm_model_type", "spm_train_sentences")
@@ -316,8 +319,14 @@ READ_ATTEMPTS = 3
 
 
 def _read_params(workdir: str, config: ml_collections.ConfigDict, steps: Sequence[int],
-                 abstract: Any, mesh: jax.sharding.Mesh) -> Any:
-  """The parameters of `steps` (their mean when several), after the damage check."""
+                 abstract: Any, mesh: jax.sharding.Mesh,
+                 merge_from: ml_collections.ConfigDict | None = None) -> Any:
+  """The parameters of `steps` (their mean when several), after the damage check.
+
+  `merge_from`: the LoRA model config the checkpoints were written with, when `abstract`
+  is the model without adapters: each checkpoint's adapters are merged into their
+  kernels before the mean.
+  """
   directory = os.path.join(os.path.abspath(workdir), layout.CHECKPOINTS)
   for step in steps:  # Damage that shows without reading arrays (see checkpointing.py).
     problem = checkpointing.checkpoint_problem(os.path.join(directory, str(step)), ("state",))
@@ -327,10 +336,16 @@ def _read_params(workdir: str, config: ml_collections.ConfigDict, steps: Sequenc
                         "another one with --checkpoint_step=N"
                         + (f" (the others: {', '.join(map(str, others))})" if others else
                            " (there is no other)"))
+  stored, transform = abstract, None
+  if merge_from is not None:
+    stored = abstract_params(merge_from, mesh)
+    transform = jax.jit(lambda p: lora.merge(p, merge_from.model, xp=jnp),
+                        out_shardings=jax.tree.map(lambda x: x.sharding, abstract))
   with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.rules_of(config.mesh, mesh)):
     return averaging.average_params(
         [os.path.join(directory, str(step), layout.STATE) for step in steps],
-        abstract, os.path.join(workdir, layout.CONFIG))
+        stored, os.path.join(workdir, layout.CONFIG), transform=transform,
+        result_params=abstract)
 
 
 def _deleted_while_read(workdir: str, steps: Sequence[int], keep: int) -> int | None:
@@ -436,12 +451,24 @@ def load_run(workdir: str, *, config: ml_collections.ConfigDict | None = None,
                  config.decode.temperature, config.decode.beam_size)
   tokenizer = sources.load_workdir_tokenizer(workdir)
   mesh = _make_mesh(config)
+  merge_from = None
+  if config.model.lora_rank and average_last > 1:
+    # The mean of several LoRA checkpoints is the mean of their merged kernels (the mean
+    # of products A . B is not the product of the means), which no rank-r adapter
+    # holds: the averaged run is the model without adapters.
+    merge_from, config = config, config.copy_and_resolve_references()
+    config.model.lora_rank = 0
+    logging.info("Averaging a LoRA run: each checkpoint's adapters are merged into their "
+                 "kernels before the mean; the result has no adapters (model.lora_rank=0)")
   abstract = abstract_params(config, mesh)
   for attempt in range(READ_ATTEMPTS):
     steps = select_steps(workdir, checkpoint_steps(workdir), checkpoint_step, average_last,
                          config.checkpoint)
     try:
-      params = _read_params(workdir, config, steps, abstract, mesh)
+      with progress.stage(f"Reading the parameters of step {steps[-1]}"
+                          + (f" (the mean of {len(steps)} checkpoints)" if len(steps) > 1
+                             else "")):
+        params = _read_params(workdir, config, steps, abstract, mesh, merge_from)
       break
     except Exception as e:  # pylint: disable=broad-except
       gone = _deleted_while_read(workdir, steps, config.checkpoint.keep)

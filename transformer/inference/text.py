@@ -32,6 +32,7 @@ from transformer.config.model import ModelConfig
 from transformer.data import packing
 from transformer.data import tokenizers
 from transformer.inference import decoding
+from transformer.workdir import progress as progress_lib
 
 OVERLONG = DECODE_OVERLONG
 MIN_BUCKET = 8  # The narrowest padded width; buckets double from here.
@@ -140,28 +141,9 @@ def _until_eos(row: np.ndarray) -> np.ndarray:
   return row[:ends[0]] if ends.size else row[row != tokenizers.PAD_ID]
 
 
-class DecodeProgress:
-  """'translate: 640/3003 sentences (21.3 sentences/s)' lines every `every` seconds."""
-
-  def __init__(self, total: int, what: str, every: float = 10.0, unit: str = "sentences"):
-    self.total, self.what, self.every, self.unit = total, what, every, unit
-    self.done = 0
-    self._start = self._last = time.perf_counter()
-
-  def update(self, count: int) -> None:
-    """Adds `count` finished items; logs at most every `every` seconds, and at the end."""
-    self.done += count
-    now = time.perf_counter()
-    if now - self._last >= self.every or self.done == self.total:
-      self._last = now
-      rate = self.done / max(now - self._start, 1e-9)
-      logging.info("%s: %d/%d %s (%.1f %s/s)", self.what, self.done, self.total,
-                   self.unit, rate, self.unit)
-
-
 def _decode_batches(run: Callable[[np.ndarray, np.ndarray, int], jax.Array],
                     inputs: Sequence[np.ndarray], batch_size: int, limit: int,
-                    filler: int, progress: DecodeProgress | None) -> list[np.ndarray]:
+                    filler: int, progress: progress_lib.Progress | None) -> list[np.ndarray]:
   """Pads `inputs` into length-sorted batches, runs each, returns outputs in input order.
 
   `run(tokens_BW, real_BW, batch_index)` decodes one batch; a row that only fills the
@@ -192,7 +174,7 @@ def _decode_batches(run: Callable[[np.ndarray, np.ndarray, int], jax.Array],
 def translate_ids(model_config: ModelConfig, params: Any, sources_ids: Sequence[np.ndarray],
                   decode: ml_collections.ConfigDict, limit: int, *,
                   rng: jax.Array | None = None,
-                  progress: DecodeProgress | None = None) -> list[np.ndarray]:
+                  progress: progress_lib.Progress | None = None) -> list[np.ndarray]:
   """Decodes each source (non-empty ids ending in eos, at most `limit` long) to target ids.
 
   Args:
@@ -220,7 +202,7 @@ def translate_texts(model_config: ModelConfig, params: Any, tokenizer: tokenizer
                     texts: Sequence[str], decode: ml_collections.ConfigDict,
                     policy: LengthPolicy, *, names: Sequence[str] | None = None,
                     rng: jax.Array | None = None,
-                    progress: DecodeProgress | None = None) -> list[str]:
+                    progress: progress_lib.Progress | None = None) -> list[str]:
   """Translates sentences; an empty (or whitespace-only) sentence gives "".
 
   Args:
@@ -262,7 +244,8 @@ def continue_texts(model_config: ModelConfig, params: Any, tokenizer: tokenizers
                    prompts: Sequence[str], decode: ml_collections.ConfigDict,
                    policy: LengthPolicy, *, max_new_tokens: int,
                    names: Sequence[str] | None = None,
-                   rng: jax.Array | None = None) -> list[str]:
+                   rng: jax.Array | None = None,
+                   progress: progress_lib.Progress | None = None) -> list[str]:
   """Continues each prompt with a decoder LM; returns the continuations' text.
 
   A prompt is [bos] + ids, as the training documents begin. `policy.limit` is the
@@ -279,6 +262,7 @@ def continue_texts(model_config: ModelConfig, params: Any, tokenizer: tokenizers
     max_new_tokens: the most tokens added to each prompt.
     names: how messages name each prompt; default "prompt <i + 1>".
     rng: PRNG key when sampling.
+    progress: counts finished prompts.
 
   Returns:
     One continuation per prompt (what follows the prompt, up to eos), in input order.
@@ -299,7 +283,7 @@ def continue_texts(model_config: ModelConfig, params: Any, tokenizer: tokenizers
         **search_options(decode, None if rng is None else jax.random.fold_in(rng, index)))
 
   outputs = _decode_batches(run, ids, decode.batch_size, policy.limit, tokenizers.BOS_ID,
-                            None)
+                            progress)
   return [tokenizer.decode(output) for output in outputs]
 
 

@@ -75,21 +75,23 @@ def adapter_delta(module: nn.Module, config: ModelConfig, x: jax.Array,
   return delta * jnp.asarray(scale(config), config.dtype)
 
 
-def merged_kernel(kernel: Any, lora_a: Any, lora_b: Any, factor: float) -> np.ndarray:
-  """kernel + factor * A . B in float32 NumPy; any leading stacked axes (a scanned
-  stack's layers) are shared by all three."""
-  kernel, lora_a, lora_b = (np.asarray(v, np.float32) for v in (kernel, lora_a, lora_b))
+def merged_kernel(kernel: Any, lora_a: Any, lora_b: Any, factor: float,
+                  xp: Any = np) -> Any:
+  """kernel + factor * A . B in float32; any leading stacked axes (a scanned stack's
+  layers) are shared by all three. `xp`: NumPy (export, averaging on the host) or
+  jax.numpy (inside a jit that keeps the kernel's sharding, init_from)."""
+  kernel, lora_a, lora_b = (xp.asarray(v, xp.float32) for v in (kernel, lora_a, lora_b))
   lead = lora_a.ndim + lora_b.ndim - 2 - kernel.ndim  # Axes all three share in front.
   n_in = lora_a.ndim - 1 - lead
   letters = iter(string.ascii_lowercase[:25])
   lead_s = "".join(next(letters) for _ in range(lead))
   ins = "".join(next(letters) for _ in range(n_in))
   outs = "".join(next(letters) for _ in range(lora_b.ndim - 1 - lead))
-  delta = np.einsum(f"{lead_s}{ins}z,{lead_s}z{outs}->{lead_s}{ins}{outs}", lora_a, lora_b)
-  return kernel + np.float32(factor) * delta
+  delta = xp.einsum(f"{lead_s}{ins}z,{lead_s}z{outs}->{lead_s}{ins}{outs}", lora_a, lora_b)
+  return kernel + xp.float32(factor) * delta
 
 
-def merge(params: dict, config: Any) -> dict:
+def merge(params: dict, config: Any, xp: Any = np) -> dict:
   """The parameters with every adapter folded into its kernel and removed.
 
   The merged model (config.model with lora_rank=0) computes what the adapted one
@@ -98,9 +100,10 @@ def merge(params: dict, config: Any) -> dict:
   Args:
     params: a parameter tree (nested dicts of arrays), adapters anywhere in it.
     config: the model config the adapters were built with (lora_alpha, lora_rank).
+    xp: NumPy (host arrays) or jax.numpy (inside a jit, sharded arrays).
 
   Returns:
-    A new tree without `lora_a` / `lora_b` leaves; adapted kernels as float32 NumPy.
+    A new tree without `lora_a` / `lora_b` leaves; adapted kernels in float32.
   """
   if not isinstance(params, dict):
     return params
@@ -110,9 +113,9 @@ def merge(params: dict, config: Any) -> dict:
                        f"{sorted(params)}")
     out = {k: v for k, v in params.items() if k not in ADAPTER_NAMES}
     out["kernel"] = merged_kernel(params["kernel"], params["lora_a"], params["lora_b"],
-                                  scale(config))
+                                  scale(config), xp)
     return out
-  return {k: merge(v, config) for k, v in params.items()}
+  return {k: merge(v, config, xp) for k, v in params.items()}
 
 
 def is_adapter(path: tuple[str, ...]) -> bool:

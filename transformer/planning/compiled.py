@@ -36,6 +36,7 @@ from transformer.training import trainer as trainer_lib
 from transformer.planning import collectives
 from transformer.planning import gpu
 from transformer.planning import hlo
+from transformer.workdir import progress
 
 STEPS = ("train", "eval", "decode")
 @dataclasses.dataclass
@@ -64,12 +65,16 @@ class StepCost:
   bytes_source: str = ""
   depth_compile_seconds: float = 0.0  # The unrolled compiles bytes_source needed.
   kernels: dict[str, int] = dataclasses.field(default_factory=dict)  # Kind -> launches.
+  # cuDNN attention's workspace, which XLA sizes only on a GPU (hlo.py's estimate; 0
+  # where XLA sized it or there is no cuDNN call).
+  workspace_bytes: int = 0
 
   @property
   def total_bytes(self) -> int:
-    """Peak footprint: arguments + outputs not aliased to them + temporaries + code."""
+    """Peak footprint: arguments + outputs not aliased to them + temporaries + code, and
+    the cuDNN workspace XLA could not size here."""
     return (self.arguments_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
-            + self.code_bytes)
+            + self.code_bytes + self.workspace_bytes)
 
 
 def target_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -154,8 +159,9 @@ def _collect(name: str, lowered, start: float, arguments_bytes: int = 0,
       # update instruction should have 1 operands but sees 3": gpt_small on v5p and
       # v6e, the 7B on v5p), and the collective count would be lost.
       options = {"xla_dump_to": dump, "xla_dump_hlo_as_text": True}
+      compiling = time.perf_counter()
       try:
-        with gpu.plugin_noise_filtered():
+        with gpu.plugin_noise_filtered(), progress.stage(f"compile: XLA compiling the {name} step"):
           compiled = lowered.compile(compiler_options=options)
       except jax.errors.JaxRuntimeError as e:
         if _NO_TRITON_TILES not in str(e):
@@ -169,6 +175,8 @@ def _collect(name: str, lowered, start: float, arguments_bytes: int = 0,
     except jax.errors.JaxRuntimeError as e:
       if "RESOURCE_EXHAUSTED" not in str(e):
         raise rejected(name, e) from e
+      progress.say(f"compile: XLA compiling the {name} step: out of memory after "
+                   f"{progress.seconds_text(time.perf_counter() - compiling)}")
       return _out_of_memory(name, e, start, arguments_bytes, **extra)
     seconds = time.perf_counter() - start
     dumped = sorted(glob.glob(os.path.join(dump, "*.after_optimizations.txt")))
@@ -198,6 +206,7 @@ def _collect(name: str, lowered, start: float, arguments_bytes: int = 0,
       loop_factors=factors, cost_source="XLA cost analysis" if cost else "HLO count",
       bytes_source="XLA cost analysis" if cost else "HLO count",
       kernels=dict(counts[0].kernels) if counts else {},
+      workspace_bytes=counts[0].cudnn_workspace if counts else 0,
       collective_bytes=collective_bytes, collective_error=collective_error,
       compile_seconds=seconds, **extra)
 
@@ -254,7 +263,7 @@ def compile_train(trainer: trainer_lib.Trainer) -> StepCost:
   objective = objective_lib.resolve(config.model)
   batch = abstract_batch(config, objective, trainer.batch_sharding)
   start = time.perf_counter()
-  with trainer.context():
+  with trainer.context(), progress.stage("compile: lowering the train step"):
     lowered = trainer.train_step.lower(trainer.abstract_state, batch)
   step_flops = flops.train_flops_per_step(trainer.model_config, config.data.batch_size,
                                           config.data.seq_len)
@@ -269,7 +278,7 @@ def compile_eval(trainer: trainer_lib.Trainer) -> StepCost:
   objective = objective_lib.resolve(config.model)
   batch = abstract_batch(config, objective, trainer.batch_sharding)
   start = time.perf_counter()
-  with trainer.context():
+  with trainer.context(), progress.stage("compile: lowering the eval step"):
     lowered = trainer.eval_step.lower(trainer.abstract_state.params, batch)
   forward = config.data.batch_size * flops.forward_flops_per_sequence(
       trainer.model_config, config.data.seq_len)
@@ -301,7 +310,7 @@ def compile_decode(trainer: trainer_lib.Trainer) -> StepCost:
   params = trainer.abstract_state.params
   ints = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
   start = time.perf_counter()
-  with trainer.context():
+  with trainer.context(), progress.stage("compile: lowering the decode step"):
     if model_config.arch == "decoder":
       steps = min(config.decode.max_new_tokens, model_config.max_len - 1)
       width = model_config.max_len - steps + 1

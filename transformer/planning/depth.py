@@ -28,6 +28,7 @@ import math
 import ml_collections
 
 from transformer.planning import compiled
+from transformer.workdir import progress
 
 
 def period(model: ml_collections.ConfigDict) -> int:
@@ -96,7 +97,9 @@ def extrapolate(config: ml_collections.ConfigDict, mesh,
     variant.model.scan_layers = False
     for key, n in depth.items():
       variant.model[key] = n
-    measured.append(compiled.compile_steps(compiled.build_trainer(variant, mesh), steps))
+    with progress.stage("compile: the steps unrolled at depth "
+                        + "/".join(str(n) for n in depth.values())):
+      measured.append(compiled.compile_steps(compiled.build_trainer(variant, mesh), steps))
   target = stacks(config.model)
   label = " and ".join(
       "/".join(str(d[k]) for k in target) for d in depths)

@@ -57,9 +57,14 @@ class GpuTopology:
     return 1
 
 
+# jax's CUDA plugins: jax[cuda12]'s (this project's test pin) or jax[cuda13]'s (what a
+# GPU host with a newer jax has, e.g. the H100 of docs/performance.md); either compiles.
+PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin")
+
+
 def wheels_missing() -> str | None:
-  """One line naming the install command when the CUDA plugin wheels are absent."""
-  if importlib.util.find_spec("jax_cuda12_plugin") is None:
+  """One line naming the install command when no CUDA plugin wheel is installed."""
+  if all(importlib.util.find_spec(name) is None for name in PLUGINS):
     return (f"--topology for a GPU needs XLA's GPU compiler, which is jax's CUDA plugin: "
             f"{INSTALL_HINT} (about 480 MB installed; it needs no GPU or driver to "
             "compile, and training does not need it)")

@@ -120,6 +120,9 @@ class Counts:
   collective_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
   kernels: dict[str, int] = dataclasses.field(default_factory=dict)  # Kind -> launches.
   unknown_loops: int = 0  # Loops whose trip count could not be read (counted once).
+  # The largest cuDNN attention backward workspace XLA left unsized (a compile-only GPU
+  # target), as `cudnn_workspace_estimate` sizes it; the calls share one buffer.
+  cudnn_workspace: int = 0
   loops: dict[str, int] = dataclasses.field(default_factory=dict)  # Body -> trips found.
 
   def add(self, other: "Counts", times: int = 1) -> None:
@@ -131,6 +134,7 @@ class Counts:
     for kind, n in other.kernels.items():
       self.kernels[kind] = self.kernels.get(kind, 0) + n * times
     self.unknown_loops += other.unknown_loops
+    self.cudnn_workspace = max(self.cudnn_workspace, other.cudnn_workspace)
 
 
 def parse(hlo_text: str) -> tuple[dict[str, _Computation], str]:
@@ -535,6 +539,43 @@ def _fused_bytes(fused: _Computation, written: int, read: list[int]) -> tuple[in
   return max(written, 0), read
 
 
+# cuDNN's attention calls return a workspace (their last result, u8[N]) that XLA sizes by
+# asking cuDNN for the compiled graph's need, which takes a GPU: compiling for a
+# compile-only target leaves u8[0]. On an H100 (jax 0.11.2, cuDNN 9.19; docs/
+# compile-report.md) the backward's workspace was B x L x H x M x (4 x D + 4) bytes for
+# gpt_small (12 heads, no GQA) and B x L x H x M x (8 x D + 4) for llama:1b (32 query
+# heads over 8 kv heads), at every measured shape (M: the segments a row may hold, 1
+# for per-row lengths): the larger factor is the estimate, exact for the one, twice the
+# other's main term. Forward calls' workspaces were at most 0.25 MiB: not estimated.
+_UNSIZED_WORKSPACE = re.compile(r"\bu8\[0\]")
+_CONSTRAINT_SHAPES = re.compile(r"(\w+)\[([\d,]*)\]")
+
+
+def cudnn_workspace_estimate(b: int, length: int, heads: int, head_dim: int,
+                             segments: int) -> int:
+  """Bytes of one cuDNN attention backward call's workspace (see above)."""
+  return b * length * heads * segments * (8 * head_dim + 4)
+
+
+def unsized_cudnn_workspace(instruction: _Instruction) -> int:
+  """The estimated workspace of a cuDNN attention backward call XLA left at u8[0];
+  0 for any other instruction or a workspace XLA sized."""
+  target = _CUSTOM_TARGET.search(instruction.rest)
+  if (instruction.opcode != "custom-call" or not target or "fmha" not in target.group(1)
+      or "backward" not in target.group(1).lower()
+      or not _UNSIZED_WORKSPACE.search(instruction.shape)):
+    return 0
+  constraints = instruction.rest.partition("operand_layout_constraints={")[2]
+  shapes = [(dtype, [int(d) for d in dims.split(",") if d])
+            for dtype, dims in _CONSTRAINT_SHAPES.findall(constraints)]
+  if not shapes or len(shapes[0][1]) != 4:
+    return 0
+  b, length, heads, head_dim = shapes[0][1]  # The query, [B, L, H, D] (layout BTNH).
+  # Packed rows pass per-segment lengths [B, M]; per-row lengths are [B].
+  segments = next((dims[1] for dtype, dims in shapes if dtype == "s32" and len(dims) == 2), 1)
+  return cudnn_workspace_estimate(b, length, heads, head_dim, segments)
+
+
 def count(hlo_text: str, multiply_loops: bool = True) -> Counts:
   """The Counts of the entry computation of `hlo_text`, every loop multiplied out.
 
@@ -563,6 +604,8 @@ def count(hlo_text: str, multiply_loops: bool = True) -> Counts:
       if kind:
         counts.kernels[kind] = counts.kernels.get(kind, 0) + 1
       if kind and kind.startswith("attention"):
+        counts.cudnn_workspace = max(counts.cudnn_workspace,
+                                     unsized_cudnn_workspace(instruction))
         attention = attention_flops(kind, instruction, computation)
         counts.flops += attention
         counts.opaque_flops += attention

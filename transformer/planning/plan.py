@@ -16,6 +16,7 @@ from transformer.planning import depth
 from transformer.planning import estimate as estimate_lib
 from transformer.planning import gpu
 from transformer.planning import topology as topology_lib
+from transformer.workdir import progress
 
 
 @dataclasses.dataclass
@@ -109,7 +110,8 @@ def make_plan(config: ml_collections.ConfigDict, topology: topology_lib.Topology
   kind, chip = chip_for(devices)
   mesh = topology_lib.topology_mesh(config.mesh, devices, topology.num_slices)
   try:
-    trainer = compiled.build_trainer(config, mesh)
+    with progress.stage(f"compile: tracing the model on mesh {dict(mesh.shape)}"):
+      trainer = compiled.build_trainer(config, mesh)
   except (RuntimeError, NotImplementedError) as e:  # Tracing the model for the target.
     raise compiled.rejected("model's init", e) from e
   costs = compiled.compile_steps(trainer, steps)

@@ -58,6 +58,11 @@ def plan_lines(plan: Plan) -> list[str]:
                  f"{verdict(cost.total_bytes, plan.usable_bytes)}")
     if cost.compile_error:
       lines.append(f"        XLA refused to compile it: {cost.compile_error}")
+    if cost.workspace_bytes:
+      lines.append(f"        the total includes ~{gib(cost.workspace_bytes)} of cuDNN attention "
+                   "workspace, an ESTIMATE: XLA sizes it only on a GPU (0 here); measured "
+                   "on an H100 it was up to 8 x head_dim bytes per token, query head and "
+                   "segment slot (model.attention_max_segments; docs/compile-report.md)")
   lines += ["", "(outputs: those not written into donated arguments; temporaries include "
             "the activations kept for the backward pass)", ""]
   lines.append("Step time (an ESTIMATE from published peaks, not a measurement):")
@@ -144,8 +149,10 @@ def trial_lines(title: str, trials: list[Trial], chip_bytes: int,
 
 
 def to_json(plan: Plan, levers: dict[str, list[Trial]] | None = None,
-            search: list[Trial] | None = None) -> dict[str, Any]:
-  """The --output report."""
+            search: list[Trial] | None = None,
+            full_fine_tuning: Trial | None = None) -> dict[str, Any]:
+  """The --output report (`full_fine_tuning`: a LoRA config's train step without
+  adapters, search.full_fine_tuning)."""
   steps = {}
   for name, cost in plan.costs.items():
     est = plan.estimates[name]
@@ -153,7 +160,8 @@ def to_json(plan: Plan, levers: dict[str, list[Trial]] | None = None,
     steps[name] = dict(
         arguments_bytes=cost.arguments_bytes, temp_bytes=cost.temp_bytes,
         output_bytes=cost.output_bytes, alias_bytes=cost.alias_bytes,
-        code_bytes=cost.code_bytes, total_bytes=cost.total_bytes,
+        code_bytes=cost.code_bytes, workspace_bytes=cost.workspace_bytes,
+        total_bytes=cost.total_bytes,
         chip_bytes=plan.usable_bytes, fits=plan.fits(name),
         flops_per_chip=cost.model_flops, xla_flops_per_chip=cost.xla_flops,
         hbm_bytes_accessed=cost.hbm_bytes_accessed,
@@ -183,4 +191,5 @@ def to_json(plan: Plan, levers: dict[str, list[Trial]] | None = None,
                   for leaf in plan.replicated],
       levers={step: [trial(t) for t in trials] for step, trials in (levers or {}).items()},
       mesh_search=[trial(t) for t in (search or [])],
+      full_fine_tuning=trial(full_fine_tuning) if full_fine_tuning is not None else None,
       assumptions=estimate_lib.ASSUMPTIONS)

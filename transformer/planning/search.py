@@ -15,6 +15,7 @@ from transformer.config.errors import ConfigError
 from transformer.config.model import REMAT_POLICIES
 from transformer.planning import plan as plan_lib
 from transformer.planning import topology as topology_lib
+from transformer.workdir import progress
 
 
 
@@ -39,11 +40,13 @@ def _try(config: ml_collections.ConfigDict, topology: topology_lib.Topology, dev
          extrapolate_depth: bool = False) -> Trial:
   """Compiles `step` of `config` with `overrides`; a ConfigError becomes the trial's error."""
   trial = Trial(label=label, overrides=overrides, step=step)
+  progress.say(f"compile: trying {label} for the {step} step")
   try:
     result = plan_lib.make_plan(plan_lib.with_overrides(config, overrides), topology,
                                 devices, steps=(step,), extrapolate_depth=extrapolate_depth)
   except ConfigError as e:
     trial.error = str(e).splitlines()[0]
+    progress.say(f"compile: {label}: {trial.error}")
     return trial
   cost, estimate = result.costs[step], result.estimates[step]
   trial.total_bytes, trial.fits = cost.total_bytes, result.fits(step)
@@ -92,6 +95,14 @@ def try_levers(config: ml_collections.ConfigDict, topology: topology_lib.Topolog
           for label, overrides in levers(config, mesh, step)]
 
 
+def full_fine_tuning(config: ml_collections.ConfigDict, topology: topology_lib.Topology,
+                     devices: list, extrapolate_depth: bool = False) -> Trial:
+  """A LoRA config's train step compiled without adapters (model.lora_rank=0): what
+  training every weight would need, beside what the adapters need."""
+  return _try(config, topology, devices, "full fine-tuning (model.lora_rank=0)",
+              {"model.lora_rank": 0}, "train", extrapolate_depth)
+
+
 def factorisations(chips: int) -> list[tuple[int, int, int]]:
   """Every (data, fsdp, tensor) whose product is `chips`."""
   divisors = [d for d in range(1, chips + 1) if chips % d == 0]
@@ -112,13 +123,17 @@ def mesh_search(config: ml_collections.ConfigDict, topology: topology_lib.Topolo
   if unknown:
     raise ConfigError(f"--search_remat has {sorted(unknown)}; valid: {list(REMAT_POLICIES)}")
   trials = []
-  for data, fsdp, tensor in factorisations(len(devices)):
+  meshes = factorisations(len(devices))
+  searching = progress.Progress("compile: mesh search", len(meshes) * len(remats), "trials")
+  for data, fsdp, tensor in meshes:
     for remat in remats:
       shape = (("data", data), ("fsdp", fsdp), ("tensor", tensor))
       trials.append(_try(config, topology, devices,
                          f"data={data} fsdp={fsdp} tensor={tensor} remat={remat}",
                          {"mesh.shape": shape, "model.remat": remat}, "train",
                          extrapolate_depth))
+      searching.update()
+  searching.finish()
   return sorted(trials, key=rank)
 
 

@@ -29,7 +29,7 @@ from transformer.planning import gpu
 INSTALL_HINT = "pip install libtpu"
 # Generation -> the chip_config_name libtpu wants (megacore: one device per chip).
 GENERATIONS = {"v4": "megacore", "v5e": "default", "v5p": "megacore", "v6e": "default"}
-# Cloud slice names -> topology names, docs/compile.md's tables and the error message's examples.
+# Cloud slice names -> topology names, docs/compile-results.md's tables and the error message's examples.
 KNOWN_SLICES = {
     "v4-8": "v4:2x2x1", "v4-16": "v4:2x2x2", "v4-32": "v4:2x2x4", "v4-128": "v4:4x4x4",
     "v5e-4": "v5e:2x2", "v5e-8": "v5e:2x4", "v5e-16": "v5e:4x4", "v5e-64": "v5e:8x8",

@@ -15,6 +15,11 @@ data.seq_len is lowered to the source's model.max_len when the preset's is longe
 checkpoint's (its metadata only, nothing read), before the workdir is created: a key
 that cannot carry the parameters is refused in one line naming the keys.
 
+`load_source_params` reads the parameters; a LoRA source's adapters that this model
+does not carry (a model without adapters, or with them on other projections) are merged
+into their kernels with the source's alpha / r, so the fine-tuned function carries over
+instead of the adapters being dropped.
+
 A resumed run (its workdir has a checkpoint) takes the same keys from its own
 config.json instead: they were the source's at its start, and the source need not
 still exist.
@@ -22,16 +27,22 @@ still exist.
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from typing import Collection
+from typing import Any, Collection
 
+import jax
+import jax.numpy as jnp
 import ml_collections
 from absl import logging
 from flax import linen as nn
+from flax import traverse_util
+from jax.sharding import NamedSharding, PartitionSpec
 
 from transformer.config.errors import ConfigError
 from transformer.data import sources
 from transformer.inference import loaded
+from transformer.model import lora
 from transformer.training import trainer as trainer_lib
 from transformer.workdir import checkpointing
 from transformer.workdir import init_from as init_from_lib
@@ -152,3 +163,56 @@ def check_parameters_fit(config: ml_collections.ConfigDict, workdir: str) -> Non
       + f" {'changes' if len(differ) == 1 else 'change'} the shape of {len(mismatches)} of "
       f"them (first: {mismatches[0]}); set {'it' if len(differ) == 1 else 'them'} as the "
       "source run has, or train without init_from")
+
+
+def load_source_params(config: ml_collections.ConfigDict,
+                       abstract_params: Any) -> tuple[Any, init_from_lib.ParamMatch]:
+  """init_from's parameters for this model, a LoRA source's extra adapters merged in.
+
+  Adapters the model carries too (same path) load as they are: a LoRA run continues
+  from a LoRA source's adapters. An adapter whose projection this model has without one
+  would be dropped, losing what the source learnt, so it is read (replicated: adapters
+  are small) and folded into its kernel, kernel + alpha / r * A . B, in the kernel's
+  sharding; one line says how many.
+
+  Args:
+    config: this run's config (config.init_from set).
+    abstract_params: the model's parameters as jax.ShapeDtypeStructs with shardings.
+
+  Returns:
+    As `init_from.load_params`: the loaded subtree (adapters merged and removed) and
+    the match of paths.
+  """
+  stored = init_from_lib.flat_paths(init_from_lib.source_params(config.init_from))
+  target = init_from_lib.flat_paths(abstract_params)
+  orphans = sorted(path[:-1] for path in stored
+                   if path[-1] == "lora_a" and path not in target
+                   and path[:-1] + ("kernel",) in target)
+  if not orphans:
+    return init_from_lib.load_params(config.init_from, abstract_params)
+  source = _source_config(config, sources.run_workdir(config.init_from)).model
+  augmented = dict(target)
+  for module in orphans:
+    kernel_sharding = target[module + ("kernel",)].sharding
+    replicated = (NamedSharding(kernel_sharding.mesh, PartitionSpec())
+                  if isinstance(kernel_sharding, NamedSharding) else kernel_sharding)
+    for name in lora.ADAPTER_NAMES:
+      meta = stored[module + (name,)]
+      augmented[module + (name,)] = jax.ShapeDtypeStruct(meta.shape, meta.dtype,
+                                                         sharding=replicated)
+  loaded_params, match = init_from_lib.load_params(
+      config.init_from, traverse_util.unflatten_dict(augmented))
+  flat = traverse_util.flatten_dict(loaded_params)
+  factor = lora.scale(source)
+  for module in orphans:
+    kernel = flat[module + ("kernel",)]
+    merge = jax.jit(lambda k, a, b: lora.merged_kernel(k, a, b, factor, xp=jnp).astype(k.dtype),
+                    out_shardings=kernel.sharding)
+    flat[module + ("kernel",)] = merge(kernel, flat.pop(module + ("lora_a",)),
+                                       flat.pop(module + ("lora_b",)))
+  adapters = {"/".join(m + (n,)) for m in orphans for n in lora.ADAPTER_NAMES}
+  logging.info("init_from: merged %d LoRA adapters of %s into their kernels (its alpha / r "
+               "= %g): this model carries no adapter there", len(orphans), config.init_from,
+               factor)
+  return traverse_util.unflatten_dict(flat), dataclasses.replace(
+      match, loaded=tuple(p for p in match.loaded if p not in adapters))

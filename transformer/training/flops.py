@@ -16,7 +16,9 @@ and the weighted sum of values. Conventions, as in PaLM:
   - a parallel block (model.parallel_block) does the same matmuls as a sequential one;
   - a mixture-of-experts layer (model.mlp="moe") counts its active weights: the router,
     experts_per_token experts (not the dispatch einsums, nor capacity's empty slots),
-    the shared expert and its gate.
+    the shared expert and its gate;
+  - with LoRA adapters the frozen weights count 4, not 6 (no weight gradient; see
+    `train_flops_per_step`).
 
 The peak is the device's published dense bfloat16 rate (`PEAK_BF16_FLOPS`) on GPUs and
 TPUs, and on CPU (or an accelerator missing from the table) the rate of a large matmul
@@ -136,12 +138,13 @@ def _read_cached_rate(path: str | None, what: str) -> float | None:
 
 
 def _attention_flops(cfg: ModelConfig, q_tokens: int, kv_tokens: int, *,
-                     kv_projection_tokens: int) -> int:
-  """Forward FLOPs of one attention sublayer over one sequence (pair)."""
+                     kv_projection_tokens: int, scores: bool = True) -> int:
+  """Forward FLOPs of one attention sublayer over one sequence (pair); `scores=False`:
+  the projections alone (the matmuls with weights)."""
   E, H, K, D = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
   projections = 2 * q_tokens * (E * H * D + H * D * E) + 2 * kv_projection_tokens * 2 * E * K * D
   scores_and_values = 2 * 2 * q_tokens * kv_tokens * H * D
-  return projections + scores_and_values
+  return projections + (scores_and_values if scores else 0)
 
 
 def _mlp_flops(cfg: ModelConfig, tokens: int, mlp_dim: int | None = None) -> int:
@@ -165,22 +168,24 @@ def _mlp_stack_flops(cfg: ModelConfig, num_layers: int, tokens: int) -> int:
 
 
 def _self_attention_stack_flops(cfg: ModelConfig, num_layers: int, length: int, *,
-                                causal: bool) -> int:
+                                causal: bool, scores: bool = True) -> int:
   """Forward FLOPs of a stack's self-attention sublayers; local layers see their window."""
   window = cfg.sliding_window if causal else 2 * cfg.sliding_window - 1
   return sum(_attention_flops(cfg, length, min(length, window) if local else length,
-                              kv_projection_tokens=length)
+                              kv_projection_tokens=length, scores=scores)
              for local in cfg.local_layers(num_layers))
 
 
 def forward_flops_per_sequence(cfg: ModelConfig, seq_len: int,
-                               source_len: int | None = None) -> int:
+                               source_len: int | None = None, *, scores: bool = True) -> int:
   """Model FLOPs of one forward pass over one row (one source/target pair for seq2seq).
 
   Args:
     cfg: the model.
     seq_len: tokens per row (the target side for encoder_decoder).
     source_len: the source side of encoder_decoder (default `seq_len`).
+    scores: False: the matmuls with weights alone, without attention's scores and
+      weighted values.
   """
   E, V, L = cfg.d_model, cfg.vocab_size, seq_len
   if cfg.head == "classification":
@@ -190,16 +195,18 @@ def forward_flops_per_sequence(cfg: ModelConfig, seq_len: int,
   else:
     head = 2 * L * E * V
   if cfg.arch in ("decoder", "encoder"):
-    return (_self_attention_stack_flops(cfg, cfg.num_layers, L, causal=cfg.arch == "decoder")
+    return (_self_attention_stack_flops(cfg, cfg.num_layers, L, causal=cfg.arch == "decoder",
+                                        scores=scores)
             + _mlp_stack_flops(cfg, cfg.num_layers, L) + head)
   if cfg.arch != "encoder_decoder":
     raise ValueError(f"model.arch={cfg.arch!r}; valid: 'decoder', 'encoder', "
                      "'encoder_decoder'")
   S = source_len or seq_len
-  encoder = (_self_attention_stack_flops(cfg, cfg.num_layers, S, causal=False)
+  encoder = (_self_attention_stack_flops(cfg, cfg.num_layers, S, causal=False, scores=scores)
              + _mlp_stack_flops(cfg, cfg.num_layers, S))
-  cross = _attention_flops(cfg, L, S, kv_projection_tokens=S)  # Cross: k, v of S.
-  decoder = (_self_attention_stack_flops(cfg, cfg.num_decoder_layers, L, causal=True)
+  cross = _attention_flops(cfg, L, S, kv_projection_tokens=S, scores=scores)  # k, v of S.
+  decoder = (_self_attention_stack_flops(cfg, cfg.num_decoder_layers, L, causal=True,
+                                         scores=scores)
              + cfg.num_decoder_layers * cross
              + _mlp_stack_flops(cfg, cfg.num_decoder_layers, L))
   return encoder + decoder + head
@@ -207,5 +214,18 @@ def forward_flops_per_sequence(cfg: ModelConfig, seq_len: int,
 
 def train_flops_per_step(cfg: ModelConfig, batch_size: int, seq_len: int,
                          source_len: int | None = None) -> int:
-  """Model FLOPs of one training step: 3 x the forward (the backward costs two forwards)."""
-  return 3 * batch_size * forward_flops_per_sequence(cfg, seq_len, source_len)
+  """Model FLOPs of one training step: 3 x the forward (the backward costs two forwards).
+
+  With LoRA (cfg.lora_rank > 0) the frozen weights get no gradient: their matmuls cost
+  the forward and the gradient of their input, 2 x the forward, not 3 x; attention's
+  scores and values and a classification head (it trains in full) keep 3 x. The
+  adapters' own products (about 2 r / d_model of their projection's) are not counted,
+  like biases and norms.
+  """
+  forward = forward_flops_per_sequence(cfg, seq_len, source_len)
+  if not cfg.lora_rank:
+    return 3 * batch_size * forward
+  frozen = forward_flops_per_sequence(cfg, seq_len, source_len, scores=False)
+  if cfg.head == "classification":
+    frozen -= 2 * cfg.d_model * cfg.num_classes
+  return batch_size * (3 * forward - frozen)

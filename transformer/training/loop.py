@@ -33,6 +33,7 @@ from transformer.config.validation import validate
 from transformer.data import pipeline
 from transformer.data import sources
 from transformer.training import decode_hook
+from transformer.training import fine_tune
 from transformer.training import hooks as hooks_lib
 from transformer.training import metrics as metrics_lib
 from transformer.training import prefetch
@@ -268,7 +269,7 @@ def _restore_or_init(run: _Run) -> tuple[TrainState, bool]:
     # Fine-tuning: parameters whose path the source run has take its values (read
     # into this run's shardings); the step and Adam's moments start fresh. Loading
     # first lets a shape mismatch fail before init compiles.
-    loaded, _ = init_from.load_params(config.init_from, trainer.abstract_state.params)
+    loaded, _ = fine_tune.load_source_params(config, trainer.abstract_state.params)
     state = trainer.init(jax.random.PRNGKey(config.seed))
     state = state.replace(params=init_from.merge_params(state.params, loaded))
     logging.info("Starting at step 0 in %s from the parameters of config.init_from=%r",

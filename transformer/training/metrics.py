@@ -122,7 +122,7 @@ def by_position_rows(sums: Mapping[str, Any], bucket: int) -> list[dict[str, flo
 
 
 # The auto chunk (train.logits_chunk = 0) keeps one chunk's float32 logits on a device
-# within this many: 256 MiB. Measured on compile-only targets (docs/compile.md): chunks
+# within this many: 256 MiB. Measured on compile-only targets (docs/compile-results.md): chunks
 # sized per row instead (64 positions of Llama 3's 128k vocabulary) left a 32k-token row
 # per chip in 512 chunks, each re-reading the head's weight; chunks much smaller than
 # this made llama 1B on an H100 HBM-bound, much larger ones cost memory for nothing.

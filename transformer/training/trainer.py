@@ -37,6 +37,7 @@ from transformer.training import metrics as metrics_lib
 from transformer.training import optim
 from transformer.training import prefetch
 from transformer.workdir import checkpointing
+from transformer.workdir import progress as progress_lib
 
 
 @flax.struct.dataclass
@@ -400,8 +401,11 @@ def evaluate_split(scorer: Scorer, params: Any, dataset,
                                prefix="eval_")
 
 
-def sum_split(scorer: Scorer, params: Any, dataset, local_batch_size: int) -> dict[str, Any]:
+def sum_split(scorer: Scorer, params: Any, dataset, local_batch_size: int,
+              progress: progress_lib.Progress | None = None) -> dict[str, Any]:
   """The eval step's sums over the split (evaluate_split's), before any mean is taken.
+
+  `progress` (--mode=evaluate's) counts the batches scored.
 
   Raises:
     DataError: the split produced no batch.
@@ -410,7 +414,7 @@ def sum_split(scorer: Scorer, params: Any, dataset, local_batch_size: int) -> di
   if scorer.config.data.prefetch:  # The next host batches built while a batch is scored.
     batches = prefetch.Prefetch(batches, scorer.config.data.prefetch, "prefetch-eval")
   try:
-    total = _sum_batches(scorer, params, batches)
+    total = _sum_batches(scorer, params, batches, progress)
   finally:
     if isinstance(batches, prefetch.Prefetch):
       batches.close()
@@ -421,8 +425,8 @@ def sum_split(scorer: Scorer, params: Any, dataset, local_batch_size: int) -> di
   return total
 
 
-def _sum_batches(scorer: Scorer, params: Any,
-                 batches: Iterator[dict[str, np.ndarray]]) -> dict[str, Any] | None:
+def _sum_batches(scorer: Scorer, params: Any, batches: Iterator[dict[str, np.ndarray]],
+                 progress: progress_lib.Progress | None = None) -> dict[str, Any] | None:
   """The summed eval metrics of `batches` (None if there are none), every process alike."""
   total = None
   template = None  # An all-padding batch for a process whose eval shard ran out first.
@@ -446,4 +450,6 @@ def _sum_batches(scorer: Scorer, params: Any,
       break
     sums = scorer.eval_step(params, scorer.global_batch(local_batch))
     total = metrics_lib.add_sums(total, jax.device_get(sums))
+    if progress is not None:
+      progress.update()
   return total

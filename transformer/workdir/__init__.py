@@ -11,6 +11,8 @@
   run_record.py     run.json: parameter count, wall time of each session
   console.py        what the console shows (durations too); the full log in
                     <workdir>/log.txt
+  progress.py       what a long mode says while it works: counted progress (done / total,
+                    rate, ETA) every few seconds and a summary, timed stages
   kill_points.py    test-only crash injection at named points of a write
                     (TRANSFORMER_TEST_KILL_AT), shared by the training hook and prepare
 

@@ -4,7 +4,7 @@ checkpoints' parameters, read one checkpoint at a time into the model's sharding
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +13,7 @@ from absl import logging
 from etils import epath
 
 from transformer.config.errors import ConfigError
+from transformer.workdir import progress
 from transformer.workdir.init_from import flat_paths, path_names
 
 def _restore_all_params(state_dir: str, abstract_params: Any, model_source: str) -> Any:
@@ -45,7 +46,9 @@ def _restore_all_params(state_dir: str, abstract_params: Any, model_source: str)
   return restored["params"]
 
 
-def average_params(state_dirs: list[str], abstract_params: Any, model_source: str) -> Any:
+def average_params(state_dirs: list[str], abstract_params: Any, model_source: str,
+                   transform: Callable[[Any], Any] | None = None,
+                   result_params: Any = None) -> Any:
   """The element-wise mean of the parameters of several checkpoints (one: as stored).
 
   Checkpoint averaging as in the paper (the last 5 checkpoints for the base model,
@@ -58,6 +61,11 @@ def average_params(state_dirs: list[str], abstract_params: Any, model_source: st
     abstract_params: the model's parameters as jax.ShapeDtypeStructs with shardings
       (`Trainer.abstract_state.params`); the result has their dtypes and shardings.
     model_source: where the model's shapes come from (e.g. the config.json), for errors.
+    transform: applied to each checkpoint's parameters before they are summed (a LoRA
+      run's adapters merged into their kernels: the mean of the products A . B is not
+      the product of the means); None: the parameters as stored.
+    result_params: the abstract tree the mean has (dtypes), when `transform` changes
+      the tree; None: `abstract_params`.
 
   Returns:
     The mean parameter tree.
@@ -68,13 +76,18 @@ def average_params(state_dirs: list[str], abstract_params: Any, model_source: st
   if not state_dirs:
     raise ValueError("average_params needs at least one checkpoint")
   total = None
+  reading = progress.Progress("averaging", len(state_dirs), "checkpoints")
   for state_dir in state_dirs:
     params = _restore_all_params(state_dir, abstract_params, model_source)
+    if transform is not None:
+      params = transform(params)
     if len(state_dirs) == 1:
       return params
     params = jax.tree.map(lambda x: x.astype(jnp.float32), params)
     total = params if total is None else jax.tree.map(jnp.add, total, params)
+    reading.update()
+  reading.finish()
   logging.info("Averaged the parameters of %d checkpoints: %s", len(state_dirs),
                ", ".join(str(d) for d in state_dirs))
   return jax.tree.map(lambda t, a: (t / len(state_dirs)).astype(a.dtype), total,
-                      abstract_params)
+                      abstract_params if result_params is None else result_params)

@@ -26,6 +26,7 @@ from transformer.model import layers
 from transformer.model import lora
 from transformer.workdir import files
 from transformer.workdir import layout
+from transformer.workdir import progress
 
 CONFIG = "config.json"
 SAFETENSORS = "model.safetensors"
@@ -87,8 +88,11 @@ def read_folder(hf_dir: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         "the model's model.safetensors from the hub")
   from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
   tensors = {}
+  reading = progress.Progress(f"import: reading {hf_dir}", len(files), "safetensors files")
   for name in files:
     tensors.update(load_file(os.path.join(hf_dir, name)))
+    reading.update()
+  reading.finish(f"{len(tensors)} tensors")
   return config, tensors
 
 
@@ -440,7 +444,8 @@ def write_folder(hf_dir: str, tensors: dict[str, np.ndarray], hf_config: dict[st
   from safetensors.numpy import save  # pylint: disable=g-import-not-at-top
   has_tokenizer = bool(bundle and bundle.get("tokenizer_json") is not None)
   # Complete or absent: a full disk leaves no empty or partial --hf_dir behind.
-  with files.complete_or_absent(target, "--hf_dir") as partial:
+  with files.complete_or_absent(target, "--hf_dir") as partial, \
+      progress.stage(f"export: writing {len(tensors)} tensors to {target}"):
     files.write_atomically(os.path.join(partial, SAFETENSORS),
                            save({k: np.ascontiguousarray(v, np.float32)
                                  for k, v in tensors.items()}, metadata={"format": "pt"}))

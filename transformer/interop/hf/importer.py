@@ -42,6 +42,7 @@ from transformer.model import layers
 from transformer.workdir import checkpointing
 from transformer.workdir import files
 from transformer.workdir import layout
+from transformer.workdir import progress
 
 # The model fields an import takes from --config (how to run it), not from the folder.
 RUNTIME_FIELDS = ("scan_layers", "remat", "dtype", "param_dtype", "attention_impl")
@@ -136,7 +137,8 @@ def import_folder(hf_dir: str, workdir: str,
   Returns:
     The checkpoint directory written.
   """
-  converted = convert_folder(hf_dir)
+  with progress.stage(f"import: reading and mapping {hf_dir}"):
+    converted = convert_folder(hf_dir)
   run_config = imported_config(converted, config)
   target = common.empty_directory(workdir, "--workdir")
   params = converted.params
@@ -149,7 +151,8 @@ def import_folder(hf_dir: str, workdir: str,
   writer = jax.process_index() == 0
   # Complete or absent: a failure (a full disk, Ctrl-C) leaves no partial --workdir.
   with files.complete_or_absent(target, "--workdir", writer=writer,
-                                barrier=distributed.barrier) as partial:
+                                barrier=distributed.barrier) as partial, \
+      progress.stage(f"import: writing {target}"):
     if writer:
       files.write_atomically(os.path.join(partial, layout.CONFIG),
                              run_config.to_json_best_effort(indent=2))
