@@ -71,6 +71,7 @@ def prepared_data_dir(tmp_path_factory):
   return data_dir
 
 
+@pytest.mark.slow  # Two processes train, checkpoint and resume (~30 s on two cores).
 def test_two_processes_train_checkpoint_and_resume(tmp_path, prepared_data_dir):
   workdir = str(tmp_path / "run")
   codes, logs, seen = _run_pair(tmp_path, prepared_data_dir, workdir, 4, "first")

@@ -85,6 +85,7 @@ def single_device_run(tfds_data_dir):
   return _train(config, jax.devices()[:1])
 
 
+@pytest.mark.slow  # Two more topologies on 3 meshes (~29 s); the decoder case stays default.
 @pytest.mark.parametrize("arch", ["encoder", "encoder_decoder"])
 def test_other_topologies_shard_like_one_device(tiny_config, tfds_data_dir, arch):
   """2x2x2 uses all three axes at once; the decoder runs every mesh shape above."""

@@ -273,6 +273,7 @@ def test_two_run_sweep_resumes_skips_and_compares(tfds_data_dir, tmp_path):
       assert_png(os.path.join(workdir, "plots", f"{stem}.png"))
 
 
+@pytest.mark.slow  # A second two-run sweep (~18 s); the resume-and-compare one stays default.
 def test_a_diverged_run_is_recorded_and_the_sweep_goes_on(tfds_data_dir, tmp_path):
   """Issue 19 row 3: status, step and reason in sweep.json and compare.md; a rerun retries it."""
   sweep_dir = str(tmp_path / "sweep")

@@ -130,6 +130,7 @@ def _final_state_leaves(workdir, step):
   return jax.tree.leaves(_restore_raw(workdir, step))
 
 
+@pytest.mark.slow  # Two runs compared step by step (~18 s on two cores).
 def test_several_steps_per_call_make_the_same_run(tiny_config, tmp_path):
   """train.steps_per_call=3 (one lax.scan call per 3 steps): the same updates bit for bit,
   the same rows, evaluations and checkpoints; a resumed run may change it, even from a
