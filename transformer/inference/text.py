@@ -17,7 +17,6 @@ training/decode_hook.py.
 
 from __future__ import annotations
 
-import time
 from typing import Any, Callable, Sequence
 
 import jax
