@@ -204,12 +204,17 @@ def load_source_params(config: ml_collections.ConfigDict,
       config.init_from, traverse_util.unflatten_dict(augmented))
   flat = traverse_util.flatten_dict(loaded_params)
   factor = lora.scale(source)
-  for module in orphans:
-    kernel = flat[module + ("kernel",)]
-    merge = jax.jit(lambda k, a, b: lora.merged_kernel(k, a, b, factor, xp=jnp).astype(k.dtype),
-                    out_shardings=kernel.sharding)
-    flat[module + ("kernel",)] = merge(kernel, flat.pop(module + ("lora_a",)),
-                                       flat.pop(module + ("lora_b",)))
+  kernels = [module + ("kernel",) for module in orphans]
+  # One program for every merge (not a compile per projection), the kernels donated so
+  # that the merged ones take their place instead of doubling the parameters' memory.
+  merge = jax.jit(
+      lambda ks, as_, bs: [lora.merged_kernel(k, a, b, factor, xp=jnp).astype(k.dtype)
+                           for k, a, b in zip(ks, as_, bs)],
+      out_shardings=[flat[k].sharding for k in kernels], donate_argnums=0)
+  merged = merge([flat[k] for k in kernels],
+                 [flat.pop(module + ("lora_a",)) for module in orphans],
+                 [flat.pop(module + ("lora_b",)) for module in orphans])
+  flat.update(zip(kernels, merged))
   adapters = {"/".join(m + (n,)) for m in orphans for n in lora.ADAPTER_NAMES}
   logging.info("init_from: merged %d LoRA adapters of %s into their kernels (its alpha / r "
                "= %g): this model carries no adapter there", len(orphans), config.init_from,
