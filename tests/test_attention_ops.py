@@ -83,11 +83,11 @@ def test_segment_lengths_and_offsets_by_hand():
 
 def test_rows_with_more_documents_than_the_cudnn_layout_holds_are_refused():
   seg = np.asarray([[1, 1, 2, 2, 3, 4, 0, 0], [1] * 8])
-  ops.check_packed_rows({"segment_ids": seg, "tokens": seg * 9}, 4)  # 4 documents: fine.
-  ops.check_packed_rows({"segment_ids": seg}, None)  # No cuDNN packed layout: no limit.
+  ops.check_rows({"segment_ids": seg, "tokens": seg * 9}, 4)  # 4 documents: fine.
+  ops.check_rows({"segment_ids": seg}, None)  # No cuDNN packed layout: no limit.
   with pytest.raises(DataError, match=r"holds 4 packed documents \(inputs_segment_ids\), "
                      r"more than config\.model\.attention_max_segments=3.*at least 4"):
-    ops.check_packed_rows({"inputs_segment_ids": seg[None]}, 3)  # Stacked batches too.
+    ops.check_rows({"inputs_segment_ids": seg[None]}, 3)  # Stacked batches too.
 
 
 def test_packed_rows_limit_only_where_cudnn_serves(monkeypatch):

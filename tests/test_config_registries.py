@@ -190,7 +190,7 @@ def test_model_config_fields_are_base_model_keys():
   declared = set(base.get_config().model.keys())
   fields = {f.name for f in dataclasses.fields(model_config.ModelConfig)}
   assert set(model_config.NOT_MODEL_FIELDS) <= declared
-  assert fields == declared - set(model_config.NOT_MODEL_FIELDS) | {"deterministic", "decode"}
+  assert fields == declared - set(model_config.NOT_MODEL_FIELDS) | set(model_config.MODE_FLAGS)
 
 
 def test_model_config_reads_each_field_from_the_config():
@@ -206,7 +206,7 @@ def test_model_config_reads_each_field_from_the_config():
               "dtype": model_config.resolve_dtype(config.dtype),
               "param_dtype": model_config.resolve_dtype(config.param_dtype)}
   for field in dataclasses.fields(cfg):
-    if field.name in ("deterministic", "decode"):
+    if field.name in model_config.MODE_FLAGS:
       continue
     expected = resolved.get(field.name, config[field.name])
     assert getattr(cfg, field.name) == expected, field.name

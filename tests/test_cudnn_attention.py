@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from jax._src.cudnn import fused_attention_stablehlo as cudnn
 
+from transformer.config import objective as objective_lib
 from transformer.config.errors import DataError
 from transformer.model import attention_ops as ops
 from transformer.model import cudnn_guard
@@ -212,7 +213,73 @@ def test_an_a100_gets_cudnn_for_one_document_a_row_and_xla_for_packed_rows(monke
 
 
 def test_one_document_a_row_must_start_at_position_0():
-  ops.check_packed_rows({"segment_ids": np.asarray([[1, 1, 0], [0, 0, 0]])}, 1)
+  ops.check_rows({"segment_ids": np.asarray([[1, 1, 0], [0, 0, 0]])}, 1)
   with pytest.raises(DataError, match=r"does not start at position 0 \(segment_ids"):
-    ops.check_packed_rows({"segment_ids": np.asarray([[1, 1, 0], [0, 1, 1]])}, 1)
-  ops.check_packed_rows({"segment_ids": np.asarray([[0, 1, 1]])}, 2)  # Offsets say where.
+    ops.check_rows({"segment_ids": np.asarray([[1, 1, 0], [0, 1, 1]])}, 1)
+  ops.check_rows({"segment_ids": np.asarray([[0, 1, 1]])}, 2)  # Offsets say where.
+
+
+@pytest.mark.parametrize("causal,window", [(True, 0), (False, 0), (True, 8)])
+def test_full_rows_take_the_plain_call_without_selects(monkeypatch, causal, window):
+  """Rows of one document and no padding (rows_packed and rows_padded False): the
+  kernel's plain call, no lengths, and no select around it (the HLO has none)."""
+  q, k, v, _ = _inputs()
+  seg = jnp.ones((3, 64), jnp.int32)
+  calls = []
+
+  def plain(query, key, value, *, is_causal=False, local_window_size=None,
+            implementation=None, **lengths):
+    calls.append(lengths)
+    assert implementation == "cudnn" and not lengths  # No lengths: the plain call.
+    return _XLA_ATTENTION(query, key, value, is_causal=is_causal,
+                          local_window_size=local_window_size, implementation="xla")
+
+  monkeypatch.setattr(cudnn, "dot_product_attention", None)  # Never the packed layout.
+  monkeypatch.setattr(jax.nn, "dot_product_attention", plain)
+  monkeypatch.setattr(cudnn_guard, "keep_segments", None)  # No select either.
+  kernel = lambda q, k, v: ops.cudnn_attention(q, k, v, ops.Segments(seg, seg), causal=causal,
+                                               window=window, max_segments=1, padded=False)
+  _assert_matches(_loss_and_grads(kernel, q, k, v, seg),
+                  _loss_and_grads(_reference(seg, causal, window), q, k, v, seg))
+  assert calls
+
+
+def test_packed_rows_without_padding_need_no_select(monkeypatch):
+  """Packed documents filling every row (an LM's training rows): the packed layout with
+  no select in or out, and the reference's result."""
+  q, k, v, _ = _inputs(K=8)
+  seg = np.ones((3, 64), np.int32)
+  seg[0, 20:], seg[0, 41:], seg[2, 50:] = 2, 3, 2
+  seg = jnp.asarray(seg)
+  monkeypatch.setattr(cudnn, "dot_product_attention", _fake_packed_kernel(buggy=False))
+  monkeypatch.setattr(cudnn_guard, "keep_segments", None)  # No select in or out.
+  kernel = lambda q, k, v: ops.cudnn_attention(q, k, v, ops.Segments(seg, seg), causal=True,
+                                               window=0, max_segments=4, padded=False)
+  _assert_matches(_loss_and_grads(kernel, q, k, v, seg),
+                  _loss_and_grads(_reference(seg, True, 0), q, k, v, seg))
+
+
+def test_rows_the_step_was_not_built_for_are_refused():
+  """A batch with padding or several documents where the layout has none: one line."""
+  full = objective_lib.RowLayout(packed=False, padded=False)
+  ops.check_rows({"segment_ids": np.ones((2, 4), np.int32)}, 1, full)
+  with pytest.raises(DataError, match=r"holds padding .*RowLayout\(packed=False, padded=False"):
+    ops.check_rows({"segment_ids": np.asarray([[1, 1, 0, 0]])}, 1, full)
+  with pytest.raises(DataError, match=r"holds several documents"):
+    ops.check_rows({"segment_ids": np.asarray([[1, 1, 2, 2]])}, 4, full)
+  ops.check_rows({"segment_ids": np.asarray([[1, 1, 2, 0]])}, None, full)  # No cuDNN: no rule.
+
+
+def test_pipelines_declare_their_rows():
+  """An LM's training rows are full (packed, never padded); evaluation pads; seq2seq
+  packs as data.packing says; a classifier has one padded example a row."""
+  from configs import base  # pylint: disable=g-import-not-at-top
+  data = base.get_config().data
+  get = objective_lib.get
+  assert objective_lib.row_layout(get("causal_lm"), data, True) == (True, False)
+  assert objective_lib.row_layout(get("masked_lm"), data, True) == (True, False)
+  assert objective_lib.row_layout(get("causal_lm"), data, False) == (True, True)
+  assert objective_lib.row_layout(get("classification"), data, True) == (False, True)
+  data.packing = "pad"
+  assert objective_lib.row_layout(get("seq2seq"), data, True) == (False, True)
+  assert objective_lib.layout_of_batch({"segment_ids": np.ones((2, 3)), "x": 0}) == (False, False)

@@ -175,12 +175,12 @@ def test_an_error_placing_a_batch_in_the_thread_stops_the_run_with_it(tiny_confi
   global_batch = trainer_lib.Scorer.global_batch
   placed = []
 
-  def failing_global_batch(self, local_batch, stacked=False):
+  def failing_global_batch(self, local_batch, stacked=False, rows=None):
     if threading.current_thread().name == "prefetch-train":
       placed.append(stacked)
       if len(placed) == 3:
         raise ValueError("placing the batch of step 3 failed (the original message)")
-    return global_batch(self, local_batch, stacked)
+    return global_batch(self, local_batch, stacked, rows)
 
   monkeypatch.setattr(trainer_lib.Scorer, "global_batch", failing_global_batch)
   tiny_config.train.eval_at_start = False

@@ -201,7 +201,7 @@ class _ModelConfigMethods:
     if model.vocab_size == 0:
       raise ValueError("config.model.vocab_size=0 must be resolved from the tokenizer first "
                        "(transformer.data.sources.resolved_vocab_size)")
-    fields = {f.name for f in dataclasses.fields(cls)} - {"deterministic", "decode"}
+    fields = {f.name for f in dataclasses.fields(cls)} - set(MODE_FLAGS)
     values = {k: model[k] for k in fields}
     values["num_kv_heads"] = model.num_kv_heads or model.num_heads
     values["head_dim"] = model.head_dim or model.d_model // model.num_heads
@@ -232,7 +232,7 @@ class _ModelConfigMethods:
 
 
 def _fields() -> list[tuple[str, Any, dataclasses.Field]]:
-  """One field per configs/base.py model key (sorted), then the two mode flags."""
+  """One field per configs/base.py model key (sorted), then the mode flags (MODE_FLAGS)."""
   declared = base.get_config().model
   fields = [(key, _RESOLVED_TYPES.get(key, type(value))) for key, value in declared.items()
             if key not in NOT_MODEL_FIELDS]
@@ -241,7 +241,16 @@ def _fields() -> list[tuple[str, Any, dataclasses.Field]]:
       # Autoregressive decoding: causal self-attention appends its keys and values to a
       # "cache" collection of max_len slots, slot = token position (see decoding.py).
       ("decode", bool, dataclasses.field(default=False)),
+      # What the input rows may hold, as the run's input pipeline declares it (the trainer
+      # sets both by replace; data/pipeline.row_layout): several documents a row, and
+      # padding tokens. The defaults assume both; fused attention skips what cannot occur.
+      ("rows_packed", bool, dataclasses.field(default=True)),
+      ("rows_padded", bool, dataclasses.field(default=True)),
   ]
+
+
+# ModelConfig's fields that are not configs/base.py keys: set by replace, never by the user.
+MODE_FLAGS = ("deterministic", "decode", "rows_packed", "rows_padded")
 
 
 ModelConfig = dataclasses.make_dataclass(

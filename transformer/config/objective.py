@@ -9,14 +9,16 @@ compares names, so a new objective is one `Objective` in `OBJECTIVES` below, plu
 input pipeline in `data/pipeline.py` when it needs a new one (tests/test_objective.py
 checks both).
 
-Imports only config.errors, so that the configuration, the model and the data
+Imports only config.errors (and numpy), so that the configuration, the model and the data
 pipeline can all read it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
+
+import numpy as np
 
 from transformer.config.errors import fail
 
@@ -40,6 +42,8 @@ class Objective:
       and then report BLEU (train.bleu_examples, --mode=evaluate).
     generates: continues a prompt left to right: training's samples
       (train.sample_prompt) and random LM windows (data.lm_windows='random').
+    packs: whether its pipeline's rows may hold several examples: True, False, or the
+      data.* key whose value "pack" says so (row_layout).
   """
 
   name: str
@@ -51,6 +55,7 @@ class Objective:
   classifies: bool = False
   translates: bool = False
   generates: bool = False
+  packs: bool | str = True
 
   @property
   def decodes(self) -> bool:
@@ -68,11 +73,11 @@ OBJECTIVES: dict[str, Objective] = {o.name: o for o in (
     Objective("seq2seq", pairs=(("encoder_decoder", "lm"),),
               model_inputs=("inputs", "inputs_segment_ids", "inputs_positions",
                             "decoder_inputs", "targets_segment_ids", "targets_positions"),
-              sides=2, pipeline="seq2seq", translates=True),
+              sides=2, pipeline="seq2seq", translates=True, packs="packing"),
     Objective("classification", pairs=(("decoder", "classification"),
                                        ("encoder", "classification")),
               model_inputs=_LM_INPUTS, target="label", pipeline="classification",
-              classifies=True),
+              classifies=True, packs=False),
 )}
 
 # (model.arch, model.head) -> objective: which heads each topology can carry.
@@ -100,3 +105,36 @@ def get(objective: Objective | str) -> Objective:
   if objective not in OBJECTIVES:
     raise ValueError(f"unknown objective {objective!r}; valid: {sorted(OBJECTIVES)}")
   return OBJECTIVES[objective]
+
+
+class RowLayout(NamedTuple):
+  """What the rows of a batch may hold: several documents (segment ids 1, 2, ...) and
+  padding (segment id 0). Fused attention skips what cannot occur (cuDNN: no padding
+  selects without padding, its plain causal call for one document a row)."""
+  packed: bool = True
+  padded: bool = True
+
+
+def row_layout(objective: Objective, data: Any, train: bool) -> RowLayout:
+  """The rows `objective`'s input pipeline makes with `data` (config.data): packed as its
+  `packs` says; padded in evaluation (a short final batch gets all-padding rows) and
+  wherever one example fills a row or packed pairs leave room (seq2seq, classification).
+  A causal or masked LM's training rows are full: documents concatenated and split over
+  a stream that repeats forever (data/lm.py, data/corpus_rows.py)."""
+  packs = objective.packs
+  packed = data[packs] == "pack" if isinstance(packs, str) else packs
+  padded = not train or objective.pipeline not in ("lm", "mlm")
+  return RowLayout(packed=bool(packed), padded=padded)
+
+
+def layout_of_batch(batch: dict) -> RowLayout:
+  """The RowLayout a host batch has (its *segment_ids arrays, numpy): the layout of a
+  benchmark's made-up batch, and what the trainer checks real ones against."""
+  packed = padded = False
+  for key, ids in batch.items():
+    if not key.endswith("segment_ids"):
+      continue
+    ids = np.asarray(ids)
+    padded |= bool((ids == 0).any())
+    packed |= bool((ids > 1).any())
+  return RowLayout(packed=packed, padded=padded)

@@ -12,6 +12,9 @@ from transformer.config.checks import (check_choice, check_float, check_int, che
                                        check_rate, is_number, lookup)
 from transformer.config.errors import fail
 
+# train.logits_dtype: "auto" is the model's compute dtype (training/metrics.head_loss_sums).
+LOGITS_DTYPES = ("auto", "float32", "bfloat16")
+
 SCHEDULES = ("warmup_rsqrt", "noam", "cosine", "constant")
 
 
@@ -59,6 +62,7 @@ def validate_train(config: ml_collections.ConfigDict) -> None:
   check_int(config, t + "num_steps", 1)
   check_int(config, t + "microbatches", 1)
   check_int(config, t + "logits_chunk", 0)
+  check_choice(config, t + "logits_dtype", LOGITS_DTYPES)
   check_int(config, t + "log_every", 1)
   check_int(config, t + "eval_every", 1)
   if config.train.eval_batches != -1:

@@ -185,13 +185,14 @@ class MultiHeadAttention(nn.Module):
     kind = attention_ops.LayerKind(
         causal=causal, has_bias=bias_BHLS is not None, softcap=cfg.attention_softcap,
         dropout=use_dropout, decoding=self.cache is not None or segments is None,
-        cross=self.cross, packed=cfg.attention_max_segments > 1)
+        cross=self.cross, packed=cfg.attention_max_segments > 1 and cfg.rows_packed)
     call = functools.partial(
         attention_ops.dot_product_attention, q_BLHD, k_BSKD, v_BSKD, impl=cfg.attention_impl,
         mask_B1LS=mask_B1LS, segments=segments, bias_BHLS=bias_BHLS,
         dropout_rate=cfg.attention_dropout if use_dropout else 0.0,
         dropout_rng=self.make_rng("dropout") if use_dropout else None,
-        max_segments=cfg.attention_max_segments)
+        max_segments=cfg.attention_max_segments if cfg.rows_packed else 1,
+        padded=cfg.rows_padded)
     if not cfg.sliding_window or local is False:
       return call(kind=kind)
     local_kind = dataclasses.replace(kind, window=cfg.sliding_window)

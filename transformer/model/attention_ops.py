@@ -51,6 +51,7 @@ from absl import logging
 
 from transformer import accelerator
 from transformer.config import attention as attention_table
+from transformer.config import objective as objective_lib
 from transformer.config.errors import ConfigError, DataError
 from transformer.model import context
 from transformer.model import cudnn_guard
@@ -170,17 +171,16 @@ def choose_kernel(impl: str, kind: LayerKind, *, platform: str, dtype, head_dim:
 def layer_kinds(config) -> list[LayerKind]:
   """The attention calls a ModelConfig's model makes in training and evaluation."""
   has_bias = positions.POSITIONS[config.position].self_attention_bias is not None
+  packed = config.attention_max_segments > 1 and config.rows_packed
   common = dict(has_bias=has_bias, softcap=config.attention_softcap,
-                dropout=config.attention_dropout > 0,
-                packed=config.attention_max_segments > 1)
+                dropout=config.attention_dropout > 0, packed=packed)
   causal = {"decoder": (True,), "encoder": (False,), "encoder_decoder": (False, True)}
   kinds = [LayerKind(causal=c, **common) for c in causal.get(config.arch, (True, False))]
   if config.sliding_window:
     kinds += [dataclasses.replace(k, window=config.sliding_window) for k in kinds]
   if config.arch == "encoder_decoder":
     kinds.append(LayerKind(causal=False, cross=True, softcap=config.attention_softcap,
-                           dropout=config.attention_dropout > 0,
-                           packed=config.attention_max_segments > 1))
+                           dropout=config.attention_dropout > 0, packed=packed))
   return kinds
 
 
@@ -279,7 +279,7 @@ def segment_lengths_and_offsets(segment_ids_BL: jax.Array, max_segments: int
   run); padding (0) belongs to no segment. M sizes the kernel's softmax statistics,
   float32 [B * M, H, L] kept per layer for the backward pass: M = L would make them as
   large as the scores flash attention exists to avoid (1.5 GiB a layer for gpt_small at
-  32 x 1024). Rows with more segments are refused on the host (check_packed_rows).
+  32 x 1024). Rows with more segments are refused on the host (check_rows).
   """
   B, L = segment_ids_BL.shape
   M = min(max_segments, L)
@@ -302,7 +302,7 @@ def segment_lengths_and_offsets(segment_ids_BL: jax.Array, max_segments: int
 
 def cudnn_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array,
                     segments: Segments, *, causal: bool, window: int,
-                    max_segments: int) -> jax.Array:
+                    max_segments: int, padded: bool = True) -> jax.Array:
   """cuDNN flash attention with the mask as the kernel's own: causal as its mask type,
   padding and packed documents as per-segment lengths and offsets (`max_segments` > 1,
   the packed layout: sm_90+, and jax's private module, since jax.nn.dot_product_attention
@@ -310,21 +310,30 @@ def cudnn_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array,
   (the public jax.nn.dot_product_attention; any cuDNN GPU); the window as its sliding
   window. No dense [B, 1, L, S] array exists, so no bias gradient either.
 
-  Tokens of no segment (padding) are zeros in and out, by a select (cudnn_guard.py: the
-  packed kernel never writes them); on jax < 0.11.1 grouped-query k/v are repeated to the
-  query heads for the packed layout (its k/v offsets are scaled by the query heads).
+  `padded`: whether a row may hold padding (model config's rows_padded, from the input
+  pipeline). Tokens of no segment are zeros in and out, by a select (cudnn_guard.py: the
+  packed kernel never writes them); rows without padding need none, and one document a
+  row without padding is the kernel's plain call (no lengths, as torch's is_causal). On
+  jax < 0.11.1 grouped-query k/v are repeated to the query heads for the packed layout
+  (its k/v offsets are scaled by the query heads).
   """
-  q_BLHD = cudnn_guard.keep_segments(q_BLHD, segments.q_BL)
-  k_BSKD = cudnn_guard.keep_segments(k_BSKD, segments.kv_BS)
-  v_BSKD = cudnn_guard.keep_segments(v_BSKD, segments.kv_BS)
-  if min(max_segments, q_BLHD.shape[1]) == 1:
-    # One document a row from position 0 (check_packed_rows refuses others): its length.
+  one_document = min(max_segments, q_BLHD.shape[1]) == 1
+  if one_document and not padded:
+    return jax.nn.dot_product_attention(
+        q_BLHD, k_BSKD, v_BSKD, is_causal=causal,
+        local_window_size=(window - 1, 0) if window else None, implementation="cudnn")
+  keep = cudnn_guard.keep_segments if padded else lambda x, ids: x
+  q_BLHD = keep(q_BLHD, segments.q_BL)
+  k_BSKD = keep(k_BSKD, segments.kv_BS)
+  v_BSKD = keep(v_BSKD, segments.kv_BS)
+  if one_document:
+    # One document a row from position 0 (check_rows refuses others): its length.
     lengths = lambda ids: jnp.sum(ids != 0, axis=1, dtype=jnp.int32)
     out_BLHD = jax.nn.dot_product_attention(
         q_BLHD, k_BSKD, v_BSKD, is_causal=causal,
         query_seq_lengths=lengths(segments.q_BL), key_value_seq_lengths=lengths(segments.kv_BS),
         local_window_size=(window - 1, 0) if window else None, implementation="cudnn")
-    return cudnn_guard.keep_segments(out_BLHD, segments.q_BL)
+    return keep(out_BLHD, segments.q_BL)
   # pylint: disable-next=g-import-not-at-top
   from jax._src.cudnn import fused_attention_stablehlo as cudnn
   k_BSKD, v_BSKD = cudnn_guard.repeat_kv_for_packed_offsets(k_BSKD, v_BSKD, q_BLHD.shape[2])
@@ -336,7 +345,7 @@ def cudnn_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array,
       q_offsets=q_offsets, kv_offsets=kv_offsets,
       scale=float(1.0 / np.sqrt(q_BLHD.shape[-1])), mask_type=mask_type,
       qkv_layout="BTNH", sliding_window_length=window or None)
-  return cudnn_guard.keep_segments(out_BLHD, segments.q_BL)
+  return keep(out_BLHD, segments.q_BL)
 
 
 def context_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array, *,
@@ -401,6 +410,7 @@ class Call(NamedTuple):
   dropout_rng: jax.Array | None
   max_segments: int
   interpret: bool  # Pallas kernels through the interpreter (a CPU mesh).
+  padded: bool = True  # Rows may hold padding (cuDNN's selects; cudnn_attention).
 
 
 def _xla(q_BLHD, k_BSKD, v_BSKD, call: Call) -> jax.Array:
@@ -427,7 +437,8 @@ def _dense_per_shard(name: str):
 
 def _cudnn(q_BLHD, k_BSKD, v_BSKD, call: Call) -> jax.Array:
   return cudnn_attention(q_BLHD, k_BSKD, v_BSKD, call.segments, causal=call.kind.causal,
-                         window=call.kind.window, max_segments=call.max_segments)
+                         window=call.kind.window, max_segments=call.max_segments,
+                         padded=call.padded)
 
 
 def _splash(q_BLHD, k_BSKD, v_BSKD, call: Call) -> jax.Array:
@@ -466,12 +477,13 @@ def dot_product_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Arra
                           segments: Segments | None, bias_BHLS: jax.Array | None = None,
                           dropout_rate: float = 0.0,
                           dropout_rng: jax.Array | None = None,
-                          max_segments: int = 1) -> jax.Array:
+                          max_segments: int = 1, padded: bool = True) -> jax.Array:
   """softmax(Q K^T / sqrt(D) + bias) V over what the mask allows, by the kernel that
   `choose_kernel` picks for `impl` on the current mesh's platform; with the length
   sharded over a context axis, per shard (KERNEL_FUNCTIONS' `per_shard`).
   `max_segments`: model.attention_max_segments, the packed documents a row may hold
-  (cuDNN's layout)."""
+  (cuDNN's layout; 1 for rows of one document); `padded`: whether a row may hold padding
+  (the input pipeline's row layout)."""
   platform = accelerator.platform_of_mesh()
   shards = 1 if kind.decoding else context.size()
   kernel = choose_kernel(impl, kind, platform=platform, dtype=q_BLHD.dtype,
@@ -481,7 +493,7 @@ def dot_product_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Arra
   if functions.takes_segments and segments is None:
     raise ValueError(f"the {kernel} attention needs the segment ids of its queries and keys")
   call = Call(kind, mask_B1LS, segments, bias_BHLS, dropout_rate, dropout_rng, max_segments,
-              interpret=platform == "cpu")
+              interpret=platform == "cpu", padded=padded)
   run = functions.per_shard if shards > 1 else functions.run
   return run(q_BLHD, k_BSKD, v_BSKD, call)
 
@@ -489,23 +501,36 @@ def dot_product_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Arra
 def packed_rows_limit(config, platform: str, context_shards: int = 1) -> int | None:
   """model.attention_max_segments when a training or evaluation attention of `config`'s
   model runs cuDNN's packed layout on `platform` (never with the sequence cut into
-  `context_shards` > 1: cuDNN does not serve it), else None (no limit on packing)."""
+  `context_shards` > 1: cuDNN does not serve it), 1 where cuDNN takes one document a row
+  (rows_packed False), else None (no limit on packing)."""
   for kind in layer_kinds(config):
     kernel = choose_kernel(config.attention_impl, kind, platform=platform, dtype=config.dtype,
                            head_dim=config.head_dim, q_len=None, kv_len=None,
                            context=context_shards)
     if kernel == "cudnn":
-      return config.attention_max_segments
+      return config.attention_max_segments if config.rows_packed else 1
   return None
 
 
-def check_packed_rows(batch: dict, limit: int | None) -> None:
-  """Refuses a host batch with a row of more than `limit` packed documents (cuDNN's
-  packed layout was compiled for at most that many; more would be attended wrongly); with
-  `limit` 1 (the per-row-length layout) also a row whose document does not start at
-  position 0 (the kernel would take its first tokens for it)."""
-  if limit is None:
+def check_rows(batch: dict, limit: int | None,
+               layout: objective_lib.RowLayout = objective_lib.RowLayout()) -> None:
+  """Refuses a host batch whose rows hold what the compiled step was not built for:
+  padding or several documents where `layout` (the input pipeline's, model config's
+  rows_padded / rows_packed) has none, since fused attention then skips them; more than
+  `limit` packed documents (cuDNN's packed layout was compiled for at most that many;
+  more would be attended wrongly); with `limit` 1 (the per-row-length layout) a row
+  whose document does not start at position 0 (the kernel would take its first tokens
+  for it). `limit` None: no fused kernel with a segment limit (no limit on packing)."""
+  if limit is None:  # No fused kernel reads the layout: every kernel masks by the ids.
     return
+  found = objective_lib.layout_of_batch(batch)
+  for what, key in (("padding", "padded"), ("several documents", "packed")):
+    if getattr(found, key) and not getattr(layout, key):
+      raise DataError(
+          f"a batch row holds {what} (segment ids), but the step was compiled for the "
+          f"input pipeline's rows, which hold none ({layout}): the attention kernels "
+          f"skip them. Build the trainer with this batch's layout "
+          f"(config.objective.layout_of_batch)")
   for key, ids in batch.items():
     if not key.endswith("segment_ids"):
       continue

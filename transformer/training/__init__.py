@@ -20,6 +20,8 @@
   decode_hook.py      what an evaluation decodes: in-training BLEU and a sample (a hook)
   optim.py            schedules and AdamW
   metrics.py          metric sums and the progress line (rows go to workdir/metrics_file.py)
+  head_loss.py        the loss head: vocabulary projection + cross-entropy a chunk at a
+                      time, statistics in one pass, its gradient made in the forward
   flops.py            model FLOPs per step, device peaks, MFU's denominator
 
 May import: config, distributed, hardware, sharding, model, data, inference,

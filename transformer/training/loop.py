@@ -216,7 +216,7 @@ def _train_loop(run: _Run) -> dict[str, float]:
     # position of the rows taken). A call's metrics are fetched while the next call
     # runs, so logging never stalls the device.
     batches = prefetch.CallBatches(
-        run.train_iter, run.trainer.global_batch, start_step=start_step,
+        run.train_iter, run.trainer.train_batch, start_step=start_step,
         num_steps=num_steps, steps_per_call=config.train.steps_per_call,
         depth=config.data.prefetch)
     try:  # Started here: the first call's batch is built during the evaluation at 0.

@@ -22,6 +22,7 @@ from transformer.config.model import ModelConfig
 from transformer.model import context
 from transformer.model import moe
 from transformer.model.lm_head import LogitsHead
+from transformer.training import head_loss
 from transformer.workdir import layout
 from transformer.workdir.console import format_duration
 from transformer.workdir.metrics_file import MOE_LOAD_PREFIX
@@ -32,24 +33,20 @@ T = TypeVar("T")
 SUM_KEYS = ("loss_sum", "correct_sum")
 # The per-bucket arrays of loss_sums' by-position sums: by_position_rows reports them,
 # summarize leaves them out.
-BY_POSITION_PREFIX = "by_position_"
+BY_POSITION_PREFIX = head_loss.BY_POSITION_PREFIX
 # Row keys that measure speed: the only ones a rerun of the same steps may not reproduce.
 TIMING_KEYS = ("seconds_per_step", "tokens_per_second", "mfu", "data_wait_fraction")
-
-
-# What an excluded row's logit becomes: finite (a pad target there, weighted 0, must
-# give 0, not inf * 0 = nan) yet far enough below any real logit that exp() is 0.
-_EXCLUDED_LOGIT = -1e9
 
 
 def loss_sums(logits_BLV: jax.Array, targets_BL: jax.Array, weights_BL: jax.Array,
               label_smoothing: float = 0.0, z_loss: float = 0.0,
               never_predict: tuple[int, ...] = (), positions_BL: jax.Array | None = None,
               bucket: int = 0, num_buckets: int = 0) -> dict[str, jax.Array]:
-  """Token-weighted sums for the objective and the reported metrics.
+  """Token-weighted sums for the objective and the reported metrics of given logits.
 
   Args:
-    logits_BLV: [B, L, V] logits (any float dtype; the loss is float32).
+    logits_BLV: [B, L, V] logits (any float dtype; the loss is float32); a classifier's
+      [B, C] with [B] targets and weights.
     targets_BL: [B, L] target ids.
     weights_BL: [B, L] token weights (0 for padding).
     label_smoothing: of the objective's cross-entropy (loss_sum stays the plain NLL).
@@ -66,40 +63,23 @@ def loss_sums(logits_BLV: jax.Array, targets_BL: jax.Array, weights_BL: jax.Arra
 
   Returns:
     `objective_sum` (with label smoothing and the z-loss), `loss_sum` (plain NLL),
-    `correct_sum` (argmax hits) and `weight_sum` (number of real target tokens); with
-    `z_loss` > 0 also `z_loss_sum`, the z-loss term's token-weighted sum; with `bucket`
-    the sums by position.
+    `correct_sum` (argmax hits: the first largest logit is the target) and `weight_sum`
+    (number of real target tokens); with `z_loss` > 0 also `z_loss_sum`, the z-loss
+    term's token-weighted sum; with `bucket` the sums by position. Only objective_sum
+    is differentiable (head_loss.py: its gradient is formed with the statistics).
   """
-  logits_BLV = logits_BLV.astype(jnp.float32)
-  if never_predict:
-    logits_BLV = logits_BLV.at[..., jnp.asarray(never_predict)].set(_EXCLUDED_LOGIT)
-  nll_BL = optax.softmax_cross_entropy_with_integer_labels(logits_BLV, targets_BL)
-  objective_BL = nll_BL
-  if label_smoothing > 0:
-    # (1 - eps) * NLL + eps * mean over the predictable rows of -log p.
-    allowed_V = jnp.ones(logits_BLV.shape[-1]).at[jnp.asarray(never_predict, jnp.int32)].set(0)
-    mean_neg_logp_BL = -(jax.nn.log_softmax(logits_BLV) @ allowed_V) / jnp.sum(allowed_V)
-    objective_BL = (1.0 - label_smoothing) * nll_BL + label_smoothing * mean_neg_logp_BL
-  correct_BL = (jnp.argmax(logits_BLV, axis=-1) == targets_BL).astype(jnp.float32)
-  sums = {
-      "objective_sum": jnp.sum(objective_BL * weights_BL),
-      "loss_sum": jnp.sum(nll_BL * weights_BL),
-      "correct_sum": jnp.sum(correct_BL * weights_BL),
-      "weight_sum": jnp.sum(weights_BL),
-  }
-  if z_loss > 0:
-    log_z_BL = jax.nn.logsumexp(logits_BLV, axis=-1)
-    sums["z_loss_sum"] = z_loss * jnp.sum(jnp.square(log_z_BL) * weights_BL)
-    sums["objective_sum"] = sums["objective_sum"] + sums["z_loss_sum"]
-  if bucket > 0:
-    bucket_N = jnp.minimum(positions_BL // bucket, num_buckets - 1).ravel()
-    per_bucket = lambda values_BL: jax.ops.segment_sum(values_BL.ravel(), bucket_N,
-                                                       num_segments=num_buckets)
-    weights_BL = weights_BL.astype(jnp.float32)
-    sums.update({BY_POSITION_PREFIX + "loss_sum": per_bucket(nll_BL * weights_BL),
-                 BY_POSITION_PREFIX + "correct_sum": per_bucket(correct_BL * weights_BL),
-                 BY_POSITION_PREFIX + "weight_sum": per_bucket(weights_BL)})
-  return sums
+  if positions_BL is None:  # Only read with bucket > 0.
+    positions_BL = jnp.zeros_like(targets_BL)
+  return head_loss.logits_loss(logits_BLV, targets_BL, weights_BL, positions_BL,
+                               _options(label_smoothing, z_loss, never_predict, bucket,
+                                        num_buckets))
+
+
+def _options(label_smoothing, z_loss, never_predict, bucket, num_buckets
+             ) -> head_loss.LossOptions:
+  return head_loss.LossOptions(label_smoothing=float(label_smoothing), z_loss=float(z_loss),
+                               never_predict=tuple(int(i) for i in never_predict),
+                               bucket=int(bucket), num_buckets=int(num_buckets))
 
 
 def by_position_rows(sums: Mapping[str, Any], bucket: int) -> list[dict[str, float]]:
@@ -121,20 +101,17 @@ def by_position_rows(sums: Mapping[str, Any], bucket: int) -> list[dict[str, flo
   return rows
 
 
-# The auto chunk (train.logits_chunk = 0) keeps one chunk's float32 logits on a device
-# within this many: 256 MiB. Measured on compile-only targets (docs/compile-results.md): chunks
-# sized per row instead (64 positions of Llama 3's 128k vocabulary) left a 32k-token row
-# per chip in 512 chunks, each re-reading the head's weight; chunks much smaller than
-# this made llama 1B on an H100 HBM-bound, much larger ones cost memory for nothing.
+# The auto chunk (train.logits_chunk = 0) holds at most this many logits a device.
 AUTO_LOGITS_PER_DEVICE = 1 << 26
 
 
-def logits_chunk_length(chunk: int, length: int, vocab_size: int, rows: int) -> int:
+def logits_chunk_length(chunk: int, length: int, vocab_size: int, rows: int,
+                        d_model: int = 0) -> int:
   """Positions projected at a time by head_loss_sums (train.logits_chunk; 0 = auto).
 
   Auto: the whole sequence when the `rows` a device holds fit AUTO_LOGITS_PER_DEVICE
-  (character and small-vocabulary models: no loop, the program of before), else the
-  largest power of two of positions whose chunk does.
+  (character and small-vocabulary models: no loop), else the largest power of two of
+  positions whose chunk does.
   """
   if chunk > 0:
     return min(chunk, length)
@@ -161,20 +138,22 @@ def head_loss_sums(head: LogitsHead, x_BLE: jax.Array,
                    targets_BL: jax.Array, weights_BL: jax.Array, *, chunk: int = 0,
                    label_smoothing: float = 0.0, z_loss: float = 0.0,
                    never_predict: tuple[int, ...] = (), positions_BL: jax.Array | None = None,
-                   bucket: int = 0, num_buckets: int = 0) -> dict[str, jax.Array]:
-  """loss_sums of `head(x_BLE)`, projecting `chunk` positions at a time.
+                   bucket: int = 0, num_buckets: int = 0,
+                   logits_dtype: str = "auto") -> dict[str, jax.Array]:
+  """loss_sums of `head(x_BLE)`, projecting `chunk` positions at a time (head_loss.py).
 
-  The float32 [B, L, V] logits are never held whole, in the forward or the backward:
-  each chunk's logits are made, scored and dropped inside a `lax.scan` whose body is
-  rematerialised (jax.checkpoint), so the backward pass recomputes one chunk's logits
-  at a time from the hidden states it kept. The sums are those of loss_sums on the
-  whole logits (float32 reassociation aside). A length that `chunk` does not divide is
-  padded with weight-0 positions.
+  The [B, L, V] logits are never held whole: each chunk's are made, scored and, when
+  the loss is differentiated, turned into their gradient's two matmuls at once
+  (head_loss.py says how). The sums are those of loss_sums on the whole logits
+  (float32 reassociation aside). A length that `chunk` does not divide is padded with
+  weight-0 positions.
 
   Args:
-    head: hidden states [B, c, E] -> float32 logits [B, c, V] (the model's LogitsHead).
+    head: the model's LogitsHead (its arrays, layout, compute dtype and softcap).
     x_BLE: final hidden states.
     chunk: train.logits_chunk (0 = auto, see logits_chunk_length).
+    logits_dtype: a chunk's logits between the matmul (accumulated in float32) and the
+      softmax statistics (train.logits_dtype; "auto": the head's compute dtype).
     Others: as loss_sums.
   """
   B, L, _ = x_BLE.shape
@@ -184,55 +163,29 @@ def head_loss_sums(head: LogitsHead, x_BLE: jax.Array,
   # for llama 1B at 131k tokens on v5p:2x2x2).
   p = context.size()
   c = logits_chunk_length(max(chunk // p, 1) if chunk else 0, L // p, head.vocab_size,
-                          rows_per_device(B))
-
-  if positions_BL is None:  # Only read with bucket > 0; a stand-in keeps one code path.
-    positions_BL = jnp.zeros_like(targets_BL)
-
-  def chunk_sums(x_BcE, targets_Bc, weights_Bc, positions_Bc):
-    return loss_sums(head(x_BcE), targets_Bc, weights_Bc, label_smoothing, z_loss,
-                     never_predict, positions_Bc, bucket, num_buckets)
-
-  if c >= L // p:
-    return chunk_sums(x_BLE, targets_BL, weights_BL, positions_BL)
-  # Cast the head's weight to the compute dtype once, not once per chunk: every chunk
-  # reads it whole (on llama 1B's 128k x 2048 head a float32 read is 1 GiB a chunk).
-  # Gathered over the embed axis once too (an fsdp-sharded table would otherwise be
-  # all-gathered in every chunk: 504 GiB a step for llama 1B at 32k tokens on v5p:2x2x1).
-  weight = head.weight.astype(head.dtype)
-  head = head.replace(weight=nn.with_logical_constraint(
-      weight, ("vocab", None) if head.tied else (None, "vocab")))
+                          rows_per_device(B), x_BLE.shape[-1])
   pad = -(L // p) % c  # Weight-0 positions at the end of each shard: counted nowhere.
   n = (L // p + pad) // c
-
-  def chunked(a):  # [B, L, ...] -> [n, B, p * c, ...]: chunk j is c positions a shard.
-    a = a.reshape((B, p, L // p) + a.shape[2:])
-    a = jnp.pad(a, ((0, 0), (0, 0), (0, pad)) + ((0, 0),) * (a.ndim - 3))
-    a = jnp.moveaxis(a.reshape((B, p, n, c) + a.shape[3:]), 2, 0)
-    return a.reshape((n, B, p * c) + a.shape[4:])
-
-  # The scan walks the chunks; every row stays where the batch put it.
-  chunks = jax.tree.map(chunked, (x_BLE, targets_BL, weights_BL, positions_BL))
-  rematted = jax.checkpoint(chunk_sums, policy=jax.checkpoint_policies.nothing_saveable)
-
-  def body(total, xs):
-    sums = rematted(*xs)
-    return jax.tree.map(jnp.add, total, sums), None
-
-  zeros = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype),
-                       jax.eval_shape(chunk_sums, *jax.tree.map(lambda a: a[0], chunks)))
-  total, _ = jax.lax.scan(body, zeros, chunks)
-  return total
+  if positions_BL is None:  # Only read with bucket > 0; a stand-in keeps one code path.
+    positions_BL = jnp.zeros_like(targets_BL)
+  spec = head_loss.HeadSpec(tied=head.tied, dtype=jnp.dtype(head.dtype),
+                            logits_dtype=jnp.dtype(head.dtype if logits_dtype == "auto"
+                                                   else logits_dtype), softcap=head.softcap)
+  return head_loss.head_loss(
+      head.weight, head.bias_V, x_BLE, targets_BL, weights_BL, positions_BL, spec=spec,
+      options=_options(label_smoothing, z_loss, never_predict, bucket, num_buckets),
+      layout=(B, L, p, c, n, pad))
 
 
 def objective_sums(outputs: Any, targets_BL: jax.Array, weights_BL: jax.Array, *,
-                   chunk: int = 0, label_smoothing: float = 0.0, z_loss: float = 0.0,
+                   chunk: int = 0, logits_dtype: str = "auto", label_smoothing: float = 0.0, z_loss: float = 0.0,
                    never_predict: tuple[int, ...] = (), positions_BL: jax.Array | None = None,
                    bucket: int = 0, num_buckets: int = 0) -> dict[str, jax.Array]:
   """loss_sums of a forward's outputs: logits, or (hidden states, LogitsHead) in chunks."""
   if isinstance(outputs, tuple):
     x_BLE, head = outputs
     return head_loss_sums(head, x_BLE, targets_BL, weights_BL, chunk=chunk,
+                          logits_dtype=logits_dtype,
                           label_smoothing=label_smoothing, z_loss=z_loss,
                           never_predict=never_predict, positions_BL=positions_BL,
                           bucket=bucket, num_buckets=num_buckets)

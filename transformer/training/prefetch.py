@@ -157,7 +157,7 @@ class CallBatches(grain.DatasetIterator):
     Args:
       rows: the training rows (one batch of this process's rows each); only this object
         touches it from now until `close()`.
-      place: (host batch, stacked) -> the placed batch (Trainer.global_batch).
+      place: (host batch, stacked) -> the placed batch (Trainer.train_batch).
       start_step: the step the first call starts after (the restored state's step).
       num_steps: train.num_steps; no call goes past it.
       steps_per_call: train.steps_per_call.

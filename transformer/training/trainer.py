@@ -59,6 +59,7 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, forward: Calla
                moe_aux_loss: float = 0.0,
                moe_z_loss: float = 0.0,
                logits_chunk: int = 0,
+               logits_dtype: str = "auto",
                lora: bool = False) -> tuple[TrainState, dict[str, jax.Array]]:
   """One optimizer update; returns the new state and metric sums for this batch.
 
@@ -77,7 +78,8 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, forward: Calla
   With MoE layers the objective adds `moe_aux_loss` x the load-balancing loss and
   `moe_z_loss` x the router z-loss (metrics.add_moe_sums), logged as moe_* metrics.
   `logits_chunk`: train.logits_chunk, the positions projected to the vocabulary at a time
-  when `forward` returns hidden states (metrics.head_loss_sums; 0 = auto).
+  when `forward` returns hidden states (metrics.head_loss_sums; 0 = auto), and
+  `logits_dtype` (train.logits_dtype) the dtype a chunk's logits are held in.
   With `lora` (model.lora_rank > 0) the gradients, the optimizer state and the update
   cover only optim.split_trainable's trainable half; the frozen base passes through.
   """
@@ -90,6 +92,7 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, forward: Calla
       outputs, targets, weights, moe_stats = forward(params, micro,
                                                      rngs={"dropout": micro_rng})
       sums = metrics_lib.objective_sums(outputs, targets, weights, chunk=logits_chunk,
+                                        logits_dtype=logits_dtype,
                                         label_smoothing=label_smoothing, z_loss=z_loss,
                                         never_predict=never_predict)
       sums = metrics_lib.add_moe_sums(sums, moe_stats, moe_aux_loss, moe_z_loss)
@@ -142,7 +145,8 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, forward: Calla
 
 def eval_step(params: Any, batch: dict[str, jax.Array], *, forward: Callable,
               never_predict: tuple[int, ...] = (), logits_chunk: int = 0,
-              position_bucket: int = 0, num_buckets: int = 0) -> dict[str, jax.Array]:
+              logits_dtype: str = "auto", position_bucket: int = 0,
+              num_buckets: int = 0) -> dict[str, jax.Array]:
   """Metric sums of one evaluation batch (the forward of a deterministic model).
 
   MoE statistics are reported without the per-expert loads (training logs those).
@@ -151,7 +155,8 @@ def eval_step(params: Any, batch: dict[str, jax.Array], *, forward: Callable,
   """
   outputs, targets, weights, moe_stats = forward(params, batch)
   sums = metrics_lib.objective_sums(
-      outputs, targets, weights, chunk=logits_chunk, never_predict=never_predict,
+      outputs, targets, weights, chunk=logits_chunk, logits_dtype=logits_dtype,
+      never_predict=never_predict,
       positions_BL=batch["positions"] if position_bucket else None, bucket=position_bucket,
       num_buckets=num_buckets)
   sums = metrics_lib.add_moe_sums(sums, moe_stats, per_expert=False)
@@ -195,10 +200,13 @@ class Scorer:
   eval_step: Callable
   batch_sharding: jax.sharding.NamedSharding
   # model.attention_max_segments where cuDNN's packed layout serves an attention on this
-  # mesh (each host batch is checked against it), else None.
+  # mesh (each host batch is checked against it), 1 for rows of one document, else None.
   packed_rows_limit: int | None
   # The share of each global batch this process reads (sharding.input_shard).
   input_shard: sharding.InputShard
+  # What the eval step's rows may hold (config.objective.row_layout; checked per batch
+  # where cuDNN serves, which skips what cannot occur).
+  rows: objective_lib.RowLayout
 
   @classmethod
   def create(cls, config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
@@ -209,14 +217,16 @@ class Scorer:
     data.seq_len (metrics.loss_sums; a batch with `positions`: a decoder LM).
     """
     rules = sharding.rules_of(config.mesh, mesh)
-    model_config = ModelConfig.from_config(config.model)
+    rows = objective_lib.row_layout(objective_lib.resolve(config.model), config.data,
+                                    train=False)
+    model_config = with_rows(ModelConfig.from_config(config.model), rows)
     return cls(config=config, mesh=mesh, rules=rules, model_config=model_config,
                eval_step=_jit_eval_step(model_config, mesh, rules, param_shardings,
-                                        config.train.logits_chunk, position_bucket,
+                                        config.train, position_bucket,
                                         config.data.seq_len),
                batch_sharding=sharding.batch_sharding(mesh, rules),
                packed_rows_limit=_packed_rows_limit(model_config, mesh, rules),
-               input_shard=sharding.input_shard(mesh, rules))
+               input_shard=sharding.input_shard(mesh, rules), rows=rows)
 
   @contextlib.contextmanager
   def context(self):
@@ -224,14 +234,15 @@ class Scorer:
     with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
       yield
 
-  def global_batch(self, local_batch: dict[str, np.ndarray],
-                   stacked: bool = False) -> dict[str, jax.Array]:
+  def global_batch(self, local_batch: dict[str, np.ndarray], stacked: bool = False,
+                   rows: objective_lib.RowLayout | None = None) -> dict[str, jax.Array]:
     """Assembles the global batch from this process's rows (its `input_shard`).
 
     With `stacked`, every array has a leading axis of consecutive batches ([n, B, ...],
-    the input of `Trainer.train_steps`), which stays whole on every device.
+    the input of `Trainer.train_steps`), which stays whole on every device. The rows
+    are checked against `rows` (default: the eval step's layout, `self.rows`).
     """
-    attention_ops.check_packed_rows(local_batch, self.packed_rows_limit)
+    attention_ops.check_rows(local_batch, self.packed_rows_limit, rows or self.rows)
     placement = stacked_sharding(self.batch_sharding) if stacked else self.batch_sharding
     if jax.process_count() == 1:
       # This process's rows are the whole batch: one device_put of the dict (half the
@@ -251,6 +262,11 @@ class Scorer:
             for k, v in local_batch.items()}
 
 
+def with_rows(model_config: ModelConfig, rows: objective_lib.RowLayout) -> ModelConfig:
+  """The model config for input rows laid out as `rows` (its rows_* mode flags)."""
+  return dataclasses.replace(model_config, rows_packed=rows.packed, rows_padded=rows.padded)
+
+
 def predicted_rows_excluded(model_config: ModelConfig) -> tuple[int, ...]:
   """model.never_predict for objectives that predict vocabulary ids; () for a classifier."""
   if objective_lib.resolve(model_config).classifies:
@@ -267,14 +283,17 @@ def _packed_rows_limit(model_config: ModelConfig, mesh: jax.sharding.Mesh,
 
 
 def _jit_eval_step(model_config: ModelConfig, mesh: jax.sharding.Mesh, rules: tuple,
-                   param_shardings: Any, logits_chunk: int, position_bucket: int = 0,
-                   seq_len: int = 0) -> Callable:
-  """eval_step of a deterministic copy of the model, jitted with explicit shardings."""
-  eval_model = make_model(dataclasses.replace(model_config, deterministic=True))
+                   param_shardings: Any, train_config: ml_collections.ConfigDict,
+                   position_bucket: int = 0, seq_len: int = 0) -> Callable:
+  """eval_step of a deterministic copy of the model (its rows padded, as evaluation's
+  are), jitted with explicit shardings."""
+  eval_model = make_model(dataclasses.replace(model_config, deterministic=True,
+                                              rows_padded=True))
   objective = objective_lib.resolve(model_config)
   num_buckets = -(-seq_len // position_bucket) if position_bucket > 0 else 0
   return jax.jit(functools.partial(eval_step, forward=objectives.make_forward(
-      eval_model, objective, hidden=True), logits_chunk=logits_chunk,
+      eval_model, objective, hidden=True), logits_chunk=train_config.logits_chunk,
+                                   logits_dtype=train_config.logits_dtype,
                                    never_predict=predicted_rows_excluded(model_config),
                                    position_bucket=position_bucket,
                                    num_buckets=num_buckets),
@@ -293,14 +312,23 @@ class Trainer(Scorer):
   # (state, batches with a leading axis of n) -> (state, metrics with that axis): n
   # train_steps in one compiled call (lax.scan), the same updates bit for bit.
   train_steps: Callable
+  # What the train step's rows may hold (the input pipeline's, or the batch's a caller
+  # gave): each training batch is checked against it (train_batch).
+  train_rows: objective_lib.RowLayout
 
   @classmethod
-  def create(cls, config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> "Trainer":
-    """Builds the model, optimizer and the jitted, explicitly sharded functions."""
+  def create(cls, config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
+             rows: objective_lib.RowLayout | None = None) -> "Trainer":
+    """Builds the model, optimizer and the jitted, explicitly sharded functions.
+
+    `rows`: what the training rows may hold (default: what the config's input pipeline
+    makes, config.objective.row_layout; a benchmark's made-up batch gives its own).
+    """
     rules = sharding.rules_of(config.mesh, mesh)
-    model_config = ModelConfig.from_config(config.model)
+    objective = objective_lib.resolve(config.model)
+    rows = rows or objective_lib.row_layout(objective, config.data, train=True)
+    model_config = with_rows(ModelConfig.from_config(config.model), rows)
     model = make_model(model_config)
-    objective = objective_lib.resolve(model_config)
     schedule = optim.make_schedule(config.optimizer, model_config.d_model,
                                    config.train.num_steps)
     tx = optim.make_optimizer(config.optimizer, schedule)
@@ -327,7 +355,8 @@ class Trainer(Scorer):
         skip_nonfinite=config.optimizer.skip_nonfinite > 0, z_loss=config.optimizer.z_loss,
         never_predict=predicted_rows_excluded(model_config),
         moe_aux_loss=config.model.moe_aux_loss, moe_z_loss=config.model.moe_z_loss,
-        logits_chunk=config.train.logits_chunk, lora=lora)
+        logits_chunk=config.train.logits_chunk, logits_dtype=config.train.logits_dtype,
+        lora=lora)
     jit_train = jax.jit(one_step, in_shardings=(state_shardings, batch_sharding),
                         out_shardings=(state_shardings, replicated), donate_argnums=(0,))
     jit_train_steps = jax.jit(
@@ -336,11 +365,18 @@ class Trainer(Scorer):
         out_shardings=(state_shardings, replicated), donate_argnums=(0,))
     return cls(config=config, mesh=mesh, rules=rules, model_config=model_config,
                eval_step=_jit_eval_step(model_config, mesh, rules, state_shardings.params,
-                                        config.train.logits_chunk),
+                                        config.train),
                batch_sharding=batch_sharding, state_shardings=state_shardings,
                packed_rows_limit=_packed_rows_limit(model_config, mesh, rules),
-               input_shard=sharding.input_shard(mesh, rules), abstract_state=abstract_state, init=jit_init, train_step=jit_train,
-               train_steps=jit_train_steps)
+               input_shard=sharding.input_shard(mesh, rules), abstract_state=abstract_state,
+               init=jit_init, train_step=jit_train, train_steps=jit_train_steps,
+               rows=objective_lib.row_layout(objective, config.data, train=False),
+               train_rows=rows)
+
+  def train_batch(self, local_batch: dict[str, np.ndarray],
+                  stacked: bool = False) -> dict[str, jax.Array]:
+    """global_batch for the train step: the rows checked against `train_rows`."""
+    return self.global_batch(local_batch, stacked, rows=self.train_rows)
 
 
 def stacked_sharding(batch_sharding: NamedSharding) -> NamedSharding:
