@@ -103,17 +103,19 @@ def test_head_is_the_models_own_projection():
   assert logits.dtype == jnp.float32 and logits.shape == (ROWS, LENGTH, VOCAB)
 
 
-@pytest.mark.parametrize("chunk,length,vocab,rows,expected", [
-    (0, 256, 65, 64, 256),         # A character model: one chunk, no loop.
-    (0, 1024, 32768, 32, 64),      # gpt_small, 32 rows a device: 64 x 32 x 32768 <= 64M.
-    (0, 2048, 128256, 8, 64),      # llama 1B, 8 rows of Llama 3's vocabulary.
-    (0, 32768, 128256, 1, 512),    # One long row a chip: few, large chunks.
-    (0, 16, 128256, 1, 16),        # Never longer than the sequence.
-    (100, 64, 50257, 8, 64),       # An explicit chunk at most the length.
-    (7, 64, 50257, 8, 7),
+@pytest.mark.parametrize("chunk,length,vocab,rows,d_model,per_logit,expected", [
+    (0, 256, 65, 64, 384, 8, 256),           # A character model: one chunk, no loop.
+    (0, 1024, 32768, 32, 768, 4, 256),       # gpt_small in bf16: 8,192 tokens in 1 GiB.
+    (0, 1024, 32768, 32, 768, 8, 128),       # The same in float32: half the tokens.
+    (0, 2048, 128256, 16, 2048, 4, 512),     # llama 1B: raised to 4 x d_model tokens.
+    (0, 32768, 128256, 1, 2048, 4, 8192),    # One long row a chip: few, large chunks.
+    (0, 16, 128256, 1, 2048, 4, 16),         # Never longer than the sequence.
+    (100, 64, 50257, 8, 768, 4, 64),         # An explicit chunk at most the length.
+    (7, 64, 50257, 8, 768, 4, 7),
 ])
-def test_chunk_length(chunk, length, vocab, rows, expected):
-  assert metrics.logits_chunk_length(chunk, length, vocab, rows) == expected
+def test_chunk_length(chunk, length, vocab, rows, d_model, per_logit, expected):
+  assert metrics.logits_chunk_length(chunk, length, vocab, rows, d_model,
+                                     per_logit) == expected
 
 
 def test_rows_per_device_reads_the_batch_rule():

@@ -55,6 +55,7 @@ from transformer.config import objective as objective_lib
 from transformer.config.errors import ConfigError, DataError
 from transformer.model import context
 from transformer.model import cudnn_guard
+from transformer.model import dropout as dropout_lib
 from transformer.model import positions
 from transformer.model import splash
 
@@ -264,8 +265,7 @@ def einsum_attention(q_BLHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array,
   logits_BKGLS = jnp.where(mask_B11LS, logits_BKGLS, jnp.finfo(jnp.float32).min)
   probs_BKGLS = jax.nn.softmax(logits_BKGLS, axis=-1)
   if dropout_rate > 0.0:
-    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs_BKGLS.shape)
-    probs_BKGLS = jnp.where(keep, probs_BKGLS / (1.0 - dropout_rate), 0.0)
+    probs_BKGLS = dropout_lib.drop(probs_BKGLS, dropout_rng, dropout_rate)
   out_BLKGD = jnp.einsum("bkgls,bskd->blkgd", probs_BKGLS.astype(v_BSKD.dtype), v_BSKD)
   return out_BLKGD.reshape(B, L, H, D)
 

@@ -42,6 +42,18 @@ ACTIVATION_FNS = {
 }
 
 
+def activation(name: str, h: jax.Array, gate: jax.Array | None = None) -> jax.Array:
+  """ACTIVATION_FNS[name](h), times `gate` for a gated MLP, with only h (and the gate)
+  kept for the backward pass, which recomputes the rest (jax.checkpoint): autodiff of
+  the tanh GELU otherwise keeps its tanh too, one more [tokens, mlp_dim] buffer written
+  in the forward and read in the backward (gpt_small 32 x 1024 on an H100: 201 MB a
+  layer each way)."""
+  fn = ACTIVATION_FNS[name]
+  if gate is None:
+    return jax.checkpoint(fn)(h)
+  return jax.checkpoint(lambda a, b: fn(a) * b)(h, gate)
+
+
 class Dense(nn.Dense):
   """flax's Dense (the same parameters and numbers), plus a LoRA adapter when `lora` is set."""
 
@@ -82,9 +94,10 @@ class MLP(nn.Module):
     # Not with the length sharded over context (context.tokens_mergeable): flax's Dense
     # contracts the last axis of any rank, so the same weights serve [B, L, E].
     x_NE = x_BLE.reshape(-1, x_BLE.shape[-1]) if context.tokens_mergeable() else x_BLE
-    h_NF = ACTIVATION_FNS[cfg.activation](_dense(cfg, width, ("embed", "mlp"), "wi")(x_NE))
-    if cfg.activation in GATED_ACTIVATIONS:
-      h_NF = h_NF * _dense(cfg, width, ("embed", "mlp"), "wi_gate")(x_NE)
+    h_NF = _dense(cfg, width, ("embed", "mlp"), "wi")(x_NE)
+    gate_NF = (_dense(cfg, width, ("embed", "mlp"), "wi_gate")(x_NE)
+               if cfg.activation in GATED_ACTIVATIONS else None)
+    h_NF = activation(cfg.activation, h_NF, gate_NF)
     h_NF = Dropout(cfg.mlp_dropout, deterministic=cfg.deterministic)(h_NF)
     y_NE = _dense(cfg, cfg.d_model, ("mlp", "embed"), "wo", self.residual_adds)(h_NF)
     return y_NE.reshape(x_BLE.shape)

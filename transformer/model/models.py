@@ -133,8 +133,11 @@ def _stack(config: ModelConfig, num_layers: int, x_BLE: jax.Array, segment_ids_B
 
 
 def _final_norm(config: ModelConfig, x_BLE: jax.Array, name: str) -> jax.Array:
+  # In the compute dtype, as the blocks' outputs: every head casts to it before its
+  # matmul anyway, and the loss head's chunks then read and its gradient writes half
+  # the bytes (bfloat16 on accelerators).
   if not NORM_PLACEMENTS[config.norm].ends_in_norm:
-    return make_norm(config, name)(x_BLE)
+    return make_norm(config, name)(x_BLE).astype(config.dtype)
   return x_BLE
 
 

@@ -43,7 +43,7 @@ from flax import linen as nn
 
 from transformer.config.model import GATED_ACTIVATIONS, ModelConfig
 from transformer.model import initializers
-from transformer.model.mlp import ACTIVATION_FNS, MLP
+from transformer.model.mlp import MLP, activation
 from transformer.model.dropout import Dropout
 
 # The sown statistics of every MoE layer (the "moe" collection's leaf names).
@@ -102,9 +102,8 @@ class Experts(nn.Module):
     route = dict(group_sizes_X=group_sizes_X, row_experts_M=row_experts_M)
     hidden = lambda name: ExpertDense(cfg, cfg.moe_mlp_dim, ("embed", "mlp"), name=name)(
         x, **route)
-    h = ACTIVATION_FNS[cfg.activation](hidden("wi"))
-    if cfg.activation in GATED_ACTIVATIONS:
-      h = h * hidden("wi_gate")
+    h = activation(cfg.activation, hidden("wi"),
+                   hidden("wi_gate") if cfg.activation in GATED_ACTIVATIONS else None)
     h = Dropout(cfg.mlp_dropout, deterministic=cfg.deterministic)(h)
     return ExpertDense(cfg, cfg.d_model, ("mlp", "embed"), self.residual_adds, name="wo")(
         h, **route)

@@ -101,24 +101,38 @@ def by_position_rows(sums: Mapping[str, Any], bucket: int) -> list[dict[str, flo
   return rows
 
 
-# The auto chunk (train.logits_chunk = 0) holds at most this many logits a device.
-AUTO_LOGITS_PER_DEVICE = 1 << 26
+# The auto chunk (train.logits_chunk = 0): a device's chunk of logits and their gradient
+# within AUTO_LOGITS_BYTES, raised up to AUTO_LOGITS_MAX_BYTES until the chunk has 4 x
+# d_model tokens. Each chunk reads the head's weight twice and adds into its float32
+# gradient (12 bytes per weight in bfloat16), against 12 bytes per logit for the chunk's
+# own traffic: a chunk of c tokens moves E / c of its logits' bytes again in weights.
+# Measured on compile-only targets (docs/performance.md): gpt_small 32 x 1024 on an
+# H100, 16 chunks of 2,048 tokens moved 18.6 GB in the loss head, 4 of 8,192 14.8 GB.
+AUTO_LOGITS_BYTES = 1 << 30
+AUTO_LOGITS_MAX_BYTES = 1 << 32
 
 
 def logits_chunk_length(chunk: int, length: int, vocab_size: int, rows: int,
-                        d_model: int = 0) -> int:
+                        d_model: int = 0, bytes_per_logit: int = 4) -> int:
   """Positions projected at a time by head_loss_sums (train.logits_chunk; 0 = auto).
 
-  Auto: the whole sequence when the `rows` a device holds fit AUTO_LOGITS_PER_DEVICE
-  (character and small-vocabulary models: no loop), else the largest power of two of
-  positions whose chunk does.
+  Auto: the largest power of two of positions whose chunk ([rows, c, vocab_size] logits
+  and their gradient, `bytes_per_logit` together) fits AUTO_LOGITS_BYTES, raised towards
+  4 x d_model tokens within AUTO_LOGITS_MAX_BYTES; the whole sequence when it fits (no
+  loop: character and small-vocabulary models).
   """
   if chunk > 0:
     return min(chunk, length)
-  per_position = max(1, rows) * vocab_size
-  if length * per_position <= AUTO_LOGITS_PER_DEVICE:
-    return length
-  return min(length, 1 << max(0, (AUTO_LOGITS_PER_DEVICE // per_position).bit_length() - 1))
+  per_position = max(1, rows) * vocab_size * bytes_per_logit
+
+  def fitting(budget: int) -> int:
+    return 1 << max(0, (budget // per_position).bit_length() - 1)
+
+  c = fitting(AUTO_LOGITS_BYTES)
+  wanted = -(-4 * d_model // max(1, rows))  # Positions for 4 x d_model tokens.
+  if c < wanted:
+    c = max(c, min(fitting(AUTO_LOGITS_MAX_BYTES), 1 << (wanted - 1).bit_length()))
+  return min(length, c)
 
 
 def rows_per_device(rows: int) -> int:
@@ -162,15 +176,16 @@ def head_loss_sums(head: LogitsHead, x_BLE: jax.Array,
   # (slicing it all-gathered the whole row's hidden states every chunk: 264 GiB a step
   # for llama 1B at 131k tokens on v5p:2x2x2).
   p = context.size()
+  spec = head_loss.HeadSpec(tied=head.tied, dtype=jnp.dtype(head.dtype),
+                            logits_dtype=jnp.dtype(head.dtype if logits_dtype == "auto"
+                                                   else logits_dtype), softcap=head.softcap)
   c = logits_chunk_length(max(chunk // p, 1) if chunk else 0, L // p, head.vocab_size,
-                          rows_per_device(B), x_BLE.shape[-1])
+                          rows_per_device(B), x_BLE.shape[-1],
+                          spec.logits_dtype.itemsize + spec.dtype.itemsize)
   pad = -(L // p) % c  # Weight-0 positions at the end of each shard: counted nowhere.
   n = (L // p + pad) // c
   if positions_BL is None:  # Only read with bucket > 0; a stand-in keeps one code path.
     positions_BL = jnp.zeros_like(targets_BL)
-  spec = head_loss.HeadSpec(tied=head.tied, dtype=jnp.dtype(head.dtype),
-                            logits_dtype=jnp.dtype(head.dtype if logits_dtype == "auto"
-                                                   else logits_dtype), softcap=head.softcap)
   return head_loss.head_loss(
       head.weight, head.bias_V, x_BLE, targets_BL, weights_BL, positions_BL, spec=spec,
       options=_options(label_smoothing, z_loss, never_predict, bucket, num_buckets),
