@@ -42,39 +42,58 @@ ACTIVATION_FNS = {
 }
 
 
-def activation(name: str, h: jax.Array, gate: jax.Array | None = None) -> jax.Array:
-  """ACTIVATION_FNS[name](h), times `gate` for a gated MLP, with only h (and the gate)
-  kept for the backward pass, which recomputes the rest (jax.checkpoint): autodiff of
-  the tanh GELU otherwise keeps its tanh too, one more [tokens, mlp_dim] buffer written
-  in the forward and read in the backward (gpt_small 32 x 1024 on an H100: 201 MB a
-  layer each way)."""
+def activation(name: str, h: jax.Array, gate: jax.Array | None = None,
+               h_bias: jax.Array | None = None, gate_bias: jax.Array | None = None
+               ) -> jax.Array:
+  """ACTIVATION_FNS[name](h + h_bias), times gate + gate_bias for a gated MLP, with only
+  the matmuls' outputs (h, gate) kept for the backward pass, which recomputes the rest
+  (jax.checkpoint). Autodiff of the tanh GELU otherwise keeps its tanh too, and a bias
+  added outside it keeps h + bias beside h: one more [tokens, mlp_dim] buffer written in
+  the forward and read in the backward each (gpt_small 32 x 1024 on an H100: 201 MB a
+  layer each way, each)."""
   fn = ACTIVATION_FNS[name]
+  biased = lambda x, b: x if b is None else x + b.reshape((1,) * (x.ndim - 1) + b.shape)
   if gate is None:
-    return jax.checkpoint(fn)(h)
-  return jax.checkpoint(lambda a, b: fn(a) * b)(h, gate)
+    return jax.checkpoint(lambda a, b: fn(biased(a, b)))(h, h_bias)
+  return jax.checkpoint(lambda a, b, g, c: fn(biased(a, b)) * biased(g, c))(
+      h, h_bias, gate, gate_bias)
 
 
 class Dense(nn.Dense):
-  """flax's Dense (the same parameters and numbers), plus a LoRA adapter when `lora` is set."""
+  """flax's Dense (the same parameters and numbers), plus a LoRA adapter when `lora` is
+  set; with `bias_outside`, (inputs @ kernel, bias) for the caller to add the bias
+  (activation() adds it inside its recomputed part)."""
 
   axes: tuple[str, str] = ("embed", "mlp")  # The kernel's logical axes, for the adapter's.
   lora: ModelConfig | None = None  # The config when an adapter rides along (lora.py).
+  bias_outside: bool = False
 
   @nn.compact
-  def __call__(self, inputs: jax.Array) -> jax.Array:
-    y = super().__call__(inputs)
-    if self.lora is None:
-      return y
-    return y + lora.adapter_delta(self, self.lora, inputs, self.axes[:1], self.axes[1:],
-                                  (inputs.shape[-1],), (self.features,))
+  def __call__(self, inputs: jax.Array) -> jax.Array | tuple[jax.Array, jax.Array | None]:
+    # flax.linen.Dense's own steps (parameters in its order, its promotion and product).
+    kernel = self.param("kernel", self.kernel_init, (inputs.shape[-1], self.features),
+                        self.param_dtype)
+    bias = (self.param("bias", self.bias_init, (self.features,), self.param_dtype)
+            if self.use_bias else None)
+    x, kernel, bias = self.promote_dtype(inputs, kernel, bias, dtype=self.dtype)
+    y = jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())),
+                            precision=self.precision)
+    if self.bias_outside and self.lora is None:
+      return y, bias
+    if bias is not None:
+      y += bias.reshape((1,) * (y.ndim - 1) + (-1,))
+    if self.lora is not None:
+      y = y + lora.adapter_delta(self, self.lora, inputs, self.axes[:1], self.axes[1:],
+                                 (inputs.shape[-1],), (self.features,))
+    return (y, None) if self.bias_outside else y
 
 
 def _dense(config: ModelConfig, features: int, axes: tuple[str, str], name: str,
-           residual_adds: int = 0) -> Dense:
+           residual_adds: int = 0, bias_outside: bool = False) -> Dense:
   kernel_init = initializers.dense_kernel(config, residual_adds=residual_adds)
   return Dense(
       features, use_bias=config.use_bias, dtype=config.dtype, param_dtype=config.param_dtype,
-      name=name, axes=axes, lora=lora.adapted(config, name),
+      name=name, axes=axes, lora=lora.adapted(config, name), bias_outside=bias_outside,
       kernel_init=nn.with_logical_partitioning(kernel_init, axes),
       bias_init=nn.with_logical_partitioning(nn.initializers.zeros, axes[1:]))
 
@@ -94,10 +113,11 @@ class MLP(nn.Module):
     # Not with the length sharded over context (context.tokens_mergeable): flax's Dense
     # contracts the last axis of any rank, so the same weights serve [B, L, E].
     x_NE = x_BLE.reshape(-1, x_BLE.shape[-1]) if context.tokens_mergeable() else x_BLE
-    h_NF = _dense(cfg, width, ("embed", "mlp"), "wi")(x_NE)
-    gate_NF = (_dense(cfg, width, ("embed", "mlp"), "wi_gate")(x_NE)
-               if cfg.activation in GATED_ACTIVATIONS else None)
-    h_NF = activation(cfg.activation, h_NF, gate_NF)
+    h_NF, h_bias = _dense(cfg, width, ("embed", "mlp"), "wi", bias_outside=True)(x_NE)
+    gate_NF, gate_bias = (
+        _dense(cfg, width, ("embed", "mlp"), "wi_gate", bias_outside=True)(x_NE)
+        if cfg.activation in GATED_ACTIVATIONS else (None, None))
+    h_NF = activation(cfg.activation, h_NF, gate_NF, h_bias, gate_bias)
     h_NF = Dropout(cfg.mlp_dropout, deterministic=cfg.deterministic)(h_NF)
     y_NE = _dense(cfg, cfg.d_model, ("mlp", "embed"), "wo", self.residual_adds)(h_NF)
     return y_NE.reshape(x_BLE.shape)
