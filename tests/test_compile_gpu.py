@@ -16,6 +16,7 @@ import launch  # pylint: disable=unused-import  (defines --output, --mode)
 from test_compile_mode import _run_mode, tiny
 from transformer import accelerator
 from transformer.config.errors import ConfigError
+from transformer.planning import attention_cost
 from transformer.planning import gpu
 from transformer.planning import hlo
 from transformer.planning import topology
@@ -282,9 +283,9 @@ def test_splash_kernels_are_counted_over_the_blocks_their_mask_keeps():
   assert counts.flops == counts.opaque_flops == 2 * 2 * elements * 1024 * 10 / 16
   full = hlo.count(_SPLASH_HLO.replace("splash_mask_causal", "splash_mask_full"))
   assert full.flops == 2 * 2 * elements * 1024
-  assert hlo.visited_fraction(1024, 1024, 1024, 1024, causal=True) == 1.0  # One block.
+  assert attention_cost.visited_fraction(1024, 1024, 1024, 1024, causal=True) == 1.0  # One block.
   # A causal window of 256 over blocks of 256: the diagonal and the one before it.
-  assert hlo.visited_fraction(1024, 1024, 256, 256, causal=True, window=256) == 7 / 16
+  assert attention_cost.visited_fraction(1024, 1024, 256, 256, causal=True, window=256) == 7 / 16
   # dq: 3 products per block pair to the forward's 2.
   dq = hlo.count(_SPLASH_HLO.replace("splash_mqa_fwd", "splash_mqa_dq"))
   assert dq.flops == 3 / 2 * counts.flops
@@ -307,10 +308,10 @@ def test_context_shards_splash_kernels_are_counted_over_their_zigzag_rows():
   counts = hlo.count(sharded)
   elements = 2 * 4 * 1 * 1024 * 64
   assert counts.flops == pytest.approx(2 * 2 * elements * 4096 * 136 / 256)
-  shares = [hlo.visited_fraction(1024, 4096, 256, 256, True, 0, hlo.zigzag_rows(i, 4, 1024))
+  shares = [attention_cost.visited_fraction(1024, 4096, 256, 256, True, 0, attention_cost.zigzag_rows(i, 4, 1024))
             for i in range(4)]
   assert shares == [136 / 256] * 4  # Balanced: the reason for the zig-zag.
-  assert hlo.visited_fraction(1024, 4096, 256, 256, True) == 10 / 64  # Rows 0..1023.
+  assert attention_cost.visited_fraction(1024, 4096, 256, 256, True) == 10 / 64  # Rows 0..1023.
 
 
 def _cudnn_installed() -> bool:

@@ -40,12 +40,12 @@ def test_zigzag_rows_give_every_shard_the_same_splash_blocks():
     blocks = np.asarray(info.block_mask)[0].reshape(shards, -1, length // 128)
     computed[name] = (blocks > 0).sum(axis=(1, 2)).tolist()
   assert computed == {"natural": [36, 100, 164, 228], "zigzag": [132] * 4}
-  # The compile mode's count of the same blocks (planning/hlo.py), without splash.
-  from transformer.planning import hlo  # pylint: disable=g-import-not-at-top
+  # The compile mode's count of the same blocks (planning/attention_cost.py), without splash.
+  from transformer.planning import attention_cost  # pylint: disable=g-import-not-at-top
   rows = length // shards
   for shard in range(shards):
-    share = hlo.visited_fraction(rows, length, 128, 128, True, 0,
-                                 hlo.zigzag_rows(shard, shards, rows))
+    share = attention_cost.visited_fraction(rows, length, 128, 128, True, 0,
+                                            attention_cost.zigzag_rows(shard, shards, rows))
     assert share * (rows // 128) * (length // 128) == 132
 
 

@@ -6,14 +6,22 @@ What lives where (imports run downwards; nothing here imports transformer.cli):
   gpu.py          --topology=h100:8 -> compile-only CUDA devices from gpu_targets/*.txtpb
                   (jax's CUDA plugin), the memory fraction a run can use
   gpu_targets/    one GpuTargetConfigProto text per GPU, the source of every figure
-  hlo.py          compiled HLO text -> FLOPs, HBM bytes, collectives and kernels per
-                  step, every loop's trips multiplied out (from its condition on TPU)
+  hlo_text.py     an optimised HLO module's text, parsed (computations, instructions)
+  attention_cost.py  the fused attention calls' FLOPs (cuDNN, splash) and cuDNN's
+                  unsized backward workspace
+  hlo.py          compiled HLO text -> every kernel a step launches (Launch: FLOPs, HBM
+                  bytes, collectives) and their totals (Counts), every loop's trips
+                  multiplied out (from its condition on TPU)
   collectives.py  bytes per collective kind (hlo.py's count)
   compiled.py     abstract state and batch -> compiled train / eval / decode steps and
                   XLA's memory and cost analyses, loops multiplied out (StepCost)
   depth.py        a scanned model's HBM bytes from the steps compiled unrolled at two
                   small depths, extrapolated per layer
-  estimate.py     step-time bounds, tokens/s, MFU and HFU from a StepCost and hardware.py
+  kernels.py      where the time goes: every kernel priced on the chip (rates calibrated
+                  on measured GPU steps) and summed by part (matmul, attention, loss,
+                  elementwise, optimizer, collectives)
+  estimate.py     step-time estimate (GPU: the kernels' sum; TPU: the bounds), tokens/s,
+                  MFU and HFU from a StepCost and hardware.py
   audit.py        parameter / optimizer leaves replicated on a weight-sharding mesh
   plan.py         one config on one slice: all of the above (Plan)
   search.py       levers tried when a step does not fit; the mesh search

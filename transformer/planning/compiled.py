@@ -68,6 +68,9 @@ class StepCost:
   # cuDNN attention's workspace, which XLA sizes only on a GPU (hlo.py's estimate; 0
   # where XLA sized it or there is no cuDNN call).
   workspace_bytes: int = 0
+  # Every kernel the step launches (hlo.launches: loops multiplied out), for the
+  # kernel-by-kernel estimate and its parts (kernels.py); None where no HLO was read.
+  launches: list | None = dataclasses.field(default=None, repr=False)
 
   @property
   def total_bytes(self) -> int:
@@ -187,9 +190,9 @@ def _collect(name: str, lowered, start: float, arguments_bytes: int = 0,
   memory = compiled.memory_analysis()
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost  # Older JAX: one per program.
-  collective_bytes, collective_error, counts = {}, None, None
+  collective_bytes, collective_error, counts, found = {}, None, None, None
   try:
-    counts = _counts(hlo_text or compiled.as_text())
+    found, counts = _counts(hlo_text or compiled.as_text())
     collective_bytes = collectives.from_counts(counts[0])
   except jax.errors.JaxRuntimeError as e:
     # No dump and the proto route failed (above): the step compiled; only the
@@ -206,14 +209,16 @@ def _collect(name: str, lowered, start: float, arguments_bytes: int = 0,
       loop_factors=factors, cost_source="XLA cost analysis" if cost else "HLO count",
       bytes_source="XLA cost analysis" if cost else "HLO count",
       kernels=dict(counts[0].kernels) if counts else {},
-      workspace_bytes=counts[0].cudnn_workspace if counts else 0,
+      workspace_bytes=counts[0].cudnn_workspace if counts else 0, launches=found,
       collective_bytes=collective_bytes, collective_error=collective_error,
       compile_seconds=seconds, **extra)
 
 
-def _counts(hlo_text: str) -> tuple[hlo.Counts, hlo.Counts]:
-  """hlo.py's counts of the program, loops multiplied out and loops counted once."""
-  return hlo.count(hlo_text), hlo.count(hlo_text, multiply_loops=False)
+def _counts(hlo_text: str) -> tuple[list[hlo.Launch], tuple[hlo.Counts, hlo.Counts]]:
+  """The program's kernels (hlo.launches) and hlo.py's counts of it, loops multiplied
+  out and loops counted once."""
+  found, loops, unknown = hlo.launches(hlo_text)
+  return found, (hlo.totals(found, loops, unknown), hlo.count(hlo_text, multiply_loops=False))
 
 
 def _loop_corrected(cost: dict | None, counts: tuple[hlo.Counts, hlo.Counts] | None

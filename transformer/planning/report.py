@@ -6,6 +6,7 @@ from typing import Any
 
 from transformer.planning import collectives
 from transformer.planning import estimate as estimate_lib
+from transformer.planning import kernels
 from transformer.planning.plan import Plan
 from transformer.planning.search import Trial
 
@@ -65,9 +66,13 @@ def plan_lines(plan: Plan) -> list[str]:
                    "segment slot (model.attention_max_segments; docs/compile-report.md)")
   lines += ["", "(outputs: those not written into donated arguments; temporaries include "
             "the activations kept for the backward pass)", ""]
-  lines.append("Step time (an ESTIMATE from published peaks, not a measurement):")
+  calibrated = any(est is not None and est.calibrated for est in plan.estimates.values())
+  lines.append("Step time (an ESTIMATE, not a measurement: "
+               + ("each kernel at the rates calibrated on measured steps, summed" if calibrated
+                  else "bounds from published peaks") + "):")
   for name, cost in plan.costs.items():
     lines += _estimate_lines(name, cost, plan.estimates[name])
+  lines += _parts_lines(plan)
   kernels = {name: cost.kernels for name, cost in plan.costs.items() if cost.kernels}
   if kernels:
     lines += ["", "Kernels that matter, launches per step (loops multiplied out):"]
@@ -98,13 +103,21 @@ def _estimate_lines(name: str, cost, est: estimate_lib.Estimate | None) -> list[
              "the interconnect bound below is missing)" if cost.collective_error else "")
   looped = (f", loops multiplied out x{cost.loop_factors['flops']:.2f}"
             if cost.loop_factors.get("flops", 1.0) > 1.001 else "")
+  bounds = (f"compute {est.compute_seconds * 1e3:.2f} ms, HBM {est.hbm_seconds * 1e3:.2f} "
+            f"ms, interconnect {est.network_seconds * 1e3:.2f} ms")
+  if est.calibrated:
+    mfu = mfu.replace("<=", "~")
+    hfu = hfu.replace("<=", "~")
+    timing = (f"kernel by kernel ~{est.seconds * 1e3:.2f} ms ({est.breakdown.launches:,} "
+              f"launches; bounds at published peaks: {bounds} -> >= "
+              f"{est.bound_seconds * 1e3:.2f} ms)")
+  else:
+    timing = f"{bounds} -> ~{est.seconds * 1e3:.2f} ms ({est.bound}-bound)"
   lines = [
       f"  {name}: {model}hardware {cost.xla_flops:.3g} FLOPs/chip ({cost.cost_source}"
-      f"{looped}); collectives per chip: {moved or 'none'}{unknown}; compute "
-      f"{est.compute_seconds * 1e3:.2f} ms, HBM {est.hbm_seconds * 1e3:.2f} ms, "
-      f"interconnect {est.network_seconds * 1e3:.2f} ms -> ~{est.seconds * 1e3:.2f} ms "
-      f"({est.bound}-bound), ~{est.tokens_per_second:,.0f} tokens/s{mfu}{hfu}; compiled "
-      f"in {cost.compile_seconds:.1f} s"]
+      f"{looped}); collectives per chip: {moved or 'none'}{unknown}; {timing}, "
+      f"~{est.tokens_per_second:,.0f} tokens/s{mfu}{hfu}; compiled in "
+      f"{cost.compile_seconds:.1f} s"]
   if cost.bytes_source and cost.bytes_source != cost.cost_source:
     lines.append(f"    HBM bytes {cost.hbm_bytes_accessed:.3g}/chip and optimal_seconds: "
                  f"{cost.bytes_source} (compiled in {cost.depth_compile_seconds:.1f} s)")
@@ -114,6 +127,22 @@ def _estimate_lines(name: str, cost, est: estimate_lib.Estimate | None) -> list[
   if cost.collective_bytes.get(collectives.UNKNOWN_TRIPS):
     lines.append(f"    ({cost.collective_bytes[collectives.UNKNOWN_TRIPS]} loop(s) have no "
                  "known trip count and count once)")
+  return lines
+
+
+def _parts_lines(plan: Plan) -> list[str]:
+  """"Where the time goes": each step's kernels summed by part (kernels.py)."""
+  done = {name: est.breakdown for name, est in plan.estimates.items()
+          if est is not None and est.breakdown is not None}
+  if not done:
+    return []
+  calibrated = next((b.calibrated for b in done.values() if b.calibrated), "")
+  lines = ["", "Where the time goes (every kernel priced on the chip, loops multiplied out; "
+           + (f"rates {calibrated}" if calibrated else
+              "at published peaks: no kernel of this chip was measured, so the shares "
+              "show where the work is, not measured time") + "):"]
+  for name, parts in done.items():
+    lines += kernels.table(name, parts)
   return lines
 
 
@@ -170,6 +199,9 @@ def to_json(plan: Plan, levers: dict[str, list[Trial]] | None = None,
         estimate_bound=estimated("bound"),
         estimated_tokens_per_second=estimated("tokens_per_second"),
         estimated_mfu=estimated("mfu"), estimated_hfu=estimated("hfu"),
+        estimate_calibrated=estimated("calibrated"),
+        where_the_time_goes=(est.breakdown.as_json()
+                             if est is not None and est.breakdown is not None else None),
         optimal_seconds=cost.optimal_seconds, loop_factors=cost.loop_factors,
         cost_source=cost.cost_source, bytes_source=cost.bytes_source or cost.cost_source,
         kernels=cost.kernels,

@@ -318,8 +318,9 @@ def head_loss(weight: jax.Array, bias_V: jax.Array | None, x_BLE: jax.Array,
               ) -> dict[str, jax.Array]:
   """The loss sums of the head on x, chunked as `layout` says; only objective_sum is
   differentiable (see the module docstring)."""
-  sums = _loss_fn(spec, options, layout)(weight, bias_V, x_BLE, targets_BL, weights_BL,
-                                         positions_BL)
+  with jax.named_scope("loss_head"):  # Where planning/kernels.py finds its kernels.
+    sums = _loss_fn(spec, options, layout)(weight, bias_V, x_BLE, targets_BL, weights_BL,
+                                           positions_BL)
   return {k: v if k == "objective_sum" else lax.stop_gradient(v) for k, v in sums.items()}
 
 
@@ -356,5 +357,6 @@ def logits_loss(logits: jax.Array, targets: jax.Array, weights: jax.Array,
                 positions: jax.Array, options: LossOptions) -> dict[str, jax.Array]:
   """The loss sums of given logits [..., V] (a classifier's, or a whole sequence's):
   the same statistics and gradient as head_loss; only objective_sum is differentiable."""
-  sums = _logits_loss_fn(options)(logits, targets, weights, positions)
+  with jax.named_scope("loss_head"):
+    sums = _logits_loss_fn(options)(logits, targets, weights, positions)
   return {k: v if k == "objective_sum" else lax.stop_gradient(v) for k, v in sums.items()}
