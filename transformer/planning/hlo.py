@@ -445,8 +445,12 @@ def launches(hlo_text: str, multiply_loops: bool = True
       found.append(_launch(instruction, computation, computations, times))
       if instruction.opcode == "fusion":
         continue  # Its body is the kernel's own code (_launch read its matmuls).
-      for _, callee in callees:
-        walk(callee, times, depth + 1)
+      # Computations that run as kernels of their own (a call's, an async op's, a
+      # conditional's branches); not a reduction's or a sort's combiner (to_apply),
+      # which runs inside its instruction's kernel.
+      for key, callee in callees:
+        if key != "to_apply":
+          walk(callee, times, depth + 1)
       for branches in text.BRANCHES.findall(instruction.rest):
         for callee in branches.split(","):
           walk(callee.strip().lstrip("%"), times, depth + 1)
