@@ -36,18 +36,23 @@ def gpt2_run(tmp_path_factory) -> str:
 def test_the_preset_takes_the_imports_model_but_keeps_the_command_lines_keys(gpt2_run):
   config = gpt_small.get_config("local")  # d_model 256, max_len / seq_len 128.
   config.init_from = gpt2_run
-  config.model.embed_dropout = 0.0  # As --config.model.embed_dropout=0.0 would.
-  line = fine_tune.take_source_model(config, {"model.embed_dropout"})
+  config.model.mlp_dropout = 0.05  # As --config.model.mlp_dropout=0.05 would.
+  line = fine_tune.take_source_model(config, {"model.mlp_dropout"})
   model = config.model
   assert (model.d_model, model.num_layers, model.mlp_dim, model.max_len) == (32, 2, 128, 32)
   assert (model.vocab_size, tuple(model.never_predict)) == (304, (0, 2, 3))
-  assert model.attention_impl == "einsum" and model.attention_dropout == 0.1
-  assert model.embed_dropout == 0.0  # The command line's, not the import's 0.1.
+  # The kernel and the regularisation are this run's (the preset's), not the import's
+  # einsum attention and dropout 0.1: a GPU fine-tune keeps its fused attention.
+  assert model.attention_impl == "auto"
+  assert (model.attention_dropout, model.embed_dropout, model.residual_dropout) == (0, 0, 0)
+  assert model.mlp_dropout == 0.05  # The command line's.
   assert config.data.seq_len == 32  # The preset's 128 lowered to model.max_len.
   assert "\n" not in line
   assert line.startswith(f"init_from: model and tokenizer from {gpt2_run} (")
   assert "model.d_model, " in line and "data.seq_len=32 (the preset's 128" in line
-  assert line.endswith("set on the command line, kept: model.embed_dropout)")
+  assert ("this run's own kernel, layout, precision and regularisation: "
+          "model.attention_dropout, model.attention_impl, model.embed_dropout, "
+          "model.residual_dropout; set on the command line, kept: model.mlp_dropout)") in line
 
 
 def test_a_classifier_keeps_its_head_over_an_mlm_import(tmp_path):
