@@ -123,6 +123,15 @@ def test_init_from_must_be_a_string(tiny_config):
     validate(tiny_config)
 
 
+@pytest.mark.parametrize("key,value,valid", [
+    ("init_from_partial", None, "expected True or False"),
+    ("init_from_optimizer", "adam", "valid values are 'fine_tune', 'preset'")])
+def test_init_from_options_are_checked(tiny_config, key, value, valid):
+  tiny_config[key] = value
+  with pytest.raises(ConfigError, match=rf"config\.{key}={value!r} is invalid: {valid}"):
+    validate(tiny_config)
+
+
 # ---------------------------------------------------------------- end to end
 
 

@@ -59,8 +59,10 @@ def _start(config) -> tuple[dict, init_from.ParamMatch]:
   """What the training loop starts from: a fresh init with init_from's values over it."""
   fine_tune.check_parameters_fit(config, "")  # launch.py's check, before any workdir.
   mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
-  loaded_params, match = fine_tune.load_source_params(config, loaded.abstract_params(
-      config, mesh))
+  abstract = loaded.abstract_params(config, mesh)
+  # Inside the mesh and rules, as the loop loads (Trainer.context).
+  with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.rules_of(config.mesh, mesh)):
+    loaded_params, match = fine_tune.load_source_params(config, abstract)
   # Zeros for what init_from leaves new (adapters' B starts at zero: A is then moot).
   fresh = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype),
                        nn.unbox(trainer_lib.abstract_params(config)))

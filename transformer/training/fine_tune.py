@@ -34,6 +34,7 @@ import math
 import os
 from typing import Any, Collection
 
+import jax
 import ml_collections
 from absl import logging
 from flax import linen as nn
@@ -183,7 +184,7 @@ def _plan(config: ml_collections.ConfigDict, abstract: Any) -> tuple[Any, dict, 
     task_config = config.copy_and_resolve_references()
     for field in source_params.TASK_FIELDS:
       task_config.model[field] = source[field]
-    return nn.unbox(trainer_lib.abstract_params(task_config))
+    return _shapes(trainer_lib.abstract_params(task_config))
 
   target = init_from_lib.flat_paths(abstract)
   return source_params.plan(config, source, target, stored, task_params), stored, target
@@ -205,7 +206,14 @@ def check_parameters_fit(config: ml_collections.ConfigDict, workdir: str) -> Non
   if (not config.init_from or not config.model.vocab_size  # 0: the loop checks it later.
       or (workdir and checkpointing.has_checkpoint(workdir))):
     return
-  _plan(config, nn.unbox(trainer_lib.abstract_params(config)))
+  _plan(config, _shapes(trainer_lib.abstract_params(config)))
+
+
+def _shapes(boxed: Any) -> Any:
+  """Parameters traced with their logical axes, unboxed without sharding constraints
+  (nn.unbox's would need a mesh, and the loop calls this inside its own)."""
+  return jax.tree.map(lambda x: x.value if isinstance(x, nn.Partitioned) else x, boxed,
+                      is_leaf=lambda x: isinstance(x, nn.Partitioned))
 
 
 def load_source_params(config: ml_collections.ConfigDict,
