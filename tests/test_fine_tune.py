@@ -9,6 +9,7 @@ import json
 import os
 import re
 
+import numpy as np
 import pytest
 
 from configs import bert_base
@@ -24,6 +25,7 @@ from transformer.inference import loaded
 from transformer.interop.hf import importer
 from transformer.training import fine_tune
 from transformer.training import loop
+from transformer.workdir import checkpointing
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "hf")
 
@@ -126,6 +128,27 @@ def test_a_fine_tune_takes_fine_tuning_optimizer_values_and_says_them(gpt2_run):
   assert line.endswith("optimizer: the preset's (config.init_from_optimizer='preset'): "
                        "schedule='warmup_rsqrt', learning_rate=0.002, warmup_steps=50, "
                        "weight_decay=0.1")
+
+
+def test_a_resumed_fine_tune_keeps_the_optimizer_it_started_with(gpt2_run, tmp_path):
+  """A resume takes the optimizer from its own config.json: a longer run (a safe change)
+  must not move the warmup, 3% of the steps, and so refuse the resume."""
+  config = gpt_small.get_config("local")
+  config.init_from = gpt2_run
+  config.train.num_steps = 1000
+  fine_tune.take_source_model(config, ())
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  (workdir / "config.json").write_text(config.to_json_best_effort(), encoding="utf-8")
+  checkpointing.save_params(str(workdir / "checkpoints"), 10, {"kernel": np.zeros(2)})
+  again = gpt_small.get_config("local")
+  again.init_from = gpt2_run
+  again.train.num_steps = 2000
+  line = fine_tune.take_source_model(again, {"train.num_steps"}, str(workdir))
+  assert again.optimizer.to_dict() == config.optimizer.to_dict()
+  assert again.optimizer.warmup_steps == 30  # Not 60.
+  assert ("optimizer: this run's own config.json, as it started (a resume): schedule="
+          "'cosine', learning_rate=5e-05, warmup_steps=30, weight_decay=0.0") in line
 
 
 def test_a_classifier_keeps_its_head_over_an_mlm_import(tmp_path):

@@ -146,31 +146,38 @@ def take_source_model(config: ml_collections.ConfigDict, explicit: Collection[st
           + "; this run's own kernel, layout, precision and regularisation: "
           + (", ".join(own) or "none") + "; set on the command line, kept: "
           + (", ".join(kept) or "none") + "); optimizer: " + _fine_tuning_optimizer(
-              config, explicit))
+              config, explicit, source if run == workdir else None))
   logging.info("%s", line)
   return line
 
 
-def _fine_tuning_optimizer(config: ml_collections.ConfigDict,
-                           explicit: Collection[str]) -> str:
+def _fine_tuning_optimizer(config: ml_collections.ConfigDict, explicit: Collection[str],
+                           resumed: ml_collections.ConfigDict | None) -> str:
   """Sets FINE_TUNING's optimizer values the command line leaves alone (unless
-  config.init_from_optimizer="preset"); returns what the init_from line says of them."""
+  config.init_from_optimizer="preset"); returns what the init_from line says of them.
+
+  A resume (`resumed`: the run's own config.json) takes them from there instead: the
+  values it started with, which a longer train.num_steps (a safe change) must not move.
+  """
   opt = config.optimizer
+  keys = (*FINE_TUNING_OPTIMIZER, "warmup_steps")
   if config.init_from_optimizer == "fine_tune":
     steps = config.train.num_steps
     values = dict(FINE_TUNING_OPTIMIZER, warmup_steps=min(
         math.ceil(FINE_TUNING_WARMUP * steps), max(steps - 1, 0)))
     if config.model.lora_rank:
       values["learning_rate"] = FINE_TUNING_LORA_LEARNING_RATE
+    origin = "fine-tuning values (config.init_from_optimizer='fine_tune')"
+    if resumed is not None:
+      values = {key: resumed.optimizer[key] for key in keys}
+      origin = f"this run's own {layout.CONFIG}, as it started (a resume)"
     for key, value in values.items():
       if f"optimizer.{key}" not in explicit:
         opt[key] = value
-    origin = "fine-tuning values (config.init_from_optimizer='fine_tune')"
   else:
     origin = "the preset's (config.init_from_optimizer='preset')"
   shown = ", ".join(f"{key}={opt[key]!r}" for key in _SHOWN_OPTIMIZER)
-  given = [f"optimizer.{key}" for key in FINE_TUNING_OPTIMIZER | {"warmup_steps": 0}
-           if f"optimizer.{key}" in explicit]
+  given = [f"optimizer.{key}" for key in keys if f"optimizer.{key}" in explicit]
   return (f"{origin}: {shown}" + (f" (set on the command line: {', '.join(given)})"
                                   if given else ""))
 
