@@ -164,3 +164,23 @@ def test_a_new_head_needs_no_flag(tmp_path):
   _, match = _start(config)
   assert {p.split("/")[0] for p in match.new} == {"classification_head"}
   assert not match.dropped
+
+
+def test_a_learned_table_of_another_length_is_refused_naming_max_len(tmp_path):
+  workdir, _ = _source(tmp_path, _config())
+  config = _config(max_len=64)
+  config.init_from = workdir
+  with pytest.raises(ConfigError, match=r"model.max_len=64 \(the source's 32\) changes the "
+                     r"shape of 1 of them \(first: embedder/position_embed is \(32, 32\)"):
+    _start(config)
+
+
+def test_another_objective_is_refused_naming_the_architecture(tmp_path):
+  """An MLM encoder's weights into a decoder LM: the MLM head would be dropped by a key
+  that is not the task's (the source's head, "mlm", is no head of a decoder)."""
+  workdir, _ = _source(tmp_path, _config(arch="encoder", head="mlm"))
+  config = _config()
+  config.init_from = workdir
+  with pytest.raises(ConfigError, match=r"model.arch='decoder' \(the source's 'encoder'\) "
+                     r"leaves 5 of the source's dropped .*first: mlm_bias"):
+    _start(config)

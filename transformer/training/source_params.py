@@ -191,8 +191,12 @@ def _beyond_the_task(config: ml_collections.ConfigDict, source: ml_collections.C
   apart from its head: a new parameter that model has too, a dropped one it lacks too,
   or a reshaped one it has in this model's shape, comes from another key.
   """
-  same_task = all(config.model[k] == source[k] for k in TASK_FIELDS)
-  task = t_view if same_task else _view(init_from_lib.flat_paths(task_params()))
+  task = t_view
+  if any(config.model[k] != source[k] for k in TASK_FIELDS):
+    try:
+      task = _view(init_from_lib.flat_paths(task_params()))
+    except (ConfigError, ValueError):  # The source's task is no task of this model
+      pass  # (an MLM head on a decoder): nothing is the task's doing.
   return ([p for p in new if p not in bad and not lora.is_adapter(p) and p in task],
           [p for p in dropped if not lora.is_adapter(p) and p not in task],
           [p for p in bad if p not in task or task[p].shape != s_view[p].shape])
