@@ -12,7 +12,8 @@ LoRA adapters keep the function the source computed with them:
     starts at B = 0, adding nothing);
   - this model's adapters that the source lacks start at B = 0.
 So the new model's step-0 logits are the source's for every LoRA difference (rank,
-alpha, targets) and either layout.
+alpha, targets) and either layout. Untying a tied source (model.tie_embeddings=False)
+likewise starts lm_head/kernel as the source's embedding, transposed.
 
 What may differ without `config.init_from_partial` (a presence or shape the source
 does not have): only what the task keys make (model.head, pooling, num_classes: a new
@@ -141,11 +142,11 @@ def plan(config: ml_collections.ConfigDict, source: ml_collections.ConfigDict,
                                  bad)
   if not config.init_from_partial:
     if unexplained[2]:
-      _refuse(config, source, f"the shape of {len(unexplained[2])} of them (first: "
-              f"{bad[unexplained[2][0]]})", "start them from their initialisation")
+      _refuse(config, source, "change", f"the shape of {len(unexplained[2])} of them "
+              f"(first: {bad[unexplained[2][0]]})", "start them from their initialisation")
     if unexplained[0] or unexplained[1]:
-      _refuse(config, source, _presence(*unexplained[:2]), "start the new ones from their "
-              "initialisation and drop the others")
+      _refuse(config, source, "leave", _presence(*unexplained[:2]), "start the new ones "
+              "from their initialisation and drop the others")
   if not loaded:
     raise init_from_lib.nothing_shared(config.init_from, t_view, s_view)
   sources, stacked = _sources(config, t_view, s_view, set(loaded), untied)
@@ -268,28 +269,26 @@ def _presence(new: list[Path], dropped: list[Path]) -> str:
 
 
 def _refuse(config: ml_collections.ConfigDict, source: ml_collections.ConfigDict,
-            problem: str, partial: str) -> None:
-  """The one-line refusal, naming the model.* keys that differ from the source's."""
-  differ = differing_keys(config.model, source)
-  verb = "changes" if len(differ) == 1 else "change"
-  if problem.startswith("the shape"):
-    problem = f"{verb} {problem}"
-  else:
-    problem = ("leaves " if len(differ) == 1 else "leave ") + problem
+            verb: str, problem: str, partial: str) -> None:
+  """The one-line refusal, naming the model.* keys that differ from the source's; `verb`
+  ("change", "leave") is conjugated for them."""
+  differ = _differing_keys(config.model, source)
+  one = len(differ) == 1
   raise ConfigError(
       f"config.init_from={config.init_from!r} cannot carry its parameters into this model: "
-      + (", ".join(differ) if differ else "its model.* keys") + f" {problem}; set "
-      f"{'it' if len(differ) == 1 else 'them'} as the source run has, train without "
-      f"init_from, or set --config.init_from_partial=True to {partial}")
+      + (", ".join(differ) if differ else "its model.* keys")
+      + f" {verb}{'s' if one else ''} {problem}; set {'it' if one else 'them'} as the "
+      "source run has, train without init_from, or set --config.init_from_partial=True "
+      f"to {partial}")
 
 
-# model.* keys that never move a parameter: not named as the cause of a refusal.
+# model.* keys that never move a parameter (besides RUN_FIELDS): not named as a cause.
 _NO_PARAMETER_PREFIXES = ("rope_", "lora_")
-_NO_PARAMETER_FIELDS = ("attention_impl", "never_predict") + TASK_FIELDS
+_NO_PARAMETER_FIELDS = ("never_predict",) + TASK_FIELDS
 
 
-def differing_keys(model: ml_collections.ConfigDict,
-                   source: ml_collections.ConfigDict) -> list[str]:
+def _differing_keys(model: ml_collections.ConfigDict,
+                    source: ml_collections.ConfigDict) -> list[str]:
   """"model.<field>=<value> (the source's <value>)" for each field that differs and may
   move a parameter (not RUN_FIELDS, RoPE, LoRA or the task keys)."""
   return [f"model.{field}={model[field]!r} (the source's {source[field]!r})"
