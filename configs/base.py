@@ -16,10 +16,15 @@ def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.seed = 0  # Seeds parameter init, dropout and the data shuffle.
   # Start from another run's parameters: its workdir or one of its checkpoints/<step> dirs.
-  # Matched by path; new parameters are initialised; optimizer state and step start fresh.
-  # Its model.* and tokenizer keys replace the preset's, except the command line's and
-  # model.head / pooling / num_classes (training/fine_tune.py; docs/resume.md).
+  # Matched by path (scanned and per-layer layouts convert); optimizer state and step start
+  # fresh. Its model.* and tokenizer keys replace the preset's, except the command line's,
+  # the task (model.head / pooling / num_classes / lora_*) and how this run computes and
+  # regularises (config/model.py RUN_FIELDS) (training/fine_tune.py; docs/resume.md).
   config.init_from = ""
+  # init_from: also start parameters the source lacks (or has in another shape) from their initialisation and drop those only it has, beyond a new head and LoRA adapters (e.g. another num_layers); False refuses them, naming the keys.
+  config.init_from_partial = False
+  # init_from: "fine_tune" sets the optimizer.* keys the command line leaves alone to fine-tuning values (cosine, lr 5e-5, or 2e-4 with LoRA; 3% warmup; no weight decay) | "preset": the preset's own (one made for fine-tuning).
+  config.init_from_optimizer = "fine_tune"
 
   # ---- model.* : the architecture (see docs/configuration.md for every value) ----
   model = config.model = ml_collections.ConfigDict()

@@ -49,8 +49,8 @@ from transformer.training import optim
 def _rejected_listing(key: str) -> list[str]:
   """The valid values validation's message lists for `key` set to an unknown name."""
   config = base.get_config()
-  group, field = key.split(".")
-  config[group][field] = "no_such_value"
+  *group, field = key.split(".")  # A top-level key (init_from_optimizer) has no group.
+  (config[group[0]] if group else config)[field] = "no_such_value"
   with pytest.raises(ConfigError) as error:
     validate(config)
   message = str(error.value)
@@ -167,6 +167,7 @@ DOCUMENTED_CHOICES = [
     ("model.moe_router", moe_config.MOE_ROUTERS),
     ("model.moe_dispatch", moe_config.MOE_DISPATCHES),
     ("optimizer.schedule", train_config.SCHEDULES),
+    ("init_from_optimizer", train_config.INIT_FROM_OPTIMIZERS),
     ("data.tokenizer", data_config.TOKENIZERS),
     ("data.spm_model_type", data_config.SPM_MODEL_TYPES),
     ("data.packing", data_config.PACKINGS),

@@ -7,7 +7,9 @@ their model.* and tokenizer keys over a preset's; the command line's keys stay).
 import io
 import json
 import os
+import re
 
+import numpy as np
 import pytest
 
 from configs import bert_base
@@ -17,9 +19,13 @@ from tiny import make_tiny_config
 from transformer.cli import evaluate
 from transformer.cli import sweep
 from transformer.config.errors import ConfigError
+from transformer.config.model import RUN_FIELDS
+from transformer.config.validation import validate
+from transformer.inference import loaded
 from transformer.interop.hf import importer
 from transformer.training import fine_tune
 from transformer.training import loop
+from transformer.workdir import checkpointing
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "hf")
 
@@ -36,18 +42,113 @@ def gpt2_run(tmp_path_factory) -> str:
 def test_the_preset_takes_the_imports_model_but_keeps_the_command_lines_keys(gpt2_run):
   config = gpt_small.get_config("local")  # d_model 256, max_len / seq_len 128.
   config.init_from = gpt2_run
-  config.model.embed_dropout = 0.0  # As --config.model.embed_dropout=0.0 would.
-  line = fine_tune.take_source_model(config, {"model.embed_dropout"})
+  config.model.mlp_dropout = 0.05  # As --config.model.mlp_dropout=0.05 would.
+  line = fine_tune.take_source_model(config, {"model.mlp_dropout"})
   model = config.model
   assert (model.d_model, model.num_layers, model.mlp_dim, model.max_len) == (32, 2, 128, 32)
   assert (model.vocab_size, tuple(model.never_predict)) == (304, (0, 2, 3))
-  assert model.attention_impl == "einsum" and model.attention_dropout == 0.1
-  assert model.embed_dropout == 0.0  # The command line's, not the import's 0.1.
+  # The kernel and the regularisation are this run's (the preset's), not the import's
+  # einsum attention and dropout 0.1: a GPU fine-tune keeps its fused attention.
+  assert model.attention_impl == "auto"
+  assert (model.attention_dropout, model.embed_dropout, model.residual_dropout) == (0, 0, 0)
+  assert model.mlp_dropout == 0.05  # The command line's.
   assert config.data.seq_len == 32  # The preset's 128 lowered to model.max_len.
   assert "\n" not in line
   assert line.startswith(f"init_from: model and tokenizer from {gpt2_run} (")
   assert "model.d_model, " in line and "data.seq_len=32 (the preset's 128" in line
-  assert line.endswith("set on the command line, kept: model.embed_dropout)")
+  assert ("this run's own kernel, layout, precision and regularisation: "
+          "model.attention_dropout, model.attention_impl, model.embed_dropout, "
+          "model.residual_dropout; set on the command line, kept: model.mlp_dropout)") in line
+
+
+# A value for every config/model.py RUN_FIELDS key, each other than gpt_small:local's.
+RUN_VALUES = {"attention_impl": "einsum", "attention_max_segments": 8, "scan_layers": True,
+              "remat": "full", "dtype": "bfloat16", "param_dtype": "bfloat16",
+              "embed_dropout": 0.1, "residual_dropout": 0.1, "attention_dropout": 0.1,
+              "mlp_dropout": 0.1, "moe_aux_loss": 0.02, "moe_z_loss": 0.002,
+              "moe_router_jitter": 0.01}
+
+
+def test_which_model_keys_come_from_the_source(tmp_path):
+  """RUN_FIELDS (how a run computes and regularises) and the task keys stay this run's;
+  every other model.* key, what the model is, comes from the source."""
+  assert set(RUN_VALUES) == set(RUN_FIELDS)
+  source = tmp_path / "source"
+  source.mkdir()
+  written = gpt_small.get_config("local")
+  written.model.update(d_model=64, num_layers=2, position="rope", norm_type="rmsnorm",
+                       activation="swiglu", use_bias=False, vocab_size=512, lora_rank=4,
+                       num_classes=5, **RUN_VALUES)
+  (source / "config.json").write_text(written.to_json_best_effort(), encoding="utf-8")
+  config = gpt_small.get_config("local")
+  config.init_from = str(source)
+  preset = config.model.to_dict()
+  fine_tune.take_source_model(config, ())
+  stored = loaded.load_config(str(source)).model
+  for field, value in config.model.items():
+    own = field in RUN_FIELDS or f"model.{field}" in fine_tune.TASK_KEYS or (
+        field.startswith("lora_"))
+    assert value == (preset[field] if own else stored[field]), field
+  assert (config.model.d_model, config.model.position) == (64, "rope")
+
+
+def test_docs_resume_lists_the_run_fields_with_their_reasons():
+  with open(os.path.join(os.path.dirname(FIXTURES), "..", "..", "docs", "resume.md"),
+            encoding="utf-8") as f:
+    rows = re.findall(r"^\| `model\.(\w+)` \| (\w+) \| (.+) \|$", f.read(), re.MULTILINE)
+  assert {field: (kind, why) for field, kind, why in rows} == RUN_FIELDS
+
+
+def test_a_fine_tune_takes_fine_tuning_optimizer_values_and_says_them(gpt2_run):
+  """gpt_small:local pretrains at peak 2e-3 after 50 warmup steps with weight decay 0.1;
+  fine-tuning an import with it gets a fine-tuning rate unless asked otherwise."""
+  def take(explicit=(), **keys):
+    config = gpt_small.get_config("local")
+    config.init_from = gpt2_run
+    config.train.num_steps = 1000
+    for key, value in keys.items():  # section__field, or a top-level field.
+      *section, field = key.split("__")
+      (config[section[0]] if section else config)[field] = value
+    line = fine_tune.take_source_model(config, set(explicit))
+    validate(config)
+    opt = config.optimizer
+    return (opt.schedule, opt.learning_rate, opt.warmup_steps, opt.weight_decay), line
+
+  values, line = take()
+  assert values == ("cosine", 5e-5, 30, 0.0)  # Decaying to 0 at step 1000.
+  assert line.endswith("; optimizer: fine-tuning values (config.init_from_optimizer="
+                       "'fine_tune'): schedule='cosine', learning_rate=5e-05, "
+                       "warmup_steps=30, weight_decay=0.0")
+  assert take(model__lora_rank=8)[0] == ("cosine", 2e-4, 30, 0.0)  # Adapters start at 0.
+  values, line = take({"optimizer.learning_rate"}, optimizer__learning_rate=1e-4)
+  assert values == ("cosine", 1e-4, 30, 0.0)
+  assert line.endswith("(set on the command line: optimizer.learning_rate)")
+  values, line = take(init_from_optimizer="preset")
+  assert values == ("warmup_rsqrt", 2e-3, 50, 0.1)
+  assert line.endswith("optimizer: the preset's (config.init_from_optimizer='preset'): "
+                       "schedule='warmup_rsqrt', learning_rate=0.002, warmup_steps=50, "
+                       "weight_decay=0.1")
+
+
+def test_a_resumed_fine_tune_keeps_the_optimizer_it_started_with(gpt2_run, tmp_path):
+  """A resume takes the optimizer from its own config.json: a longer run (a safe change)
+  must not move the warmup, 3% of the steps, and so refuse the resume."""
+  config = gpt_small.get_config("local")
+  config.init_from = gpt2_run
+  config.train.num_steps = 1000
+  fine_tune.take_source_model(config, ())
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  (workdir / "config.json").write_text(config.to_json_best_effort(), encoding="utf-8")
+  checkpointing.save_params(str(workdir / "checkpoints"), 10, {"kernel": np.zeros(2)})
+  again = gpt_small.get_config("local")
+  again.init_from = gpt2_run
+  again.train.num_steps = 2000
+  line = fine_tune.take_source_model(again, {"train.num_steps"}, str(workdir))
+  assert again.optimizer.to_dict() == config.optimizer.to_dict()
+  assert again.optimizer.warmup_steps == 30  # Not 60.
+  assert ("optimizer: this run's own config.json, as it started (a resume): schedule="
+          "'cosine', learning_rate=5e-05, warmup_steps=30, weight_decay=0.0") in line
 
 
 def test_a_classifier_keeps_its_head_over_an_mlm_import(tmp_path):

@@ -473,9 +473,12 @@ def test_import_writes_a_workdir_the_commands_load_and_export_round_trips(tmp_pa
     gpt2.export_gpt2(workdir, exported)
   assert "Reading the parameters of step 0 ..." in caplog.text
   assert re.search(rf"export: writing \d+ tensors to {re.escape(exported)}: \d", caplog.text)
-  assert sorted(os.listdir(exported)) == ["config.json", "model.safetensors", "tokenizer.json"]
+  assert sorted(os.listdir(exported)) == ["config.json", "generation_config.json",
+                                          "model.safetensors", "tokenizer.json",
+                                          "tokenizer_config.json"]
   for name in os.listdir(exported):  # Readable by others, as files a user writes are.
     assert os.stat(os.path.join(exported, name)).st_mode & 0o777 == 0o644, name
+  _says_what_transformers_wrote(folder, exported, max_len=32)
   _, original_tensors = hf_common.read_folder(folder)
   _, exported_tensors = hf_common.read_folder(exported)
   assert original_tensors.keys() == exported_tensors.keys()
@@ -485,6 +488,55 @@ def test_import_writes_a_workdir_the_commands_load_and_export_round_trips(tmp_pa
   assert again.model == original.model
   for path, value in _flat(original.params).items():
     np.testing.assert_array_equal(_flat(again.params)[path], value, err_msg=path)
+
+
+def _says_what_transformers_wrote(source: str, exported: str, max_len: int) -> None:
+  """An exported folder's generation_config.json and tokenizer_config.json hold what the
+  fixture folder's (written by transformers 4.57.6's save_pretrained) hold: the same bos /
+  eos / pad ids and tokens, each token the id's in the exported tokenizer.json; the
+  model's context as generate()'s max_length (transformers' default is 20) and as
+  model_max_length; the fast tokenizer class that reads tokenizer.json as it is."""
+  import tokenizers  # pylint: disable=g-import-not-at-top
+
+  def read(folder, name):
+    with open(os.path.join(folder, name), encoding="utf-8") as f:
+      return json.load(f)
+
+  generation = read(exported, "generation_config.json")
+  written = read(source, "generation_config.json")
+  ids = ("bos_token_id", "eos_token_id", "pad_token_id")
+  assert {k: generation.get(k) for k in ids} == {k: written.get(k) for k in ids}
+  assert generation["max_length"] == max_len
+  config = read(exported, "tokenizer_config.json")
+  written = read(source, "tokenizer_config.json")
+  tokens = ("bos_token", "eos_token", "pad_token")
+  assert {k: config.get(k) for k in tokens} == {k: written.get(k) for k in tokens}
+  assert config["tokenizer_class"] == "PreTrainedTokenizerFast"
+  assert config["model_max_length"] == max_len
+  tokenizer = tokenizers.Tokenizer.from_file(os.path.join(exported, "tokenizer.json"))
+  for role in ("bos", "eos", "pad"):
+    if f"{role}_token" in config:
+      assert tokenizer.token_to_id(config[f"{role}_token"]) == generation[f"{role}_token_id"]
+
+
+def test_an_exported_folder_loads_in_transformers_with_its_special_tokens(tmp_path):
+  """transformers' own reading of an export (not installed here: the JSON is checked
+  against the fixtures transformers wrote, in _says_what_transformers_wrote)."""
+  transformers = pytest.importorskip(
+      "transformers", reason="transformers is not installed (requirements-test.txt has no "
+      "torch); the exported JSON files are checked against transformers' own instead")
+  folder, _ = _fixture("llama3")
+  workdir = str(tmp_path / "run")
+  importer.import_folder(folder, workdir)
+  exported = str(tmp_path / "exported")
+  hf_export.export(workdir, exported)
+  tokenizer = transformers.AutoTokenizer.from_pretrained(exported)
+  generation = transformers.GenerationConfig.from_pretrained(exported)
+  source = transformers.AutoTokenizer.from_pretrained(folder)
+  assert (tokenizer.bos_token, tokenizer.eos_token, tokenizer.pad_token) == (
+      source.bos_token, source.eos_token, source.pad_token)
+  assert generation.eos_token_id == tokenizer.eos_token_id
+  assert tokenizer("a b c").input_ids == source("a b c").input_ids
 
 
 def test_an_imported_bert_fine_tunes_with_its_pooler(tmp_path):
@@ -633,8 +685,13 @@ def test_exporting_a_run_without_a_hf_tokenizer_says_so(tmp_path, tfds_data_dir,
   exported = str(tmp_path / "exported")
   with caplog.at_level("WARNING"):
     gpt2.export_gpt2(workdir, exported)
-  assert sorted(os.listdir(exported)) == ["config.json", "model.safetensors"]
+  assert sorted(os.listdir(exported)) == ["config.json", "generation_config.json",
+                                          "model.safetensors"]
   assert os.stat(os.path.join(exported, "model.safetensors")).st_mode & 0o777 == 0o644
+  # generate()'s end of sequence and length even without a tokenizer: the ids here.
+  with open(os.path.join(exported, "generation_config.json"), encoding="utf-8") as f:
+    assert json.load(f) == {"bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0,
+                            "max_length": 32}
   assert (f"NO TOKENIZER EXPORTED: {exported} has no tokenizer.json because its bytes "
           "vocabulary was trained here") in caplog.text
 
@@ -663,6 +720,8 @@ def test_llama_family_import_export_import_is_lossless(tmp_path, family):
   assert original_tensors.keys() == exported_tensors.keys()
   for name, value in original_tensors.items():
     np.testing.assert_array_equal(exported_tensors[name], value, err_msg=name)
+  _says_what_transformers_wrote(folder, exported, importer.convert_folder(folder).model[
+      "max_len"])
   original, again = importer.convert_folder(folder), importer.convert_folder(exported)
   assert again.family == original.family and again.model == original.model
   assert _flat(again.params).keys() == _flat(original.params).keys()

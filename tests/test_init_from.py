@@ -123,6 +123,15 @@ def test_init_from_must_be_a_string(tiny_config):
     validate(tiny_config)
 
 
+@pytest.mark.parametrize("key,value,valid", [
+    ("init_from_partial", None, "expected True or False"),
+    ("init_from_optimizer", "adam", "valid values are 'fine_tune', 'preset'")])
+def test_init_from_options_are_checked(tiny_config, key, value, valid):
+  tiny_config[key] = value
+  with pytest.raises(ConfigError, match=rf"config\.{key}={value!r} is invalid: {valid}"):
+    validate(tiny_config)
+
+
 # ---------------------------------------------------------------- end to end
 
 
@@ -155,7 +164,7 @@ def source_run(tfds_data_dir, tmp_path_factory) -> str:
 
 def _fine_tune_config(tfds_data_dir, init_from, num_steps):
   config = _quick(make_tiny_config(tfds_data_dir), num_steps)
-  config.model.tie_embeddings = False  # So lm_head/kernel is new.
+  config.model.tie_embeddings = False  # So lm_head/kernel comes from the embedding.
   config.init_from = init_from
   return config
 
@@ -180,11 +189,16 @@ def test_fine_tune_starts_from_the_source_params_at_step_0(source_run, tfds_data
 
   source = _flat(_restore_raw(source_run, 2)["params"])  # The newest: step 2.
   start = step_0_params[0]
-  assert set(start) - set(source) == {"lm_head/kernel"}  # New: initialised.
+  assert set(start) - set(source) == {"lm_head/kernel"}
   for path, value in source.items():
     np.testing.assert_array_equal(start[path], value, err_msg=path)
-  assert f"{len(source)} parameters loaded" in caplog.text
-  assert "new:     lm_head (1): kernel" in caplog.text
+  # Untying a tied source: the new lm_head starts as its embedding, the same logits.
+  np.testing.assert_array_equal(start["lm_head/kernel"],
+                                source["embedder/token_embed/embedding"].T)
+  assert f"{len(source) + 1} parameters loaded" in caplog.text
+  assert "new:     (none)" in caplog.text
+  assert ("untied: lm_head/kernel starts as the source's tied "
+          "embedder/token_embed/embedding, transposed") in caplog.text
   # The step and the optimizer state started fresh: one update in, every count is 1.
   assert _train_steps(workdir) == [1]
   state = _restore_raw(workdir, 1)
@@ -227,8 +241,9 @@ def test_shape_mismatch_stops_before_training(source_run, tfds_data_dir, tmp_pat
   config = _fine_tune_config(tfds_data_dir, source_run, num_steps=1)
   config.model.mlp_dim = 128
   workdir = str(tmp_path / "mismatch")
-  with pytest.raises(ConfigError, match=r"block_0/mlp/wi/kernel is \(32, 64\) float32 in the "
-                     r"checkpoint but \(32, 128\) float32"):
+  with pytest.raises(ConfigError, match=r"model.mlp_dim=128 \(the source's 64\).* change the "
+                     r"shape of 3 of them \(first: block_0/mlp/wi/bias is \(64,\) float32 in "
+                     r"the checkpoint but \(128,\) float32"):
     loop.train_and_evaluate(config, workdir)
   assert not os.path.exists(os.path.join(workdir, "checkpoints", "1"))
 

@@ -27,9 +27,10 @@ from transformer.model import lora
 from transformer.model.models import make_model
 from transformer.training import fine_tune
 from transformer.training import loop
+from transformer.training import metrics
 from transformer.training import optim
 from transformer.training import trainer as trainer_lib
-from transformer.workdir import checkpointing, layout
+from transformer.workdir import checkpointing, layout, run_record
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "hf")
 
@@ -239,6 +240,31 @@ def test_export_merges_the_adapters_into_the_forward_it_computed(tmp_path, famil
   assert np.abs(base - unmerged).max() > 1e-2  # The adapters changed the function.
 
 
+def test_a_lora_run_counts_trainable_and_all_parameters(tiny_config, tmp_path, caplog):
+  """peft's line (trainable || all || %), not the frozen base as "Model parameters"; both
+  counts in run.json."""
+  params = nn.unbox(trainer_lib.abstract_params(_with_lora(tiny_config)))
+  total = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
+  adapters = sum(int(np.prod(x.shape)) for p, x in _flat_shapes(params).items()
+                 if _is_adapter(p))
+  with caplog.at_level("INFO"), caplog.at_level("INFO", logger="absl"):
+    counts = metrics.log_parameter_count(params, None, optim.split_trainable(params, True)[0])
+  assert counts == (total, adapters) and 0 < adapters < total
+  assert (f"Model parameters: trainable params: {adapters:,} || all params: {total:,} || "
+          f"trainable%: {100 * adapters / total:.4f} (LoRA: the rest is the frozen base)"
+          ) in caplog.text
+  record = run_record.RunRecord(str(tmp_path))
+  record.update(0, parameters=total, trainable_parameters=adapters)
+  assert {k: run_record.read_record(str(tmp_path))[k] for k in (
+      "parameters", "trainable_parameters")} == {"parameters": total,
+                                                 "trainable_parameters": adapters}
+
+
+def _flat_shapes(tree) -> dict:
+  return {jax.tree_util.keystr(p, simple=True, separator="/"): x
+          for p, x in jax.tree_util.tree_leaves_with_path(tree)}
+
+
 @pytest.mark.slow  # Three runs through the loop: about a minute on two shared cores.
 def test_a_lora_run_fine_tunes_from_init_from_and_resumes(tfds_data_dir, tmp_path):
   """init_from brings the base (frozen from then on), the adapters start fresh; the
@@ -266,6 +292,8 @@ def test_a_lora_run_fine_tunes_from_init_from_and_resumes(tfds_data_dir, tmp_pat
   assert int(second["step"]) == 2
   with open(os.path.join(workdir, layout.METRICS), encoding="utf-8") as f:
     assert [r["step"] for r in map(json.loads, f) if "loss" in r] == [1, 2]
+  record = run_record.read_record(workdir)
+  assert 0 < record["trainable_parameters"] < record["parameters"]
 
 
 @pytest.fixture(scope="module")

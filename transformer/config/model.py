@@ -75,6 +75,33 @@ GATED_ACTIVATIONS = ("swiglu", "geglu", "geglu_tanh")  # silu/gelu(x W) * (x V) 
 ATTENTION_IMPLS = attention.ATTENTION_IMPLS
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
+# model.* fields that say how a run computes or regularises the model, not what the model
+# is: none moves a parameter or changes what evaluation computes. A run started with
+# config.init_from keeps its own value of each (training/fine_tune.py; every other model.*
+# field comes from the source, bar the task keys); an import takes the "compute" ones from
+# --config (interop/hf/importer.py). {field: (kind, why the run chooses it)}; docs/resume.md
+# prints this table (tests/test_fine_tune.py holds the two equal).
+RUN_FIELDS = {
+    "attention_impl": ("compute", "the attention kernel for this run's hardware; the same "
+                       "function"),
+    "attention_max_segments": ("compute", "cuDNN's bound on the documents a row of this "
+                               "run's batches packs"),
+    "scan_layers": ("compute", "the layers' layout; init_from stacks or splits the "
+                    "source's per-layer parameters to fit"),
+    "remat": ("compute", "memory against recomputation in this run's backward pass"),
+    "dtype": ("compute", "the compute precision of this run's hardware"),
+    "param_dtype": ("compute", "the storage precision; float widths convert on load"),
+    "embed_dropout": ("training", "regularisation of this run's training; evaluation "
+                      "has none"),
+    "residual_dropout": ("training", "regularisation, as embed_dropout"),
+    "attention_dropout": ("training", "regularisation, as embed_dropout"),
+    "mlp_dropout": ("training", "regularisation, as embed_dropout"),
+    "moe_aux_loss": ("training", "a term of this run's loss, not of the model"),
+    "moe_z_loss": ("training", "a term of this run's loss, not of the model"),
+    "moe_router_jitter": ("training", "noise on the router in training only"),
+}
+COMPUTE_FIELDS = tuple(k for k, (kind, _) in RUN_FIELDS.items() if kind == "compute")
+
 
 def validate_model(config: ml_collections.ConfigDict) -> None:
   """Checks the model.* fields: each value, the topology, modern axes, MoE, then shapes.

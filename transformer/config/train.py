@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import ml_collections
 
-from transformer.config.checks import (check_choice, check_float, check_int, check_positive,
-                                       check_rate, is_number, lookup)
+from transformer.config.checks import (check_bool, check_choice, check_float, check_int,
+                                       check_positive, check_rate, is_number, lookup)
 from transformer.config.errors import fail
 
 # train.logits_dtype: "auto" is the model's compute dtype (training/metrics.head_loss_sums).
 LOGITS_DTYPES = ("auto", "float32", "bfloat16")
 
 SCHEDULES = ("warmup_rsqrt", "noam", "cosine", "constant")
+# config.init_from_optimizer: fine-tuning values (training/fine_tune.py) or the preset's.
+INIT_FROM_OPTIMIZERS = ("fine_tune", "preset")
 
 
 def validate_optimizer(config: ml_collections.ConfigDict) -> None:
@@ -75,6 +77,8 @@ def validate_train(config: ml_collections.ConfigDict) -> None:
   if not isinstance(config.init_from, str):
     fail("init_from", config.init_from, "expected '' or the path of a run's workdir or of "
           "one of its checkpoints/<step> directories")
+  check_bool(config, "init_from_partial")
+  check_choice(config, "init_from_optimizer", INIT_FROM_OPTIMIZERS)
 
 
 # The cadences train.steps_per_call must divide (cli/common.fit_steps_per_call reads it too).

@@ -337,3 +337,45 @@ def unrolled_to_scanned(params: dict, name: str = "block", group: int = 1) -> di
     out[f"{name}s"] = stacked[0] if group == 1 else {
         f"{name}_{j}": tree for j, tree in enumerate(stacked)}
   return out
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerPiece:
+  """Where one parameter of the unrolled model lies in a tree, scanned or not."""
+
+  path: tuple[str, ...]  # The tree's leaf holding it.
+  index: int | None  # Its slice on that leaf's leading (layers) axis; None: the whole leaf.
+  shape: tuple[int, ...]  # The unrolled parameter's shape.
+
+
+def unrolled_view(shapes: dict[tuple[str, ...], tuple[int, ...]],
+                  name: str = "block") -> dict[tuple[str, ...], LayerPiece]:
+  """Every parameter under the path the unrolled model gives it, and where it lies.
+
+  `shapes` is a flat tree, {path: shape}, unrolled or scanned: a scanned stack's leaf
+  `.../<name>s/<rest>` of shape [L, ...] is the L parameters `.../<name>_<i>/<rest>`;
+  grouped (`.../<name>s/<name>_<j>/<rest>`, [L / k, ...]; model.moe_every = k) layer
+  g * k + j is slice g of group j's, as `scanned_to_unrolled` splits them. Every other
+  leaf is itself. Names and shapes only, so a checkpoint's metadata reads as well as
+  arrays: init_from matches a source and a model of either layout by these paths.
+  """
+  stack = f"{name}s"
+  children: dict[tuple[str, ...], set[str]] = {}
+  for path in shapes:
+    if stack in path[:-1]:
+      i = path.index(stack)
+      children.setdefault(path[:i + 1], set()).add(path[i + 1])
+  grouped = {prefix for prefix, keys in children.items()
+             if keys == {f"{name}_{j}" for j in range(len(keys))}}
+  view = {}
+  for path, shape in shapes.items():
+    if stack not in path[:-1]:
+      view[path] = LayerPiece(path, None, tuple(shape))
+      continue
+    i = path.index(stack)
+    k, j, rest = 1, 0, path[i + 1:]
+    if path[:i + 1] in grouped:
+      k, j, rest = len(children[path[:i + 1]]), int(path[i + 1][len(name) + 1:]), path[i + 2:]
+    for g in range(shape[0]):
+      view[path[:i] + (f"{name}_{g * k + j}",) + rest] = LayerPiece(path, g, tuple(shape[1:]))
+  return view

@@ -14,7 +14,10 @@
   resume.py           what a resume keeps: the run's vocabulary, the config change check,
                       whether a run is already complete
   fine_tune.py        what a run started with init_from takes from its source: the model
-                      and tokenizer keys (the command line's stay), the parameter-fit check
+                      and tokenizer keys (the command line's, the task's and RUN_FIELDS
+                      stay), fine-tuning optimizer values, the parameter-fit check
+  source_params.py    which stored value each parameter takes (layouts converted, LoRA
+                      continued, rescaled or folded, new / dropped checked) and the read
   reporting.py        rows, the progress line, the non-finite guard, the steps-per-call hint
   fault_injection.py  test-only crash injection (TRANSFORMER_TEST_KILL_AT), a registered hook
   decode_hook.py      what an evaluation decodes: in-training BLEU and a sample (a hook)

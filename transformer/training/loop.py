@@ -36,6 +36,7 @@ from transformer.training import decode_hook
 from transformer.training import fine_tune
 from transformer.training import hooks as hooks_lib
 from transformer.training import metrics as metrics_lib
+from transformer.training import optim
 from transformer.training import prefetch
 from transformer.training import reporting
 from transformer.training import resume
@@ -201,8 +202,11 @@ def _train_loop(run: _Run) -> dict[str, float]:
     guard = reporting.NonFiniteGuard(
         config.optimizer.skip_nonfinite,
         total=int(sum(row.get("skipped_updates", 0) for row in kept_rows)))
-    record.update(start_step, parameters=metrics_lib.log_parameter_count(
-        state.params, run.trainer.model_config))
+    lora = bool(run.trainer.model_config.lora_rank)
+    count, trainable = metrics_lib.log_parameter_count(
+        state.params, run.trainer.model_config,
+        optim.split_trainable(state.params, lora)[0] if lora else None)
+    record.update(start_step, parameters=count, trainable_parameters=trainable)
     progress = reporting.make_progress(config, run.workdir, run.trainer.model_config,
                                        run.objective, start_step)
     reporting.hint_steps_per_call(config)

@@ -380,13 +380,23 @@ class TrainProgress:
             f"ETA {eta}")
 
 
-def log_parameter_count(params: Any, model_config: ModelConfig | None = None) -> int:
-  """Logs and returns the number of parameters; with MoE layers also the active ones."""
+def log_parameter_count(params: Any, model_config: ModelConfig | None = None,
+                        trainable: Any = None) -> tuple[int, int]:
+  """Logs and returns (all parameters, trainable ones); with MoE layers also the active
+  ones. `trainable`: the tree the optimizer updates, when not all of `params` (LoRA:
+  the adapters and a head; optim.split_trainable), said as peft says it."""
   count = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(params))
-  logging.info("Model parameters: %s (%.1fM)", f"{count:,}", count / 1e6)
+  if trainable is None:
+    trained = count
+    logging.info("Model parameters: %s (%.1fM)", f"{count:,}", count / 1e6)
+  else:
+    trained = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(trainable))
+    logging.info("Model parameters: trainable params: %s || all params: %s || "
+                 "trainable%%: %.4f (LoRA: the rest is the frozen base)", f"{trained:,}",
+                 f"{count:,}", 100 * trained / max(count, 1))
   if model_config is not None and model_config.mlp == "moe":
     active = moe.active_parameter_count(params, model_config)
     logging.info("Active parameters per token: %s (%.1fM; %d of %d experts in each MoE "
                  "layer)", f"{active:,}", active / 1e6, model_config.experts_per_token,
                  model_config.num_experts)
-  return count
+  return count, trained

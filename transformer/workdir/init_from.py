@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
+from flax import traverse_util
 
 from transformer.config.errors import ConfigError
 from transformer.workdir import layout
@@ -36,6 +37,7 @@ class ParamMatch:
   new: tuple[str, ...]  # Only in the new model: keeps its initialisation.
   dropped: tuple[str, ...]  # Only in the checkpoint: ignored.
   loaded_values: int  # Scalars in the loaded parameters.
+  notes: tuple[str, ...] = ()  # Lines on how values were carried (layout, LoRA).
 
   def summary(self) -> str:
     """Readable lines: per section, the parameters grouped by top-level module."""
@@ -47,6 +49,7 @@ class ParamMatch:
       # Loaded parameters are the expected bulk: counts suffice. New and dropped ones
       # are the surprises worth reading name by name.
       lines.append(f"  {label + ':':9}{_by_module(paths, names=label != 'loaded')}")
+    lines.extend(f"  {note}" for note in self.notes)
     return "\n".join(lines)
 
 
@@ -86,19 +89,23 @@ def _dtype_kind(dtype: Any) -> str:
   return str(dtype)
 
 
+def mismatch(path: tuple[str, ...], target: Any, source: Any) -> str | None:
+  """"<path> is <shape> <dtype> in the checkpoint but ... in this model" when the two
+  leaves (`.shape`, `.dtype`) differ in shape or dtype kind (int vs float), else None."""
+  if (tuple(target.shape) == tuple(source.shape)
+      and _dtype_kind(target.dtype) == _dtype_kind(source.dtype)):
+    return None
+  return (f"{'/'.join(path)} is {tuple(source.shape)} {source.dtype} in the checkpoint "
+          f"but {tuple(target.shape)} {target.dtype} in this model")
+
+
 def shape_mismatches(target: Any, source: Any) -> list[str]:
-  """"<path> is <shape> <dtype> in the checkpoint but ... in this model" for each shared
-  path whose shape or dtype kind (int vs float) differs; [] when every one fits."""
+  """`mismatch`'s line for each path both trees hold whose leaves differ; [] when every
+  one fits."""
   target_flat, source_flat = flat_paths(target), flat_paths(source)
-  mismatches = []
-  for path in target_flat:
-    if path not in source_flat:
-      continue
-    t, s = target_flat[path], source_flat[path]
-    if tuple(t.shape) != tuple(s.shape) or _dtype_kind(t.dtype) != _dtype_kind(s.dtype):
-      mismatches.append(f"{'/'.join(path)} is {tuple(s.shape)} {s.dtype} in the checkpoint "
-                        f"but {tuple(t.shape)} {t.dtype} in this model")
-  return mismatches
+  found = (mismatch(path, t, source_flat[path]) for path, t in target_flat.items()
+           if path in source_flat)
+  return [line for line in found if line]
 
 
 def match_params(target: Any, source: Any, init_from: str = "") -> ParamMatch:
@@ -126,16 +133,22 @@ def match_params(target: Any, source: Any, init_from: str = "") -> ParamMatch:
         f"have the same shape, and {len(mismatches)} differ: " + "; ".join(mismatches) +
         ". Set the model.* fields these depend on as in the source run.")
   if not shared:
-    raise ConfigError(
-        f"config.init_from={init_from!r} is invalid: the checkpoint shares no parameter "
-        f"path with this model (checkpoint: {_by_module(path_names(source_flat), False)}; "
-        f"model: {_by_module(path_names(target_flat), False)}); expected a run of the same "
-        "architecture.")
+    raise nothing_shared(init_from, target_flat, source_flat)
   return ParamMatch(
       loaded=path_names(shared),
       new=path_names(p for p in target_flat if p not in source_flat),
       dropped=path_names(p for p in source_flat if p not in target_flat),
       loaded_values=sum(math.prod(target_flat[p].shape) for p in shared))
+
+
+def nothing_shared(init_from: str, target: Any, source: Any) -> ConfigError:
+  """The error for a checkpoint that shares no parameter path with the model (`target`,
+  `source`: their paths, tuples)."""
+  return ConfigError(
+      f"config.init_from={init_from!r} is invalid: the checkpoint shares no parameter "
+      f"path with this model (checkpoint: {_by_module(path_names(source), False)}; "
+      f"model: {_by_module(path_names(target), False)}); expected a run of the same "
+      "architecture.")
 
 
 def merge_params(params: Any, loaded: Any) -> Any:
@@ -225,23 +238,37 @@ def load_params(init_from: str, abstract_params: Any) -> tuple[Any, ParamMatch]:
   Raises:
     ConfigError: the path holds no checkpoint, or a shared parameter's shape differs.
   """
-  state_dir, stored = _stored_params(init_from)
+  _, stored = _stored_params(init_from)
   match = match_params(abstract_params, stored, init_from)
-  # The restore target: the shared paths only, as nested dicts under "params"; with
-  # partial_restore Orbax skips everything else the checkpoint holds.
   loaded = set(match.loaded)
-  subtree = {}
-  for path, target in flat_paths(abstract_params).items():
-    if "/".join(path) in loaded:
-      node = subtree
-      for key in path[:-1]:
-        node = node.setdefault(key, {})
-      node[path[-1]] = target
-  item = {"params": subtree}
+  restored = restore_params(init_from, {
+      path: target for path, target in flat_paths(abstract_params).items()
+      if "/".join(path) in loaded}, match.summary())
+  return traverse_util.unflatten_dict(restored), match
+
+
+def restore_params(init_from: str, targets: dict[tuple[str, ...], Any],
+                   summary: str) -> dict[tuple[str, ...], Any]:
+  """Reads the checkpoint's parameters at `targets`' paths, each into its target.
+
+  Args:
+    init_from: `config.init_from` (a run's workdir or one of its checkpoint directories).
+    targets: {path in the checkpoint's params: jax.ShapeDtypeStruct with a sharding}:
+      each array is read straight into that dtype and sharding (no full copy on one
+      host); the checkpoint's other parameters are not read.
+    summary: what is loaded, logged with the checkpoint's directory.
+
+  Returns:
+    {path: array}, `targets`' paths.
+  """
+  state_dir = _state_directory(init_from)
+  # The restore target: these paths only, as nested dicts under "params"; with
+  # partial_restore Orbax skips everything else the checkpoint holds.
+  item = {"params": traverse_util.unflatten_dict(targets)}
   with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as checkpointer:
     restored = checkpointer.restore(state_dir, args=ocp.args.PyTreeRestore(
         item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item),
         partial_restore=True))
   logging.info("config.init_from=%r: parameters from %s\n%s", init_from, state_dir,
-               match.summary())
-  return restored["params"], match
+               summary)
+  return traverse_util.flatten_dict(restored["params"])

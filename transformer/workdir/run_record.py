@@ -1,4 +1,4 @@
-"""`<workdir>/run.json`: what a run's metrics.jsonl does not hold (parameter count, wall time).
+"""`<workdir>/run.json`: what a run's metrics.jsonl does not hold (parameter counts, wall time).
 
 Also `flatten`, the key-per-line view of a run's config.json that resuming and
 comparing runs share.
@@ -54,8 +54,11 @@ class RunRecord:
     self._record = read_record(workdir) if enabled else {}
     self._session: dict[str, Any] | None = None
 
-  def update(self, step: int, parameters: int | None = None) -> None:
-    """Records that this session has reached `step` (the first call: where it starts)."""
+  def update(self, step: int, parameters: int | None = None,
+             trainable_parameters: int | None = None) -> None:
+    """Records that this session has reached `step` (the first call: where it starts);
+    `parameters`: the model's, `trainable_parameters`: those the optimizer updates (fewer
+    with LoRA)."""
     if not self.enabled:
       return
     if self._session is None:
@@ -65,6 +68,8 @@ class RunRecord:
       self._record.setdefault("sessions", []).append(self._session)
     if parameters is not None:
       self._record["parameters"] = int(parameters)
+    if trainable_parameters is not None:
+      self._record["trainable_parameters"] = int(trainable_parameters)
     self._session.update(end_step=int(step),
                          seconds=round(time.perf_counter() - self._start, 3))
     self._record["wall_seconds"] = round(

@@ -417,12 +417,45 @@ def empty_directory(path: str, flag: str) -> str:
 
 
 HF_TOKENIZER_FILE = "tokenizer.json"  # A `tokenizers` tokenizer, as transformers reads it.
+# What transformers reads beside it: the tokenizer's class and special tokens, and
+# generate()'s defaults (without it: no end-of-sequence id, at most 20 tokens).
+TOKENIZER_CONFIG = "tokenizer_config.json"
+GENERATION_CONFIG = "generation_config.json"
+_SPECIAL_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def generation_config(hf_config: dict[str, Any], max_len: int) -> dict[str, Any]:
+  """generation_config.json: config.json's bos / eos / pad ids (those it has) and the
+  model's context as max_length, as transformers' GenerationConfig reads them."""
+  return {**{k: hf_config[k] for k in _SPECIAL_IDS if hf_config.get(k) is not None},
+          "max_length": int(max_len)}
+
+
+def tokenizer_config(bundle: dict[str, Any], hf_config: dict[str, Any],
+                     max_len: int) -> dict[str, Any]:
+  """tokenizer_config.json for the exported tokenizer.json: transformers'
+  PreTrainedTokenizerFast (which takes tokenizer.json's own pre- and post-processing as
+  they are) with the special tokens of config.json's ids, unk the vocabulary's own
+  (a role the source vocabulary lacked has none), and the context as model_max_length."""
+  import tokenizers  # pylint: disable=g-import-not-at-top
+  tokenizer = tokenizers.Tokenizer.from_str(json.dumps(bundle["tokenizer_json"]))
+  unk = ROLES.index("unk")
+  ids = {f"{key.removesuffix('_token_id')}_token": hf_config.get(key) for key in _SPECIAL_IDS}
+  ids["unk_token"] = (None if unk in bundle["added"] else bundle["internal_to_hf"][unk])
+  config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": int(max_len),
+            "clean_up_tokenization_spaces": False}
+  for key, hf_id in ids.items():
+    token = None if hf_id is None else tokenizer.id_to_token(int(hf_id))
+    if token is not None:
+      config[key] = token
+  return config
 
 
 def write_folder(hf_dir: str, tensors: dict[str, np.ndarray], hf_config: dict[str, Any],
                  bundle: dict[str, Any] | None, run: Any, family: str) -> str:
-  """Writes an exported model: model.safetensors, config.json and, when the run has one,
-  tokenizer.json; returns the folder. One way for every family.
+  """Writes an exported model: model.safetensors, config.json, generation_config.json
+  and, when the run has one, tokenizer.json with its tokenizer_config.json; returns the
+  folder. One way for every family.
 
   Every file goes through the one atomic write: whole files, readable by everyone
   (0644), as safetensors' own save_file (0600 temporary files) would not leave them;
@@ -450,9 +483,14 @@ def write_folder(hf_dir: str, tensors: dict[str, np.ndarray], hf_config: dict[st
                            save({k: np.ascontiguousarray(v, np.float32)
                                  for k, v in tensors.items()}, metadata={"format": "pt"}))
     files.write_atomically(os.path.join(partial, CONFIG), json.dumps(hf_config, indent=2))
+    max_len = run.config.model.max_len
+    files.write_atomically(os.path.join(partial, GENERATION_CONFIG),
+                           json.dumps(generation_config(hf_config, max_len), indent=2))
     if has_tokenizer:
       files.write_atomically(os.path.join(partial, HF_TOKENIZER_FILE),
                              json.dumps(bundle["tokenizer_json"]))
+      files.write_atomically(os.path.join(partial, TOKENIZER_CONFIG), json.dumps(
+          tokenizer_config(bundle, hf_config, max_len), indent=2))
   print(f"Exported {run.checkpoint_label()} of {run.workdir} to {target} ({family})",
         flush=True)
   if not has_tokenizer:

@@ -24,6 +24,7 @@ from absl import logging
 from configs import base
 from transformer import distributed
 from transformer import sharding
+from transformer.config import model as model_config
 from transformer.config.errors import ConfigError
 from transformer.config.validation import validate
 from transformer.data import hf_tokenizer
@@ -44,8 +45,9 @@ from transformer.workdir import files
 from transformer.workdir import layout
 from transformer.workdir import progress
 
-# The model fields an import takes from --config (how to run it), not from the folder.
-RUNTIME_FIELDS = ("scan_layers", "remat", "dtype", "param_dtype", "attention_impl")
+# The model fields an import takes from --config (how to run it), not from the folder:
+# config/model.py's RUN_FIELDS of kind "compute" (scan_layers, remat, dtypes, the kernel).
+RUNTIME_FIELDS = model_config.COMPUTE_FIELDS
 # config.json's model_type -> the module that maps that family.
 FAMILIES = {"gpt2": gpt2, "bert": bert, "marian": marian, "t5": t5, "mt5": t5,
             "llama": llama, "mistral": llama, "qwen2": llama, "qwen3": llama,
