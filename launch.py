@@ -308,6 +308,8 @@ def main(argv):
     jax.devices()
   for setting in _ACCELERATOR_SETTINGS:
     logging.info("GPU default: %s", setting)
+  if jax.default_backend() != "cpu":  # What XLA compiles this run with, whoever set it.
+    logging.info("XLA_FLAGS in effect: %s", os.environ.get("XLA_FLAGS", "") or "(none)")
   mismatch = accelerator.backend_mismatch(jax.default_backend())
   if mismatch and mode != "compile":  # compile runs on the CPU on purpose.
     sys.stderr.write(f"\nConfigError: {mismatch}\n")

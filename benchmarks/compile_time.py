@@ -42,7 +42,7 @@ def time_to_first_step(shape: str, layers: int, scan: bool) -> dict[str, float]:
     start = time.perf_counter()
     state = jax.block_until_ready(trainer.init(jax.random.PRNGKey(0)))
     times["init"] = time.perf_counter() - start
-    batch = trainer.global_batch(shapes.random_batch(config))
+    batch = trainer.train_batch(shapes.random_batch(config))
     start = time.perf_counter()
     lowered = trainer.train_step.lower(state, batch)
     times["lower"] = time.perf_counter() - start

@@ -27,64 +27,19 @@
 # Here, the same steps at tiny shapes on the CPU (a dry run of the script and the helpers):
 #   OUT=/tmp/dry WHEELS=/work/main/.gpu/whl bash benchmarks/gpu_first_run.sh --dry-run
 set -u
-SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DRY=0
 [[ "${1:-}" == "--dry-run" ]] && DRY=1
 OUT=${OUT:-/tmp/gpu_first_run}
-WHEELS=${WHEELS:-$SRC/../whl}
-SITE=${SITE:-/tmp/gpu_first_run_site}
-PY=${PYTHON:-python3}
 TOTAL=${TOTAL:-505}  # Seconds for everything: the call's timeout_s (540) less a margin.
 RESERVE=20  # Seconds kept for the report (step 4) at the end.
-SCALE=1  # Budgets x this: a CPU dry run compiles slower than the GPU host's 16 cores.
-mkdir -p "$OUT"
-# Seconds since boot: a monotonic clock (`date` steps when the host's clock is set).
-now() { local up; read -r up _ < /proc/uptime; echo "${up%.*}"; }
-T0=$(now)
-export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=1
-# The launcher's share of GPU memory (accelerator.GPU_MEMORY_FRACTION), which the compile
-# mode's verdict assumes too.
-export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.9}
-
-# The packages the GPU host lacks (grain, array_record, ml-collections, tensorboardX,
-# portpicker, importlib_resources) and our pinned flax/optax/orbax-checkpoint (and the
-# tensorstore it was tested with), so that only jax differs from CI; ahead of the host's
-# own on PYTHONPATH.
-{
-  echo "=== $(date -u +%FT%TZ) installing $(ls "$WHEELS" | wc -l) wheels from $WHEELS"
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target "$SITE" "$WHEELS"/*.whl 2>&1 | grep -v "^WARNING: Target directory" || true
-} > "$OUT/0_env.log" 2>&1
+((DRY)) && SCALE=${SCALE_DRY:-5} && TOTAL=$((TOTAL * SCALE))
+# shellcheck source=benchmarks/gpu_common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_common.sh"
+install_wheels "$OUT/0_env.log"
 export PYTHONPATH="$SITE:$SRC"
 cd "$SRC" || exit 1
 
-# step FILE BUDGET COMMAND...: appends the command's output to $OUT/FILE as it comes, under
-# `timeout` at BUDGET seconds or what is left before the deadline (TOTAL seconds after the
-# start, less RESERVE for the report), whichever is less; skipped when under 10 s is left.
-step() {
-  local file=$1 budget=$(($2 * SCALE))
-  shift 2
-  local start left
-  start=$(now)
-  left=$((T0 + TOTAL - RESERVE - start))
-  [[ $file == 4_report.log ]] && left=$((T0 + TOTAL - start))
-  if ((left < 10)); then
-    echo "=== $(date -u +%FT%TZ) skipped (+$((start - T0))s, ${left}s left): $*" \
-        | tee -a "$OUT/$file"
-    return
-  fi
-  ((budget > left)) && budget=$left
-  echo "=== $(date -u +%FT%TZ) (+$((start - T0))s) budget ${budget}s: $*" | tee -a "$OUT/$file"
-  set -o pipefail
-  timeout -k 5 "$budget" "$@" 2>&1 | grep --line-buffered -v "cudart_stub\|^I0000\|^W0000" \
-      | tee -a "$OUT/$file"
-  local rc=$?
-  echo "=== exit $rc after $(($(now) - start))s (124: stopped at its budget)" \
-      | tee -a "$OUT/$file"
-}
-
 if ((DRY)); then
-  SCALE=${SCALE_DRY:-5} TOTAL=$((TOTAL * SCALE))
   PARITY=(--allow_cpu --length=128 --batch=1)
   TRAIN=(--tiny --seq_len=128 --warmup=1 --rounds=2 --steps=2)
   TORCH=(--tiny --batch=2 --seq_len=64 --warmup=1 --rounds=2 --steps=2 --compile_budget=30)

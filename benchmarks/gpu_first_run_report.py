@@ -124,6 +124,70 @@ def torch_table(torch_results: list, results: list) -> None:
   print()
 
 
+def profile_tables(profiles: list) -> None:
+  """Where the time goes, measured (jax.profiler, device time per part) beside the
+  compile mode's estimate of the same compiled program (PROFILE lines)."""
+  print("## Where the time goes: measured against the compile mode's parts\n")
+  if not profiles:
+    print("no PROFILE line in 2_train.log\n")
+    return
+  for p in profiles:
+    measured, estimated = p.get("measured_ms", {}), p.get("estimated_ms", {})
+    print(f"{p.get('label') or '?'}: {p.get('ops_per_step', 0):.0f} ops a step\n")
+    print("| part | measured ms/step | estimated ms/step | estimated / measured |")
+    print("|---|---|---|---|")
+    for name in sorted(set(measured) | set(estimated), key=lambda n: -measured.get(n, 0.0)):
+      m, e = measured.get(name, 0.0), estimated.get(name, 0.0)
+      ratio = f"{e / m:.2f}" if m and e else "-"
+      print(f"| {name} | {m:.2f} | {e:.2f} | {ratio} |")
+    total_m, total_e = sum(measured.values()), sum(estimated.values())
+    print(f"| total | {total_m:.2f} | {total_e:.2f} | "
+          f"{total_e / total_m if total_m and total_e else 0:.2f} |")
+    if p.get("unmatched_top"):
+      print(f"\nops with no part (not in the compiled program's kernels): {p['unmatched_top']}")
+    print()
+
+
+def targets(results: list, torch_results: list, estimates: dict) -> None:
+  """Issue 47's targets, each with its measured figure and a verdict."""
+  print("## Targets\n")
+  by_label = {r["label"]: r for r in results}
+  lines = []
+  gs, t = by_label.get("gpt_small_auto_32"), (torch_results[-1] if torch_results else None)
+  compiled = (t or {}).get("compiled") or {}
+  if gs and compiled:
+    torch_tps = t["batch"] * t["seq_len"] / (compiled["step_ms_median"] / 1e3)
+    ratio = gs["tokens_per_second"] / torch_tps
+    lines.append(f"gpt_small 32 x 1024 against torch.compile: {gs['tokens_per_second']:,.0f} "
+                 f"vs {torch_tps:,.0f} tokens/s = {ratio:.2f}x (target >= 1.2x: "
+                 f"{'met' if ratio >= 1.2 else 'NOT met'}); MFU "
+                 f"{100 * (gs.get('mfu') or 0):.1f}%")
+  else:
+    lines.append("gpt_small against torch.compile: not measured (a RESULT line is missing)")
+  llama = by_label.get("llama_1b")
+  if llama and llama.get("mfu"):
+    lines.append(f"llama:1b 16 x 2048: MFU {100 * llama['mfu']:.1f}% (target >= 45%: "
+                 f"{'met' if llama['mfu'] >= 0.45 else 'NOT met'})")
+  else:
+    lines.append("llama:1b: not measured")
+  cublas = by_label.get("gpt_small_cublas_32")
+  if gs and cublas:
+    lines.append(f"XLA_FLAGS=--xla_gpu_enable_triton_gemm=false: {cublas['step_ms_median']:.1f} "
+                 f"vs {gs['step_ms_median']:.1f} ms/step "
+                 f"({gs['step_ms_median'] / cublas['step_ms_median']:.2f}x the default's speed)")
+  for label, est in estimates.items():
+    r = by_label.get(label)
+    if label.startswith("_") or not r or not est.get("estimated_seconds"):
+      continue
+    ratio = est["estimated_seconds"] * 1e3 / r["step_ms_median"]
+    lines.append(f"compile mode's estimate for {label}: {est['estimated_seconds'] * 1e3:.1f} "
+                 f"ms vs {r['step_ms_median']:.1f} ms measured = {ratio:.2f}x (target within "
+                 f"1.25x: {'met' if 0.8 <= ratio <= 1.25 else 'NOT met'})")
+  for line in lines:
+    print(f"- {line}")
+  print()
+
+
 def env() -> None:
   print("python", sys.version.split()[0])
   for name in ("jax", "jaxlib", "jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12", "flax",
@@ -171,6 +235,8 @@ def main() -> None:
   parser.add_argument("--estimates", default="")
   parser.add_argument("--env", action="store_true")
   parser.add_argument("--make_estimates", default="")
+  parser.add_argument("--speed", action="store_true",
+                      help="gpu_speed_run.sh's report: the profiles and issue 47's targets")
   parser.add_argument("pairs", nargs="*", help="LABEL=compile-mode json (--make_estimates)")
   args = parser.parse_args()
   if args.env:
@@ -183,10 +249,15 @@ def main() -> None:
   if args.estimates and os.path.exists(args.estimates):
     with open(args.estimates, encoding="utf-8") as f:
       estimates = json.load(f)
-  attention_table(json_lines(os.path.join(args.out, "1_attention.log"), "ROW "))
   results = json_lines(os.path.join(args.out, "2_train.log"), "RESULT ")
+  torch_results = json_lines(os.path.join(args.out, "3_torch.log"), "RESULT ")
+  if args.speed:
+    targets(results, torch_results, estimates)
+    profile_tables(json_lines(os.path.join(args.out, "2_train.log"), "PROFILE "))
+  else:
+    attention_table(json_lines(os.path.join(args.out, "1_attention.log"), "ROW "))
   train_table(results, estimates)
-  torch_table(json_lines(os.path.join(args.out, "3_torch.log"), "RESULT "), results)
+  torch_table(torch_results, results)
   if "_made" in estimates:
     print(f"Deviceless estimates: {estimates['_made']}.")
 

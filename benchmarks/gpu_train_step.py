@@ -12,7 +12,12 @@ compile is timed apart. Printed as it goes, then one `RESULT {json}` line:
   compile mode's deviceless verdict estimates) and the device's `peak_bytes_in_use`
   after the steps (`memory_stats()`);
 - kernels: the custom calls in the compiled program (`__cudnn$fmha...` for cuDNN's flash
-  attention), by target and count.
+  attention), by target and count;
+- with --profile=N: N more steps under jax.profiler, each XLA op's device time summed and
+  put in the parts of the compile mode's table (planning/kernels.py: matmul, attention,
+  loss, elementwise, optimizer, collectives) beside that mode's estimate of each part for
+  the same compiled program, as a `PROFILE {json}` line and a table: where the time goes,
+  measured.
 
 `--batch` is tried first; a RESOURCE_EXHAUSTED (out of memory) at compile or run time
 retries once at half the batch, and the RESULT says so.
@@ -21,6 +26,7 @@ retries once at half the batch, and the RESULT says so.
       --seq_len=1024 --set model.attention_impl=auto
   python benchmarks/gpu_train_step.py --config=configs/llama.py:1b --batch=16 --seq_len=2048
   python benchmarks/gpu_train_step.py --config=configs/gpt_small.py --batch=4 --tiny   # CPU
+  python benchmarks/gpu_train_step.py --config=configs/gpt_small.py --batch=32 --profile=3
 """
 
 from __future__ import annotations
@@ -34,13 +40,18 @@ import os
 import re
 import statistics
 import sys
+import tempfile
 import time
 
 import jax
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import profile_step  # benchmarks/profile_step.py; pylint: disable=g-bad-import-order,wrong-import-position
 import shapes  # benchmarks/shapes.py; pylint: disable=g-bad-import-order,wrong-import-position
+from transformer import hardware  # pylint: disable=wrong-import-position
+from transformer.planning import hlo  # pylint: disable=wrong-import-position
+from transformer.planning import kernels as kernels_lib  # pylint: disable=wrong-import-position
 from transformer.training import flops  # pylint: disable=wrong-import-position
 
 
@@ -76,13 +87,51 @@ def memory_of(compiled) -> dict[str, int]:
   return {name: int(getattr(analysis, name, 0) or 0) for name in names}
 
 
+def profile(compiled, state, batch, steps: int) -> tuple[dict, object]:
+  """Device time per part of the step (kernels.PARTS) over `steps` traced steps, beside
+  the compile mode's estimate of each part for this program; (PROFILE fields, state)."""
+  text = compiled.as_text()
+  launches, _, _ = hlo.launches(text)
+  part = {l.instruction.name: kernels_lib.part_of(l, train=True) for l in launches
+          if l.is_kernel}
+  # Loops, calls and conditionals: their events span their bodies' ops (on a CPU host).
+  containers = {l.instruction.name for l in launches if not l.is_kernel}
+  trace_dir = tempfile.mkdtemp(prefix="gpu_profile_")
+  with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+    _, state = shapes.run_steps(compiled, state, batch, steps)
+  ops = profile_step.read_trace(trace_dir, "train_step")
+  measured = collections.Counter()
+  unmatched = collections.Counter()
+  for op, us in ops:
+    if op in containers or op.split(".")[0] in ("while", "call", "conditional"):
+      continue
+    name = part.get(op)
+    if name is None:
+      unmatched[op] += us / steps / 1e3
+      name = "unmatched"
+    measured[name] += us / steps / 1e3
+  chip = hardware.chip_of(jax.devices()[0].device_kind)
+  estimated = ({p.name: p.seconds * 1e3 for p in kernels_lib.breakdown(launches, chip, True).parts}
+               if chip is not None and chip.has_memory_figures else {})
+  result = dict(measured_ms=dict(measured), estimated_ms=estimated, ops=len(ops),
+                ops_per_step=len(ops) / steps, trace_dir=trace_dir,
+                unmatched_top=dict(unmatched.most_common(8)))
+  print("| part | measured ms/step | estimated ms/step |\n|---|---|---|", flush=True)
+  for name in kernels_lib.PARTS + ("unmatched",):
+    if measured.get(name) or estimated.get(name):
+      print(f"| {name} | {measured.get(name, 0.0):.2f} | {estimated.get(name, 0.0):.2f} |")
+  print(f"| total (device busy) | {sum(measured.values()):.2f} | "
+        f"{sum(estimated.values()):.2f} |", flush=True)
+  return result, state
+
+
 def measure(config, args) -> dict:
   """Compiles and times the step at config.data.batch_size; the RESULT fields."""
   trainer = shapes.make_trainer(config)
   batch_size, seq_len = config.data.batch_size, config.data.seq_len
   with trainer.context():
     state = trainer.init(jax.random.PRNGKey(0))
-    batch = trainer.global_batch(shapes.random_batch(config))
+    batch = trainer.train_batch(shapes.random_batch(config))
     start = time.perf_counter()
     compiled = trainer.train_step.lower(state, batch).compile()
     compile_seconds = time.perf_counter() - start
@@ -96,6 +145,10 @@ def measure(config, args) -> dict:
       seconds, state = shapes.run_steps(compiled, state, batch, args.steps)
       times.append(seconds)
       print(f"  round: {1e3 * seconds:.2f} ms/step", flush=True)
+    profiled = None
+    if args.profile:
+      profiled, state = profile(compiled, state, batch, args.profile)
+      print("PROFILE " + json.dumps(dict(label=args.label, **profiled)), flush=True)
   device = jax.devices()[0]
   stats = device.memory_stats() or {}
   median = statistics.median(times)
@@ -132,6 +185,8 @@ def main() -> None:
   parser.add_argument("--steps", type=int, default=5, help="steps per timed round")
   parser.add_argument("--label", default="", help="names the RESULT line")
   parser.add_argument("--tiny", action="store_true", help="a small model (CPU dry run)")
+  parser.add_argument("--profile", type=int, default=0,
+                      help="steps traced after the timing, reduced to the parts of the step")
   args = parser.parse_args()
   print(shapes.platform_line(), flush=True)
   batch, result = args.batch, None

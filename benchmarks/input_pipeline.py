@@ -125,7 +125,7 @@ def main() -> None:
   trainer = shapes.make_trainer(tiny)
   with trainer.context():
     state = trainer.init(jax.random.PRNGKey(0))
-    batch = trainer.global_batch(shapes.random_batch(tiny))
+    batch = trainer.train_batch(shapes.random_batch(tiny))
     step_times = []
 
     def tiny_step() -> float:

@@ -37,7 +37,7 @@ def measure_policy(shape: str, policy: str, scan: bool, steps: int) -> dict:
   trainer = shapes.make_trainer(config)
   with trainer.context():
     state = trainer.init(jax.random.PRNGKey(0))
-    batch = trainer.global_batch(shapes.random_batch(config))
+    batch = trainer.train_batch(shapes.random_batch(config))
     compiled = trainer.train_step.lower(state, batch).compile()
     analysis = compiled.memory_analysis()
     _, state = shapes.run_steps(compiled, state, batch, 1)

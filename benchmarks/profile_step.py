@@ -85,7 +85,7 @@ def main() -> None:
   print(f"{args.shape}: {shapes.describe(config)}, {args.steps} steps\n")
   with trainer.context():
     state = trainer.init(jax.random.PRNGKey(0))
-    batch = trainer.global_batch(shapes.random_batch(config))
+    batch = trainer.train_batch(shapes.random_batch(config))
     compiled = trainer.train_step.lower(state, batch).compile()
     _, state = shapes.run_steps(compiled, state, batch, 2)
     trace_dir = args.trace_dir or tempfile.mkdtemp(prefix="profile_step_")

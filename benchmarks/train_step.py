@@ -44,9 +44,9 @@ def measure_shape(name: str, rounds: int, round_seconds: float, overrides: list[
     state = trainer.init(jax.random.PRNGKey(0))
     host_batch = shapes.random_batch(config)
     if per_call == 1:
-      step, batch = trainer.train_step, trainer.global_batch(host_batch)
+      step, batch = trainer.train_step, trainer.train_batch(host_batch)
     else:  # train.steps_per_call=K: K steps a call (lax.scan), as the training loop runs them.
-      step, batch = trainer.train_steps, trainer.global_batch(
+      step, batch = trainer.train_steps, trainer.train_batch(
           {k: np.stack([v] * per_call) for k, v in host_batch.items()}, stacked=True)
     start = time.perf_counter()
     _, state = shapes.run_steps(step, state, batch, 1)

@@ -57,6 +57,20 @@ ACCELERATOR_NODES = ("/dev/accel[0-9]*", "/dev/vfio/[0-9]*", "/dev/nvidia[0-9]*"
                      "/dev/nvidiactl", "/dev/dxg", "/dev/kfd")
 
 
+def gpu_compiler_options(environ: Mapping[str, str] = os.environ) -> dict[str, object]:
+  """GPU_XLA_FLAGS as jax compiler options, for compiling a GPU step on a host without
+  the GPU (--mode=compile): the program a run launched here would get. None where the
+  user's XLA_FLAGS is set (it then applies to both, as to a run)."""
+  if "XLA_FLAGS" in environ:
+    return {}
+  options = {}
+  for flag, _ in GPU_XLA_FLAGS:
+    name, _, value = flag.removeprefix("--").partition("=")
+    options[name] = {"true": True, "false": False}.get(value, int(value) if value.isdigit()
+                                                       else value)
+  return options
+
+
 def attached_accelerators(root: str = "") -> list[str]:
   """The accelerator device nodes present (under `root`, for tests); [] on a CPU-only host."""
   return sorted(path for pattern in ACCELERATOR_NODES for path in glob.glob(root + pattern))

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from transformer import accelerator
 from transformer.config import objective as objective_lib
 from transformer.config.errors import ConfigError
 from transformer.config.validation import validate
@@ -153,7 +154,7 @@ def rejected(name: str, error: Exception) -> ConfigError:
 
 
 def _collect(name: str, lowered, start: float, arguments_bytes: int = 0,
-             **extra) -> StepCost:
+             platform: str = "", **extra) -> StepCost:
   """Compiles `lowered` and reads XLA's memory and cost analyses of the result."""
   with tempfile.TemporaryDirectory() as dump:
     try:
@@ -162,6 +163,8 @@ def _collect(name: str, lowered, start: float, arguments_bytes: int = 0,
       # update instruction should have 1 operands but sees 3": gpt_small on v5p and
       # v6e, the 7B on v5p), and the collective count would be lost.
       options = {"xla_dump_to": dump, "xla_dump_hlo_as_text": True}
+      if platform == "gpu":  # The flags a run on that GPU gets (accelerator.py).
+        options.update(accelerator.gpu_compiler_options())
       compiling = time.perf_counter()
       try:
         with gpu.plugin_noise_filtered(), progress.stage(f"compile: XLA compiling the {name} step"):
@@ -262,6 +265,11 @@ def _loop_corrected(cost: dict | None, counts: tuple[hlo.Counts, hlo.Counts] | N
   return flops, nbytes, optimal, factors
 
 
+def _platform(trainer: trainer_lib.Trainer) -> str:
+  """The platform the trainer's mesh compiles for ("gpu", "tpu", "cpu")."""
+  return trainer.mesh.devices.flat[0].platform
+
+
 def compile_train(trainer: trainer_lib.Trainer) -> StepCost:
   """The train step on the abstract state and batch."""
   config, chips = trainer.config, trainer.mesh.size
@@ -273,6 +281,7 @@ def compile_train(trainer: trainer_lib.Trainer) -> StepCost:
   step_flops = flops.train_flops_per_step(trainer.model_config, config.data.batch_size,
                                           config.data.seq_len)
   return _collect("train", lowered, start, model_flops=step_flops / chips,
+                  platform=_platform(trainer),
                   arguments_bytes=sum(argument_breakdown(trainer).values()),
                   tokens=objective.sides * config.data.batch_size * config.data.seq_len)
 
@@ -288,6 +297,7 @@ def compile_eval(trainer: trainer_lib.Trainer) -> StepCost:
   forward = config.data.batch_size * flops.forward_flops_per_sequence(
       trainer.model_config, config.data.seq_len)
   return _collect("eval", lowered, start, model_flops=forward / chips,
+                  platform=_platform(trainer),
                   tokens=objective.sides * config.data.batch_size * config.data.seq_len)
 
 
@@ -330,7 +340,7 @@ def compile_decode(trainer: trainer_lib.Trainer) -> StepCost:
           model_config, params, ints(rows, width), ints(rows, width), ints(rows), rng,
           num_steps=steps, **search)
       tokens = rows * (width + steps)
-  return _collect("decode", lowered, start, tokens=tokens)
+  return _collect("decode", lowered, start, tokens=tokens, platform=_platform(trainer))
 
 
 def build_trainer(config: ml_collections.ConfigDict, mesh) -> trainer_lib.Trainer:
