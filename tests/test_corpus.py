@@ -11,6 +11,7 @@ import io
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 
@@ -206,6 +207,66 @@ def test_a_bad_record_stops_naming_file_and_line_or_is_skipped_and_counted(confi
   config.data.bad_records = "skip"
   _, manifest = prepare(config)
   assert manifest["skipped_records"] == 1
+
+
+def _jsonl(documents: int) -> bytes:
+  return "".join(json.dumps({"text": f"document {i} " * 20}) + "\n"
+                 for i in range(documents)).encode()
+
+
+def _parquet(documents: int) -> bytes:
+  buffer = io.BytesIO()
+  pq.write_table(pa.table({"text": [f"document {i} " * 20 for i in range(documents)]}),
+                 buffer, row_group_size=100, compression="snappy")
+  return buffer.getvalue()
+
+
+def _flipped(data: bytes, start: int, count: int = 400) -> bytes:
+  damaged = bytearray(data)
+  for i in range(start, start + count):
+    damaged[i] ^= 0x5A
+  return bytes(damaged)
+
+
+_ZST = zstandard.ZstdCompressor().compress(_jsonl(2000))
+_GZ = gzip.compress(_jsonl(2000))
+_PARQUET = _parquet(1000)
+
+
+@pytest.mark.parametrize("name,content,message", [
+    # Read as "malformed JSON" before, and with bad_records='skip' 894 of 2000 documents.
+    ("e.jsonl.zst", _ZST[:len(_ZST) // 2], "damaged compressed file .*ends inside a zstd frame"),
+    ("e.jsonl.zst", _ZST[:-3], "damaged compressed file"),
+    ("e.jsonl.gz", _GZ[:len(_GZ) // 2], "damaged compressed file"),
+    ("e.jsonl.gz", _flipped(_GZ, len(_GZ) // 2), "damaged compressed file"),
+    ("e.parquet", _PARQUET[:len(_PARQUET) // 2], "not a readable parquet file"),
+    # A row group that does not decode: a pyarrow traceback before.
+    ("e.parquet", _flipped(_PARQUET, len(_PARQUET) // 3), "not a readable parquet file "
+     r"\(row group"),
+    # The last line cut: one "malformed" record skipped before, the rest trained on.
+    ("e.jsonl", _jsonl(50)[:-30], r"ends inside a record \(line 50 .*truncated"),
+])
+def test_a_file_cut_short_or_damaged_is_refused_whole_never_skipped_as_records(
+    config, name, content, message):
+  """A truncated or corrupted file is the file's fault: one DataError naming it, also
+  with data.bad_records='skip' (which is for records, not for half a file)."""
+  _bad(config.data.path, name, content)
+  config.data.bad_records = "skip"
+  with pytest.raises(DataError, match=re.escape(os.path.join(config.data.path, name))
+                     + ": " + message):
+    prepare(config)
+
+
+def test_every_frame_of_a_multi_frame_zst_is_read(config):
+  """pzstd and concatenated .zst files hold several frames: the reader that checks each
+  frame ends (corpus_read._ZstdFrames) reads them all, as zstandard's stream reader did."""
+  lines = _jsonl(2000)
+  half = lines.index(b"\n", len(lines) // 2) + 1
+  _bad(config.data.path, "e.jsonl.zst", zstandard.ZstdCompressor().compress(lines[:half])
+       + zstandard.ZstdCompressor().compress(lines[half:]))
+  config.data.path = os.path.join(config.data.path, "e.jsonl.zst")
+  _, manifest = prepare(config)
+  assert sum(s["documents"] for s in manifest["splits"].values()) == 2000
 
 
 def test_parquet_without_the_key_and_undecodable_bytes(config):
