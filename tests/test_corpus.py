@@ -269,6 +269,39 @@ def test_every_frame_of_a_multi_frame_zst_is_read(config):
   assert sum(s["documents"] for s in manifest["splits"].values()) == 2000
 
 
+def test_a_split_with_no_tokens_is_refused_at_prepare_and_at_training_start(
+    config, monkeypatch):
+  """One .txt is one document: all of it lands in one split, the other gets 0 tokens.
+  prepare accepted it and training failed at its first evaluation, after training."""
+  for name in os.listdir(config.data.path):
+    if not name.endswith(".txt"):
+      os.remove(os.path.join(config.data.path, name))
+  config.data.val_fraction = 0.01
+  with pytest.raises(ConfigError, match=r"the validation split of the prepared corpus .* has "
+                     r"0 tokens \(train 1 documents, [\d,]+ tokens; validation 0 documents, 0 "
+                     r"tokens; 1 source file\(s\), config.data.val_fraction=0.01\).*raise "
+                     r"config.data.val_fraction"):
+    prepare(config)
+  # A corpus prepared before prepare checked this: refused before training starts.
+  monkeypatch.setattr(corpus, "empty_split", lambda manifest, folder: None)
+  prepare(config)
+  monkeypatch.undo()
+  with pytest.raises(ConfigError, match=r"config.data.path=.*the validation split .* 0 "
+                     r"tokens.*then run `python launch.py --mode=prepare"):
+    corpus_run.open_for_training(config)
+
+
+def test_a_shard_missing_from_a_prepared_corpus_is_refused_and_prepare_redoes_it(config):
+  job, manifest = prepare(config)
+  shard = manifest["splits"]["train"]["shards"][1]["task"]
+  os.remove(os.path.join(job.output, "train", shard + ".array_record"))
+  with pytest.raises(ConfigError, match=rf"lacks .*train/{shard}.array_record that its "
+                     r"manifest lists .*redoes the missing files"):
+    corpus_run.open_for_training(config)
+  prepare(config)
+  corpus_run.open_for_training(config)
+
+
 def test_parquet_without_the_key_and_undecodable_bytes(config):
   pq.write_table(pa.table({"body": ["x", "y"]}), os.path.join(config.data.path, "e.parquet"))
   with pytest.raises(DataError, match=r"e.parquet: no column 'text' .*\['body'\]"):

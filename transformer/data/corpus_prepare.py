@@ -328,6 +328,9 @@ def prepare(job: Job, *, workers: int, shard: tuple[int, int]) -> dict[str, Any]
                  len(missing), missing[0])
     return None
   manifest = _manifest(job, [every[i] for i in range(len(job.names))])
+  empty = corpus.empty_split(manifest, job.output)
+  if empty:  # Refused before the manifest: nothing a run could start on and then fail.
+    raise ConfigError(empty)
   files.write_atomically(os.path.join(job.output, corpus.MANIFEST),
                          json.dumps(manifest, indent=1, sort_keys=True))
   return manifest
