@@ -14,6 +14,8 @@ import random
 import re
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -334,6 +336,88 @@ def test_a_full_disk_stops_in_one_line_and_a_rerun_finishes(config, monkeypatch)
   monkeypatch.undo()
   assert prepare_mode.main(config, None) == 0
   corpus_run.open_for_training(config)
+
+
+def test_a_full_disk_in_a_worker_is_one_error_without_a_thread_traceback(config, monkeypatch):
+  """Two workers, one file's shard refused by a full disk: the error, and no
+  `InvalidStateError` traceback from the pool's thread before it (3 runs in 4 before)."""
+  from transformer.cli import prepare as prepare_mode  # pylint: disable=g-import-not-at-top
+  real = corpus_prepare._SplitWriter.finish  # pylint: disable=protected-access
+
+  def full(self):  # Inherited by the forked workers: the odd files' train shards fail.
+    if "/train/" in self.final and int(os.path.basename(self.final)[:5]) % 2:
+      raise RuntimeError("riegeli write failed: No space left on device")
+    return real(self)
+
+  for k in range(3):
+    write_corpus(os.path.join(config.data.path, str(k)), documents=300, seed=k)
+  config.data.prepare_workers = 2
+  monkeypatch.setattr(corpus_prepare._SplitWriter, "finish", full)  # pylint: disable=protected-access
+  thread_errors = []
+  monkeypatch.setattr(threading, "excepthook", thread_errors.append)
+  for _ in range(3):
+    with pytest.raises(OSError) as raised:
+      prepare_mode.main(config, None)
+    assert raised.value.errno == errno.ENOSPC
+  assert not thread_errors, [str(e.exc_value) for e in thread_errors]
+
+
+def _children(pid: int) -> list[int]:
+  """The pids of `pid`'s child processes (Linux /proc)."""
+  found = []
+  for task in os.listdir(f"/proc/{pid}/task"):
+    with open(f"/proc/{pid}/task/{task}/children", encoding="ascii") as f:
+      found += [int(child) for child in f.read().split()]
+  return found
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="reads /proc (Linux)")
+def test_workers_die_with_a_killed_prepare(config, tmp_path):
+  """SIGKILL to --mode=prepare's process: its workers end too, and the caller's pipe
+  closes (before, they waited on their task queue forever: seen after 761 s)."""
+  source = tmp_path / "fifos"
+  source.mkdir()
+  for name in ("a.txt", "b.txt"):  # Reading a FIFO nobody writes: a worker blocks there.
+    os.mkfifo(source / name)
+  config.data.path = str(source)
+  process = subprocess.Popen(
+      [sys.executable, "launch.py", "--mode=prepare", "--config=tests/tiny.py:" +
+       config.data.data_dir, "--config.data.name=corpus", f"--config.data.path={source}",
+       "--config.data.tokenizer=bytes", "--config.model.vocab_size=0",
+       "--config.data.prepare_workers=2"], cwd=ROOT, stdin=subprocess.DEVNULL,
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  workers = []
+  try:
+    for line in iter(process.stderr.readline, b""):
+      if b"worker process(es)" in line:
+        break
+    deadline = time.monotonic() + 60
+    while len(workers) < 2 and time.monotonic() < deadline:
+      workers = _children(process.pid)
+      time.sleep(0.1)
+    assert len(workers) >= 2, workers
+    time.sleep(1)  # The workers have run their initializer and opened the FIFOs.
+    process.kill()
+    process.communicate(timeout=30)  # EOF: no worker holds the pipe any more.
+    deadline = time.monotonic() + 30
+    while any(os.path.exists(f"/proc/{w}") and _state(w) != "Z" for w in workers):
+      assert time.monotonic() < deadline, "workers outlived their parent"
+      time.sleep(0.1)
+  finally:
+    process.kill()
+    for worker in workers:
+      try:
+        os.kill(worker, 9)
+      except ProcessLookupError:
+        pass
+
+
+def _state(pid: int) -> str:
+  try:
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+      return f.read().rsplit(")", 1)[1].split()[0]
+  except FileNotFoundError:
+    return "Z"
 
 
 def test_training_rows_come_from_the_ids_and_resume_exactly(config):
