@@ -9,6 +9,10 @@ one. A file that already holds the content is not touched (its mtime stays), so
 rerunning a command changes nothing that did not change. Used for config.json, the
 tokenizer files, evaluation results, translations and run records alike.
 
+`write_together` does it for the files of one result (--mode=passkey's JSON and heat map,
+evaluate --by_position's JSON and plot): each written whole to its temporary file, then
+all renamed; a full disk at any leaves none (a rerun is not refused as "exists").
+
 `complete_or_absent` does the same for a folder (what --mode=average, import and
 export write): it is filled under a temporary sibling name and renamed into place at
 the end, and removed on any failure (a full disk, Ctrl-C, an error), so the folder is
@@ -77,6 +81,55 @@ def write_atomically(path: str, content: str | bytes, flag: str = "") -> bool:
         return False
   except (FileNotFoundError, NotADirectoryError):
     pass
+  temporary = _temporary_copy(path, data)
+  try:
+    os.replace(temporary, path)
+  except BaseException:
+    _remove(temporary)
+    raise
+  _fsync_directory(os.path.dirname(os.path.abspath(path)))
+  return True
+
+
+def write_together(contents: list[tuple[str, str | bytes]], flag: str) -> None:
+  """Writes several files of one result (a JSON and its PNG) all or none.
+
+  Each is written in full to its temporary file first; only when every one is whole
+  are they renamed into place, one after the other, with signals held back. A full
+  disk (or any failure) on any of them leaves none of them changed, so a rerun is
+  not refused because the first one "exists". Each is noted finished (`flag`).
+
+  Raises:
+    OSError: a write refused by the machine, named after its file and `flag`.
+  """
+  temporaries: list[str] = []
+  current = contents[0][0]  # The file being written: the one an error names.
+  try:
+    with signals_deferred():
+      for current, content in contents:
+        data = content.encode("utf-8") if isinstance(content, str) else content
+        temporaries.append(_temporary_copy(current, data))
+      for (current, _), temporary in zip(contents, temporaries):
+        os.replace(temporary, current)
+        _fsync_directory(os.path.dirname(os.path.abspath(current)))
+        note_finished(current, flag)
+  except OSError as e:
+    for temporary in temporaries:
+      _remove(temporary)
+    if e.errno in DISK_FULL_ERRNOS + _REFUSALS:
+      error = named(e, current, flag)
+      error.result_file = True  # A file, not a folder: "write the result elsewhere".
+      raise error from None
+    raise
+  except BaseException:
+    for temporary in temporaries:
+      _remove(temporary)
+    raise
+
+
+def _temporary_copy(path: str, data: bytes) -> str:
+  """`data` written, flushed and fsynced (mode 0644) to a new temporary file beside
+  `path`; returns its name. On failure nothing is left, and the OSError names `path`."""
   directory = os.path.dirname(os.path.abspath(path))
   os.makedirs(directory, exist_ok=True)
   # A name no other writer uses, created exclusively ("x"): two processes never share it.
@@ -87,16 +140,18 @@ def write_atomically(path: str, content: str | bytes, flag: str = "") -> bool:
       f.flush()
       os.fsync(f.fileno())
     os.chmod(temporary, _MODE)
-    os.replace(temporary, path)
   except BaseException as e:
-    if os.path.exists(temporary):
-      os.remove(temporary)
+    _remove(temporary)
     if isinstance(e, OSError) and not e.filename:
       # A failed write() names no file: say which one (a full disk's one line needs it).
       raise OSError(e.errno, e.strerror or str(e), path) from None
     raise
-  _fsync_directory(directory)
-  return True
+  return temporary
+
+
+def _remove(path: str) -> None:
+  if os.path.exists(path):
+    os.remove(path)
 
 
 def _fsync_directory(directory: str) -> None:
