@@ -182,7 +182,9 @@ def _exit_without_teardown(status: int) -> None:
   (a compile of the decode step, a computation): JAX's exit hook and the interpreter's
   last garbage collection then destroy the backend under that thread, which ends in
   `Fatal Python error: Segmentation fault`, exit 139, after the right line (seen on
-  --mode=translate and generate, 1 in 2 tries). Every cleanup of the command (its
+  --mode=translate and generate, 1 in 2 tries). Or a second signal gave up a save
+  whose Orbax thread the exit would join, forever if it waits on a dead peer
+  (workdir/files.py's `abandoned_writes`). Every cleanup of the command (its
   `with` and `finally` blocks: temporary outputs, the workdir lock) has run on the way
   up; what is left is flushing the logs.
   """
@@ -432,8 +434,10 @@ if __name__ == "__main__":
     run()
   except SystemExit as exit_:
     _AS_SCRIPT["status"] = exit_.code
-    if _AS_SCRIPT["interrupted"]:
-      _exit_without_teardown(int(exit_.code))
+    from transformer.workdir import files as files_lib  # pylint: disable=g-import-not-at-top
+    # Stopped by a signal, or a write given up by a second one (its threads may never end).
+    if _AS_SCRIPT["interrupted"] or files_lib.abandoned_writes():
+      _exit_without_teardown(int(exit_.code or 0))
     raise
   finally:
     _finished()  # From here a signal is noted and said at the exit, never a traceback.

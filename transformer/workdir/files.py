@@ -41,7 +41,7 @@ import shutil
 import signal
 import threading
 import uuid
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from absl import logging
 
@@ -250,14 +250,16 @@ def finished_outputs() -> list[tuple[str, str]]:
 def forget_finished() -> None:
   """Starts a new command's record (launch.run calls it; tests run several in a process)."""
   _FINISHED.clear()
+  _ABANDONED.clear()
 
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 @contextlib.contextmanager
-def signals_deferred() -> Iterator[None]:
-  """SIGINT / SIGTERM that arrive in the block take effect when it ends, not inside it.
+def signals_deferred(left: str = "") -> Iterator[None]:
+  """SIGINT / SIGTERM that arrive in the block take effect when it ends, not inside it;
+  a second one takes effect at once.
 
   For writes that must finish or be undone as a whole before the program unwinds: an
   Orbax save (other threads write for it; interrupting the main thread leaves them
@@ -267,20 +269,35 @@ def signals_deferred() -> Iterator[None]:
   loop's StopRequest notes a stop request. When the block raises, its error goes on
   and the signal is only logged (the command stops on that error anyway). A no-op
   outside the main thread (signals are only handled there).
+
+  A second signal is the way out of a write that does not end (a save waiting on a dead
+  peer): it is given to that handler at once, inside the block, after a line saying
+  what is left: `left` ("the folder X is incomplete; the next run removes it"). The
+  write is then noted as abandoned (`abandoned_writes`): launch.py ends the process
+  without waiting for the threads still writing.
   """
   if threading.current_thread() is not threading.main_thread():
     yield
     return
   caught: list[int] = []
+  previous: dict[int, Any] = {}
 
   def note(signum, frame) -> None:
     del frame
-    if not caught:
-      logging.warning("%s: stopping once the write in progress is whole (or removed)",
-                      signal.Signals(signum).name)
+    name = signal.Signals(signum).name
+    if caught:  # The second: stop now.
+      what = left or "the write in progress is left incomplete and is not used"
+      logging.warning("%s again: stopping now; %s", name, what)
+      _ABANDONED.append(what)
+      for sig, handler in previous.items():
+        signal.signal(sig, handler)
+      _deliver(signum, previous[signum])
+      return
+    logging.warning("%s: stopping once the write in progress is whole (or removed); "
+                    "a second signal stops at once, leaving it incomplete", name)
     caught.append(signum)
 
-  previous = {sig: signal.signal(sig, note) for sig in _SIGNALS}
+  previous.update({sig: signal.signal(sig, note) for sig in _SIGNALS})
   try:
     yield
   finally:
@@ -288,6 +305,21 @@ def signals_deferred() -> Iterator[None]:
       signal.signal(sig, handler)
   if caught:
     _deliver(caught[-1], previous[caught[-1]])
+
+
+# What a second signal left unfinished (signals_deferred, the training loop's save): the
+# process then ends without waiting for the threads that still write it.
+_ABANDONED: list[str] = []
+
+
+def note_abandoned(what: str) -> None:
+  """Notes that a write was given up by a second signal (`what`: what is left of it)."""
+  _ABANDONED.append(what)
+
+
+def abandoned_writes() -> list[str]:
+  """What this command's second signals left unfinished (empty: nothing)."""
+  return list(_ABANDONED)
 
 
 def _deliver(signum: int, handler) -> None:
