@@ -20,7 +20,8 @@ stops with "workdir ... in use by PID N on HOST", exit 2), log the process/devic
 picture, and call the mode's `main`. A mode's `check_config(config, workdir)`, where it has one
 (train, sweep), runs before the workdir is created or locked: a failed check creates
 nothing. Ctrl-C or SIGTERM outside the training loop ends the command with one line
-and 130 / 143, after the cleanups on the way up (outputs are complete or absent).
+and 130 / 143, after the cleanups on the way up (outputs are complete or absent), and
+then ends without the interpreter's teardown (JAX's threads may still be compiling).
 """
 
 import atexit

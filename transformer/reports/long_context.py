@@ -3,7 +3,8 @@
 Drawn from the records the modes write (`--mode=evaluate --by_position=W`'s rows,
 `--mode=passkey`'s cells), no devices: the console tables and the figures (a line of
 perplexity against position; a heat map of retrieval accuracy, context length against
-the depth of the key), on matplotlib's Agg canvas (plots.png_bytes), written by the mode with its JSON.
+the depth of the key), on matplotlib's Agg canvas (plots.png_bytes), written by the mode
+with its JSON.
 """
 
 from __future__ import annotations
