@@ -20,7 +20,8 @@ stops with "workdir ... in use by PID N on HOST", exit 2), log the process/devic
 picture, and call the mode's `main`. A mode's `check_config(config, workdir)`, where it has one
 (train, sweep), runs before the workdir is created or locked: a failed check creates
 nothing. Ctrl-C or SIGTERM outside the training loop ends the command with one line
-and 130 / 143, after the cleanups on the way up (outputs are complete or absent).
+and 130 / 143, after the cleanups on the way up (outputs are complete or absent), and
+then ends without the interpreter's teardown (JAX's threads may still be compiling).
 """
 
 import atexit
@@ -32,7 +33,7 @@ import sys
 # SIGINT / SIGTERM that came after the mode had returned successfully, and whether this
 # is `python launch.py` (its exit hooks are then guarded too) with its exit status.
 _LATE_SIGNALS: list[int] = []
-_AS_SCRIPT = {"running": False, "status": None}
+_AS_SCRIPT = {"running": False, "status": None, "interrupted": False}
 
 
 def _late_signal_at_exit() -> None:
@@ -170,7 +171,29 @@ def _exit_interrupted(error: KeyboardInterrupt, mode: str) -> None:
   else:
     sys.stderr.write(f"\nStopped by {name}: --mode={mode} did not finish and left no "
                      "partial output; rerun the same command\n")
+  _AS_SCRIPT["interrupted"] = True  # `python launch.py` then ends without teardown.
   sys.exit(128 + signum)
+
+
+def _exit_without_teardown(status: int) -> None:
+  """Ends a `python launch.py` stopped by a signal now, after its one line: no exit
+  hooks, no interpreter teardown.
+
+  The signal may have cut the main thread's wait on work that JAX's threads go on with
+  (a compile of the decode step, a computation): JAX's exit hook and the interpreter's
+  last garbage collection then destroy the backend under that thread, which ends in
+  `Fatal Python error: Segmentation fault`, exit 139, after the right line (seen on
+  --mode=translate and generate, 1 in 2 tries). Or a second signal gave up a save
+  whose Orbax thread the exit would join, forever if it waits on a dead peer
+  (workdir/files.py's `abandoned_writes`). Every cleanup of the command (its
+  `with` and `finally` blocks: temporary outputs, the workdir lock) has run on the way
+  up; what is left is flushing the logs.
+  """
+  import logging as std_logging  # pylint: disable=g-import-not-at-top
+  std_logging.shutdown()  # log.txt's handler flushed and closed.
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(status)  # pylint: disable=protected-access
 
 
 def _late_signal_line(signum: int) -> str:
@@ -414,6 +437,10 @@ if __name__ == "__main__":
     run()
   except SystemExit as exit_:
     _AS_SCRIPT["status"] = exit_.code
+    from transformer.workdir import files as files_lib  # pylint: disable=g-import-not-at-top
+    # Stopped by a signal, or a write given up by a second one (its threads may never end).
+    if _AS_SCRIPT["interrupted"] or files_lib.abandoned_writes():
+      _exit_without_teardown(int(exit_.code or 0))
     raise
   finally:
     _finished()  # From here a signal is noted and said at the exit, never a traceback.

@@ -15,8 +15,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from unittest import mock
 
 import jax
@@ -269,6 +271,58 @@ def test_translate_through_launch(translation_run, tmp_path):
   # A loaded run builds nothing of training (inference/loaded.py): no optimizer, and no
   # sharding table, which only Trainer.create logs.
   assert "Parameter sharding on mesh" not in result.stderr
+
+
+def _stopped_while_decoding(argv, signum, delay):
+  """Runs launch.py (`argv`), sends `signum` `delay` s after the checkpoint is loaded
+  (decoding then: compiles and steps in JAX's threads); returns (exit status, stderr)."""
+  process = subprocess.Popen(
+      [sys.executable, os.path.join(ROOT, "launch.py"), *argv], cwd=ROOT,
+      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+      env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
+      # As a terminal's foreground process: pytest-xdist's workers ignore SIGINT.
+      preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+  lines = []
+  try:
+    for line in iter(process.stderr.readline, b""):
+      lines.append(line.decode("utf-8", "replace"))
+      if lines[-1].startswith("Loaded checkpoint"):
+        time.sleep(delay)
+        process.send_signal(signum)
+        break
+    lines += [line.decode("utf-8", "replace") for line in process.stderr]
+    process.wait(timeout=300)
+  finally:
+    if process.poll() is None:
+      process.kill()
+  return process.returncode, "".join(lines)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["translate", "generate"])
+def test_a_signal_while_decoding_ends_in_one_line_every_time(mode, translation_run, lm_run,
+                                                             tmp_path):
+  """SIGINT / SIGTERM while translate or generate decodes: the line and 130 / 143, never
+  `Fatal Python error: Segmentation fault` (exit 139, 1 in 2 tries before: the exit tore
+  JAX's backend down under a compile the signal had interrupted)."""
+  workdir = (translation_run if mode == "translate" else lm_run)[0]
+  (tmp_path / "in.txt").write_text("".join(f"the cat {i} runs home\n" for i in range(20000)),
+                                   encoding="utf-8")
+  out = tmp_path / "out.txt"
+  for attempt in range(6):
+    signum = (signal.SIGINT, signal.SIGTERM)[attempt % 2]
+    code, stderr = _stopped_while_decoding(
+        [f"--mode={mode}", f"--workdir={workdir}", f"--input={tmp_path}/in.txt",
+         f"--output={out}", "--beam_size=1"], signum, 0.25 * attempt)
+    if code == 0:  # Finished before the signal (a fast machine): the next waits less.
+      out.unlink()
+      continue
+    name = signal.Signals(signum).name
+    assert code == 128 + signum, f"attempt {attempt} ({name}): exit {code}\n{stderr[-3000:]}"
+    assert "Fatal Python error" not in stderr and "Traceback" not in stderr, stderr[-3000:]
+    assert stderr.rstrip().endswith(f"Stopped by {name}: --mode={mode} did not finish and "
+                                    "left no partial output; rerun the same command")
+    assert not out.exists()
 
 
 # ---------------------------------------------------------------- generate

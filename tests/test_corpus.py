@@ -11,8 +11,11 @@ import io
 import json
 import os
 import random
+import re
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -208,6 +211,99 @@ def test_a_bad_record_stops_naming_file_and_line_or_is_skipped_and_counted(confi
   assert manifest["skipped_records"] == 1
 
 
+def _jsonl(documents: int) -> bytes:
+  return "".join(json.dumps({"text": f"document {i} " * 20}) + "\n"
+                 for i in range(documents)).encode()
+
+
+def _parquet(documents: int) -> bytes:
+  buffer = io.BytesIO()
+  pq.write_table(pa.table({"text": [f"document {i} " * 20 for i in range(documents)]}),
+                 buffer, row_group_size=100, compression="snappy")
+  return buffer.getvalue()
+
+
+def _flipped(data: bytes, start: int, count: int = 400) -> bytes:
+  damaged = bytearray(data)
+  for i in range(start, start + count):
+    damaged[i] ^= 0x5A
+  return bytes(damaged)
+
+
+_ZST = zstandard.ZstdCompressor().compress(_jsonl(2000))
+_GZ = gzip.compress(_jsonl(2000))
+_PARQUET = _parquet(1000)
+
+
+@pytest.mark.parametrize("name,content,message", [
+    # Read as "malformed JSON" before, and with bad_records='skip' 894 of 2000 documents.
+    ("e.jsonl.zst", _ZST[:len(_ZST) // 2], "damaged compressed file .*ends inside a zstd frame"),
+    ("e.jsonl.zst", _ZST[:-3], "damaged compressed file"),
+    ("e.jsonl.gz", _GZ[:len(_GZ) // 2], "damaged compressed file"),
+    ("e.jsonl.gz", _flipped(_GZ, len(_GZ) // 2), "damaged compressed file"),
+    ("e.parquet", _PARQUET[:len(_PARQUET) // 2], "not a readable parquet file"),
+    # A row group that does not decode: a pyarrow traceback before.
+    ("e.parquet", _flipped(_PARQUET, len(_PARQUET) // 3), "not a readable parquet file "
+     r"\(row group"),
+    # The last line cut: one "malformed" record skipped before, the rest trained on.
+    ("e.jsonl", _jsonl(50)[:-30], r"ends inside a record \(line 50 .*truncated"),
+])
+def test_a_file_cut_short_or_damaged_is_refused_whole_never_skipped_as_records(
+    config, name, content, message):
+  """A truncated or corrupted file is the file's fault: one DataError naming it, also
+  with data.bad_records='skip' (which is for records, not for half a file)."""
+  _bad(config.data.path, name, content)
+  config.data.bad_records = "skip"
+  with pytest.raises(DataError, match=re.escape(os.path.join(config.data.path, name))
+                     + ": " + message):
+    prepare(config)
+
+
+def test_every_frame_of_a_multi_frame_zst_is_read(config):
+  """pzstd and concatenated .zst files hold several frames: the reader that checks each
+  frame ends (corpus_read._ZstdFrames) reads them all, as zstandard's stream reader did."""
+  lines = _jsonl(2000)
+  half = lines.index(b"\n", len(lines) // 2) + 1
+  _bad(config.data.path, "e.jsonl.zst", zstandard.ZstdCompressor().compress(lines[:half])
+       + zstandard.ZstdCompressor().compress(lines[half:]))
+  config.data.path = os.path.join(config.data.path, "e.jsonl.zst")
+  _, manifest = prepare(config)
+  assert sum(s["documents"] for s in manifest["splits"].values()) == 2000
+
+
+def test_a_split_with_no_tokens_is_refused_at_prepare_and_at_training_start(
+    config, monkeypatch):
+  """One .txt is one document: all of it lands in one split, the other gets 0 tokens.
+  prepare accepted it and training failed at its first evaluation, after training."""
+  for name in os.listdir(config.data.path):
+    if not name.endswith(".txt"):
+      os.remove(os.path.join(config.data.path, name))
+  config.data.val_fraction = 0.01
+  with pytest.raises(ConfigError, match=r"the validation split of the prepared corpus .* has "
+                     r"0 tokens \(train 1 documents, [\d,]+ tokens; validation 0 documents, 0 "
+                     r"tokens; 1 source file\(s\), config.data.val_fraction=0.01\).*raise "
+                     r"config.data.val_fraction"):
+    prepare(config)
+  # A corpus prepared before prepare checked this: refused before training starts.
+  monkeypatch.setattr(corpus, "empty_split", lambda manifest, folder: None)
+  prepare(config)
+  monkeypatch.undo()
+  with pytest.raises(ConfigError, match=r"config.data.path=.*the validation split .* 0 "
+                     r"tokens.*then run `python launch.py --mode=prepare"):
+    corpus_run.open_for_training(config)
+
+
+def test_a_shard_missing_from_a_prepared_corpus_is_refused_and_prepare_redoes_it(config):
+  job, manifest = prepare(config)
+  shard = manifest["splits"]["train"]["shards"][1]["task"]
+  os.remove(os.path.join(job.output, "train", shard + ".array_record"))
+  with pytest.raises(ConfigError, match=rf"lacks .*train/{shard}.array_record that its "
+                     r"manifest lists .*redoes the missing files"):
+    corpus_run.open_for_training(config)
+  prepare(config)
+  corpus_run.open_for_training(config)
+
+
 def test_parquet_without_the_key_and_undecodable_bytes(config):
   pq.write_table(pa.table({"body": ["x", "y"]}), os.path.join(config.data.path, "e.parquet"))
   with pytest.raises(DataError, match=r"e.parquet: no column 'text' .*\['body'\]"):
@@ -240,6 +336,88 @@ def test_a_full_disk_stops_in_one_line_and_a_rerun_finishes(config, monkeypatch)
   monkeypatch.undo()
   assert prepare_mode.main(config, None) == 0
   corpus_run.open_for_training(config)
+
+
+def test_a_full_disk_in_a_worker_is_one_error_without_a_thread_traceback(config, monkeypatch):
+  """Two workers, one file's shard refused by a full disk: the error, and no
+  `InvalidStateError` traceback from the pool's thread before it (3 runs in 4 before)."""
+  from transformer.cli import prepare as prepare_mode  # pylint: disable=g-import-not-at-top
+  real = corpus_prepare._SplitWriter.finish  # pylint: disable=protected-access
+
+  def full(self):  # Inherited by the forked workers: the odd files' train shards fail.
+    if "/train/" in self.final and int(os.path.basename(self.final)[:5]) % 2:
+      raise RuntimeError("riegeli write failed: No space left on device")
+    return real(self)
+
+  for k in range(3):
+    write_corpus(os.path.join(config.data.path, str(k)), documents=300, seed=k)
+  config.data.prepare_workers = 2
+  monkeypatch.setattr(corpus_prepare._SplitWriter, "finish", full)  # pylint: disable=protected-access
+  thread_errors = []
+  monkeypatch.setattr(threading, "excepthook", thread_errors.append)
+  for _ in range(3):
+    with pytest.raises(OSError) as raised:
+      prepare_mode.main(config, None)
+    assert raised.value.errno == errno.ENOSPC
+  assert not thread_errors, [str(e.exc_value) for e in thread_errors]
+
+
+def _children(pid: int) -> list[int]:
+  """The pids of `pid`'s child processes (Linux /proc)."""
+  found = []
+  for task in os.listdir(f"/proc/{pid}/task"):
+    with open(f"/proc/{pid}/task/{task}/children", encoding="ascii") as f:
+      found += [int(child) for child in f.read().split()]
+  return found
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="reads /proc (Linux)")
+def test_workers_die_with_a_killed_prepare(config, tmp_path):
+  """SIGKILL to --mode=prepare's process: its workers end too, and the caller's pipe
+  closes (before, they waited on their task queue forever: seen after 761 s)."""
+  source = tmp_path / "fifos"
+  source.mkdir()
+  for name in ("a.txt", "b.txt"):  # Reading a FIFO nobody writes: a worker blocks there.
+    os.mkfifo(source / name)
+  config.data.path = str(source)
+  process = subprocess.Popen(
+      [sys.executable, "launch.py", "--mode=prepare", "--config=tests/tiny.py:" +
+       config.data.data_dir, "--config.data.name=corpus", f"--config.data.path={source}",
+       "--config.data.tokenizer=bytes", "--config.model.vocab_size=0",
+       "--config.data.prepare_workers=2"], cwd=ROOT, stdin=subprocess.DEVNULL,
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  workers = []
+  try:
+    for line in iter(process.stderr.readline, b""):
+      if b"worker process(es)" in line:
+        break
+    deadline = time.monotonic() + 60
+    while len(workers) < 2 and time.monotonic() < deadline:
+      workers = _children(process.pid)
+      time.sleep(0.1)
+    assert len(workers) >= 2, workers
+    time.sleep(1)  # The workers have run their initializer and opened the FIFOs.
+    process.kill()
+    process.communicate(timeout=30)  # EOF: no worker holds the pipe any more.
+    deadline = time.monotonic() + 30
+    while any(os.path.exists(f"/proc/{w}") and _state(w) != "Z" for w in workers):
+      assert time.monotonic() < deadline, "workers outlived their parent"
+      time.sleep(0.1)
+  finally:
+    process.kill()
+    for worker in workers:
+      try:
+        os.kill(worker, 9)
+      except ProcessLookupError:
+        pass
+
+
+def _state(pid: int) -> str:
+  try:
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+      return f.read().rsplit(")", 1)[1].split()[0]
+  except FileNotFoundError:
+    return "Z"
 
 
 def test_training_rows_come_from_the_ids_and_resume_exactly(config):

@@ -16,6 +16,7 @@ import subprocess
 import signal
 import sys
 import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -38,6 +39,7 @@ from transformer.training import signals
 from transformer.training import trainer as trainer_lib
 from transformer.config.errors import ConfigError
 from transformer.config.validation import validate
+from transformer.workdir import files
 from transformer.workdir import layout
 from transformer.workdir import metrics_file
 
@@ -645,3 +647,63 @@ def test_a_second_signal_stops_at_once_with_its_own_status(tiny_config, tmp_path
   loop.train_and_evaluate(tiny_config, workdir)  # Rerunning resumes from 3 and finishes.
   assert _checkpoint_steps(workdir) == [3, 6]
   assert [r["step"] for r in _rows(workdir) if "loss" in r] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_third_signal_during_a_save_that_hangs_stops_at_once(tiny_config, tmp_path,
+                                                               monkeypatch, caplog):
+  """A save waiting on a dead peer held every signal until SIGKILL. The first is the stop
+  request, the second waits for the save, the third stops at once: the checkpoint is left
+  incomplete (the next start sets it aside), and launch.py is told not to wait for it."""
+  workdir = str(tmp_path / "run")
+  save, waited = checkpointing.Checkpointer.save, []
+
+  def hangs(self, step, state, data_iterator):
+    if step == 3:
+      for _ in range(3):
+        os.kill(os.getpid(), signal.SIGINT)
+      for _ in range(100):  # 5 s, unless stopped.
+        time.sleep(0.05)
+        waited.append(1)
+    save(self, step, state, data_iterator)
+
+  monkeypatch.setattr(checkpointing.Checkpointer, "save", hangs)
+  files.forget_finished()
+  with caplog.at_level("WARNING"), pytest.raises(signals.Interrupted) as stopped:
+    loop.train_and_evaluate(tiny_config, workdir)
+  assert len(waited) < 100
+  assert (stopped.value.step, stopped.value.exit_status, stopped.value.aborted) == (None, 130, True)
+  assert ("a third time: stopping now; the checkpoint being written is left incomplete: the "
+          "next start moves it to checkpoints_bad/") in caplog.text
+  assert files.abandoned_writes() == ["the checkpoint being written is incomplete"]
+  files.forget_finished()
+  monkeypatch.setattr(checkpointing.Checkpointer, "save", save)
+  loop.train_and_evaluate(tiny_config, workdir)  # The rerun trains from the start.
+  assert _checkpoint_steps(workdir) == [3, 6]
+
+
+def test_a_signal_during_the_last_save_says_the_run_finished(tiny_config, tmp_path,
+                                                           monkeypatch, caplog):
+  """SIGINT during the last call's checkpoint: "Stopped at step 6; rerun the same command
+  to resume" was logged beside "finished" (exit 0). The one true line: it finished."""
+  save = checkpointing.Checkpointer.save
+
+  def signalled(self, step, state, data_iterator):
+    if step == tiny_config.train.num_steps:
+      os.kill(os.getpid(), signal.SIGINT)
+    save(self, step, state, data_iterator)
+
+  monkeypatch.setattr(checkpointing.Checkpointer, "save", signalled)
+  with caplog.at_level("WARNING"):
+    loop.train_and_evaluate(tiny_config, str(tmp_path / "run"))  # No Interrupted: finished.
+  assert "rerun the same command" not in caplog.text
+  assert ("SIGINT came as the run finished: all 6 steps are trained and saved (checkpoint "
+          "6); nothing was cut short, nothing to resume") in caplog.text
+
+
+def test_a_signal_during_the_last_call_says_the_run_finished(tiny_config, tmp_path, caplog):
+  """The same for a signal while the last call trains: the stop request finds nothing left."""
+  with caplog.at_level("WARNING"):
+    loop.train_and_evaluate(tiny_config, str(tmp_path / "run"),
+                            hooks=[_SendSignals(5, signal.SIGTERM)])
+  assert "rerun the same command" not in caplog.text
+  assert "SIGTERM came as the run finished: all 6 steps" in caplog.text

@@ -34,8 +34,17 @@ COMMANDS, SNIPPETS = doc_commands.all_commands()
 
 _OPTIONAL = "optional extra, not in requirements.txt: "
 _SUITE = "the test suite itself: CI runs it (.ci/run)"
-_COMPILE = ("--mode=compile of a preset for a TPU slice or GPU host: minutes of CPU each "
-            "(tests/test_compile_mode.py runs the mode on tiny configs)")
+_COMPILE = ("--mode=compile of a preset for a TPU slice or GPU host: minutes of CPU each; "
+            "the page's COMPILE_RUN command runs (tiny model, same flags), and "
+            "tests/test_compile_mode.py runs the mode on tiny configs")
+# The --mode=compile command each page's slow run keeps (tiny model, the command's flags):
+# a part of the command that names it on its page. The others are NOT_RUN (_COMPILE).
+COMPILE_RUN = {
+    "docs/compile.md": "--config=configs/gpt_small.py --topology=h100:1",
+    "docs/compile-results.md": "--config=configs/llama.py:1b --config.model.scan_layers=True",
+    "docs/configuration.md": "--config=configs/llama.py:7b --topology=h100:1",
+    "docs/scaling.md": "--config=configs/llama.py:1b --topology=v5p:2x2x2",
+}
 _SAME_SWEEP = ("results.md's table row for a sweep of the blocks below it, which run "
                "(the same command, another --workdir)")
 # The doc commands the slow tests do not run, keyed by the start of the command as written
@@ -96,7 +105,11 @@ NOT_RUN = {
 
 
 def not_run_reason(command: doc_commands.Command) -> str | None:
-  """The NOT_RUN reason of a command, None when the slow tests run it."""
+  """The NOT_RUN reason of a command, None when the slow tests run it (a page's
+  COMPILE_RUN command among them)."""
+  if (command.text.startswith("python launch.py --mode=compile")
+      and COMPILE_RUN.get(command.path, "\0") in command.text):
+    return None
   return next((reason for prefix, reason in NOT_RUN.items()
                if command.text.startswith(prefix)), None)
 
@@ -174,6 +187,16 @@ def test_every_doc_command_is_run_or_has_a_reason_not_to_be():
                if not_run_reason(c) is None and not runnable(c)]
   assert not undecided, ("doc commands the slow tests cannot run and NOT_RUN (tests/"
                          "test_docs.py) does not list: " + "; ".join(undecided))
+
+
+def test_each_page_with_compile_commands_runs_exactly_one():
+  """A documented compile command crashed after its table (issue 48): one per page runs."""
+  pages = {c.path for c in COMMANDS if c.text.startswith("python launch.py --mode=compile")}
+  assert pages == set(COMPILE_RUN), pages ^ set(COMPILE_RUN)
+  for page in pages:
+    chosen = [c.where for c in COMMANDS if c.path == page and not_run_reason(c) is None
+              and c.text.startswith("python launch.py --mode=compile")]
+    assert len(chosen) == 1, (page, chosen)
 
 
 def test_every_not_run_entry_names_a_command_in_the_docs():

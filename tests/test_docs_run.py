@@ -156,9 +156,10 @@ def tiny_settings(argv: list[str], repo: str) -> list[str]:
 
   Any command with --config: the sandbox's TFDS data_dir (datasets, vocabularies and
   prepared corpora are built there, not in ~/tensorflow_datasets). Training (train,
-  sweep): each TINY key the config holds with a larger value; keys a --sweep varies stay
-  the sweep's (a sweep refuses a --config.x that it also varies), and a run that starts
-  from init_from keeps its source's model.
+  sweep) and compile (the model alone, COMPILE_KEEPS stay): each TINY key the config
+  holds with a larger value; keys a --sweep varies stay the sweep's (a sweep refuses a
+  --config.x that it also varies), and a run that starts from init_from keeps its
+  source's model.
   """
   mode = _flag(argv, "mode", "train")
   extra = [f"--{k}={v}" for k, v in TINY_FLAGS.items() if _flag(argv, k) is not None]
@@ -166,7 +167,7 @@ def tiny_settings(argv: list[str], repo: str) -> list[str]:
   if config_arg is None:  # A reading mode on its run's config, or --help.
     return extra
   extra.append(f"--config.data.data_dir={os.path.join(os.path.dirname(repo), 'tfds')}")
-  if mode not in ("train", "sweep"):
+  if mode not in ("train", "sweep", "compile"):
     return extra
   path, _, arg = config_arg.partition(":")
   namespace: dict = {}
@@ -178,11 +179,17 @@ def tiny_settings(argv: list[str], repo: str) -> list[str]:
     group, name = key.split(".")
     current = config[group].get(name)
     if (key in varied or isinstance(current, bool) or not isinstance(current, int)
-        or (group == "model" and _flag(argv, "config.init_from"))):
+        or (group == "model" and _flag(argv, "config.init_from"))
+        or (mode == "compile" and key in COMPILE_KEEPS)):
       continue
     if current > value:
       extra.append(f"--config.{key}={value}")
   return extra
+
+
+# A compile keeps its command's batch (it splits over the mesh the command names): only
+# the model shrinks.
+COMPILE_KEEPS = ("data.batch_size", "train.microbatches")
 
 
 def _expected_error(command: doc_commands.Command) -> str | None:

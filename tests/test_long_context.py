@@ -7,6 +7,7 @@ so that it can be read at 64 tokens and with linear RoPE scaling.
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -23,6 +24,7 @@ import pytest
 from configs import base
 from test_datasets import tiny, write_local_files
 from transformer.cli import evaluate as evaluate_mode
+from transformer.cli import usage
 from transformer.cli import passkey as passkey_mode
 from transformer.config.errors import ConfigError
 from transformer.data import tokenizers
@@ -276,6 +278,43 @@ def test_passkey_mode_writes_the_table_json_and_heat_map(rope_run, tmp_path, mon
   assert record["heatmap"] == str(tmp_path / "pk.png")
   table = out.getvalue()
   assert "length \\ depth" in table and "\n  300 " in table and "overall accuracy" in table
+
+
+@pytest.mark.parametrize("mode", ["passkey", "evaluate"])
+def test_a_full_disk_leaves_neither_the_json_nor_its_png_and_names_output(
+    rope_run, tmp_path, monkeypatch, mode):
+  """--output is a JSON and a PNG beside it: a full disk at either leaves neither (the
+  JSON was left whole and the rerun refused as "exists"), and the line names --output
+  (it named --config.data.data_dir)."""
+  path = str(tmp_path / "pk.json")
+
+  def run():
+    if mode == "passkey":
+      return passkey_mode.run_passkey(rope_run, lengths=[256], depths=[0.5], trials=1,
+                                      alphabet=ALPHABET, output=path, stdout=io.StringIO())
+    return evaluate_mode.evaluate(rope_run, by_position=8, output=path, stdout=io.StringIO())
+
+  real, synced = os.fsync, []
+
+  def full(fd):  # The PNG's bytes are on disk; the JSON's are refused.
+    synced.append(fd)
+    if len(synced) == 2:
+      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    real(fd)
+
+  monkeypatch.setattr(os, "fsync", full)
+  with pytest.raises(OSError) as raised:
+    run()
+  monkeypatch.undo()
+  assert os.listdir(tmp_path) == []  # Neither file, no temporary file.
+  assert usage.environment_error(raised.value, mode, rope_run) == (
+      f"No space left on device: {path}; free space on that file system or write the "
+      "result elsewhere with --output=PATH.")
+  record = run()  # Not refused: nothing "exists".
+  with open(path, encoding="utf-8") as f:
+    assert json.load(f) == record
+  assert sorted(os.listdir(tmp_path)) == sorted(
+      ["pk.json", "pk.png" if mode == "passkey" else "pk_by_position.png"])
 
 
 def test_passkey_scores_are_greedy_decoding_of_the_key(rope_run):

@@ -9,15 +9,20 @@ test_compile_mode.py: compile), on their tiny runs with `progress.EVERY_SECONDS 
 from __future__ import annotations
 
 import logging
+import re
+import time
 import types
 
 import jax
 import pytest
 from absl import flags
 
+from test_data import _code_lines  # pylint: disable=protected-access
 from transformer import sharding
 from transformer.cli import keys as keys_mode
 from transformer.cli import usage
+from transformer.data import tokenizers
+from transformer.training import loop
 from transformer.training import trainer as trainer_lib
 from transformer.workdir import console
 from transformer.workdir import progress
@@ -133,6 +138,84 @@ def test_a_split_mesh_or_no_log_file_shows_the_table_on_the_console(tiny_config,
   caplog.clear()
   (table,) = _create(tiny_config, 1, caplog)  # Nowhere else to read it: the console.
   assert console.show_on_console(table)
+
+
+def test_a_model_built_only_to_be_measured_keeps_its_table_off_the_console(tiny_config,
+                                                                         caplog):
+  """--mode=compile's depth probes and trials: the table once, the model's (three
+  tables on a one-device mesh for one compile before)."""
+  with sharding.tables_off_the_console():
+    (table,) = _create(tiny_config, 2, caplog)
+  assert not console.show_on_console(table)
+
+
+def test_a_stage_that_cannot_count_says_it_is_still_running(caplog):
+  """A SentencePiece vocabulary trained for 3 minutes without a console line: a stage
+  with a heartbeat says so while it runs, then its time."""
+  with caplog.at_level(logging.INFO):
+    with progress.stage("building", heartbeat=0.01):
+      deadline = time.monotonic() + 60
+      while "building: still running, " not in caplog.text and time.monotonic() < deadline:
+        time.sleep(0.01)
+  lines = _lines(caplog)
+  assert lines[0] == "building ..." and lines[1].startswith("building: still running, ")
+  assert re.fullmatch(r"building: \d+\.\ds", lines[-1]), lines
+
+
+def test_sentencepiece_training_is_a_stage_with_a_heartbeat(tmp_path, caplog, monkeypatch):
+  monkeypatch.setattr(tokenizers, "HEARTBEAT_SECONDS", 0.01)
+  real = tokenizers._train_sentencepiece  # pylint: disable=protected-access
+
+  def slow(*args):  # Trains once the heartbeat has spoken (a long training's case).
+    deadline = time.monotonic() + 60
+    while "still running" not in caplog.text and time.monotonic() < deadline:
+      time.sleep(0.01)
+    real(*args)
+
+  monkeypatch.setattr(tokenizers, "_train_sentencepiece", slow)
+  lines = _code_lines(2000)
+  with caplog.at_level(logging.INFO):
+    tokenizers.train_sentencepiece(lines, 400, str(tmp_path / "spm.model"), 10_000)
+  assert "SentencePiece: training 400 unigram pieces ..." in caplog.text
+  assert "SentencePiece: training 400 unigram pieces: still running, " in caplog.text
+  assert any(re.fullmatch(r"SentencePiece: training 400 unigram pieces: \d+\.\ds", line)
+             for line in _lines(caplog))
+
+
+def test_an_evaluation_inside_training_counts_its_batches(tiny_config, caplog, monkeypatch):
+  """The loop's evaluation hands evaluate_split a Progress, as --mode=evaluate does."""
+  monkeypatch.setattr(loop, "EVAL_PROGRESS_SECONDS", 0)
+
+  def scored(trainer, params, dataset, local_batch_size, counted):
+    for _ in range(2):
+      counted.update()
+    return {"eval_loss": 1.0}
+
+  monkeypatch.setattr(loop, "evaluate_split", scored)
+  tiny_config.train.eval_batches = 2
+  run = types.SimpleNamespace(config=tiny_config, trainer=None, eval_data=None,
+                              local_batch_size=8, hooks=[],
+                              writer=types.SimpleNamespace(write=lambda step, row: None))
+  with caplog.at_level(logging.INFO):
+    loop._evaluate(run, types.SimpleNamespace(params=None), 3)  # pylint: disable=protected-access
+  lines = _lines(caplog)
+  assert re.match(r"eval at step 3: 1/2 batches \(.*\), ETA ", lines[0]), lines
+  assert lines[1].startswith("eval at step 3: 2/2 batches"), lines
+
+
+@pytest.mark.slow  # A training (~13 s on two cores).
+def test_an_evaluation_inside_training_says_its_progress(tiny_config, tmp_path, caplog,
+                                                         monkeypatch):
+  """--mode=evaluate counted its batches, the evaluations inside training did not (1.5
+  minutes without a line)."""
+  monkeypatch.setattr(loop, "EVAL_PROGRESS_SECONDS", 0)  # A line at every batch.
+  tiny_config.train.update(num_steps=2, eval_every=2, eval_batches=2)
+  tiny_config.checkpoint.every = 2
+  with caplog.at_level(logging.INFO):
+    loop.train_and_evaluate(tiny_config, str(tmp_path / "run"))
+  lines = _lines(caplog)
+  assert any(re.match(r"eval at step 2: 1/2 batches \(.*\), ETA ", line) for line in lines)
+  assert any(line.startswith("eval at step 2: 2/2 batches") for line in lines)
 
 
 # ---------------------------------------------------------------- --help

@@ -329,6 +329,64 @@ def test_a_failed_orbax_write_ends_its_other_writes_before_the_error():
   assert finished == [True]
 
 
+def test_a_second_signal_while_orbax_writes_stops_at_once_saying_what_is_left(
+    tmp_path, monkeypatch, caplog):
+  """A save that does not end (a dead peer): three SIGINTs and a SIGTERM were one
+  warning, and only SIGKILL ended it. The second signal stops inside the save, says the
+  folder is incomplete, and notes the write as abandoned (launch.py then ends without
+  joining Orbax's threads); the partial folder is removed, never renamed into place."""
+  waited = []
+
+  def hangs(self, *args, **kwargs):
+    del self, args, kwargs
+    os.kill(os.getpid(), signal.SIGTERM)
+    os.kill(os.getpid(), signal.SIGTERM)
+    for _ in range(100):  # A write that does not end: 5 s, unless stopped.
+      time.sleep(0.05)
+      waited.append(1)
+
+  monkeypatch.setattr(ocp.CheckpointManager, "save", hangs)
+  files.forget_finished()
+  previous = signal.signal(signal.SIGTERM, _stop)
+  try:
+    with caplog.at_level("WARNING"), pytest.raises(KeyboardInterrupt):
+      with files.complete_or_absent(str(tmp_path / "out"), "--output") as partial:
+        checkpointing.save_params(os.path.join(partial, "checkpoints"), 0,
+                                  {"w": jnp.ones((4, 4))})
+    assert signal.getsignal(signal.SIGTERM) is _stop
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+  assert len(waited) < 100  # Stopped inside the write, not after it.
+  assert "a second signal stops at once" in caplog.text
+  assert "SIGTERM again: stopping now; the checkpoint being written in " in caplog.text
+  assert "is incomplete and is not used; the next run of the command removes it" in caplog.text
+  assert len(files.abandoned_writes()) == 1
+  assert not os.path.exists(tmp_path / "out")
+  files.forget_finished()
+  assert files.abandoned_writes() == []
+
+
+def test_a_failed_saves_other_writes_are_waited_for_at_most_drain_seconds(monkeypatch):
+  """The drain after a failed write has a bound (checkpointing.DRAIN_SECONDS): a write
+  that hangs is cancelled with a warning, not waited for forever."""
+  monkeypatch.setattr(checkpointing, "DRAIN_SECONDS", 0.1)
+  ended = []
+
+  async def writes():
+    async def fails():
+      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    async def hangs():
+      await asyncio.sleep(30)
+      ended.append(True)
+
+    await asyncio.gather(fails(), hangs())
+
+  with pytest.raises(OSError):
+    asyncio_utils.run_sync(writes())
+  assert not ended
+
+
 def test_a_result_file_names_its_flag_and_is_noted_once_whole(tmp_path, monkeypatch):
   """A full disk under --mode=compile --output=F names --output (not --workdir or the
   data_dir); a result written whole is what a later signal's line names."""

@@ -7,11 +7,12 @@ Changing parallelism is a config change, never a code change.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import logging as std_logging
 import re
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import jax
 import ml_collections
@@ -298,6 +299,25 @@ def sharding_report(boxed_params: Any, param_shardings: Any, abstract_opt_state:
   return lines, stats
 
 
+# Depth of `tables_off_the_console` blocks: models built only to be measured.
+_QUIET_TABLES = [0]
+
+
+@contextlib.contextmanager
+def tables_off_the_console() -> Iterator[None]:
+  """Sharding tables of the models built in the block go to the log file only.
+
+  For models a command builds besides the one it reports on: --mode=compile's depth
+  probes and lever / mesh-search trials (each printed its table, three tables on a
+  one-device mesh for one compile).
+  """
+  _QUIET_TABLES[0] += 1
+  try:
+    yield
+  finally:
+    _QUIET_TABLES[0] -= 1
+
+
 def log_sharding_report(boxed_params: Any, param_shardings: Any, abstract_opt_state: Any,
                         opt_shardings: Any, mesh: Mesh) -> dict[str, float]:
   """Logs the sharding table; warns when fsdp > 1 leaves over 2% of parameter bytes whole.
@@ -305,6 +325,7 @@ def log_sharding_report(boxed_params: Any, param_shardings: Any, abstract_opt_st
   With every mesh axis 1 (one device) the table shows nothing split: where a log file
   keeps it (the workdir's log.txt), it goes there only, and the console gets one line
   naming the file. With no log file it stays on the console, as with an axis > 1.
+  Inside `tables_off_the_console` it goes to the log file only, without a line.
   """
   lines, stats = sharding_report(boxed_params, param_shardings, abstract_opt_state,
                                  opt_shardings)
@@ -313,10 +334,11 @@ def log_sharding_report(boxed_params: Any, param_shardings: Any, abstract_opt_st
   log_files = [handler.baseFilename for handler in std_logging.getLogger().handlers
                if isinstance(handler, std_logging.FileHandler)
                and handler.baseFilename != os.devnull]
-  on_console = split or not log_files
+  quiet = _QUIET_TABLES[0] > 0
+  on_console = (split or not log_files) and not quiet
   logging.info("Parameter sharding on mesh %s:\n%s", dict(mesh.shape), "\n".join(lines),
                extra={"console": on_console})
-  if not on_console:
+  if not on_console and not quiet:
     logging.info("Parameter sharding: every mesh axis is 1 (%s), nothing is split; the "
                  "table is in %s", dict(mesh.shape), log_files[0])
   if mesh.shape.get("fsdp", 1) > 1 and stats["replicated_fraction"] > 0.02:

@@ -235,11 +235,12 @@ def evaluate(workdir: str, *, config: ml_collections.ConfigDict | None = None,
       record["averaged"] = json.load(f)
   if jax.process_index() == 0:
     common.check_output(path, overwrite, given=bool(output))
-    files.write_atomically(path, json.dumps(record, indent=2) + "\n", flag="--output")
-    if by_position:
-      long_context.write_position_plot(
-          record["by_position"]["rows"], record["by_position"]["plot"],
-          _plot_title(record, run), trained_len=loaded.load_config(workdir).data.seq_len)
+    written = [(path, json.dumps(record, indent=2) + "\n")]
+    if by_position:  # The PNG and the JSON both or neither (files.write_together).
+      written.insert(0, (record["by_position"]["plot"], long_context.position_plot_png(
+          record["by_position"]["rows"], _plot_title(record, run),
+          trained_len=loaded.load_config(workdir).data.seq_len)))
+    files.write_together(written, flag="--output")
     _print_result(record, run, path, stdout or sys.stdout)
   return record
 

@@ -148,11 +148,13 @@ def run_passkey(workdir: str, *, lengths: Sequence[int], depths: Sequence[float]
     record["changed"] = variant
   if jax.process_index() == 0:
     common.check_output(path, overwrite, given=bool(output))
-    files.write_atomically(path, json.dumps(record, indent=2) + "\n", flag="--output")
     changed = ", ".join(f"{k} {v}" for k, v in variant.items())
-    long_context.write_passkey_heatmap(
-        cells, record["heatmap"], f"passkey: {os.path.basename(os.path.normpath(workdir))} "
+    heatmap = long_context.passkey_heatmap_png(
+        cells, f"passkey: {os.path.basename(os.path.normpath(workdir))} "
         f"step {run.step}" + (f" ({changed})" if changed else ""))
+    # Both or neither: a full disk at the PNG left the JSON, and the rerun "exists".
+    files.write_together([(record["heatmap"], heatmap),
+                          (path, json.dumps(record, indent=2) + "\n")], flag="--output")
     _print_result(record, run, path, stdout or sys.stdout)
   return record
 

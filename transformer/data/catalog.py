@@ -66,6 +66,17 @@ def _catalog_builder(data: ml_collections.ConfigDict) -> tfds.core.DatasetBuilde
       "config.data.path, or a name from the TFDS catalog.") from error
 
 
+def find_builder(data: ml_collections.ConfigDict) -> tfds.core.DatasetBuilder:
+  """`data.name`'s builder as it is, prepared or not: nothing is built or downloaded
+  (`builder.is_prepared()` says which; load_builder prepares it).
+
+  Raises:
+    ConfigError: unknown dataset.
+  """
+  make = LOCAL_BUILDERS[data.name] if data.name in LOCAL_BUILDERS else _catalog_builder
+  return make(data)
+
+
 def load_builder(data: ml_collections.ConfigDict) -> tfds.core.DatasetBuilder:
   """Finds `data.name` and makes sure it is prepared (building local datasets once).
 
@@ -75,7 +86,7 @@ def load_builder(data: ml_collections.ConfigDict) -> tfds.core.DatasetBuilder:
       says how to prepare it.
   """
   make = LOCAL_BUILDERS[data.name] if data.name in LOCAL_BUILDERS else _catalog_builder
-  builder = make(data)
+  builder = find_builder(data)
   if not builder.is_prepared():
     local = builder.name in OFFLINE_DATASETS or data.name in LOCAL_BUILDERS
     root = str(builder.data_dir_root)

@@ -154,6 +154,42 @@ def tokenizer_change(manifest: dict[str, Any], record: dict[str, Any]) -> str | 
   return None
 
 
+def split_counts(manifest: dict[str, Any]) -> str:
+  """'train 3 documents, 1,204 tokens; validation 0 documents, 0 tokens'."""
+  return "; ".join(f"{split} {info['documents']:,} documents, {info['tokens']:,} tokens"
+                   for split, info in manifest["splits"].items())
+
+
+def empty_split(manifest: dict[str, Any], folder: str) -> str | None:
+  """Why a prepared corpus cannot train and evaluate: a split with no tokens (a corpus
+  of one .txt, which is one document, or of fewer documents than 1 / val_fraction);
+  None when every split has some. The text names the split, the counts and the fix."""
+  empty = [split for split in SPLITS if not manifest["splits"][split]["tokens"]]
+  if not empty:
+    return None
+  fraction = manifest["split_rule"]["val_fraction"]
+  files = len(manifest["sources"]["files"])
+  fix = ("raise config.data.val_fraction (each document goes to validation with that "
+         "probability, by a hash of its start) or give the corpus more documents"
+         if "validation" in empty else "lower config.data.val_fraction or give the "
+         "corpus more documents")
+  return (f"the {' and '.join(empty)} split of the prepared corpus {folder} has 0 tokens "
+          f"({split_counts(manifest)}; {files} source file(s), "
+          f"config.data.val_fraction={fraction}), so a run would fail at its first "
+          f"{'evaluation' if 'validation' in empty else 'step'}; {fix} (a .txt file is "
+          "one document: split it into several files or .jsonl records)")
+
+
+def missing_shards(manifest: dict[str, Any], folder: str) -> list[str]:
+  """The shard files the manifest lists that are not in `folder` (deleted, or not copied
+  whole); a stat each, no file read."""
+  return [path for split in SPLITS for shard in manifest["splits"][split]["shards"]
+          if shard["records"]
+          for path in (os.path.join(folder, split, shard["task"] + suffix)
+                       for suffix in (".array_record", ".index.npy"))
+          if not os.path.exists(path)]
+
+
 class CorpusSplit:
   """One split of a prepared corpus: a grain random-access source of document pieces.
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import array
 import concurrent.futures
+import ctypes
 import dataclasses
 import hashlib
 import io
@@ -24,6 +25,7 @@ import json
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Any
@@ -73,7 +75,7 @@ def is_validation(first_piece: str, val_fraction: float) -> bool:
 _WORKER: dict[str, Any] = {}
 
 
-def _init_worker(counters: tuple[Any, Any], in_worker: bool = True) -> None:
+def _init_worker(counters: tuple[Any, Any], in_worker: bool = True, parent: int = 0) -> None:
   _WORKER.clear()
   _WORKER["counters"] = counters
   if in_worker:
@@ -81,6 +83,40 @@ def _init_worker(counters: tuple[Any, Any], in_worker: bool = True) -> None:
     # ends plainly when the pool terminates it, and leaves Ctrl-C to the parent.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent(parent)
+
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_PARENT_POLL_SECONDS = 1.0
+
+
+def die_with_parent(parent: int) -> None:
+  """Ends this worker process when `parent` (the pid that started it) is gone.
+
+  A parent killed outright (SIGKILL, the OOM killer) runs no cleanup: its workers would
+  wait on their task queue forever, holding the caller's stdout and stderr (a
+  `prepare | tee` that never ends). On Linux the kernel sends this process SIGKILL when
+  its parent dies (prctl PR_SET_PDEATHSIG); elsewhere a daemon thread polls the parent
+  pid. A parent already gone when this runs (it died during the fork) ends it at once.
+  """
+  armed = False
+  if sys.platform.startswith("linux"):
+    try:
+      libc = ctypes.CDLL(None, use_errno=True)
+      armed = libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+      armed = False
+  if parent and os.getppid() != parent:
+    os._exit(1)  # pylint: disable=protected-access
+  if armed or not parent:
+    return
+
+  def watch() -> None:
+    while os.getppid() == parent:
+      time.sleep(_PARENT_POLL_SECONDS)
+    os._exit(1)  # pylint: disable=protected-access
+
+  threading.Thread(target=watch, daemon=True, name="parent-watchdog").start()
 
 
 def _tokenizer(job: Job) -> tokenizers.Tokenizer:
@@ -257,7 +293,7 @@ def _run_pool(job: Job, pending: list[int], workers: int, context: Any, counters
   # breaks the pool with an error here instead of losing its task and waiting forever.
   with concurrent.futures.ProcessPoolExecutor(min(workers, len(pending)), mp_context=context,
                                               initializer=_init_worker,
-                                              initargs=(counters,)) as pool:
+                                              initargs=(counters, True, os.getpid())) as pool:
     futures = [pool.submit(run_task, job, i) for i in pending]
     try:
       for future in concurrent.futures.as_completed(futures):
@@ -269,10 +305,12 @@ def _run_pool(job: Job, pending: list[int], workers: int, context: Any, counters
                       "lower data.prepare_workers); rerun to resume, the files finished "
                       "so far are kept") from None
     except BaseException:  # An error, Ctrl-C, SIGTERM: stop the other files now.
-      for future in futures:
-        future.cancel()
       # The executor's shutdown would wait for the running files to finish; their
       # partial shards are never used (a rerun redoes them), so end the workers now.
+      # The pool's own thread then fails the files not yet done (BrokenProcessPool,
+      # unread). Not future.cancel() first: that thread sets the error on every pending
+      # future, and one already cancelled raised InvalidStateError in it, a thread
+      # traceback printed before the error's one line (Python 3.11).
       for process in list((pool._processes or {}).values()):  # pylint: disable=protected-access
         process.terminate()
       raise
@@ -328,6 +366,9 @@ def prepare(job: Job, *, workers: int, shard: tuple[int, int]) -> dict[str, Any]
                  len(missing), missing[0])
     return None
   manifest = _manifest(job, [every[i] for i in range(len(job.names))])
+  empty = corpus.empty_split(manifest, job.output)
+  if empty:  # Refused before the manifest: nothing a run could start on and then fail.
+    raise ConfigError(empty)
   files.write_atomically(os.path.join(job.output, corpus.MANIFEST),
                          json.dumps(manifest, indent=1, sort_keys=True))
   return manifest

@@ -4,6 +4,13 @@
   .jsonl / .gz / .zst     one JSON object a line; `text_key` holds the document
   .parquet                one row a document, column `text_key`, a row group at a time
 
+A file cut short or damaged is a DataError naming it ("damaged compressed file", "not a
+readable parquet file", "ends inside a record"), whatever data.bad_records says: it is
+the file that is wrong, not a record to skip. A .gz or .zst stream that ends inside its
+last frame, a frame that does not decode, a parquet footer or row group that does not
+read, and a .jsonl whose last line is cut (no newline, not JSON) are each refused; every
+frame of a multi-frame .zst (pzstd, concatenated files) is read, not only the first.
+
 `reader(path, ...).documents()` yields each document as an iterator of pieces of at most about
 corpus.PIECE_CHARS characters, cut after a newline where there is one, so memory stays
 bounded whatever a file or a document holds. A malformed record (a line that is not a
@@ -20,6 +27,7 @@ import gzip
 import io
 import json
 import os
+import zlib
 from typing import IO, Iterator
 
 from transformer.config.errors import DataError
@@ -120,8 +128,7 @@ class _Reader:
     if self.name.endswith(".gz"):
       return gzip.GzipFile(fileobj=self._raw, mode="rb")
     if self.name.endswith(".zst"):
-      import zstandard  # pylint: disable=g-import-not-at-top
-      return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(self._raw))
+      return io.BufferedReader(_ZstdFrames(self._raw))
     return self._raw
 
   def _jsonl(self) -> Iterator[Iterator[str]]:
@@ -134,6 +141,12 @@ class _Reader:
           try:
             record = json.loads(self.decode(line, where))
           except json.JSONDecodeError as e:
+            if not line.endswith(b"\n"):
+              # The last line, cut: a file copied or written only in part, never a record
+              # to skip (data.bad_records='skip' would train on what is left, silently).
+              raise DataError(f"{self.path}: ends inside a record (line {number} has no "
+                              f"newline and is not JSON: {e.msg}); the file is truncated: "
+                              "copy or download it again") from None
             self.bad(where, f"malformed JSON ({e.msg} at column {e.colno})")
             continue
           if not isinstance(record, dict) or not isinstance(record.get(self.text_key), str):
@@ -143,7 +156,7 @@ class _Reader:
             self.bad(where, what)
             continue
           yield cut(record[self.text_key])
-    except (EOFError, gzip.BadGzipFile) as e:  # A truncated or damaged .gz.
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:  # A truncated or damaged .gz, .zst.
       raise DataError(f"{self.path}: damaged compressed file ({e})") from None
     except Exception as e:  # zstandard.ZstdError is not an OSError.
       if type(e).__name__ == "ZstdError":
@@ -164,7 +177,12 @@ class _Reader:
       self.stats.skipped_records += parquet.metadata.num_rows
       return
     for group in range(parquet.num_row_groups):
-      column = parquet.read_row_group(group, columns=[self.text_key]).column(0)
+      try:
+        column = parquet.read_row_group(group, columns=[self.text_key]).column(0)
+      except Exception as e:  # pylint: disable=broad-except  (ArrowInvalid, OSError, ...)
+        raise DataError(f"{self.path}: not a readable parquet file (row group {group} of "
+                        f"{parquet.num_row_groups}: {str(e).splitlines()[0]}); copy or "
+                        "download it again") from None
       for row, value in enumerate(column.to_pylist()):
         if isinstance(value, bytes):
           value = self.decode(value, f"row group {group} row {row}")
@@ -174,6 +192,52 @@ class _Reader:
           continue
         yield cut(value)
       self._parquet_done = os.path.getsize(self.path) * (group + 1) // parquet.num_row_groups
+
+
+class _ZstdFrames(io.RawIOBase):
+  """A .zst file decompressed, every frame of it; EOFError when it ends inside a frame.
+
+  zstandard's stream_reader stops after the first frame and says nothing when the file
+  ends inside one (a truncated copy then read as a shorter file, its cut last line as a
+  "malformed" record); gzip raises EOFError for the same, and so does this.
+  """
+
+  _CHUNK = 1 << 16  # Compressed bytes a read takes: its output stays a few MiB.
+
+  def __init__(self, raw: IO[bytes]):
+    super().__init__()
+    import zstandard  # pylint: disable=g-import-not-at-top
+    self._raw, self._make = raw, zstandard.ZstdDecompressor
+    self._frame = self._make().decompressobj()
+    self._inside = False  # Whether the current frame has begun and not ended.
+    self._out = b""
+
+  def readable(self) -> bool:
+    return True
+
+  def _feed(self, data: bytes) -> None:
+    self._out = self._frame.decompress(data)
+    self._inside = not self._frame.eof
+    while self._frame.eof and self._frame.unused_data:  # The next frame's first bytes.
+      rest = self._frame.unused_data
+      self._frame = self._make().decompressobj()
+      self._out += self._frame.decompress(rest)
+      self._inside = not self._frame.eof
+    if self._frame.eof:
+      self._frame = self._make().decompressobj()
+
+  def readinto(self, buffer) -> int:
+    while not self._out:
+      data = self._raw.read(self._CHUNK)
+      if not data:
+        if self._inside:
+          raise EOFError("the file ends inside a zstd frame: it is truncated")
+        return 0
+      self._feed(data)
+    count = min(len(buffer), len(self._out))
+    buffer[:count] = self._out[:count]
+    self._out = self._out[count:]
+    return count
 
 
 def _partial_utf8(data: bytes) -> int:

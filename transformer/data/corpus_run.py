@@ -140,6 +140,18 @@ def open_for_training(config: ml_collections.ConfigDict, tokenizer_workdir: str 
                       f"{folder} ({change}); run `{corpus.prepare_command()}` again")
   for key in ("train_split", "eval_split"):
     prepared.split(data[key])  # A ConfigError naming the valid splits.
+  # Prepared before prepare checked it, or its files deleted since: said before training.
+  problem = corpus.empty_split(prepared.manifest, folder)
+  if problem:
+    raise ConfigError(f"config.data.path={data.path!r}: {problem}; then run "
+                      f"`{corpus.prepare_command()}` again")
+  missing = corpus.missing_shards(prepared.manifest, folder)
+  if missing:
+    raise ConfigError(f"config.data.path={data.path!r}: the prepared corpus {folder} lacks "
+                      f"{missing[0]}" + (f" and {len(missing) - 1} more shard files" if
+                                         len(missing) > 1 else "")
+                      + " that its manifest lists (deleted, or not copied whole); run "
+                      f"`{corpus.prepare_command()}` again: it redoes the missing files")
   logging.info("Corpus: %s (%s ids; train %d tokens, validation %d tokens)", folder,
                prepared.dtype.name, prepared.manifest["splits"]["train"]["tokens"],
                prepared.manifest["splits"]["validation"]["tokens"])

@@ -233,6 +233,35 @@ def load_sources(config: ml_collections.ConfigDict, tokenizer_workdir: str = "")
   return DataSources(builder=builder, tokenizer=tokenizer, text_keys=keys)
 
 
+def unbuilt(config: ml_collections.ConfigDict, tokenizer_workdir: str = "") -> str | None:
+  """What `load_sources(config, tokenizer_workdir)` would build before reading (a dataset
+  not prepared, a vocabulary not trained), in a few words; None when all is there.
+
+  Builds, downloads and trains nothing: for a command that only measures (--mode=compile
+  timing the input pipeline), which must never build what the run has not built. A
+  prepared corpus is never built by loading (not prepared: a ConfigError there).
+  """
+  data = config.data
+  if data.name == "corpus":
+    return None
+  builder = catalog.find_builder(data)
+  if not builder.is_prepared():
+    if not (data.download or builder.name in catalog.OFFLINE_DATASETS
+            or data.name in catalog.LOCAL_BUILDERS):
+      return None  # Loading builds nothing: it says how to prepare it (ConfigError).
+    return f"the dataset {data.name!r} is not prepared yet (in {builder.data_dir_root})"
+  if tokenizer_workdir and os.path.exists(os.path.join(tokenizer_workdir,
+                                                       layout.TOKENIZER_RECORD)):
+    return None  # The run's vocabulary is that workdir's.
+  if data.tokenizer == "bytes":
+    return None
+  path = os.path.join(str(builder.data_dir), cache_name(config, text_keys(config)))
+  if os.path.exists(path):
+    return None
+  size = "" if data.tokenizer == "char" else f" of {spm_vocab_size(config):,} pieces"
+  return f"its {data.tokenizer} vocabulary{size} is not built yet ({path})"
+
+
 def check_vocab_size(config: ml_collections.ConfigDict, tokenizer: tokenizers.Tokenizer) -> None:
   """model.vocab_size (when set) must hold every id of the tokenizer."""
   if config.model.vocab_size and tokenizer.vocab_size > config.model.vocab_size:

@@ -29,10 +29,13 @@ from absl import logging
 
 from transformer.workdir import console
 from transformer.workdir import files
+from transformer.workdir import progress
 
 PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
 NUM_SPECIAL = 4
 MASK_PIECE = "<mask>"  # SentencePiece control symbol; never matched in text.
+# A SentencePiece training says it is still running this often (progress.stage).
+HEARTBEAT_SECONDS = 30.0
 
 
 class Tokenizer(Protocol):
@@ -188,8 +191,11 @@ def train_sentencepiece(lines: Iterable[str], vocab_size: int, model_path: str,
       raise
 
   try:
-    # Its C++ trainer writes ~300 INFO lines on stderr itself: into log.txt, off the console.
-    with console.native_stderr_to_log("sentencepiece"):
+    # Its C++ trainer writes ~300 INFO lines on stderr itself: into log.txt, off the
+    # console, which gets a line every 30 s instead (minutes without one before).
+    with console.native_stderr_to_log("sentencepiece"), progress.stage(
+        f"SentencePiece: training {vocab_size:,} {model_type} pieces",
+        heartbeat=HEARTBEAT_SECONDS):
       _train_sentencepiece(kept(lines), vocab_size, model, max_sentences, model_type)
   except RuntimeError:
     if raised:

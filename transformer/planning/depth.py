@@ -27,6 +27,7 @@ import math
 
 import ml_collections
 
+from transformer import sharding
 from transformer.planning import compiled
 from transformer.workdir import progress
 
@@ -98,7 +99,8 @@ def extrapolate(config: ml_collections.ConfigDict, mesh,
     for key, n in depth.items():
       variant.model[key] = n
     with progress.stage("compile: the steps unrolled at depth "
-                        + "/".join(str(n) for n in depth.values())):
+                        + "/".join(str(n) for n in depth.values())), \
+        sharding.tables_off_the_console():  # A probe: the table printed is the model's.
       measured.append(compiled.compile_steps(compiled.build_trainer(variant, mesh), steps))
   target = stacks(config.model)
   label = " and ".join(

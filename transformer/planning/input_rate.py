@@ -8,6 +8,11 @@ tokenizer as `sources.load_sources` prepares them, rows and batches as
 seconds and counts their tokens as the step does (rows x seq_len x the objective's
 sides, padding included). It is a measurement on this machine, under its current load:
 the host of the rented run may be faster or slower.
+
+It builds nothing the run has not built: a dataset not yet prepared or a vocabulary
+not yet trained (a 128,256-piece SentencePiece for llama:1b, minutes for :7b's 32k)
+skips the measurement with one line saying what is missing and how to measure. Any
+failure of the pipeline is one line of the report, never the end of it.
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ class InputRate:
   batches: int = 0  # Taken after the first, over `seconds`.
   seconds: float = 0.0
   first_batch_seconds: float = 0.0  # Building the pipeline and its first batch.
-  error: str | None = None
+  error: str | None = None  # Why it failed (the data is not there, the pipeline raised).
+  skipped: str | None = None  # Why it was not tried: it would build what the run has not.
 
   def demand_ratio(self, demand_tokens_per_second: float) -> float | None:
     """What one host must deliver per second over what it delivered; > 1: input-bound."""
@@ -57,13 +63,23 @@ def measure(config: ml_collections.ConfigDict, hosts: int, seconds: float) -> In
       includes opening the dataset and, for nanoGPT-style windows, tokenizing it).
 
   Returns:
-    The rate; `error` set (and no rate) when the data is not there to be read, e.g. a
-    catalog dataset not downloaded, with the message saying how to prepare it.
+    The rate; `skipped` set (and no rate) when reading would build the dataset or the
+    vocabulary first (sources.unbuilt); `error` set when the data is not there to be
+    read (a catalog dataset not downloaded: the message says how to prepare it) or the
+    pipeline failed.
   """
   local = max(1, config.data.batch_size // hosts)
   started = time.perf_counter()
+  # A fine-tuning run reads its source run's vocabulary, as training does.
+  vocabulary = sources.run_workdir(config.init_from) if config.init_from else ""
   try:
-    data_sources = sources.load_sources(config)
+    missing = sources.unbuilt(config, vocabulary)
+    if missing:
+      return InputRate(hosts, local, skipped=(
+          f"{missing}, and timing the pipeline would build it here; a training run (or "
+          "--mode=prepare for a corpus) builds it, then --mode=compile times it "
+          "(--input_seconds=0 skips this)"))
+    data_sources = sources.load_sources(config, vocabulary)
     config = ml_collections.ConfigDict(config.to_dict())  # vocab_size resolved on a copy.
     config.model.vocab_size = sources.resolved_vocab_size(config, data_sources.tokenizer)
     objective = objective_lib.resolve(config.model)
@@ -73,14 +89,17 @@ def measure(config: ml_collections.ConfigDict, hosts: int, seconds: float) -> In
         data_sources.tokenizer, train=True, split=split, batch_size=local, process_index=0,
         process_count=hosts))
     next(batches)
+    first = time.perf_counter() - started
+    count, start = 0, time.perf_counter()
+    while count == 0 or time.perf_counter() - start < seconds:
+      next(batches)
+      count += 1
+    elapsed = time.perf_counter() - start
   except (ConfigError, DataError) as e:
     return InputRate(hosts, local, error=f"{type(e).__name__}: {e}")
-  first = time.perf_counter() - started
-  count, start = 0, time.perf_counter()
-  while count == 0 or time.perf_counter() - start < seconds:
-    next(batches)
-    count += 1
-  elapsed = time.perf_counter() - start
+  except Exception as e:  # pylint: disable=broad-except  (one line of the report, not its end)
+    return InputRate(hosts, local, error=f"the pipeline failed: {type(e).__name__}: "
+                     f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}")
   tokens = count * local * config.data.seq_len * objective.sides
   return InputRate(hosts, local, tokens_per_second=tokens / elapsed, batches=count,
                    seconds=elapsed, first_batch_seconds=first)
@@ -88,6 +107,8 @@ def measure(config: ml_collections.ConfigDict, hosts: int, seconds: float) -> In
 
 def lines(rate: InputRate, demand_tokens_per_second: float | None) -> list[str]:
   """The report's input lines: the demand beside the measured rate, and a verdict."""
+  if rate.skipped is not None:
+    return [f"Input: not measured: {rate.skipped}"]
   if rate.error is not None:
     return [f"Input: not measured: {rate.error}"]
   per_host = ("" if rate.hosts == 1 else
@@ -124,4 +145,4 @@ def to_json(rate: InputRate, demand_tokens_per_second: float | None) -> dict:
                   None if demand_tokens_per_second is None
                   else demand_tokens_per_second / rate.hosts),
               demand_ratio=ratio, input_bound=None if ratio is None else ratio > 1,
-              error=rate.error)
+              error=rate.error, skipped=rate.skipped)

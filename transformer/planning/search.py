@@ -11,6 +11,7 @@ from typing import Any
 
 import ml_collections
 
+from transformer import sharding
 from transformer.config.errors import ConfigError
 from transformer.config.model import REMAT_POLICIES
 from transformer.planning import plan as plan_lib
@@ -42,8 +43,9 @@ def _try(config: ml_collections.ConfigDict, topology: topology_lib.Topology, dev
   trial = Trial(label=label, overrides=overrides, step=step)
   progress.say(f"compile: trying {label} for the {step} step")
   try:
-    result = plan_lib.make_plan(plan_lib.with_overrides(config, overrides), topology,
-                                devices, steps=(step,), extrapolate_depth=extrapolate_depth)
+    with sharding.tables_off_the_console():  # One table a command: the model's own.
+      result = plan_lib.make_plan(plan_lib.with_overrides(config, overrides), topology,
+                                  devices, steps=(step,), extrapolate_depth=extrapolate_depth)
   except ConfigError as e:
     trial.error = str(e).splitlines()[0]
     progress.say(f"compile: {label}: {trial.error}")

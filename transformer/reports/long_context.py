@@ -3,7 +3,8 @@
 Drawn from the records the modes write (`--mode=evaluate --by_position=W`'s rows,
 `--mode=passkey`'s cells), no devices: the console tables and the figures (a line of
 perplexity against position; a heat map of retrieval accuracy, context length against
-the depth of the key), on matplotlib's Agg canvas through plots.save_figure.
+the depth of the key), on matplotlib's Agg canvas (plots.png_bytes), written by the mode
+with its JSON.
 """
 
 from __future__ import annotations
@@ -52,10 +53,10 @@ def position_figure(curves: Sequence[tuple[str, Sequence[Mapping[str, Any]]]], t
   return figure
 
 
-def write_position_plot(rows: Sequence[Mapping[str, Any]], path: str, title: str,
-                        trained_len: int = 0) -> None:
-  """position_figure of one run's rows, written as a PNG to `path`."""
-  plots.save_figure(position_figure([("eval", rows)], title, trained_len), path)
+def position_plot_png(rows: Sequence[Mapping[str, Any]], title: str,
+                      trained_len: int = 0) -> bytes:
+  """position_figure of one run's rows as PNG bytes (written with the JSON beside it)."""
+  return plots.png_bytes(position_figure([("eval", rows)], title, trained_len))
 
 
 def passkey_grid(cells: Sequence[Mapping[str, Any]], key: str = "accuracy"
@@ -101,6 +102,6 @@ def passkey_figure(cells: Sequence[Mapping[str, Any]], title: str):
   return figure
 
 
-def write_passkey_heatmap(cells: Sequence[Mapping[str, Any]], path: str, title: str) -> None:
-  """passkey_figure written as a PNG to `path`."""
-  plots.save_figure(passkey_figure(cells, title), path)
+def passkey_heatmap_png(cells: Sequence[Mapping[str, Any]], title: str) -> bytes:
+  """passkey_figure as PNG bytes (written with the JSON beside it)."""
+  return plots.png_bytes(passkey_figure(cells, title))

@@ -156,15 +156,20 @@ def run_figures(series: dict[str, Series], run: str, log_steps: bool = False) ->
   return figures
 
 
-def save_figure(figure, path: str) -> None:
-  """Writes `figure` as a PNG (Agg) through the one atomic write: no reader sees half an
-  image, and a failure (a full disk) leaves no temporary file. Hosts of a pod sweep may
-  write the same file: each write has a temporary name of its own."""
+def png_bytes(figure) -> bytes:
+  """`figure` drawn as a PNG (Agg), in memory: a mode writes it with its other files."""
   from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
   FigureCanvasAgg(figure)
   png = io.BytesIO()
   figure.savefig(png, format="png")
-  files.write_atomically(path, png.getvalue())
+  return png.getvalue()
+
+
+def save_figure(figure, path: str) -> None:
+  """Writes `figure` as a PNG (Agg) through the one atomic write: no reader sees half an
+  image, and a failure (a full disk) leaves no temporary file. Hosts of a pod sweep may
+  write the same file: each write has a temporary name of its own."""
+  files.write_atomically(path, png_bytes(figure))
 
 
 def write_plots(workdir: str, log_steps: bool = False) -> list[str]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 from typing import Any, Callable, Sequence
 
 import grain
@@ -47,6 +48,7 @@ from transformer.workdir import files
 from transformer.workdir import init_from
 from transformer.workdir import layout
 from transformer.workdir import metrics_file
+from transformer.workdir import progress as progress_lib
 from transformer.workdir import run_record
 
 
@@ -161,7 +163,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     return _train_loop(run)
   finally:  # Also on errors: finish a pending checkpoint write and flush the metrics.
     with stop.deferred():
-      checkpointer.close()
+      if not stop.abandoned:  # Given up by a third signal: closing would wait for it.
+        checkpointer.close()
       writer.close()
 
 
@@ -226,7 +229,7 @@ def _train_loop(run: _Run) -> dict[str, float]:
     try:  # Started here: the first call's batch is built during the evaluation at 0.
       if start_step == 0 and config.train.eval_at_start:  # The baseline later evals beat.
         eval_metrics = evaluate_split(run.trainer, state.params, run.eval_data,
-                                      run.local_batch_size)
+                                      run.local_batch_size, _eval_progress(config, 0))
         logging.info("eval at step 0: %s", reporting.format_metrics(eval_metrics))
         run.writer.write(0, eval_metrics)
 
@@ -249,14 +252,19 @@ def _train_loop(run: _Run) -> dict[str, float]:
         if step % config.checkpoint.every == 0 or step == num_steps or stopping:
           loop.report(reporter)  # Checked first: a non-finite step is never saved.
           _save(run, state, step, record, batches)
-        if stopping:
+        if stopping and step < num_steps:
           logging.warning("Stopped at step %d; rerun the same command to resume.", step)
-          if step < num_steps:
-            interrupted = signals.Interrupted(step, run.stop.signum)
+          interrupted = signals.Interrupted(step, run.stop.signum)
           break
         for hook in run.hooks:
           hook.after_call(step, state)
       loop.report(reporter, final=True)  # The last step is always shown.
+      if interrupted is None and run.stop.requested:
+        # A signal during the last call or its save: nothing is left to resume, and
+        # "Stopped at step N; rerun" beside "finished" (exit 0) said two things.
+        logging.warning("%s came as the run finished: all %d steps are trained and "
+                        "saved (checkpoint %d); nothing was cut short, nothing to resume",
+                        signal.Signals(run.stop.signum).name, num_steps, loop.dispatched)
     finally:  # Every exit (the end, a stop, an error) ends the thread.
       batches.close()
   if interrupted is not None:
@@ -304,10 +312,22 @@ def _dispatch(run: _Run, state: TrainState,
   return run.trainer.train_steps(state, call.batch)
 
 
+# An evaluation inside training says its count and ETA this often (none if shorter).
+EVAL_PROGRESS_SECONDS = 10.0
+
+
+def _eval_progress(config: ml_collections.ConfigDict, step: int) -> progress_lib.Progress:
+  """The evaluation's counted progress, as --mode=evaluate's (a long one was minutes
+  without a line)."""
+  batches = config.train.eval_batches
+  return progress_lib.Progress(f"eval at step {step}", batches if batches > 0 else None,
+                               "batches", every=EVAL_PROGRESS_SECONDS)
+
+
 def _evaluate(run: _Run, state: TrainState, step: int) -> dict[str, float]:
   """Evaluates `state` on the eval split; the after_eval hooks may add to the row."""
   eval_metrics = evaluate_split(run.trainer, state.params, run.eval_data,
-                                run.local_batch_size)
+                                run.local_batch_size, _eval_progress(run.config, step))
   for hook in run.hooks:  # decode_hook's first: eval_bleu, logged translations, a sample.
     hook.after_eval(step, state, eval_metrics)
   logging.info("eval at step %d: %s", step, reporting.format_metrics(eval_metrics))

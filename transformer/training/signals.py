@@ -5,8 +5,12 @@ raises `Interrupted` (launch.py exits 130 for Ctrl-C, 143 for SIGTERM). A second
 signal stops at once, without waiting for the step: it raises `Aborted` where the
 program is, except inside `StopRequest.deferred()` (a checkpoint being written, the
 run's files, the closing of the writers), which ends first, so that nothing half
-written is left behind. Either way the caller sees one `Interrupted`, whose exit
-status is that of the last signal.
+written is left behind. A third signal there stops at once too (a save that hangs on
+a dead peer): the checkpoint being written is left incomplete, and the next start
+moves it to checkpoints_bad/ and resumes from the newest complete one; launch.py then
+ends without waiting for Orbax's threads (workdir/files.py's `note_abandoned`).
+Either way the caller sees one `Interrupted`, whose exit status is that of the last
+signal.
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ import jax
 import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
+
+from transformer.workdir import files
+from transformer.workdir import layout
 
 
 class Interrupted(Exception):
@@ -71,6 +78,7 @@ class StopRequest:
     self._previous = {}
     self._deferring = 0  # Depth of deferred() sections.
     self._abort_pending = False
+    self.abandoned = False  # A third signal gave up a write: close nothing that waits on it.
 
   def __enter__(self) -> "StopRequest":
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -114,11 +122,20 @@ class StopRequest:
     del frame
     if self.requested:
       self.signum = signum
-      if self._deferring:
+      if self._deferring and not self._abort_pending:
         logging.warning("Signal %d again: stopping once the files being written are "
-                        "whole.", signum)
+                        "whole (once more to stop at once, leaving the checkpoint being "
+                        "written incomplete).", signum)
         self._abort_pending = True
         return
+      if self._deferring:  # The third: the write may never end (a dead peer).
+        self.abandoned = True
+        files.note_abandoned("the checkpoint being written is incomplete")
+        logging.warning("Signal %d a third time: stopping now; the checkpoint being "
+                        "written is left incomplete: the next start moves it to %s/ and "
+                        "resumes from the newest complete one.", signum,
+                        layout.BAD_CHECKPOINTS)
+        self._abort_pending = False  # Raised now, not again as the sections end.
       raise Aborted(signum)
     logging.warning("Signal %d: stopping after this step and saving a checkpoint "
                     "(again to stop at once, without saving it).", signum)

@@ -426,15 +426,16 @@ def check_batch_size(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh)
   return batch // sharding.input_shard(mesh, rules).count
 
 
-def evaluate_split(scorer: Scorer, params: Any, dataset,
-                   local_batch_size: int) -> dict[str, float]:
+def evaluate_split(scorer: Scorer, params: Any, dataset, local_batch_size: int,
+                   progress: progress_lib.Progress | None = None) -> dict[str, float]:
   """Loss metrics of the eval split (or its first `train.eval_batches` batches): eval_*.
 
   Used by the training loop and by --mode=evaluate alike (`scorer` is a Trainer or a
-  Scorer; its config supplies train.eval_batches and data.eval_split).
+  Scorer; its config supplies train.eval_batches and data.eval_split); `progress`
+  counts the batches scored (workdir/progress.py).
   """
-  return metrics_lib.summarize(sum_split(scorer, params, dataset, local_batch_size),
-                               prefix="eval_")
+  return metrics_lib.summarize(sum_split(scorer, params, dataset, local_batch_size,
+                                         progress), prefix="eval_")
 
 
 def sum_split(scorer: Scorer, params: Any, dataset, local_batch_size: int,

@@ -37,6 +37,10 @@ from transformer.workdir import files
 from transformer.workdir import layout
 
 
+# How long a failed save's other writes are waited for (`_run_sync_draining`).
+DRAIN_SECONDS = 60
+
+
 def _run_sync_draining(coro: Coroutine[Any, Any, Any]) -> Any:
   """Orbax's `_run_sync_via_new_loop`, but a failure waits for the loop's other tasks.
 
@@ -45,17 +49,27 @@ def _run_sync_draining(coro: Coroutine[Any, Any, Any]) -> Any:
   in C++, then print "RuntimeError: Event loop is closed" (dozens of tracebacks after
   the one-line message) and write files into a folder the caller has already removed.
   Here the failed loop first runs its remaining tasks to their end (each fails fast on
-  the same full disk), so a failed save is over when its error reaches the caller.
+  the same full disk), so a failed save is over when its error reaches the caller;
+  at most DRAIN_SECONDS (a write that hangs is then left, with a warning). A second
+  signal (KeyboardInterrupt) is not drained: it stops at once.
   """
   loop = asyncio.new_event_loop()
   try:
     asyncio.set_event_loop(loop)
     try:
       return loop.run_until_complete(coro)
+    except KeyboardInterrupt:
+      raise  # A second signal (files.signals_deferred): stop now, nothing waited for.
     except BaseException:
       pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
       if pending:
-        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        _, still = loop.run_until_complete(asyncio.wait(pending, timeout=DRAIN_SECONDS))
+        if still:  # A write that does not end (a dead peer, a hung file system).
+          logging.warning("%d writes of the failed save had not ended after %d s; not "
+                          "waiting longer (the folder they write is not used)", len(still),
+                          DRAIN_SECONDS)
+          for task in still:
+            task.cancel()
       raise
   finally:
     asyncio.set_event_loop(None)
@@ -233,9 +247,13 @@ def save_params(directory: str, step: int, params: Any) -> str:
 
   SIGINT / SIGTERM wait until the save has ended and the manager is closed
   (`files.signals_deferred`): Orbax writes from threads of its own, which an
-  interrupted main thread would leave writing into a folder its caller removes.
+  interrupted main thread would leave writing into a folder its caller removes. A
+  second signal stops at once (a save that hangs on a dead peer): the folder is left
+  incomplete, never renamed into place, and removed by the next run.
   """
-  with files.signals_deferred():
+  with files.signals_deferred(left=f"the checkpoint being written in {directory} is "
+                              "incomplete and is not used; the next run of the command "
+                              "removes it"):
     manager = ocp.CheckpointManager(
         directory, options=ocp.CheckpointManagerOptions(create=True,
                                                         enable_async_checkpointing=False))

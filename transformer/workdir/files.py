@@ -9,6 +9,10 @@ one. A file that already holds the content is not touched (its mtime stays), so
 rerunning a command changes nothing that did not change. Used for config.json, the
 tokenizer files, evaluation results, translations and run records alike.
 
+`write_together` does it for the files of one result (--mode=passkey's JSON and heat map,
+evaluate --by_position's JSON and plot): each written whole to its temporary file, then
+all renamed; a full disk at any leaves none (a rerun is not refused as "exists").
+
 `complete_or_absent` does the same for a folder (what --mode=average, import and
 export write): it is filled under a temporary sibling name and renamed into place at
 the end, and removed on any failure (a full disk, Ctrl-C, an error), so the folder is
@@ -37,7 +41,7 @@ import shutil
 import signal
 import threading
 import uuid
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from absl import logging
 
@@ -77,6 +81,55 @@ def write_atomically(path: str, content: str | bytes, flag: str = "") -> bool:
         return False
   except (FileNotFoundError, NotADirectoryError):
     pass
+  temporary = _temporary_copy(path, data)
+  try:
+    os.replace(temporary, path)
+  except BaseException:
+    _remove(temporary)
+    raise
+  _fsync_directory(os.path.dirname(os.path.abspath(path)))
+  return True
+
+
+def write_together(contents: list[tuple[str, str | bytes]], flag: str) -> None:
+  """Writes several files of one result (a JSON and its PNG) all or none.
+
+  Each is written in full to its temporary file first; only when every one is whole
+  are they renamed into place, one after the other, with signals held back. A full
+  disk (or any failure) on any of them leaves none of them changed, so a rerun is
+  not refused because the first one "exists". Each is noted finished (`flag`).
+
+  Raises:
+    OSError: a write refused by the machine, named after its file and `flag`.
+  """
+  temporaries: list[str] = []
+  current = contents[0][0]  # The file being written: the one an error names.
+  try:
+    with signals_deferred():
+      for current, content in contents:
+        data = content.encode("utf-8") if isinstance(content, str) else content
+        temporaries.append(_temporary_copy(current, data))
+      for (current, _), temporary in zip(contents, temporaries):
+        os.replace(temporary, current)
+        _fsync_directory(os.path.dirname(os.path.abspath(current)))
+        note_finished(current, flag)
+  except OSError as e:
+    for temporary in temporaries:
+      _remove(temporary)
+    if e.errno in DISK_FULL_ERRNOS + _REFUSALS:
+      error = named(e, current, flag)
+      error.result_file = True  # A file, not a folder: "write the result elsewhere".
+      raise error from None
+    raise
+  except BaseException:
+    for temporary in temporaries:
+      _remove(temporary)
+    raise
+
+
+def _temporary_copy(path: str, data: bytes) -> str:
+  """`data` written, flushed and fsynced (mode 0644) to a new temporary file beside
+  `path`; returns its name. On failure nothing is left, and the OSError names `path`."""
   directory = os.path.dirname(os.path.abspath(path))
   os.makedirs(directory, exist_ok=True)
   # A name no other writer uses, created exclusively ("x"): two processes never share it.
@@ -87,16 +140,18 @@ def write_atomically(path: str, content: str | bytes, flag: str = "") -> bool:
       f.flush()
       os.fsync(f.fileno())
     os.chmod(temporary, _MODE)
-    os.replace(temporary, path)
   except BaseException as e:
-    if os.path.exists(temporary):
-      os.remove(temporary)
+    _remove(temporary)
     if isinstance(e, OSError) and not e.filename:
       # A failed write() names no file: say which one (a full disk's one line needs it).
       raise OSError(e.errno, e.strerror or str(e), path) from None
     raise
-  _fsync_directory(directory)
-  return True
+  return temporary
+
+
+def _remove(path: str) -> None:
+  if os.path.exists(path):
+    os.remove(path)
 
 
 def _fsync_directory(directory: str) -> None:
@@ -195,14 +250,16 @@ def finished_outputs() -> list[tuple[str, str]]:
 def forget_finished() -> None:
   """Starts a new command's record (launch.run calls it; tests run several in a process)."""
   _FINISHED.clear()
+  _ABANDONED.clear()
 
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 @contextlib.contextmanager
-def signals_deferred() -> Iterator[None]:
-  """SIGINT / SIGTERM that arrive in the block take effect when it ends, not inside it.
+def signals_deferred(left: str = "") -> Iterator[None]:
+  """SIGINT / SIGTERM that arrive in the block take effect when it ends, not inside it;
+  a second one takes effect at once.
 
   For writes that must finish or be undone as a whole before the program unwinds: an
   Orbax save (other threads write for it; interrupting the main thread leaves them
@@ -212,20 +269,35 @@ def signals_deferred() -> Iterator[None]:
   loop's StopRequest notes a stop request. When the block raises, its error goes on
   and the signal is only logged (the command stops on that error anyway). A no-op
   outside the main thread (signals are only handled there).
+
+  A second signal is the way out of a write that does not end (a save waiting on a dead
+  peer): it is given to that handler at once, inside the block, after a line saying
+  what is left: `left` ("the folder X is incomplete; the next run removes it"). The
+  write is then noted as abandoned (`abandoned_writes`): launch.py ends the process
+  without waiting for the threads still writing.
   """
   if threading.current_thread() is not threading.main_thread():
     yield
     return
   caught: list[int] = []
+  previous: dict[int, Any] = {}
 
   def note(signum, frame) -> None:
     del frame
-    if not caught:
-      logging.warning("%s: stopping once the write in progress is whole (or removed)",
-                      signal.Signals(signum).name)
+    name = signal.Signals(signum).name
+    if caught:  # The second: stop now.
+      what = left or "the write in progress is left incomplete and is not used"
+      logging.warning("%s again: stopping now; %s", name, what)
+      _ABANDONED.append(what)
+      for sig, handler in previous.items():
+        signal.signal(sig, handler)
+      _deliver(signum, previous[signum])
+      return
+    logging.warning("%s: stopping once the write in progress is whole (or removed); "
+                    "a second signal stops at once, leaving it incomplete", name)
     caught.append(signum)
 
-  previous = {sig: signal.signal(sig, note) for sig in _SIGNALS}
+  previous.update({sig: signal.signal(sig, note) for sig in _SIGNALS})
   try:
     yield
   finally:
@@ -233,6 +305,21 @@ def signals_deferred() -> Iterator[None]:
       signal.signal(sig, handler)
   if caught:
     _deliver(caught[-1], previous[caught[-1]])
+
+
+# What a second signal left unfinished (signals_deferred, the training loop's save): the
+# process then ends without waiting for the threads that still write it.
+_ABANDONED: list[str] = []
+
+
+def note_abandoned(what: str) -> None:
+  """Notes that a write was given up by a second signal (`what`: what is left of it)."""
+  _ABANDONED.append(what)
+
+
+def abandoned_writes() -> list[str]:
+  """What this command's second signals left unfinished (empty: nothing)."""
+  return list(_ABANDONED)
 
 
 def _deliver(signum: int, handler) -> None:

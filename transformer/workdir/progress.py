@@ -1,15 +1,17 @@
 """What a long mode says while it works: counted progress and timed stages.
 
 One mechanism for every mode that runs longer than a few seconds (evaluate, compile,
-passkey, average, import, export, translate, ...): the lines are absl INFO records of
-this project, so the console filter (console.py) shows them bare and `<workdir>/log.txt`
-keeps them too. Only process 0 of a multi-process run says them.
+passkey, average, import, export, translate, ..., and the evaluations inside training):
+the lines are absl INFO records of this project, so the console filter (console.py)
+shows them bare and `<workdir>/log.txt` keeps them too. Only process 0 of a
+multi-process run says them.
 
 - `Progress`: '<what>: 12/40 batches (3.1 batches/s), ETA 9s' at most every
   `EVERY_SECONDS`, then one summary line
   '<what>: 40 batches in 13s (3.1 batches/s)' from `finish`.
 - `stage`: '<what> ...' as a stage starts and '<what>: 12.3s' when it ends (compile's
-  lowering and XLA compile, an import's reading and saving).
+  lowering and XLA compile, an import's reading and saving); with `heartbeat`, a
+  '<what>: still running, 1m30s' line meanwhile (a SentencePiece vocabulary's training).
 
 The training loop's own progress line (training/metrics.py's TrainProgress: MFU, data
 wait) and --mode=prepare's (data/corpus_prepare.py: counters shared by worker
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 import time
 from typing import Callable, Iterator
 
@@ -91,10 +94,27 @@ class Progress:
 
 
 @contextlib.contextmanager
-def stage(what: str, clock: Callable[[], float] = time.perf_counter) -> Iterator[None]:
+def stage(what: str, clock: Callable[[], float] = time.perf_counter,
+          heartbeat: float = 0.0) -> Iterator[None]:
   """'<what> ...' now and '<what>: 12.3s' when the block ends without an error (an
-  error says itself)."""
+  error says itself).
+
+  `heartbeat` > 0: '<what>: still running, 1m30s' every that many seconds meanwhile,
+  for work that cannot count its progress (a SentencePiece trainer in C++)."""
   say(f"{what} ...")
   start = clock()
-  yield
+  stop = threading.Event()
+  beating = None
+  if heartbeat > 0:
+    def beat() -> None:
+      while not stop.wait(heartbeat):
+        say(f"{what}: still running, {seconds_text(clock() - start)}")
+    beating = threading.Thread(target=beat, daemon=True, name="progress-heartbeat")
+    beating.start()
+  try:
+    yield
+  finally:
+    stop.set()
+    if beating is not None:
+      beating.join()
   say(f"{what}: {seconds_text(clock() - start)}")
