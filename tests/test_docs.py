@@ -43,6 +43,8 @@ COMPILE_RUN = {
     "docs/compile.md": "--config=configs/gpt_small.py --topology=h100:1",
     "docs/compile-results.md": "--config=configs/llama.py:1b --config.model.scan_layers=True",
     "docs/configuration.md": "--config=configs/llama.py:7b --topology=h100:1",
+    "docs/performance.md": ("--config=configs/gpt_small.py --topology=h100:1 "
+                            "--config.data.batch_size=32 --config.train.microbatches=1"),
     "docs/scaling.md": "--config=configs/llama.py:1b --topology=v5p:2x2x2",
 }
 _SAME_SWEEP = ("results.md's table row for a sweep of the blocks below it, which run "
