@@ -71,20 +71,28 @@ def run_tasks(scorer: scoring.LogLikelihoodScorer, params: Any,
   """{task name: its result} (kind, counts, metrics, chance, time), in task order.
 
   per_request: also each request's document, log-likelihood, greediness and truncation
-  under "requests". say: progress lines (off inside training: the run says one line).
+  under "requests_scored". say: progress lines (off inside training: the run says one).
   """
+  encoded = [task_requests(task, tokenizer, scorer.length) for task in tasks]
+  return score_tasks(scorer, params, encoded, per_request, say)
+
+
+def score_tasks(scorer: scoring.LogLikelihoodScorer, params: Any,
+                encoded: Sequence[EncodedTask], per_request: bool = False,
+                say: bool = True) -> dict[str, dict[str, Any]]:
+  """`run_tasks` of tasks already encoded (a training run encodes its tasks once)."""
   results = {}
-  for task in tasks:
-    encoded = task_requests(task, tokenizer, scorer.length)
-    progress = progress_lib.Progress(f"benchmark {task.name}", len(encoded.requests),
-                                     "requests") if say else None
+  for task in encoded:
+    name = task.task.name
+    progress = (progress_lib.Progress(f"benchmark {name}", len(task.requests), "requests")
+                if say else None)
     start = time.perf_counter()
-    scores = scorer.score(params, encoded.requests, progress)
+    scores = scorer.score(params, task.requests, progress)
     seconds = time.perf_counter() - start
     if progress is not None:
       progress.finish(f"{scores.segments} segments in {scores.rows} rows of "
                       f"{scorer.length} tokens")
-    results[task.name] = _result(encoded, scores, seconds, scorer.length, per_request)
+    results[name] = _result(task, scores, seconds, scorer.length, per_request)
   return results
 
 

@@ -84,6 +84,18 @@ KNOWN: dict[str, KnownTask] = {
 }
 
 
+# train.benchmarks="default": a small fixed subset a training run can afford at its
+# evaluations (with train.benchmark_documents of each): two sentence-ending and physical
+# commonsense sets whose chance is known, grade-school science, and LAMBADA's last word.
+DEFAULT = ("hellaswag", "piqa", "arc_easy", "lambada")
+
+
+def names_of(value: str) -> list[str]:
+  """A comma-separated list of task names, "default" expanded (train.benchmarks)."""
+  names = [n.strip() for n in value.split(",") if n.strip()]
+  return [d for n in names for d in (DEFAULT if n == "default" else (n,))]
+
+
 @dataclasses.dataclass(frozen=True)
 class Document:
   """One document of a task (see the module docstring for the kinds' fields)."""
