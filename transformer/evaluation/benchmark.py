@@ -104,8 +104,7 @@ def _result(encoded: EncodedTask, scores: scoring.Scores, seconds: float, length
     by_doc[doc].append(request)
   loglik = [[float(scores.loglik[r]) for r in rs] for rs in by_doc]
   greedy = [[bool(scores.greedy[r]) for r in rs] for rs in by_doc]
-  # Rolling windows of a text are cut on purpose (each window keeps the most context).
-  truncated = scores.truncated if task.kind != "text" else np.zeros_like(scores.truncated)
+  truncated = scores.truncated
   result: dict[str, Any] = {
       "kind": task.kind, "source": task.source, "documents": len(task.documents),
       "requests": len(encoded.requests), "segments": scores.segments,

@@ -9,7 +9,8 @@
   text             bits_per_byte, byte_perplexity, word_perplexity over the whole texts.
 
 An accuracy's standard error is lm-eval's: the sample standard deviation of the
-per-document 0/1 scores over sqrt(n); the 95% interval is the mean +- 1.96 of them.
+per-document 0/1 scores over sqrt(n); the 95% interval is the mean +- 1.96 of them
+(clipped to [0, 1]).
 Ties go to the first choice (numpy's argmax, lm-eval's too).
 """
 
@@ -38,7 +39,8 @@ def _accuracy(name: str, correct: Sequence[float]) -> dict[str, Any]:
   mean, stderr = mean_and_stderr(correct)
   out: dict[str, Any] = {name: mean, f"{name}_stderr": stderr}
   if stderr is not None:
-    out[f"{name}_ci95"] = [mean - Z95 * stderr, mean + Z95 * stderr]
+    # The normal approximation, as lm-eval's stderr is; an accuracy stays in [0, 1].
+    out[f"{name}_ci95"] = [max(0.0, mean - Z95 * stderr), min(1.0, mean + Z95 * stderr)]
   return out
 
 

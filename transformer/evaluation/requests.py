@@ -55,9 +55,13 @@ def rolling_windows(ids: Sequence[int], length: int) -> list[Request]:
   `length` tokens predicted with the most context the row allows (lm-eval's
   loglikelihood_rolling); the first predicts after [bos]."""
   tokens = (tokenizers.BOS_ID, *map(int, ids))
-  return [(tokens[max(0, start + 1 - length):start + 1],
-           tokens[start + 1:start + 1 + length])
-          for start in range(0, len(tokens) - 1, length)]
+  windows = []
+  for start in range(0, len(tokens) - 1, length):
+    continuation = tokens[start + 1:start + 1 + length]
+    # Inputs are context + continuation but its last token: `length` of them at most.
+    context = tokens[max(0, start + 1 - (length + 1 - len(continuation))):start + 1]
+    windows.append((context, continuation))
+  return windows
 
 
 @dataclasses.dataclass
