@@ -270,6 +270,14 @@ def test_a_tokenizer_that_cannot_encode_is_one_line():
     benchmark.task_requests(task, Refusing(), 32)
 
 
+def test_a_model_that_is_not_a_decoder_lm_is_one_line(tiny_config):
+  tiny_config.model.update(arch="encoder", head="mlm")
+  with pytest.raises(ConfigError, match=r"--mode=benchmark scores continuations by their "
+                                        r"log-likelihood, which needs a decoder LM .* this "
+                                        r"run is a masked_lm model"):
+    _scorer(tiny_config)
+
+
 def test_train_benchmarks_are_checked_before_compiling(tiny_config):
   from transformer.config.validation import validate  # pylint: disable=g-import-not-at-top
   from transformer.training import benchmark_hook  # pylint: disable=g-import-not-at-top
