@@ -37,6 +37,8 @@ from transformer.model.models import make_model
 from transformer.workdir import progress as progress_lib
 
 SLOTS = 8  # Targets a position may be scored against (requests.pack's shared inputs).
+# What a batch's rows hold: several requests a row, padding after them (and empty rows).
+ROWS = objective_lib.RowLayout(packed=True, padded=True)
 _EXCLUDED_LOGIT = -1e30  # model.never_predict rows: outside the softmax.
 
 
@@ -51,7 +53,8 @@ def token_scores(params: Any, batch: dict[str, jax.Array], *, model: nn.Module,
                                  mutable=[moe.COLLECTION], hidden=True)
   targets_BLK = batch["targets"]
   B, L, _ = x_BLE.shape
-  c = lm_head.logits_chunk_length(0, L, head.vocab_size, lm_head.rows_per_device(B))
+  c = lm_head.logits_chunk_length(0, L, head.vocab_size, lm_head.rows_per_device(B),
+                                 x_BLE.shape[-1])
   pad = -L % c
   n = (L + pad) // c
 
@@ -106,8 +109,10 @@ class LogLikelihoodScorer:
     Raises:
       ConfigError: not a decoder LM, or a batch size the mesh cannot split.
     """
+    # Packed requests with padding after them: the row layout the kernels are told.
     model_config = dataclasses.replace(ModelConfig.from_config(config.model),
-                                       deterministic=True)
+                                       deterministic=True, rows_packed=ROWS.packed,
+                                       rows_padded=ROWS.padded)
     objective = objective_lib.resolve(model_config)
     if not objective.generates:
       raise ConfigError(
@@ -146,7 +151,7 @@ class LogLikelihoodScorer:
     share = (self.input_shard.index, self.input_shard.count)
     with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
       for number, local in enumerate(packed.batches(self.batch_size, share)):
-        attention_ops.check_packed_rows(local, self.packed_rows_limit)
+        attention_ops.check_rows(local, self.packed_rows_limit, ROWS)
         placed = sharding.place_batch(local, sharding.batch_sharding(self.mesh, self.rules),
                                       self.input_shard)
         logp, argmax = jax.device_get(self.step(params, placed))
