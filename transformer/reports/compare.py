@@ -252,8 +252,8 @@ def table(runs: Sequence[RunSummary], first_keys: Sequence[str] = ()) -> str:
                  "does; above 100% means a step beat that measured matmul rate.")
   notes.append(
       "final: the last evaluation; best: the lowest loss, perplexity or bits per byte "
-      "(highest accuracy, BLEU, benchmark score, ...) over the evaluations, with its step. tokens/s (and MFU): the median over the "
-      "logged rows; tokens are those a step reads (batch x seq_len, both sides for "
+      "(highest accuracy, BLEU, benchmark score, ...) over the evaluations, with its "
+      "step. tokens/s (and MFU): the median over the logged rows; tokens are those a step reads (batch x seq_len, both sides for "
       "seq2seq). wall: the training loop's time summed over sessions (compiling and "
       "evaluating included, dataset preparation excluded; run.json).")
   return "\n".join(lines + notes)
