@@ -135,6 +135,21 @@ def test_encode_pair_splits_as_lm_eval_and_starts_with_bos():
   assert windows[2][0][-1] == windows[1][1][-1]  # The last, short window: the most context.
 
 
+def test_encode_pair_with_an_imported_bpe_tokenizer(tmp_path):
+  """GPT-2's byte-level BPE: the continuation's ids are those of the whole text after the
+  context's own ids (a space starts the continuation's first piece)."""
+  from transformer.data import hf_tokenizer  # pylint: disable=g-import-not-at-top
+  folder = os.path.join(HF_FIXTURES, "gpt2")
+  path = tmp_path / "hf_tokenizer.json"
+  path.write_text(json.dumps(importer.tokenizer_bundle(importer.convert_folder(folder),
+                                                       folder)))
+  bpe = hf_tokenizer.HFTokenizer(str(path))
+  context, continuation = requests_lib.encode_pair(bpe, "The cat sat on the ", "mat")
+  whole = [int(i) for i in bpe.encode("The cat sat on the mat")]
+  assert context[0] == tokenizers.BOS_ID and list(context[1:]) + list(continuation) == whole
+  assert bpe.decode(continuation) == " mat"
+
+
 # ---------------------------------------------------------------- parity with transformers
 
 
@@ -398,6 +413,20 @@ def test_lm_eval_harness_equals_the_offline_benchmark(benchmarked_run, tmp_path,
 @dataclasses.dataclass
 class _Instance:
   args: tuple
+
+
+@pytest.mark.slow
+def test_an_imported_model_is_benchmarked_through_its_own_tokenizer(tmp_path):
+  from transformer.cli import benchmark as benchmark_mode  # pylint: disable=g-import-not-at-top
+  workdir = str(tmp_path / "gpt2")
+  importer.import_folder(os.path.join(HF_FIXTURES, "gpt2"), workdir)
+  record = benchmark_mode.run_benchmark(workdir, [CHOICES, COMPLETION, TEXT],
+                                        per_request=True, stdout=io.StringIO())
+  choices = record["tasks"]["choices"]
+  assert choices["requests"] == 16 and len(choices["requests_scored"]) == 16
+  assert all(math.isfinite(r["loglikelihood"]) and r["loglikelihood"] < 0
+             for r in choices["requests_scored"])
+  assert os.path.isfile(os.path.join(workdir, "benchmark_step0.json"))
 
 
 @pytest.mark.slow
