@@ -76,6 +76,7 @@ _ACCELERATOR_SETTINGS = accelerator.configure_environment()
 # The mode modules define their flags on import; JAX's backends start only once a mode
 # runs, so flags parse before any device is touched.
 from transformer.cli import average  # pylint: disable=g-import-not-at-top,wrong-import-position
+from transformer.cli import benchmark
 from transformer.cli import classify
 from transformer.cli import compare
 from transformer.cli import common
@@ -94,9 +95,9 @@ from transformer.cli import translate
 from transformer.cli import usage
 
 MODES = {"train": train, "evaluate": evaluate, "translate": translate, "generate": generate,
-         "classify": classify, "passkey": passkey, "average": average, "import": hf_import,
-         "export": hf_export, "plot": plot, "sweep": sweep, "compare": compare,
-         "compile": compile_mode, "prepare": prepare, "keys": keys}
+         "classify": classify, "passkey": passkey, "benchmark": benchmark, "average": average,
+         "import": hf_import, "export": hf_export, "plot": plot, "sweep": sweep,
+         "compare": compare, "compile": compile_mode, "prepare": prepare, "keys": keys}
 
 # --help prints this docstring: each mode's line is the first sentence of its module's
 # docstring (and a Hugging Face mode's model_types come from the family tables).

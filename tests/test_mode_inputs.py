@@ -87,8 +87,8 @@ def test_training_files_drop_a_byte_order_mark(tmp_path, caplog):
 def test_every_cli_flag_is_read_by_the_modes_that_list_it():
   readers = launch.usage.flag_readers(launch.MODES)
   assert readers["input"] == ["translate", "generate", "classify"]
-  assert sorted(readers["output"]) == ["average", "classify", "compile", "evaluate",
-                                       "generate", "passkey", "translate"]
+  assert sorted(readers["output"]) == ["average", "benchmark", "classify", "compile",
+                                       "evaluate", "generate", "passkey", "translate"]
   assert readers["prompt"] == ["generate"] and readers["split"] == ["evaluate"]
   assert readers["beam_size"] == ["evaluate", "translate", "generate"]
   # Each name a mode lists is a flag cli/common.py defines (a typo would read nothing),

@@ -4,6 +4,8 @@
   evaluate.py   --mode=evaluate (--split, --max_examples, --by_position)
   passkey.py    --mode=passkey (--passkey_lengths, --passkey_depths, ...): retrieval of a
                 key hidden in filler, a length x depth table and heat map
+  benchmark.py  --mode=benchmark (--tasks, --limit, --per_request): HellaSwag, PIQA, ARC,
+                LAMBADA, ... by log-likelihood (transformer/evaluation/)
   translate.py  --mode=translate (--input)
   generate.py   --mode=generate (--prompt; --input, --output as translate)
   classify.py   --mode=classify (--input, --class_names): a class and its probability a line

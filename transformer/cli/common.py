@@ -23,22 +23,23 @@ from transformer.config.checks import lookup
 from transformer.workdir import files
 
 CHECKPOINT_STEP = flags.DEFINE_integer(
-    "checkpoint_step", None, "evaluate, translate, generate, passkey, average, export: the "
-    "checkpoint to use (default: the newest).")
+    "checkpoint_step", None, "evaluate, translate, generate, passkey, benchmark, average, "
+    "export: the checkpoint to use (default: the newest).")
 AVERAGE_LAST = flags.DEFINE_integer(
-    "average_last", 0, "evaluate, translate, generate, passkey, average: use the mean of the "
-    "parameters of the newest N checkpoints (up to --checkpoint_step); the paper: 5 for "
+    "average_last", 0, "evaluate, translate, generate, passkey, benchmark, average: use the "
+    "mean of the parameters of the newest N checkpoints (up to --checkpoint_step); the paper: 5 for "
     "base, 20 for big. 0: no averaging.")
 INPUT = flags.DEFINE_string(
     "input", "", "translate, classify, generate: a UTF-8 file (or pipe), one text a line "
     "(default stdin).")
 OUTPUT = flags.DEFINE_string(
     "output", "", "Where a mode writes its result: translate, the translations, "
-    "generate, the continuations, and classify, the classes (default stdout); evaluate and "
-    "passkey, the result JSON (default in the workdir); average, the new "
+    "generate, the continuations, and classify, the classes (default stdout); evaluate, "
+    "passkey and benchmark, the result JSON (default in the workdir); average, the new "
     "workdir; compile, the JSON report.")
 OVERWRITE = flags.DEFINE_bool(
-    "overwrite", False, "translate, generate, classify, evaluate: allow replacing an existing --output.")
+    "overwrite", False, "translate, generate, classify, evaluate, passkey, benchmark: allow "
+    "replacing an existing --output.")
 SEED = flags.DEFINE_integer(
     "seed", None, "evaluate, translate, generate: sampling seed; passkey: the keys' seed (default "
     "config.seed).")

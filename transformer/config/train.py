@@ -112,3 +112,19 @@ def validate_evaluation_hooks(config: ml_collections.ConfigDict) -> None:
   if config.train.sample_prompt and config.model.arch != "decoder":
     fail(t + "sample_prompt", config.train.sample_prompt, "samples come from a decoder "
           f"LM (model.arch='decoder'), not model.arch={config.model.arch!r}")
+  # The task names are checked where the tasks are read (evaluation/tasks.py), before
+  # the model compiles: the table of known tasks lives there.
+  if not isinstance(config.train.benchmarks, str):
+    fail(t + "benchmarks", config.train.benchmarks, "expected comma-separated task names "
+          "or .jsonl files in one string (\"\" = off)")
+  check_int(config, t + "benchmark_documents", 0)
+  check_int(config, t + "benchmark_every", 0)
+  model = config.model
+  if config.train.benchmarks.strip() and (model.arch, model.head) != ("decoder", "lm"):
+    fail(t + "benchmarks", config.train.benchmarks, "benchmarks score continuations by "
+          "their log-likelihood under a decoder LM (model.arch='decoder', head='lm'), not "
+          f"model.arch={model.arch!r}, head={model.head!r}")
+  every, eval_every = config.train.benchmark_every, config.train.eval_every
+  if every % eval_every:
+    fail(t + "benchmark_every", every, f"benchmarks run at evaluations: use a multiple of "
+          f"train.eval_every={eval_every} (0: every evaluation)")

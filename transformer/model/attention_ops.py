@@ -48,6 +48,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import logging
+from flax import linen as nn
 
 from transformer import accelerator
 from transformer.config import attention as attention_table
@@ -510,6 +511,15 @@ def packed_rows_limit(config, platform: str, context_shards: int = 1) -> int | N
     if kernel == "cudnn":
       return config.attention_max_segments if config.rows_packed else 1
   return None
+
+
+def mesh_packed_rows_limit(config, mesh: jax.sharding.Mesh, rules) -> int | None:
+  """packed_rows_limit of `config`'s model on `mesh` (its platform, and the context shards
+  the logical `rules` cut a sequence into): what every batch a step reads is checked
+  against (training's and evaluation's rows, a benchmark's packed requests)."""
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):  # Where "length" is sharded.
+    shards = context.size()
+  return packed_rows_limit(config, mesh.devices.flat[0].platform, shards)
 
 
 def check_rows(batch: dict, limit: int | None,

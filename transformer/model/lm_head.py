@@ -12,6 +12,7 @@ two 7.8 GiB buffers.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -21,6 +22,53 @@ from flax import struct
 
 from transformer.config.model import ModelConfig
 from transformer.model import initializers
+
+
+# The auto chunk (train.logits_chunk = 0): a device's chunk of logits and their gradient
+# within AUTO_LOGITS_BYTES, raised up to AUTO_LOGITS_MAX_BYTES until the chunk has 4 x
+# d_model tokens. Each chunk reads the head's weight twice and adds into its float32
+# gradient (12 bytes per weight in bfloat16), against 12 bytes per logit for the chunk's
+# own traffic: a chunk of c tokens moves E / c of its logits' bytes again in weights.
+# Measured on compile-only targets (docs/performance.md): gpt_small 32 x 1024 on an
+# H100, 16 chunks of 2,048 tokens moved 18.6 GB in the loss head, 4 of 8,192 14.8 GB.
+AUTO_LOGITS_BYTES = 1 << 30
+AUTO_LOGITS_MAX_BYTES = 1 << 32
+
+
+def logits_chunk_length(chunk: int, length: int, vocab_size: int, rows: int,
+                        d_model: int = 0, bytes_per_logit: int = 4) -> int:
+  """Positions projected at a time by head_loss_sums (train.logits_chunk; 0 = auto).
+
+  Auto: the largest power of two of positions whose chunk ([rows, c, vocab_size] logits
+  and their gradient, `bytes_per_logit` together) fits AUTO_LOGITS_BYTES, raised towards
+  4 x d_model tokens within AUTO_LOGITS_MAX_BYTES; the whole sequence when it fits (no
+  loop: character and small-vocabulary models).
+  """
+  if chunk > 0:
+    return min(chunk, length)
+  per_position = max(1, rows) * vocab_size * bytes_per_logit
+
+  def fitting(budget: int) -> int:
+    return 1 << max(0, (budget // per_position).bit_length() - 1)
+
+  c = fitting(AUTO_LOGITS_BYTES)
+  wanted = -(-4 * d_model // max(1, rows))  # Positions for 4 x d_model tokens.
+  if c < wanted:
+    c = max(c, min(fitting(AUTO_LOGITS_MAX_BYTES), 1 << (wanted - 1).bit_length()))
+  return min(length, c)
+
+
+def rows_per_device(rows: int) -> int:
+  """The batch rows one device holds while tracing under a mesh and logical rules (the
+  mesh axes "batch" maps to divide them), else `rows`."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return rows
+  axes = nn.logical_to_mesh_axes(("batch",))[0]
+  if axes is None:
+    return rows
+  shards = math.prod(mesh.shape[a] for a in ((axes,) if isinstance(axes, str) else axes))
+  return max(1, rows // shards)
 
 
 @struct.dataclass

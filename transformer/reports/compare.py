@@ -15,7 +15,9 @@ Where each column comes from:
   - MFU: metrics.jsonl's mfu x the run's own measured peak (peak_flops.json), over one
     peak for all runs (the largest measured), so runs compare as their FLOP/s do;
   - steps, final and best eval metrics, tokens/s: metrics.jsonl, read as the plots
-    read it (transformer/reports/plots.py: a restart supersedes the rows after its step).
+    read it (transformer/reports/plots.py: a restart supersedes the rows after its step);
+    a run with train.benchmarks has its downstream scores among them
+    (eval_<task>_acc_norm, eval_benchmark_acc, ...), so a sweep's arms rank by them too.
 """
 
 from __future__ import annotations
@@ -36,7 +38,9 @@ from transformer.workdir import run_record
 from transformer.workdir.console import format_duration
 
 MAX_KEY_COLUMNS = 8  # More differing keys than this are listed under the table.
-LOWER_IS_BETTER = ("loss", "perplexity")
+# Metrics whose best is the lowest, by the end of their name: eval_loss, and a
+# benchmark's eval_<task>_bits_per_byte (train.benchmarks); accuracies, BLEU, ... highest.
+LOWER_IS_BETTER = ("loss", "perplexity", "bits_per_byte")
 
 
 @dataclasses.dataclass
@@ -167,7 +171,7 @@ def _format_value(value: Any) -> str:
 
 
 def _best(name: str, series: plots.Series) -> tuple[float, int]:
-  lower = name.removeprefix("eval_") in LOWER_IS_BETTER
+  lower = name.endswith(LOWER_IS_BETTER)
   index = int(np.argmin(series.values) if lower else np.argmax(series.values))
   return float(series.values[index]), int(series.steps[index])
 
@@ -247,9 +251,9 @@ def table(runs: Sequence[RunSummary], first_keys: Sequence[str] = ()) -> str:
                  f"measured, {peak_run}'s), so the column orders the runs as their speed "
                  "does; above 100% means a step beat that measured matmul rate.")
   notes.append(
-      "final: the last evaluation; best: the lowest loss (highest accuracy, BLEU, ...) "
-      "over the evaluations, with its step. tokens/s (and MFU): the median over the "
-      "logged rows; tokens are those a step reads (batch x seq_len, both sides for "
+      "final: the last evaluation; best: the lowest loss, perplexity or bits per byte "
+      "(highest accuracy, BLEU, benchmark score, ...) over the evaluations, with its "
+      "step. tokens/s (and MFU): the median over the logged rows; tokens are those a step reads (batch x seq_len, both sides for "
       "seq2seq). wall: the training loop's time summed over sessions (compiling and "
       "evaluating included, dataset preparation excluded; run.json).")
   return "\n".join(lines + notes)

@@ -21,6 +21,8 @@
   reporting.py        rows, the progress line, the non-finite guard, the steps-per-call hint
   fault_injection.py  test-only crash injection (TRANSFORMER_TEST_KILL_AT), a registered hook
   decode_hook.py      what an evaluation decodes: in-training BLEU and a sample (a hook)
+  benchmark_hook.py   train.benchmarks: downstream tasks scored at evaluations (a hook,
+                      through transformer/evaluation/)
   optim.py            schedules and AdamW
   metrics.py          metric sums and the progress line (rows go to workdir/metrics_file.py)
   head_loss.py        the loss head: vocabulary projection + cross-entropy a chunk at a
@@ -28,7 +30,7 @@
   flops.py            model FLOPs per step, device peaks, MFU's denominator
 
 May import: config, distributed, hardware, sharding, model, data, inference,
-workdir. Never reports/ (plots are drawn by cli/train.py after the loop).
+evaluation, workdir. Never reports/ (plots are drawn by cli/train.py after the loop).
 """
 
 # Registers the test-only crash hook (inert unless TRANSFORMER_TEST_KILL_AT is set), so

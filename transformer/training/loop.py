@@ -33,6 +33,7 @@ from transformer import sharding
 from transformer.config.validation import validate
 from transformer.data import pipeline
 from transformer.data import sources
+from transformer.training import benchmark_hook
 from transformer.training import decode_hook
 from transformer.training import fine_tune
 from transformer.training import hooks as hooks_lib
@@ -150,7 +151,11 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   next(train_iter)
   train_iter.set_state(first_position)
 
+  # train.benchmarks' tasks, read and encoded before anything compiles (None when off).
+  benchmarks = benchmark_hook.make_hook(config, data_sources.tokenizer)
   trainer = Trainer.create(config, mesh)
+  if benchmarks is not None:
+    benchmarks.start(trainer)
   checkpointer = checkpointing.Checkpointer(workdir, config.checkpoint)
   writer = metrics_file.MetricWriter(workdir, enabled=is_chief)
   run = _Run(config=config, workdir=workdir, trainer=trainer, checkpointer=checkpointer,
@@ -158,6 +163,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
              local_batch_size=local_batch_size, write_run_files=write_run_files, stop=stop,
              hooks=[decode_hook.DecodeAtEvaluation(config, workdir, trainer.model_config,
                                                    writer),
+                    *([benchmarks] if benchmarks is not None else []),
                     *hooks_lib.registered(), *hooks])
   try:
     return _train_loop(run)

@@ -30,7 +30,6 @@ from transformer.config.errors import ConfigError, DataError
 from transformer.config.model import ModelConfig
 from transformer.data import packing
 from transformer.model import attention_ops
-from transformer.model import context as context_lib
 from transformer.model import objectives
 from transformer.model.models import make_model
 from transformer.training import metrics as metrics_lib
@@ -225,7 +224,8 @@ class Scorer:
                                         config.train, position_bucket,
                                         config.data.seq_len),
                batch_sharding=sharding.batch_sharding(mesh, rules),
-               packed_rows_limit=_packed_rows_limit(model_config, mesh, rules),
+               packed_rows_limit=attention_ops.mesh_packed_rows_limit(model_config, mesh,
+                                                                      rules),
                input_shard=sharding.input_shard(mesh, rules), rows=rows)
 
   @contextlib.contextmanager
@@ -244,22 +244,8 @@ class Scorer:
     """
     attention_ops.check_rows(local_batch, self.packed_rows_limit, rows or self.rows)
     placement = stacked_sharding(self.batch_sharding) if stacked else self.batch_sharding
-    if jax.process_count() == 1:
-      # This process's rows are the whole batch: one device_put of the dict (half the
-      # host time of an array-by-array assembly, which the next step's compute shares
-      # the cores with on a CPU).
-      return jax.device_put(local_batch, placement)
-    # The global shape is given, never inferred: processes that read the same share
-    # (a tensor or context axis across them) hold the same rows, not more of them.
-    row_axis = 1 if stacked else 0
-
-    def global_shape(v: np.ndarray) -> tuple[int, ...]:
-      shape = list(v.shape)
-      shape[row_axis] *= self.input_shard.count
-      return tuple(shape)
-
-    return {k: jax.make_array_from_process_local_data(placement, v, global_shape(v))
-            for k, v in local_batch.items()}
+    return sharding.place_batch(local_batch, placement, self.input_shard,
+                                row_axis=1 if stacked else 0)
 
 
 def with_rows(model_config: ModelConfig, rows: objective_lib.RowLayout) -> ModelConfig:
@@ -272,14 +258,6 @@ def predicted_rows_excluded(model_config: ModelConfig) -> tuple[int, ...]:
   if objective_lib.resolve(model_config).classifies:
     return ()  # Its logits are classes, not the vocabulary rows never_predict names.
   return tuple(model_config.never_predict)
-
-
-def _packed_rows_limit(model_config: ModelConfig, mesh: jax.sharding.Mesh,
-                       rules: tuple) -> int | None:
-  platform = mesh.devices.flat[0].platform
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):  # Where "length" is sharded.
-    shards = context_lib.size()
-  return attention_ops.packed_rows_limit(model_config, platform, shards)
 
 
 def _jit_eval_step(model_config: ModelConfig, mesh: jax.sharding.Mesh, rules: tuple,
@@ -367,7 +345,8 @@ class Trainer(Scorer):
                eval_step=_jit_eval_step(model_config, mesh, rules, state_shardings.params,
                                         config.train),
                batch_sharding=batch_sharding, state_shardings=state_shardings,
-               packed_rows_limit=_packed_rows_limit(model_config, mesh, rules),
+               packed_rows_limit=attention_ops.mesh_packed_rows_limit(model_config, mesh,
+                                                                      rules),
                input_shard=sharding.input_shard(mesh, rules), abstract_state=abstract_state,
                init=jit_init, train_step=jit_train, train_steps=jit_train_steps,
                rows=objective_lib.row_layout(objective, config.data, train=False),

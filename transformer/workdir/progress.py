@@ -1,9 +1,9 @@
 """What a long mode says while it works: counted progress and timed stages.
 
 One mechanism for every mode that runs longer than a few seconds (evaluate, compile,
-passkey, average, import, export, translate, ..., and the evaluations inside training):
-the lines are absl INFO records of this project, so the console filter (console.py)
-shows them bare and `<workdir>/log.txt` keeps them too. Only process 0 of a
+passkey, benchmark, average, import, export, translate, ..., and the evaluations inside
+training): the lines are absl INFO records of this project, so the console filter
+(console.py) shows them bare and `<workdir>/log.txt` keeps them too. Only process 0 of a
 multi-process run says them.
 
 - `Progress`: '<what>: 12/40 batches (3.1 batches/s), ETA 9s' at most every
