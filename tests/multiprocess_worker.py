@@ -54,13 +54,14 @@ def main():
   global_batch, write = trainer_lib.Trainer.global_batch, metrics_file.MetricWriter.write
 
   def recording_global_batch(self, local, stacked=False, rows=None):
+    layout = rows  # The row layout to check against (`rows` below are the batch's rows).
     if len(seen["rows"]) == args.fail_at_batch:
       raise RuntimeError(f"injected failure in process {args.process_id}")
     rows = local["inputs"].reshape(-1, local["inputs"].shape[-1])  # Stacked or not.
     seen["rows"].append([hashlib.sha1(row.tobytes()).hexdigest() for row in rows])
     seen["threads"].append("main" if threading.current_thread() is threading.main_thread()
                            else "background")
-    return global_batch(self, local, stacked=stacked, rows=rows)
+    return global_batch(self, local, stacked=stacked, rows=layout)
 
   def recording_write(self, step, values):
     seen["metrics"].append({"step": int(step), **values})
