@@ -179,6 +179,11 @@ def targets(results: list, torch_results: list, estimates: dict) -> None:
     r = by_label.get(label)
     if label.startswith("_") or not r or not est.get("estimated_seconds"):
       continue
+    if (est.get("batch"), est.get("seq_len")) != (r["batch"], r["seq_len"]):
+      lines.append(f"compile mode's estimate for {label}: made for {est.get('batch')} x "
+                   f"{est.get('seq_len')}, measured at {r['batch']} x {r['seq_len']}: "
+                   "not compared")
+      continue
     ratio = est["estimated_seconds"] * 1e3 / r["step_ms_median"]
     lines.append(f"compile mode's estimate for {label}: {est['estimated_seconds'] * 1e3:.1f} "
                  f"ms vs {r['step_ms_median']:.1f} ms measured = {ratio:.2f}x (target within "

@@ -127,3 +127,29 @@ def test_the_jax010_emulation_scales_the_kv_offsets_by_the_query_heads():
     assert (got == want).all()
   assert (emulated[3] == fixed[3] * 2).all()
   assert fused._fix_seqlen_offsets(*args)[3].tolist() == fixed[3].tolist()  # Restored.
+
+
+def test_the_speed_script_parses_and_its_report_gives_each_target_a_verdict(capsys):
+  """benchmarks/gpu_speed_run.sh (issue 47's device check): the targets against what the
+  steps printed: gpt_small against torch.compile, llama:1b's MFU, the compile mode's
+  estimate against the measured step of the same shape (and only that shape)."""
+  subprocess.run(["bash", "-n", os.path.join(ROOT, "benchmarks", "gpu_speed_run.sh")],
+                 check=True)
+  gs = dict(label="gpt_small_auto_32", batch=32, seq_len=1024, tokens_per_second=640000.0,
+            step_ms_median=51.2, mfu=0.5)
+  llama = dict(label="llama_1b", batch=16, seq_len=2048, tokens_per_second=50000.0,
+               step_ms_median=655.0, mfu=0.41)
+  torch_run = dict(batch=32, seq_len=1024, compiled=dict(step_ms_median=64.9))
+  estimates = {"gpt_small_auto_32": dict(batch=32, seq_len=1024, estimated_seconds=0.0545),
+               "llama_1b": dict(batch=8, seq_len=2048, estimated_seconds=0.53)}
+  report.targets([gs, llama], [torch_run], estimates)
+  out = capsys.readouterr().out
+  assert "640,000 vs 504,900 tokens/s = 1.27x (target >= 1.2x: met)" in out
+  assert "MFU 41.0% (target >= 45%: NOT met)" in out
+  assert "54.5 ms vs 51.2 ms measured = 1.06x (target within 1.25x: met)" in out
+  assert "made for 8 x 2048, measured at 16 x 2048: not compared" in out
+  report.profile_tables([dict(label="gpt_small_auto_32", ops_per_step=1846,
+                              measured_ms={"matmul": 20.0, "loss": 8.0},
+                              estimated_ms={"matmul": 21.39, "loss": 8.68})])
+  out = capsys.readouterr().out
+  assert "| matmul | 20.00 | 21.39 | 1.07 |" in out and "| total | 28.00 | 30.07 | 1.07 |" in out
