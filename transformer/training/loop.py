@@ -219,7 +219,7 @@ def _train_loop(run: _Run) -> dict[str, float]:
     progress = reporting.make_progress(config, run.workdir, run.trainer.model_config,
                                        run.objective, start_step)
     reporting.hint_steps_per_call(config)
-    reporter = reporting.Reporter(config, run.writer, progress, guard)
+    reporter = reporting.Reporter(config, run.writer, progress, run.local_batch_size, guard)
 
     # train.steps_per_call steps run as one compiled call (the same updates; less
     # per-call overhead, which dominates small models on a CPU). A call ends at the next
