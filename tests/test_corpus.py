@@ -190,6 +190,37 @@ def test_a_changed_source_or_another_tokenizer_is_refused_by_identity(config):
     corpus_run.open_for_training(config)
 
 
+def test_the_combining_run_keeps_other_hosts_files_whose_bytes_are_the_same(config,
+                                                                           monkeypatch):
+  """Another host prepared its shard from its own copy of the sources (other mtimes):
+  the combining run hashes such a file, as training's check does (corpus.file_change),
+  instead of tokenizing it again; a changed file of the same size is redone."""
+  _, first = prepare(config, shard="1/2")
+  assert first is None  # The other host's shard (tasks 1 and 3) is done.
+  for name in os.listdir(config.data.path):  # This host's copy: same bytes, other mtimes.
+    path = os.path.join(config.data.path, name)
+    os.utime(path, ns=(os.stat(path).st_atime_ns, os.stat(path).st_mtime_ns + 10**9))
+  tokenized = []
+  run_task = corpus_prepare.run_task
+  monkeypatch.setattr(corpus_prepare, "run_task",
+                      lambda job, index: tokenized.append(index) or run_task(job, index))
+  job, manifest = prepare(config, shard="0/2")
+  assert tokenized == [0, 2] and manifest is not None  # Not 1 and 3 again.
+  assert corpus.sources_change(manifest, job.root, list(job.names)) is None
+  # The manifest holds this host's mtimes: training here reads no file to check them.
+  assert [f["mtime_ns"] for f in manifest["sources"]["files"]] == [
+      os.stat(os.path.join(job.root, n)).st_mtime_ns for n in job.names]
+  path = os.path.join(config.data.path, "d.txt")
+  with open(path, "r+", encoding="utf-8") as f:  # The same size, other bytes.
+    text = f.read()
+    f.seek(0)
+    f.write(text.replace("the", "THE", 1))
+  os.utime(path, ns=(0, 10**9))
+  tokenized.clear()
+  prepare(config)
+  assert tokenized == [3]
+
+
 def _bad(folder: str, name: str, content: bytes) -> None:
   with open(os.path.join(folder, name), "wb") as f:
     f.write(content)
