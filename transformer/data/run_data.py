@@ -30,6 +30,8 @@ from absl import logging
 
 from transformer.workdir import layout
 
+TOKENIZER = "tokenizer"  # dataset.json's key of the tokenizer's identity (kind, size, sha256).
+
 
 def read_record(workdir: str) -> dict[str, Any] | None:
   """The run's dataset.json, or None when it has none (a run from before it was kept)."""
@@ -63,6 +65,21 @@ def same_content(saved: dict[str, Any], record: dict[str, Any]) -> bool:
   if len(old) == 1 and len(new) == 1:
     return list(old.values()) == list(new.values())
   return old == new
+
+
+def identity(record: dict[str, Any]) -> dict[str, Any]:
+  """What `same_content` decides on, one key per line, with the tokenizer's identity:
+  what the processes of one run must agree on (distributed.agree), wherever each one
+  finds its files (a relative data.path, a copy on each host's disk)."""
+  files = record.get("files") or {}
+  result: dict[str, Any] = {}
+  if "name" in record:  # A record of the tokenizer alone has none.
+    result["dataset"] = ("/".join(_kind_and_version(record["name"])) if files
+                         else record["name"])
+  result.update({f"file {path} (sha256)": digest for path, digest in sorted(files.items())})
+  for key, value in sorted((record.get(TOKENIZER) or {}).items()):
+    result[f"tokenizer {key}"] = value
+  return result
 
 
 def same_as_run(workdir: str, record: dict[str, Any]) -> bool:

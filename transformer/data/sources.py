@@ -306,6 +306,12 @@ def tokenizer_record(tokenizer: tokenizers.Tokenizer) -> dict[str, object]:
   return record
 
 
+def tokenizer_identity(tokenizer: tokenizers.Tokenizer) -> dict[str, object]:
+  """`tokenizer_record` without the file name: kind, size and content (dataset.json keeps
+  it, so that a vocabulary pair copied over the run's own is told apart)."""
+  return {k: v for k, v in tokenizer_record(tokenizer).items() if k != "file"}
+
+
 def save_tokenizer(workdir: str, tokenizer: tokenizers.Tokenizer) -> None:
   """Copies the vocabulary into `workdir` with its record, so the run is self-contained."""
   record = tokenizer_record(tokenizer)

@@ -109,7 +109,7 @@ def check_config_change(config: ml_collections.ConfigDict, workdir: str,
     logging.warning("Cannot compare the config with the unreadable %s (%s); resuming "
                     "without the check", path, e)
     return
-  current = run_record.flatten(json.loads(config.to_json_best_effort()))
+  current = run_record.flat_config(config)
   # With a cosine schedule and decay_steps=0 the decay ends at num_steps: not cadence.
   cosine_length = config.optimizer.schedule == "cosine" and not config.optimizer.decay_steps
   safe, unsafe, one_sided = [], [], []
