@@ -347,6 +347,8 @@ def main(argv):
   code = 0
   try:
     with distributed.fail_together():
+      # Every process: the same command and config, or each stops here in one line.
+      distributed.agree(_command_record(workdir), ConfigError)
       check = getattr(MODES[mode], "check_config", None)
       if check is not None:  # A config that fails its checks creates nothing, not even log.txt.
         check(_CONFIG.value, workdir)
@@ -390,6 +392,20 @@ def main(argv):
     _exit_environment_error(e, mode, workdir)
   if code:  # train: 130 / 143 when a signal stopped it after saving.
     sys.exit(code)
+
+
+def _command_record(workdir: str) -> dict[str, dict]:
+  """What the processes of one run must agree on before anything starts: launch.py's
+  and the modes' flags (transformer.cli.*), the workdir (absolute) and the --config
+  with its --config.x flags, one key per line (distributed.agree)."""
+  from transformer.workdir import run_record  # pylint: disable=g-import-not-at-top
+  command = {f"--{flag.name}": flag.value
+             for module, module_flags in flags.FLAGS.flags_by_module_dict().items()
+             if module == __name__ or module.startswith("transformer.")
+             for flag in module_flags if flag.name != "config"}
+  command["--workdir"] = os.path.abspath(workdir)
+  config = {} if _CONFIG.value is None else run_record.flat_config(_CONFIG.value)
+  return {"command": command, "config": config}
 
 
 def _exit_environment_error(error: OSError, mode: str, workdir: str | None) -> None:

@@ -564,6 +564,30 @@ def test_evaluate_reads_the_runs_own_data_by_content(lm_run, files, tmp_path, mo
   assert not (tmp_path / "3.json").exists()
 
 
+def test_processes_that_chose_another_checkpoint_or_read_other_data_stop(lm_run, tmp_path,
+                                                                         monkeypatch):
+  """Issue 48: a mode reading a run on two processes, as process 0 whose peer listed the
+  checkpoints before the newest was saved, or scores other bytes: one line, before the
+  parameters or the data are read (distributed.agree, the exchange simulated)."""
+  from test_agreement import as_process_0_of_2  # pylint: disable=g-import-not-at-top
+  workdir, _, _ = lm_run
+  newest = loaded.checkpoint_steps(workdir)[-1]
+  as_process_0_of_2(monkeypatch, lambda theirs: theirs.get("checkpoint", {}).update(steps=[1]))
+  with pytest.raises(ConfigError, match=rf"^checkpoint differs between processes: steps is "
+                     rf"\[{newest}\] on process 0 and \[1\] on process 1; every process"):
+    loaded.load_run(workdir)
+
+  def other_bytes(theirs):
+    if "checkpoint" not in theirs:  # evaluate's data, after the run loaded alike.
+      theirs["data"].update({k: "0" * 64 for k in theirs["data"] if k.startswith("file ")})
+
+  as_process_0_of_2(monkeypatch, other_bytes)
+  with pytest.raises(ConfigError, match=r"^data differs between processes: file .* \(sha256\) "
+                     r'is "[0-9a-f]{64}" on process 0 and "0{64}" on process 1;'):
+    evaluate_mode.evaluate(workdir, output=str(tmp_path / "never.json"))
+  assert not (tmp_path / "never.json").exists()
+
+
 def test_a_resume_accepts_the_same_content_under_another_path(lm_run, tmp_path, monkeypatch):
   """The resume check: data.path relative -> absolute, same bytes: noted, not refused."""
   workdir, _, _ = lm_run

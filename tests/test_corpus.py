@@ -190,6 +190,92 @@ def test_a_changed_source_or_another_tokenizer_is_refused_by_identity(config):
     corpus_run.open_for_training(config)
 
 
+def test_the_combining_run_keeps_other_hosts_files_whose_bytes_are_the_same(config,
+                                                                           monkeypatch):
+  """Another host prepared its shard from its own copy of the sources (other mtimes):
+  the combining run hashes such a file, as training's check does (corpus.file_change),
+  instead of tokenizing it again; a changed file of the same size is redone."""
+  _, first = prepare(config, shard="1/2")
+  assert first is None  # The other host's shard (tasks 1 and 3) is done.
+  for name in os.listdir(config.data.path):  # This host's copy: same bytes, other mtimes.
+    path = os.path.join(config.data.path, name)
+    os.utime(path, ns=(os.stat(path).st_atime_ns, os.stat(path).st_mtime_ns + 10**9))
+  tokenized = []
+  run_task = corpus_prepare.run_task
+  monkeypatch.setattr(corpus_prepare, "run_task",
+                      lambda job, index: tokenized.append(index) or run_task(job, index))
+  job, manifest = prepare(config, shard="0/2")
+  assert tokenized == [0, 2] and manifest is not None  # Not 1 and 3 again.
+  assert corpus.sources_change(manifest, job.root, list(job.names)) is None
+  # The manifest holds this host's mtimes: training here reads no file to check them.
+  assert [f["mtime_ns"] for f in manifest["sources"]["files"]] == [
+      os.stat(os.path.join(job.root, n)).st_mtime_ns for n in job.names]
+  path = os.path.join(config.data.path, "d.txt")
+  with open(path, "r+", encoding="utf-8") as f:  # The same size, other bytes.
+    text = f.read()
+    f.seek(0)
+    f.write(text.replace("the", "THE", 1))
+  os.utime(path, ns=(0, 10**9))
+  tokenized.clear()
+  prepare(config)
+  assert tokenized == [3]
+
+
+def test_a_resume_on_a_corpus_prepared_again_from_renamed_files_is_refused(config, tmp_path,
+                                                                          monkeypatch):
+  """The same bytes under other names, prepared again: the corpus keeps its folder and
+  name, but its records come in another order. A new run reads them as a new corpus; a
+  resume is refused in one line (dataset.json's files), before anything is rewritten."""
+  from transformer.data import sources  # pylint: disable=g-import-not-at-top
+  from transformer.training import resume  # pylint: disable=g-import-not-at-top
+  from transformer.workdir import checkpointing  # pylint: disable=g-import-not-at-top
+  prepare(config)
+  prepared, _ = corpus_run.open_for_training(config)
+  workdir = str(tmp_path / "run")
+  os.makedirs(workdir)
+  with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
+    f.write(config.to_json_best_effort())
+  sources.save_dataset_record(workdir, prepared.record())
+  os.rename(os.path.join(config.data.path, "a.jsonl.gz"),
+            os.path.join(config.data.path, "e.jsonl.gz"))
+  with pytest.raises(ConfigError, match=r"removed: \['a.jsonl.gz'\]"):
+    corpus_run.open_for_training(config)  # As before: prepare first.
+  prepare(config)
+  prepared, _ = corpus_run.open_for_training(config)
+  monkeypatch.setattr(checkpointing, "has_checkpoint", lambda workdir: True)
+  with pytest.raises(ConfigError) as refused:
+    resume.check_config_change(config, workdir, prepared.record())
+  assert str(refused.value) == (
+      f"Resuming {workdir} on data that is not what it trained on (dataset.json): dataset: "
+      f"{prepared.record()['name']!r} -> {prepared.record()['name']!r} (renamed with the "
+      "same bytes (records are read in name order): a.jsonl.gz -> e.jsonl.gz); restore the "
+      "run's data (or prepare it again from the original files), train in a new --workdir "
+      "(config.init_from takes over the parameters), or pass "
+      "--config.checkpoint.on_config_change=allow to resume on it anyway")
+
+
+def test_where_files_are_recorded_they_decide_not_the_name():
+  """run_data.same_content, for every kind of record: a corpus or a mixture keeps its
+  name when its files are renamed, replaced and prepared again; a catalog dataset has
+  only its name; one local file may have any name."""
+  from transformer.data import run_data  # pylint: disable=g-import-not-at-top
+  digest = {name: name[0] * 64 for name in ("a.txt", "b.txt", "e.txt")}
+  corpus_record = {"name": "corpus/src-1/bytes", "files": {"a.txt": digest["a.txt"],
+                                                           "b.txt": digest["b.txt"]}}
+  renamed = dict(corpus_record, files={"e.txt": digest["a.txt"], "b.txt": digest["b.txt"]})
+  assert not run_data.same_content(corpus_record, renamed)
+  assert run_data.files_change(corpus_record["files"], renamed["files"]) == (
+      "renamed with the same bytes (records are read in name order): a.txt -> e.txt")
+  mixture_record = {"name": "mixture/web:0.7+code:0.3", "files": {"web/a.txt": "1" * 64}}
+  replaced = dict(mixture_record, files={"web/a.txt": "2" * 64})
+  assert not run_data.same_content(mixture_record, replaced)
+  assert run_data.files_change(mixture_record["files"], {"web/x.txt": "3" * 64}) == (
+      "added: web/x.txt; removed: web/a.txt")
+  assert run_data.same_content({"name": "wmt14/de-en/1.0.0"}, {"name": "wmt14/de-en/1.0.0"})
+  one = {"name": "local_text/a_1/1.0.0", "files": {"a.txt": "1" * 64}}
+  assert run_data.same_content(one, {"name": "local_text/b_1/1.0.0", "files": {"b.txt": "1" * 64}})
+
+
 def _bad(folder: str, name: str, content: bytes) -> None:
   with open(os.path.join(folder, name), "wb") as f:
     f.write(content)

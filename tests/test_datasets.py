@@ -361,6 +361,53 @@ def test_init_from_keeps_the_source_runs_vocabulary(tmp_path):
   second.train.num_steps = 3  # Resuming the fine-tune reads its own copy.
   loop.train_and_evaluate(second, str(tmp_path / "b"))
   assert record("b") == record("a")
+  # Each run's dataset.json holds the identity of the vocabulary it trained with ...
+  identity = {k: v for k, v in record("a").items() if k != "file"}
+  for run in ("a", "b"):
+    assert json.loads((tmp_path / run / layout.DATASET_RECORD).read_text())["tokenizer"] == identity
+
+  # ... so another character run's pair copied over a's (it fits model.vocab_size) is
+  # refused by every command that reads a's vocabulary: resume, init_from, the modes.
+  other = tmp_path / "other_run"
+  sources.save_tokenizer(str(other), tokenizers.build_char_vocabulary(
+      ["XYZ xyz 0123456789\n"], str(tmp_path / record("a")["file"])))
+  for name in (layout.TOKENIZER_RECORD, record("a")["file"]):
+    shutil.copy(other / name, tmp_path / "a" / name)
+  replaced = r"a/tokenizer.json names a char vocabulary of 23 ids.*the tokenizer files were replaced"
+  first.train.num_steps = 3
+  with pytest.raises(ConfigError, match=replaced):
+    loop.train_and_evaluate(first, str(tmp_path / "a"))
+  second.init_from = str(tmp_path / "a")
+  with pytest.raises(ConfigError, match=replaced):
+    loop.train_and_evaluate(second, str(tmp_path / "c"))
+  from transformer.inference import loaded  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ConfigError, match=replaced):
+    loaded.load_run(str(tmp_path / "a"))
+
+
+def test_a_run_without_a_recorded_vocabulary_identity_is_read_and_said_once(tmp_path, caplog):
+  """A run whose dataset.json predates the tokenizer's identity (or has no dataset.json,
+  as an import) is read as its tokenizer.json says, in one line; when it has one, a
+  vocabulary pair from another run is refused naming both."""
+  run = tmp_path / "run"
+  vocabulary = tokenizers.build_char_vocabulary(["abc"], str(tmp_path / "chars.json"))
+  sources.save_tokenizer(str(run), vocabulary)
+  sources.save_dataset_record(str(run), {"name": "local_text/x/1.0.0"})
+  with caplog.at_level("INFO"):
+    assert sources.load_workdir_tokenizer(str(run)).vocab_size == vocabulary.vocab_size
+  assert [r.getMessage() for r in caplog.records if "identity" in r.getMessage()] == [
+      f"{run}/dataset.json records no tokenizer identity (written before it was kept, or "
+      "absent): tokenizer.json is used unchecked; resuming the run records it"]
+  sources.save_dataset_record(str(run), {"name": "local_text/x/1.0.0", "tokenizer":
+                                         sources.tokenizer_identity(vocabulary)})
+  assert sources.load_workdir_tokenizer(str(run)).vocab_size == vocabulary.vocab_size
+  sources.save_tokenizer(str(run), tokenizers.build_char_vocabulary(
+      ["xyz"], str(tmp_path / "other" / "chars.json")))
+  with pytest.raises(ConfigError, match=(
+      r"^.*run/tokenizer.json names a char vocabulary of 8 ids, sha256 [0-9a-f]{16} "
+      r"\(chars.json\), but the run trained with a char vocabulary of 8 ids, sha256 "
+      r"[0-9a-f]{16} \(.*run/dataset.json\): the tokenizer files were replaced; restore")):
+    sources.load_workdir_tokenizer(str(run))
 
 
 def test_too_small_sentencepiece_vocabulary_is_named(tmp_path):

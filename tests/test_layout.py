@@ -30,7 +30,7 @@ ALLOWED: dict[str, set[str]] = {
     "workdir": {"config", "accelerator", "plugin_noise"},
     "model": {"config", "accelerator"},
     "data": {"config", "distributed", "workdir"},
-    "inference": {"config", "sharding", "model", "data", "workdir"},
+    "inference": {"config", "distributed", "sharding", "model", "data", "workdir"},
     "evaluation": {"config", "sharding", "model", "data", "inference", "workdir"},
     "training": {"config", "distributed", "hardware", "sharding", "model", "data",
                  "inference", "evaluation", "workdir"},

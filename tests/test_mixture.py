@@ -139,3 +139,24 @@ def test_a_run_on_a_mixture_logs_the_realised_proportions_and_resumes_exactly(mi
     record = json.load(f)
   assert record["name"] == "mixture/web:0.75+upper:0.25"
   assert set(record["components"]) == {"web", "upper"} and "upper/x.jsonl.gz" in record["files"]
+
+
+def test_the_logged_proportions_count_this_processs_input_share_not_the_process_count(
+    tiny_config, monkeypatch):
+  """Two processes across a tensor axis both read all 8 rows of a step (one input share,
+  sharding.input_shard): after step 1 each mixed 8 rows (5 and 3 at 0.6 / 0.4), not 4."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from transformer.training import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
+  from transformer.training import reporting  # pylint: disable=g-import-not-at-top
+  tiny_config.data.update(name="corpus", mixture="web:0.6:/a,code:0.4:/b")
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  written = {}
+  writer = type("Writer", (), {"write": lambda self, step, row: written.update({step: row})})()
+  reporter = reporting.Reporter(tiny_config, writer, metrics_lib.TrainProgress(0, 6, 256),
+                                local_rows=tiny_config.data.batch_size)
+  host = {"loss_sum": 20.0, "weight_sum": 10.0, "objective_sum": 20.0, "correct_sum": 5.0,
+          "learning_rate": 1e-3,
+          "grad_norm": 1.0, "param_norm": 3.0, "update_norm": 0.1}
+  reporter.report_call(reporting.DispatchedCall(1, 1, host, shown=True), None)
+  assert mixture.row_counts([0.6, 0.4], 8) == [5, 3]  # 4 rows would give 3 and 1.
+  assert (written[1]["mixture_web"], written[1]["mixture_code"]) == (5 / 8, 3 / 8)

@@ -244,3 +244,76 @@ def test_a_process_killed_mid_checkpoint_ends_the_run_and_the_rerun_resumes(
   assert sorted(losses) == list(range(complete[-1] + 1, 7))
   assert losses == _train_losses(seen[1])
   assert os.path.isdir(os.path.join(workdir, "checkpoints", "6"))
+
+
+# ---------------------------------------------------------------- processes that disagree
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _launch_pair(tmp_path, data_dir, tag, per_process, cwds=(None, None), timeout=240):
+  """`launch.py` (the real command) as processes 0 and 1 of one run, 2 CPU devices each;
+  `per_process[i]`: process i's own extra flags. Returns (exit codes, stderr texts)."""
+  port = _free_port()
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  procs = []
+  for pid in range(2):
+    cmd = [sys.executable, os.path.join(ROOT, "launch.py"),
+           f"--config={os.path.join(ROOT, 'tests', 'tiny.py')}:{data_dir}",
+           f"--workdir={tmp_path / tag}", f"--coordinator_address=127.0.0.1:{port}",
+           "--num_processes=2", f"--process_id={pid}", "--heartbeat_timeout_seconds=20",
+           "--config.train.num_steps=2", *per_process[pid]]
+    procs.append(subprocess.Popen(cmd, cwd=cwds[pid] or ROOT, env=env, text=True,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+  codes, errors = [], []
+  for proc in procs:
+    try:
+      _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+      for p in procs:
+        p.kill()
+      pytest.fail(f"{tag}: a process hung for {timeout} s")
+    codes.append(proc.returncode)
+    errors.append(err)
+  return codes, errors
+
+
+def _error_lines(stderr: str) -> list[str]:
+  return [line for line in stderr.splitlines() if line.startswith("ConfigError")]
+
+
+@pytest.mark.slow  # Two launch.py processes start JAX and stop at the first exchange.
+def test_processes_started_with_another_seed_stop_in_one_line(tmp_path, prepared_data_dir):
+  codes, errors = _launch_pair(tmp_path, prepared_data_dir, "seed",
+                               [["--config.seed=1"], ["--config.seed=2"]])
+  expected = ("ConfigError: config differs between processes: seed is 1 on process 0 and "
+              "2 on process 1;")
+  for code, stderr in zip(codes, errors):
+    assert code == 2, stderr[-3000:]
+    assert [line[:len(expected)] for line in _error_lines(stderr)] == [expected], stderr
+    assert "Traceback" not in stderr, stderr[-3000:]
+  assert not os.path.exists(tmp_path / "seed")  # Nothing was created.
+
+
+@pytest.mark.slow  # Two processes prepare their own copy of a local text folder.
+def test_processes_that_read_other_bytes_behind_one_path_stop_naming_the_file(
+    tmp_path, prepared_data_dir):
+  """data.path is relative and the same on both processes, but each one's current
+  directory holds other text (a stale copy on one host's disk)."""
+  cwds = []
+  for pid in range(2):
+    folder = tmp_path / f"host{pid}" / "text"
+    _write_text_corpus(folder)
+    if pid == 1:
+      with open(folder / "train.txt", "a", encoding="utf-8") as f:
+        f.write("a line only host 1 has\n")
+    cwds.append(str(tmp_path / f"host{pid}"))
+  flags = ["--config.data.name=local_text", "--config.data.path=text"]
+  codes, errors = _launch_pair(tmp_path, prepared_data_dir, "data", [flags, flags], cwds)
+  expected = ('ConfigError: data differs between processes: file train.txt (sha256) is "')
+  for code, stderr in zip(codes, errors):
+    assert code == 2, stderr[-3000:]
+    lines = _error_lines(stderr)
+    assert len(lines) == 1 and lines[0].startswith(expected), stderr[-3000:]
+    assert "on process 0 and" in lines[0] and "on process 1" in lines[0]

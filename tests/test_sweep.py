@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -158,6 +159,39 @@ def test_compare_table_of_given_dirs(tmp_path):
   with open(str(tmp_path / "sweep.json"), "w", encoding="utf-8") as f:
     json.dump({"runs": [{"name": n, "overrides": {}} for n in ("b", "not_started", "a")]}, f)
   assert compare.find_runs(str(tmp_path)) == [b, a]
+
+
+def test_compare_names_a_sweeps_run_whose_folder_is_gone_and_exits_1(tmp_path, capsys):
+  """A finished run's folder deleted: compare.md compares the rest and lists it as
+  missing, and --mode=compare ends with one line naming it and its folder (exit 1); a
+  run not started yet (pending) has no folder and is not missing."""
+  from transformer.cli import compare as compare_mode  # pylint: disable=g-import-not-at-top
+  sweep_dir = tmp_path / "sweep"
+  for name, norm in (("norm=pre", "pre"), ("norm=post", "post")):
+    _fake_run(str(sweep_dir / name), norm, [(2, 2.0), (4, 2.5)])
+  with open(sweep_dir / "sweep.json", "w", encoding="utf-8") as f:
+    json.dump({"runs": [{"name": "norm=pre", "status": "finished", "step": 4},
+                        {"name": "norm=post", "status": "finished", "step": 4},
+                        {"name": "norm=rms", "status": "pending"}]}, f)
+  assert compare_mode.run([], str(sweep_dir)) == 0
+  shutil.rmtree(sweep_dir / "norm=post")
+  capsys.readouterr()
+  assert compare_mode.run([], str(sweep_dir)) == 1
+  out, err = capsys.readouterr()
+  assert err == (
+      "compare: 1 run(s) that sweep.json records are missing, so compare.md compares the "
+      f"others and lists these as missing: norm=post (finished at step 4 in sweep.json; "
+      f"expected folder {sweep_dir / 'norm=post'}); restore the folders, or rerun the sweep "
+      "to train them again\n")
+  text = (sweep_dir / "compare.md").read_text(encoding="utf-8")
+  assert out.strip() == text.strip() and text.startswith("# 1 runs compared, 1 missing\n")
+  assert [row["run"] for row in _table_rows(text)[1]] == ["norm=pre"]
+  assert f"- **missing**: norm=post (finished at step 4 in sweep.json; expected folder " \
+         f"{sweep_dir / 'norm=post'})" in text
+  shutil.rmtree(sweep_dir / "norm=pre")
+  with pytest.raises(ConfigError, match="holds no runs to compare: 2 run.s. that sweep.json "
+                     "records are missing"):
+    compare_mode.run([], str(sweep_dir))
 
 
 def test_compare_puts_every_run_on_one_peak(tmp_path):

@@ -189,7 +189,7 @@ def test_a_non_finite_step_inside_a_call_is_named(tiny_config):
   written = []
   writer = type("Writer", (), {"write": lambda self, step, row: written.append(step)})()
   tiny_config.train.log_every = 1
-  reporter = reporting.Reporter(tiny_config, writer, progress, reporting.NonFiniteGuard(0))
+  reporter = reporting.Reporter(tiny_config, writer, progress, 8, reporting.NonFiniteGuard(0))
   with pytest.raises(FloatingPointError, match="at step 5"):
     reporter.report_call(reporting.DispatchedCall(6, 3, call, shown=False), None)
   assert written == [4]  # Step 4 was fine and logged; nothing after step 5.
@@ -198,7 +198,8 @@ def test_a_non_finite_step_inside_a_call_is_named(tiny_config):
 def test_non_finite_loss_names_the_step(tiny_config):
   host = {"loss_sum": np.float32(np.nan), "weight_sum": np.float32(10.0)}
   with pytest.raises(FloatingPointError, match="step 7"):
-    reporting.Reporter(tiny_config, writer=None, progress=None).report_step(7, host, None)
+    reporting.Reporter(tiny_config, writer=None, progress=None,
+                       local_rows=8).report_step(7, host, None)
 
 
 def test_batch_must_split_over_data_parallel_devices(tiny_config):

@@ -1,7 +1,15 @@
 """--mode=compare: a Markdown table and overlaid curves of --compare_dirs (or the runs in
---workdir) -> <workdir>/compare.md and compare_*.png (no JAX devices)."""
+--workdir) -> <workdir>/compare.md and compare_*.png (no JAX devices).
+
+Exit status: 0; 1 when runs the sweep in --workdir recorded as started (sweep.json) have
+no folder any more: compare.md compares the others and lists those as missing, and one
+line names each with its expected folder (a comparison that silently lost a finished
+run would read as complete).
+"""
 
 from __future__ import annotations
+
+import sys
 
 import ml_collections
 from absl import flags
@@ -19,6 +27,16 @@ SHARED_FLAGS = ("log_steps",)
 def main(config: ml_collections.ConfigDict | None, workdir: str) -> int:
   """launch.py --mode=compare (--config is not used); prints the table."""
   del config
-  runs = COMPARE_DIRS.value or compare.find_runs(workdir)
-  print(compare.compare(runs, workdir, log_steps=common.LOG_STEPS.value))
+  return run(COMPARE_DIRS.value, workdir, common.LOG_STEPS.value)
+
+
+def run(compare_dirs: list[str], workdir: str, log_steps: bool = False) -> int:
+  """Compares `compare_dirs`, or the runs in `workdir`; returns the exit status."""
+  runs = compare_dirs or compare.find_runs(workdir)
+  missing = [] if compare_dirs else compare.missing_runs(workdir)
+  print(compare.compare(runs, workdir, log_steps=log_steps, missing=missing))
+  if missing:
+    sys.stdout.flush()
+    sys.stderr.write(f"compare: {compare.missing_line(missing)}\n")
+    return 1
   return 0

@@ -600,10 +600,12 @@ def run_sweep(config: ml_collections.ConfigDict, config_arg: str, sweep_dir: str
             f"{reason or '(no error line)'}; the sweep goes on (rerunning it retries this "
             "run)", file=sys.stderr, flush=True)
   # The runs of earlier --sweep lists stay in the comparison, marked as such.
-  earlier = [os.path.join(sweep_dir, arm["name"]) for arm in history[1]
-             if os.path.isdir(os.path.join(sweep_dir, arm["name"]))]
-  text = compare.compare([os.path.join(sweep_dir, run.name) for run in runs] + earlier,
-                         sweep_dir, log_steps)
+  earlier = [os.path.join(sweep_dir, arm["name"]) for arm in history[1]]
+  # A run whose folder is gone (deleted; or a run that failed before it wrote anything)
+  # is listed as missing under the table, not dropped.
+  text = compare.compare([path for path in [os.path.join(sweep_dir, run.name) for run in runs]
+                          + earlier if os.path.isdir(path)],
+                         sweep_dir, log_steps, missing=compare.missing_runs(sweep_dir))
   print(text, flush=True)
   failed = [run.name for run in runs if outcomes[run.name]["status"] != "finished"]
   if failed:

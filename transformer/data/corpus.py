@@ -124,25 +124,34 @@ def prepare_command() -> str:
   return "python launch.py --mode=prepare --config=<this config, with the same overrides>"
 
 
-def sources_change(manifest: dict[str, Any], root: str, names: list[str]) -> str | None:
-  """What changed in the source files since `manifest` was prepared, or None.
+def file_change(saved: dict[str, Any], root: str) -> str | None:
+  """How source file `saved["path"]` under `root` differs from `saved` (its entry in a
+  task json or the manifest: bytes, mtime_ns, sha256), or None: the one rule of every
+  check of a prepared file.
 
-  Sizes and mtimes are compared; a file whose mtime alone changed is hashed again
-  (a copy or a `touch` is no change). Reads no file otherwise.
+  The size first; a file whose mtime alone differs is hashed again, so a copy, a
+  `touch` or another host's copy of the same bytes is no change. Reads no file otherwise.
   """
+  name = saved["path"]
+  stat = os.stat(os.path.join(root, name))
+  if stat.st_size != saved["bytes"]:
+    return f"{name} changed: {saved['bytes']} bytes when prepared, {stat.st_size} now"
+  if stat.st_mtime_ns != saved["mtime_ns"] and \
+      file_digest(os.path.join(root, name)) != saved["sha256"]:
+    return f"{name} changed: its content (sha256) differs from when it was prepared"
+  return None
+
+
+def sources_change(manifest: dict[str, Any], root: str, names: list[str]) -> str | None:
+  """What changed in the source files since `manifest` was prepared, or None: files
+  added or removed, else the first `file_change`."""
   recorded = {f["path"]: f for f in manifest["sources"]["files"]}
   added, removed = sorted(set(names) - set(recorded)), sorted(set(recorded) - set(names))
   if added or removed:
     return (f"files added: {added[:3] or 'none'}, removed: {removed[:3] or 'none'}"
             + (" (and more)" if len(added) > 3 or len(removed) > 3 else ""))
-  for name in names:
-    saved, stat = recorded[name], os.stat(os.path.join(root, name))
-    if stat.st_size != saved["bytes"]:
-      return f"{name} changed: {saved['bytes']} bytes when prepared, {stat.st_size} now"
-    if stat.st_mtime_ns != saved["mtime_ns"] and \
-        file_digest(os.path.join(root, name)) != saved["sha256"]:
-      return f"{name} changed: its content (sha256) differs from when it was prepared"
-  return None
+  return next((change for change in (file_change(recorded[name], root) for name in names)
+               if change), None)
 
 
 def tokenizer_change(manifest: dict[str, Any], record: dict[str, Any]) -> str | None:

@@ -231,11 +231,12 @@ def done_task(job: Job, index: int) -> dict[str, Any] | None:
     return None
   with open(path, encoding="utf-8") as f:
     result = json.load(f)
-  stat = os.stat(os.path.join(job.root, job.names[index]))
   source = result["source"]
-  if (source["path"], source["bytes"], source["mtime_ns"]) != (
-      job.names[index], stat.st_size, stat.st_mtime_ns):
+  if source["path"] != job.names[index] or corpus.file_change(source, job.root):
     return None  # The file changed (or another file has this index now): redo it.
+  # The same bytes (another host's copy, or touched): this host's mtime goes into the
+  # manifest, so that training here finds it unchanged without hashing it again.
+  source["mtime_ns"] = os.stat(os.path.join(job.root, job.names[index])).st_mtime_ns
   if corpus.tokenizer_change(result, job.tokenizer_record):
     raise ConfigError(f"{path} was prepared with another vocabulary ("
                       f"{corpus.tokenizer_change(result, job.tokenizer_record)}): every "

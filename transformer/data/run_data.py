@@ -2,9 +2,10 @@
 
 A training run records its data identity in `<workdir>/dataset.json`
 (layout.DATASET_RECORD, written by `sources.save_dataset_record`): the TFDS full name
-and, for the `local_*` builders, the sha256 of every input file and the absolute path
-the run read them from (`source_path`). Everything that reads a run against data
-compares through here:
+and, for the `local_*` builders and prepared corpora, the sha256 of every input file
+and the absolute path the run read them from (`source_path`), and the identity of the
+tokenizer it trained with (TOKENIZER, checked by `sources.load_workdir_tokenizer`).
+Everything that reads a run against data compares through here:
 
   - `same_content`: identity by content. A `local_*` dataset's name holds its file
     name and folder-relative paths, so a byte-identical copy in another folder or
@@ -30,6 +31,8 @@ from absl import logging
 
 from transformer.workdir import layout
 
+TOKENIZER = "tokenizer"  # dataset.json's key of the tokenizer's identity (kind, size, sha256).
+
 
 def read_record(workdir: str) -> dict[str, Any] | None:
   """The run's dataset.json, or None when it has none (a run from before it was kept)."""
@@ -47,22 +50,39 @@ def _kind_and_version(name: str) -> tuple[str, str]:
 
 
 def same_content(saved: dict[str, Any], record: dict[str, Any]) -> bool:
-  """Whether two dataset records name the same data: the same name, or the same files' content.
+  """Whether two dataset records name the same data: the same files' content, or for
+  data without files (a catalog dataset, a record older than the files) the same name.
 
   Content: the same builder and version, and the same sha256 for every file; with
   several files their relative paths must match too (file names decide the splits of
-  a folder), while a single file may have any name.
+  a folder, and a prepared corpus's record order), while a single file may have any
+  name. The name alone is not enough where files are recorded: a prepared corpus's
+  name is its folder's (keyed by data.path), the same after its files were renamed or
+  replaced and prepared again.
   """
-  if saved.get("name") == record.get("name"):
-    return True
   old, new = saved.get("files") or {}, record.get("files") or {}
   if not old or not new:
-    return False  # A catalog dataset: its name is its identity.
+    return saved.get("name") == record.get("name")  # A catalog dataset: its name is its identity.
   if _kind_and_version(saved.get("name", "")) != _kind_and_version(record.get("name", "")):
     return False
   if len(old) == 1 and len(new) == 1:
     return list(old.values()) == list(new.values())
   return old == new
+
+
+def identity(record: dict[str, Any]) -> dict[str, Any]:
+  """What `same_content` decides on, one key per line, with the tokenizer's identity:
+  what the processes of one run must agree on (distributed.agree), wherever each one
+  finds its files (a relative data.path, a copy on each host's disk)."""
+  files = record.get("files") or {}
+  result: dict[str, Any] = {}
+  if "name" in record:  # A record of the tokenizer alone has none.
+    result["dataset"] = ("/".join(_kind_and_version(record["name"])) if files
+                         else record["name"])
+  result.update({f"file {path} (sha256)": digest for path, digest in sorted(files.items())})
+  for key, value in sorted((record.get(TOKENIZER) or {}).items()):
+    result[f"tokenizer {key}"] = value
+  return result
 
 
 def same_as_run(workdir: str, record: dict[str, Any]) -> bool:
@@ -90,11 +110,28 @@ def change(workdir: str, record: dict[str, Any]) -> str | None:
   result = f"dataset: {saved.get('name')!r} -> {record['name']!r}"
   old, new = saved.get("files") or {}, record.get("files") or {}
   if old or new:
-    edited = sorted(p for p in set(old) | set(new) if old.get(p) != new.get(p))
-    result += f" (files changed, added or removed: {', '.join(edited) or 'none'})"
+    result += f" ({files_change(old, new)})"
   if saved.get("source_path") and saved.get("source_path") != record.get("source_path"):
     result += f" (the run read {saved['source_path']}, this reads {record.get('source_path')})"
   return result
+
+
+def files_change(old: dict[str, str], new: dict[str, str]) -> str:
+  """How two {relative path: sha256} maps differ, a rename (the same bytes under
+  another name) said as one: 'renamed with the same bytes ...: a.txt -> e.txt; changed: b.txt'."""
+  removed = sorted(p for p in old if p not in new)
+  added = sorted(p for p in new if p not in old)
+  renamed = []
+  for path in list(removed):
+    match = next((p for p in added if new[p] == old[path]), None)
+    if match is not None:
+      renamed.append(f"{path} -> {match}")
+      removed.remove(path)
+      added.remove(match)
+  parts = [("renamed with the same bytes (records are read in name order)", renamed),
+           ("changed", sorted(p for p in set(old) & set(new) if old[p] != new[p])),
+           ("added", added), ("removed", removed)]
+  return "; ".join(f"{what}: {', '.join(paths)}" for what, paths in parts if paths) or "none"
 
 
 def resolve_path(workdir: str, data_path: str) -> str:

@@ -56,8 +56,10 @@ class DataSources:
     return self.corpus.split(split) if self.corpus else catalog.data_source(self.builder, split)
 
   def record(self) -> dict[str, object]:
-    """What identifies the data (dataset.json): `dataset_record`, or the corpus's."""
-    return self.corpus.record() if self.corpus else dataset_record(self.builder)
+    """What identifies the data (dataset.json): `dataset_record`, or the corpus's, and
+    the tokenizer's identity under "tokenizer" (what `load_workdir_tokenizer` checks)."""
+    data = self.corpus.record() if self.corpus else dataset_record(self.builder)
+    return {**data, run_data.TOKENIZER: tokenizer_identity(self.tokenizer)}
 
 
 def is_translation(data: ml_collections.ConfigDict) -> bool:
@@ -306,6 +308,12 @@ def tokenizer_record(tokenizer: tokenizers.Tokenizer) -> dict[str, object]:
   return record
 
 
+def tokenizer_identity(tokenizer: tokenizers.Tokenizer) -> dict[str, object]:
+  """`tokenizer_record` without the file name: kind, size and content (dataset.json keeps
+  it, so that a vocabulary pair copied over the run's own is told apart)."""
+  return {k: v for k, v in tokenizer_record(tokenizer).items() if k != "file"}
+
+
 def save_tokenizer(workdir: str, tokenizer: tokenizers.Tokenizer) -> None:
   """Copies the vocabulary into `workdir` with its record, so the run is self-contained."""
   record = tokenizer_record(tokenizer)
@@ -401,8 +409,35 @@ def load_workdir_tokenizer(workdir: str) -> tokenizers.Tokenizer:
   if tokenizer.vocab_size != record.get("vocab_size"):
     raise ConfigError(f"{record_path} records vocab_size={record.get('vocab_size')} but its "
                       f"{kind} tokenizer has {tokenizer.vocab_size}")
+  _check_against_run(workdir, record)
   _check_against_config(workdir, kind, tokenizer)
   return tokenizer
+
+
+def _check_against_run(workdir: str, record: dict[str, object]) -> None:
+  """Refuses a tokenizer.json (and its vocabulary file) that is not the one the run
+  trained with, as its dataset.json recorded it when the run started.
+
+  tokenizer.json and its file check each other only: a pair copied from another run
+  of the same kind and a size that fits passes them, and _check_against_config. A run
+  whose dataset.json predates the record (or a workdir --mode=import wrote, which has
+  none) is said in one line and read as is; resuming it records its identity.
+  """
+  saved = run_data.read_record(workdir) or {}
+  expected = saved.get(run_data.TOKENIZER)
+  if not isinstance(expected, dict):
+    logging.info("%s/%s records no tokenizer identity (written before it was kept, or "
+                 "absent): %s is used unchecked; resuming the run records it", workdir,
+                 layout.DATASET_RECORD, layout.TOKENIZER_RECORD)
+    return
+  if any(expected.get(key) != record.get(key) for key in ("kind", "vocab_size", "sha256")):
+    shown = lambda r: (f"{r.get('kind')} vocabulary of {r.get('vocab_size')} ids"
+                       + (f", sha256 {str(r['sha256'])[:16]}" if r.get("sha256") else ""))
+    raise ConfigError(
+        f"{workdir}/{layout.TOKENIZER_RECORD} names a {shown(record)} "
+        f"({record.get('file') or 'no file'}), but the run trained with a {shown(expected)} "
+        f"({workdir}/{layout.DATASET_RECORD}): the tokenizer files were replaced; restore "
+        "the run's own tokenizer.json and vocabulary file, or use the run they come from")
 
 
 def _sentencepiece_options(tokenizer: tokenizers.SentencePieceTokenizer) -> dict[str, object]:

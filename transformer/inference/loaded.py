@@ -40,6 +40,7 @@ from flax import linen as nn
 
 from configs import base
 from transformer.config import objective as objective_lib
+from transformer import distributed
 from transformer import sharding
 from transformer.config.decode import validate_decode
 from transformer.config.errors import ConfigError
@@ -56,6 +57,7 @@ from transformer.workdir import averaging
 from transformer.workdir import checkpointing
 from transformer.workdir import layout
 from transformer.workdir import progress
+from transformer.workdir import run_record
 
 # data.* fields that make the tokenizer; a run's own vocabulary always wins over them.
 TOKENIZER_FIELDS = ("tokenizer", "spm_vocab_size", "spm_model_type", "spm_train_sentences")
@@ -206,6 +208,8 @@ def check_run_data(workdir: str, config: ml_collections.ConfigDict | None,
     ConfigError: the run's data files were edited (or a relative path now names
       another file), naming what changed and both paths.
   """
+  # Every process reads the same data (or each stops naming the file that differs).
+  distributed.agree({"data": run_data.identity(record)}, ConfigError)
   stored = load_config(workdir).data
   given = config.data if config is not None else stored
   own = (given.name == stored.name and
@@ -464,6 +468,13 @@ def load_run(workdir: str, *, config: ml_collections.ConfigDict | None = None,
   for attempt in range(READ_ATTEMPTS):
     steps = select_steps(workdir, checkpoint_steps(workdir), checkpoint_step, average_last,
                          config.checkpoint)
+    # Every process: the same run, config, vocabulary and checkpoints (a save finishing
+    # between two processes' listings would otherwise give them different steps).
+    distributed.agree({"config": {**run_record.flat_config(config),
+                                  "--workdir": os.path.abspath(workdir)},
+                       "data": run_data.identity(
+                           {run_data.TOKENIZER: sources.tokenizer_identity(tokenizer)}),
+                       "checkpoint": {"steps": steps}}, ConfigError)
     try:
       with progress.stage(f"Reading the parameters of step {steps[-1]}"
                           + (f" (the mean of {len(steps)} checkpoints)" if len(steps) > 1

@@ -65,14 +65,55 @@ def sweep_runs(directory: str) -> list[dict[str, Any]]:
     return []
 
 
+@dataclasses.dataclass(frozen=True)
+class MissingRun:
+  """A run a sweep recorded as started whose folder is gone (deleted, moved)."""
+
+  name: str
+  folder: str  # Where the sweep put it: <sweep dir>/<name>.
+  outcome: dict[str, Any]  # Its sweep.json entry's status, step, reason.
+
+  def describe(self) -> str:
+    """"norm=post (finished at step 20; expected folder runs/x/norm=post)"."""
+    status = self.outcome.get("status", "?")
+    if self.outcome.get("step") is not None:
+      status += f" at step {self.outcome['step']}"
+    return f"{self.name} ({status} in {layout.SWEEP_RECORD}; expected folder {self.folder})"
+
+
+def missing_runs(directory: str) -> list[MissingRun]:
+  """The runs `directory`'s sweep.json records as started (any status but pending:
+  finished, failed, stopped, ...) whose folder is not there, in sweep order."""
+  return [MissingRun(run["name"], os.path.join(directory, run["name"]),
+                     {k: run[k] for k in ("status", "step", "reason") if k in run})
+          for run in sweep_runs(directory)
+          if isinstance(run, dict) and "name" in run
+          and run.get("status", "pending") != "pending"
+          and not os.path.isdir(os.path.join(directory, run["name"]))]
+
+
+def missing_line(missing: Sequence[MissingRun]) -> str:
+  """The one line --mode=compare ends with (exit 1) when a sweep's runs are missing."""
+  return (f"{len(missing)} run(s) that {layout.SWEEP_RECORD} records are missing, so "
+          f"{layout.COMPARE} compares the others and lists these as missing: "
+          + "; ".join(run.describe() for run in missing)
+          + "; restore the folders, or rerun the sweep to train them again")
+
+
 def find_runs(directory: str) -> list[str]:
-  """The workdirs to compare in `directory`: its sweep's runs, else subfolders with metrics."""
+  """The workdirs to compare in `directory`: its sweep's runs, else subfolders with metrics.
+
+  A sweep's runs whose folders are gone are not among them (`missing_runs` names those).
+  """
   if not os.path.isdir(directory):
     raise ConfigError(f"--workdir={directory} is not a directory")
   # A sweep's runs in its order; those not started yet have no row.
   recorded = [os.path.join(directory, run["name"]) for run in sweep_runs(directory)]
   if any(os.path.isdir(path) for path in recorded):
     return [path for path in recorded if os.path.isdir(path)]
+  missing = missing_runs(directory)
+  if missing:
+    raise ConfigError(f"{directory} holds no runs to compare: {missing_line(missing)}")
   found = sorted(os.path.join(directory, name) for name in os.listdir(directory)
                  if os.path.isfile(os.path.join(directory, name, layout.METRICS)))
   if not found:
@@ -272,13 +313,16 @@ def overlay_figures(runs: Sequence[RunSummary], log_steps: bool = False) -> dict
   return figures
 
 
-def compare(workdirs: Sequence[str], output_dir: str, log_steps: bool = False) -> str:
+def compare(workdirs: Sequence[str], output_dir: str, log_steps: bool = False,
+            missing: Sequence[MissingRun] = ()) -> str:
   """Writes `output_dir/compare.md` and `output_dir/compare_*.png`; returns the Markdown.
 
   Args:
     workdirs: the runs, in table order.
     output_dir: where compare.md and the PNGs go (created if needed).
     log_steps: a log-scaled step axis on the curves.
+    missing: a sweep's runs whose folders are gone (`missing_runs`): listed under
+      the table and in its title, never left out silently.
 
   Raises:
     ConfigError: no runs, or a run that is not a directory.
@@ -292,7 +336,12 @@ def compare(workdirs: Sequence[str], output_dir: str, log_steps: bool = False) -
   for stem, figure in overlay_figures(runs, log_steps).items():
     plots.save_figure(figure, os.path.join(output_dir, stem + ".png"))
     images.append(f"![{stem}]({stem}.png)")
-  text = (f"# {len(runs)} runs compared\n\n{table(runs, list(dict.fromkeys(swept)))}\n\n" +
+  title = f"# {len(runs)} runs compared" + (f", {len(missing)} missing" if missing else "")
+  gone = "".join(f"\n- **missing**: {run.describe()}" for run in missing)
+  if gone:
+    gone = (f"\n\n## Missing runs\n\n{layout.SWEEP_RECORD} records these runs as started, "
+            f"but their folders are gone:{gone}")
+  text = (f"{title}\n\n{table(runs, list(dict.fromkeys(swept)))}{gone}\n\n" +
           "\n".join(images) + "\n")
   files.write_atomically(os.path.join(output_dir, layout.COMPARE), text)  # Whole or old.
   return text

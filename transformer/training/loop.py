@@ -29,9 +29,12 @@ import ml_collections
 from absl import logging
 
 from transformer.config import objective as objective_lib
+from transformer import distributed
 from transformer import sharding
+from transformer.config.errors import ConfigError
 from transformer.config.validation import validate
 from transformer.data import pipeline
+from transformer.data import run_data
 from transformer.data import sources
 from transformer.training import benchmark_hook
 from transformer.training import decode_hook
@@ -109,7 +112,13 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   # under its trained embeddings (a changed dataset is refused just below).
   data_sources = sources.load_sources(config, resume.vocabulary_workdir(config, workdir))
   config = resume.resolve_vocab_size(config, data_sources.tokenizer)
-  dataset = data_sources.record()
+  dataset = data_sources.record()  # The tokenizer's identity too.
+  # Every process of the run: the same resolved config, workdir, data and tokenizer,
+  # or each stops here in one line naming the key (process 0's files would say
+  # otherwise only what process 0 read).
+  distributed.agree({"config": {**run_record.flat_config(config),
+                                "--workdir": os.path.abspath(workdir)},
+                     "data": run_data.identity(dataset)}, ConfigError)
   resume.check_config_change(config, workdir, dataset)
   complete = resume.already_complete(workdir, config.train.num_steps)
   if complete is not None:
@@ -219,7 +228,7 @@ def _train_loop(run: _Run) -> dict[str, float]:
     progress = reporting.make_progress(config, run.workdir, run.trainer.model_config,
                                        run.objective, start_step)
     reporting.hint_steps_per_call(config)
-    reporter = reporting.Reporter(config, run.writer, progress, guard)
+    reporter = reporting.Reporter(config, run.writer, progress, run.local_batch_size, guard)
 
     # train.steps_per_call steps run as one compiled call (the same updates; less
     # per-call overhead, which dominates small models on a CPU). A call ends at the next

@@ -77,14 +77,17 @@ class Reporter:
 
   def __init__(self, config: ml_collections.ConfigDict,
                writer: metrics_file.MetricWriter | None,
-               progress: metrics_lib.TrainProgress | None,
+               progress: metrics_lib.TrainProgress | None, local_rows: int,
                guard: NonFiniteGuard | None = None):
+    """`local_rows`: the rows this process reads a step, its input share of the batch
+    (trainer.check_batch_size: batch_size // sharding.input_shard's count), not
+    batch_size // the process count: processes across a tensor or context axis read
+    the same rows. Each share mixes its own rows by the same rule (data/mixture.py)."""
     self.config = config
     self.writer = writer
     self.progress = progress
     self.guard = guard or NonFiniteGuard(config.optimizer.skip_nonfinite)
-    # Rows each process takes a step (every process mixes its own by the same rule).
-    self.local_rows = config.data.batch_size // jax.process_count()
+    self.local_rows = local_rows
 
   def report_call(self, call: DispatchedCall, sums: dict[str, Any] | None
                   ) -> tuple[dict[str, Any] | None, dict[str, float] | None]:

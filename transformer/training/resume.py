@@ -109,7 +109,7 @@ def check_config_change(config: ml_collections.ConfigDict, workdir: str,
     logging.warning("Cannot compare the config with the unreadable %s (%s); resuming "
                     "without the check", path, e)
     return
-  current = run_record.flatten(json.loads(config.to_json_best_effort()))
+  current = run_record.flat_config(config)
   # With a cosine schedule and decay_steps=0 the decay ends at num_steps: not cadence.
   cosine_length = config.optimizer.schedule == "cosine" and not config.optimizer.decay_steps
   safe, unsafe, one_sided = [], [], []
@@ -129,6 +129,14 @@ def check_config_change(config: ml_collections.ConfigDict, workdir: str,
     else:
       unsafe.append(change)
   data_change = sources.dataset_change(workdir, dataset) if dataset else None
+  if data_change and not unsafe and policy != "allow":
+    # The data alone: one line, as a new run on changed data is refused (corpus_run).
+    raise ConfigError(
+        f"Resuming {workdir} on data that is not what it trained on "
+        f"({layout.DATASET_RECORD}): {data_change}; restore the run's data (or prepare "
+        "it again from the original files), train in a new --workdir (config.init_from "
+        "takes over the parameters), or pass --config.checkpoint.on_config_change=allow "
+        "to resume on it anyway")
   if data_change:
     unsafe.append(data_change)
   if one_sided:

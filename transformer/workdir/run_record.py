@@ -34,6 +34,12 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
   return flat
 
 
+def flat_config(config: Any) -> dict[str, Any]:
+  """A ConfigDict as config.json holds it, flattened: what a resume compares with its
+  config.json and the processes of a run exchange (distributed.agree)."""
+  return flatten(json.loads(config.to_json_best_effort()))
+
+
 def read_record(workdir: str) -> dict[str, Any]:
   """The run's record, or {} when it has none (a run older than run.json) or it is unreadable."""
   try:
