@@ -452,7 +452,7 @@ CASES = [
          ("Unexpected arguments: ['extra']",)),
     # A flag the mode would ignore (usage.check_mode_flags): refused, naming its modes.
     Case("flag_the_mode_does_not_read", ("--mode=plot", WORKDIR, "--output={files}/o.txt"),
-         1, ("--output is not used by --mode=plot: only --mode=average/classify/compile/"
+         1, ("--output is not used by --mode=plot: only --mode=average/benchmark/classify/compile/"
              "evaluate/generate/passkey/translate reads it",)),
     Case("decode_flag_with_train", (TINY, WORKDIR, "--beam_size=3"), 1,
          ("--beam_size is not used by --mode=train: only --mode=evaluate/generate/translate "

@@ -112,6 +112,9 @@ def test_too_large_is_reported_not_fitting(tmp_path, capsys, tfds_data_dir, capl
   config.model.update(d_model=8192, mlp_dim=32768, num_layers=4, num_heads=64)
   config.mesh.shape = (("data", -1), ("fsdp", 1), ("tensor", 1))
   config.data.update(data_dir=tfds_data_dir, num_threads=1)
+  # The input stage times only what a run has built (planning/input_rate.py): build it.
+  from transformer.data import sources  # pylint: disable=g-import-not-at-top
+  sources.load_sources(config)
   with caplog.at_level("INFO"):
     code, out, err = _run_mode(
         config, [f"--topology={TOPOLOGY}", f"--output={report}", "--compile_steps=train",
