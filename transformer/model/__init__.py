@@ -33,6 +33,8 @@ tests/test_shape_legend.py fails on a letter this table does not hold:
   H  query heads
   K  key/value heads
   G  query heads per key/value head (H / K, grouped-query attention)
+  J  a key/value head's slots in the joined q/k/v projection (G + 2: its G query heads,
+     its key, its value; attention.py's _fused_qkv)
   D  head dim
   R  RoPE's rotated pairs (2R <= D features turn)
   U  T5 relative-position buckets

@@ -227,14 +227,15 @@ class MultiHeadAttention(nn.Module):
     H, K, D, E = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.d_model
     G = H // K
     (wq, bq), (wk, bk), (wv, bv) = query(None), key(None), value(None)
-    kernel = jnp.concatenate([wq.reshape(E, K, G, D), wk[:, :, None], wv[:, :, None]],
-                             axis=2).astype(cfg.dtype)
-    y = _token_einsum("BLE,EKJD->BLKJD", x_BLE.astype(cfg.dtype), kernel)
+    kernel_EKJD = jnp.concatenate(
+        [wq.reshape(E, K, G, D), wk[:, :, None], wv[:, :, None]], axis=2).astype(cfg.dtype)
+    y_BLKJD = _token_einsum("BLE,EKJD->BLKJD", x_BLE.astype(cfg.dtype), kernel_EKJD)
     if bq is not None:
-      bias = jnp.concatenate([bq.reshape(K, G, D), bk[:, None], bv[:, None]], axis=1)
-      y = y + bias.astype(cfg.dtype)[None, None]
+      bias_KJD = jnp.concatenate([bq.reshape(K, G, D), bk[:, None], bv[:, None]], axis=1)
+      y_BLKJD = y_BLKJD + bias_KJD.astype(cfg.dtype)[None, None]
     B, L = x_BLE.shape[:2]
-    return y[:, :, :, :G].reshape(B, L, H, D), y[:, :, :, G], y[:, :, :, G + 1]
+    return (y_BLKJD[:, :, :, :G].reshape(B, L, H, D), y_BLKJD[:, :, :, G],
+            y_BLKJD[:, :, :, G + 1])
 
   def _attend(self, q_BLHD, k_BSKD, v_BSKD, mask_B1LS, bias_BHLS, segments, *,
               causal: bool, local: bool | jax.Array) -> jax.Array:
