@@ -21,7 +21,7 @@ takes). Each measurement runs in its own process, so that its peak RSS is its ow
               with no reader threads and with --num_threads, packed (data.lm_windows) and
               random windows: --repeats interleaved rounds, medians and ratios.
 
-  python benchmarks/prepared_corpus.py --out=/tmp/prepared_bench   # 4 min quiet, 10 loaded
+  python benchmarks/prepared_corpus.py --out=/tmp/prepared_bench   # 4 min quiet, 6 loaded
   python benchmarks/prepared_corpus.py --out=/tmp/prepared_bench --reuse=1 --seconds=4 \
       --repeats=5                                # the readers again, on that run's corpora
   python benchmarks/prepared_corpus.py --out=/tmp/prepared_bench_full \\
