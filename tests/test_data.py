@@ -201,10 +201,8 @@ def test_reading_in_blocks_gives_grains_elements_and_states(num_threads):
     if count == len(source):
       with pytest.raises(StopIteration):
         next(it)
-      states.append(it.get_state())  # The end: a restore there ends too.
-      elements.append(None)
-      ended = iter(blocks)
-      ended.set_state(states[-1])
+      ended = iter(blocks)  # The end: a restore there ends too.
+      ended.set_state(it.get_state())
       with pytest.raises(StopIteration):
         next(ended)
     for k in (0, 3, 5, 11, count - 1):  # Block starts and mid-block.
