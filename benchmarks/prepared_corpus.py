@@ -15,9 +15,15 @@ takes). Each measurement runs in its own process, so that its peak RSS is its ow
               threads) from the prepared ids of each corpus: time to the first batch
               (from opening the corpus), tokens/s over --seconds, peak RSS; and today's
               online path (lm.make_lm_dataset tokenizing each document as it is read,
-              the same tokenizer) over the small corpus's documents held in memory.
+              the same tokenizer) over the small corpus's documents held in memory;
+  readers     the large corpus's rows read as before (grain's reader threads make one
+              record, or one random window, a call) and in blocks (packing.read_in_blocks),
+              with no reader threads and with --num_threads, packed (data.lm_windows) and
+              random windows: --repeats interleaved rounds, medians and ratios.
 
-  python benchmarks/prepared_corpus.py --out=/tmp/prepared_bench   # 1 min quiet, 5 loaded
+  python benchmarks/prepared_corpus.py --out=/tmp/prepared_bench   # 4 min quiet, 6 loaded
+  python benchmarks/prepared_corpus.py --out=/tmp/prepared_bench --reuse=1 --seconds=4 \
+      --repeats=5                                # the readers again, on that run's corpora
   python benchmarks/prepared_corpus.py --out=/tmp/prepared_bench_full \\
       --small_mb=250 --large_mb=2000 --seconds=20                          # the issue's sizes
 
@@ -167,6 +173,21 @@ def stage_prepare(args) -> dict:
           "rss_parent_mb": _rss_mb(), "rss_largest_worker_mb": _rss_mb(resource.RUSAGE_CHILDREN)}
 
 
+def _one_at_a_time() -> None:
+  """Reading as before blocks (for comparison): grain's reader threads make one element
+  (a record, a random window) a call. The elements, rows and iterator states are the
+  same (tests/test_corpus.py holds them equal)."""
+  import grain  # pylint: disable=g-import-not-at-top
+  from transformer.data import packing  # pylint: disable=g-import-not-at-top
+
+  def one_at_a_time(ds, *, block, num_threads, read=list):
+    del block
+    return ds.map(lambda element: read([element])[0]).to_iter_dataset(
+        grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=64))
+
+  packing.read_in_blocks = one_at_a_time
+
+
 def stage_read(args) -> dict:
   from transformer.data import corpus  # pylint: disable=g-import-not-at-top
   from transformer.data import hf_tokenizer  # pylint: disable=g-import-not-at-top
@@ -175,8 +196,10 @@ def stage_read(args) -> dict:
   tok = hf_tokenizer.HFTokenizer(args.tokenizer)
   vocab = -(-tok.vocab_size // 128) * 128
   common = dict(text_key="text", vocab_size=vocab, seq_len=SEQ_LEN, batch_size=BATCH, seed=0,
-                train=True, windows="packed", num_threads=args.num_threads)
+                train=True, windows=args.windows, num_threads=args.num_threads)
   if args.mode == "prepared":
+    if args.reader == "records":
+      _one_at_a_time()
     split = corpus.PreparedCorpus.open(args.output).split("train")
     rows = lm.make_lm_dataset(split, tok, prepared=True, **common)
   else:  # Today's path: each document tokenized as grain reads it.
@@ -190,7 +213,8 @@ def stage_read(args) -> dict:
     next(it)
     count += 1
   seconds = time.perf_counter() - t0
-  return {"mode": args.mode, "first_batch_s": first,
+  return {"mode": args.mode, "reader": args.reader, "windows": args.windows,
+          "first_batch_s": first,
           "tokens_per_s": count * BATCH * SEQ_LEN / seconds, "batches": count,
           "rss_mb": _rss_mb()}
 
@@ -218,6 +242,9 @@ def main() -> None:
   parser.add_argument("--sample_mb", type=float, default=6)
   parser.add_argument("--seconds", type=float, default=6)
   parser.add_argument("--num_threads", type=int, default=2)  # base.py's data.num_threads.
+  parser.add_argument("--repeats", type=int, default=3)  # Rounds of the reader comparison.
+  parser.add_argument("--reuse", type=int, default=0)  # 1: only the reader comparison, on
+  # the corpora and tokenizer an earlier run left in --out.
   # One stage, in its own process (internal).
   parser.add_argument("--stage", default="")
   parser.add_argument("--corpus", default="")
@@ -225,6 +252,8 @@ def main() -> None:
   parser.add_argument("--output", default="")
   parser.add_argument("--workers", type=int, default=1)
   parser.add_argument("--mode", default="prepared")
+  parser.add_argument("--reader", default="blocks")  # Prepared: "blocks", or "records" (before).
+  parser.add_argument("--windows", default="packed")  # data.lm_windows.
   parser.add_argument("--count_text", type=int, default=1)
   args = parser.parse_args()
   if args.stage:
@@ -233,10 +262,18 @@ def main() -> None:
     return
 
   started = time.perf_counter()
-  if os.path.exists(args.out):
-    shutil.rmtree(args.out)
   small, large = os.path.join(args.out, "small"), os.path.join(args.out, "large")
   tok_path = os.path.join(args.out, "hf_tokenizer.json")
+  if not args.reuse:
+    prepare_and_read(args, small, large, tok_path)
+  compare_readers(args, large, tok_path)
+  print(json.dumps({"total_seconds": time.perf_counter() - started}))
+
+
+def prepare_and_read(args, small: str, large: str, tok_path: str) -> None:
+  """The corpora, the tokenizer, preparation, and a first read of each corpus."""
+  if os.path.exists(args.out):
+    shutil.rmtree(args.out)
   print(json.dumps({"corpus": "small", **write_corpus(small, args.small_mb, 1)}), flush=True)
   print(json.dumps({"corpus": "large", **write_corpus(large, args.large_mb, 2)}), flush=True)
   t0 = time.perf_counter()
@@ -257,7 +294,33 @@ def main() -> None:
            seconds=args.seconds, num_threads=args.num_threads)
   _stage("read", corpus=small, tokenizer=tok_path, mode="online", seconds=args.seconds,
          num_threads=args.num_threads)
-  print(json.dumps({"total_seconds": time.perf_counter() - started}))
+
+
+def compare_readers(args, large: str, tok_path: str) -> None:
+  """The large corpus's rows read one element a grain call (before) and in blocks,
+  with no reader threads and with --num_threads, packed and random windows: --repeats
+  interleaved rounds, then the medians and their ratios."""
+  runs: dict[tuple[str, str, int], list[float]] = {}
+  for _ in range(args.repeats):
+    for windows in ("packed", "random"):
+      for reader in ("records", "blocks"):
+        for threads in (0, args.num_threads):
+          result = _stage("read", corpus=large, tokenizer=tok_path, mode="prepared",
+                          output=os.path.join(args.out, "ids_large"), seconds=args.seconds,
+                          num_threads=threads, reader=reader, windows=windows)
+          runs.setdefault((windows, reader, threads), []).append(result["tokens_per_s"])
+  median = {key: float(np.median(values)) for key, values in runs.items()}
+  for windows in ("packed", "random"):
+    rates = {f"{reader}_threads_{threads}": round(median[(windows, reader, threads)])
+             for reader in ("records", "blocks") for threads in (0, args.num_threads)}
+    line = {"summary": "median tokens/s", "windows": windows, "rounds": args.repeats, **rates}
+    for reader in ("records", "blocks"):  # With threads / without: >= 1 is the aim.
+      line[f"{reader}_threads_over_none"] = round(
+          median[(windows, reader, args.num_threads)] / median[(windows, reader, 0)], 2)
+    for threads in (0, args.num_threads):
+      line[f"blocks_over_records_threads_{threads}"] = round(
+          median[(windows, "blocks", threads)] / median[(windows, "records", threads)], 2)
+    print(json.dumps(line), flush=True)
 
 
 if __name__ == "__main__":

@@ -138,7 +138,7 @@ def get_config() -> ml_collections.ConfigDict:
   data.shuffle_rows = 0  # Training: also shuffle packed rows within a window of this many (0 = off).
   data.lm_windows = "packed"  # Causal-LM training rows: "packed" | "random" (nanoGPT: random offsets; the split in memory).
   data.batch_size = 16  # Global batch size in rows (split over data-parallel devices).
-  data.num_threads = 2  # Grain reader threads per process; 0 = none (fastest on prepared ids: docs/performance.md).
+  data.num_threads = 2  # Grain reader threads per process; 0 = none, read by the thread that asks.
   data.prefetch = 2  # Calls' batches a background thread builds and places ahead of the step (evaluation: host batches); 0 = off. Checkpoints save the position of the batches taken.
   data.prepare_workers = 0  # corpus: --mode=prepare's worker processes; 0 = the machine's cores.
   data.prepare_shard = ""  # corpus: "i/N" prepares this host's share of the files (N hosts), "" all (docs/corpus.md).
@@ -258,7 +258,5 @@ def use_fineweb_edu(config: ml_collections.ConfigDict) -> None:
   Its parquet files hold the document in the `text` column. 0.5% of the documents (by a
   stable hash, about 50M tokens) form the validation split.
   """
-  # num_threads 0: reading prepared ids is numpy work that grain's reader threads slow
-  # down (14.4M vs 5.3M tokens/s for gpt_small's rows, docs/performance.md).
   config.data.update(name="corpus", path=os.path.expanduser(FINEWEB_EDU_10BT),
-                     text_key="text", val_fraction=0.005, lm_windows="packed", num_threads=0)
+                     text_key="text", val_fraction=0.005, lm_windows="packed")

@@ -8,6 +8,7 @@ the point.
 import errno
 import gzip
 import io
+import itertools
 import json
 import os
 import random
@@ -531,6 +532,50 @@ def test_training_rows_come_from_the_ids_and_resume_exactly(config):
                                          process_index=p, process_count=2)))["inputs"]
             for p in (0, 1)]
     assert not np.array_equal(rows[0], rows[1])
+
+
+@pytest.mark.parametrize("num_threads", [0, 2])
+def test_block_reads_give_the_record_by_record_documents_rows_and_states(config, num_threads):
+  """corpus_rows.documents (records read in blocks) against packing.documents reading
+  split[i] one grain element each, the reader before blocks: the same rows and iterator
+  states, in training across epochs, in a finite evaluation, for each of two processes;
+  a state saved by either resumes on the other."""
+  import grain  # pylint: disable=g-import-not-at-top
+  from transformer.data import corpus_rows  # pylint: disable=g-import-not-at-top
+  from transformer.data import packing  # pylint: disable=g-import-not-at-top
+
+  class Same(grain.transforms.Map):
+    def map(self, element):
+      return element
+
+  job, _ = prepare(config)
+  prepared = corpus.PreparedCorpus.open(job.output)
+  split = prepared.split("train")
+  shuffled = np.random.default_rng(0).permutation(len(split)).tolist()
+  for got, index in zip(split.__getitems__(shuffled), shuffled):  # Records of every shard.
+    np.testing.assert_array_equal(got["tokens"], split[index]["tokens"])
+  for name, train, process_index, process_count in (
+      ("train", True, 0, 1), ("validation", False, 0, 1), ("train", False, 1, 2)):
+    split = prepared.split(name)
+    kwargs = dict(seed=3, train=train, process_index=process_index,
+                  process_count=process_count, num_threads=num_threads)
+    before = iter(corpus_rows.PackedRows(packing.documents(split, Same(), **kwargs), 16))
+    blocks = corpus_rows.PackedRows(corpus_rows.documents(split, **kwargs), 16)
+    it, states, rows = iter(blocks), [], []
+    for want in itertools.islice(before, 3 * split.num_tokens // 16 if train else None):
+      states.append(before.get_state())
+      rows.append(next(it))
+      assert it.get_state() == states[-1]
+      for key in want:
+        np.testing.assert_array_equal(rows[-1][key], want[key])
+    if not train:
+      with pytest.raises(StopIteration):
+        next(it)
+    for k in (1, len(rows) // 2):  # A state saved by the reader before blocks resumes.
+      again = iter(blocks)
+      again.set_state(states[k - 1])
+      for want in rows[k:k + 40]:
+        np.testing.assert_array_equal(next(again)["tokens"], want["tokens"])
 
 
 def test_corpus_config_checks():

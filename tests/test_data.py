@@ -181,6 +181,42 @@ def test_iterator_state_resumes_exactly(k):
   assert_batches_equal(take(resumed, 5), expected)
 
 
+@pytest.mark.parametrize("num_threads", [0, 2])
+def test_reading_in_blocks_gives_grains_elements_and_states(num_threads):
+  """packing.read_in_blocks: the elements of `ds.to_iter_dataset()` in order (random_map's
+  per-index draws too), its iterator states, and restores from them mid-block, across
+  the end of an epoch and at the end of a finite dataset."""
+  import grain  # pylint: disable=g-import-not-at-top
+  ds = grain.MapDataset.range(23).shuffle(seed=1).random_map(
+      lambda i, rng: (i, int(rng.integers(1 << 30))), seed=7)
+  for source, count in ((ds, 23), (ds.repeat(None), 60)):  # 60: into the third epoch.
+    expected = iter(source.to_iter_dataset(grain.ReadOptions(num_threads=num_threads)))
+    blocks = packing.read_in_blocks(source, block=5, num_threads=num_threads)
+    it, states, elements = iter(blocks), [], []
+    for _ in range(count):
+      states.append(it.get_state())
+      assert states[-1] == expected.get_state()
+      elements.append(next(it))
+      assert elements[-1] == next(expected)
+    if count == len(source):
+      with pytest.raises(StopIteration):
+        next(it)
+      ended = iter(blocks)  # The end: a restore there ends too.
+      ended.set_state(it.get_state())
+      with pytest.raises(StopIteration):
+        next(ended)
+    for k in (0, 3, 5, 11, count - 1):  # Block starts and mid-block.
+      again = iter(blocks)
+      again.set_state(states[k])
+      assert [next(again) for _ in range(count - k)] == elements[k:count]
+  # A block read makes its block of elements in one call.
+  calls = []
+  blocks = packing.read_in_blocks(grain.MapDataset.range(12), block=5, num_threads=0,
+                                  read=lambda xs: calls.append(xs) or [x * 2 for x in xs])
+  assert list(blocks) == [x * 2 for x in range(12)]
+  assert calls == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9], [10, 11]]
+
+
 def test_eval_is_one_finite_pass_and_pads_the_last_batch():
   batches = list(lm_dataset(train=False))
   assert_batches_equal(batches, list(lm_dataset(train=False)))  # Ordered and repeatable.

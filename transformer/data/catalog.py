@@ -21,6 +21,7 @@ from transformer.config.errors import ConfigError, DataError
 from transformer.data import local_parallel
 from transformer.data import local_text
 from transformer.data import local_tsv
+from transformer.data import packing
 from transformer.data import python_stdlib  # pylint: disable=unused-import (registers it)
 from transformer.workdir import console
 from transformer.workdir import files
@@ -167,9 +168,7 @@ class CheckedSource:
 
   def __getitems__(self, indices: Sequence[int]) -> Any:
     try:
-      if hasattr(self._source, "__getitems__"):
-        return self._source.__getitems__(indices)
-      return [self._source[i] for i in indices]
+      return packing.read_items(self._source, indices)
     except RuntimeError as e:
       if any(mark in str(e) for mark in _DAMAGED_MARKS):
         raise self._damaged(e) from None

@@ -23,7 +23,7 @@ import hashlib
 import json
 import os
 import threading
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 from absl import logging
@@ -240,7 +240,9 @@ class CorpusSplit:
     if self._indices[shard] is None:
       with self._lock:
         if self._indices[shard] is None:
-          self._indices[shard] = np.load(self._path(shard, ".index.npy"), mmap_mode="r")
+          # A plain array over the mapped file: np.memmap's indexing costs more a call.
+          self._indices[shard] = np.load(self._path(shard, ".index.npy"),
+                                         mmap_mode="r").view(np.ndarray)
     return self._indices[shard]
 
   def _reader(self, shard: int) -> Any:
@@ -258,17 +260,37 @@ class CorpusSplit:
     shard = bisect.bisect_right(self._first, index) - 1
     return shard, index - self._first[shard]
 
-  def _item(self, shard: int, local: int) -> np.ndarray:
-    ids = np.frombuffer(self._reader(shard).read([local])[0], dtype=self._dtype)
-    flags = int(self._index(shard)[local, 1])
-    tokens = np.empty(len(ids) + bool(flags & STARTS) + bool(flags & ENDS), np.int32)
-    start = 0
-    if flags & STARTS:
-      tokens[0], start = tokenizers.BOS_ID, 1
-    tokens[start:start + len(ids)] = ids
-    if flags & ENDS:
-      tokens[-1] = tokenizers.EOS_ID
-    return tokens
+  def _block(self, where: Sequence[tuple[int, int]]) -> tuple[np.ndarray, list[int], list[int]]:
+    """The records at (shard, local) positions, each as `split[i]["tokens"]`, end to end.
+
+    Returns the int32 tokens, the records' bounds in them ([0, ..., len(tokens)]) and
+    their STARTS | ENDS flags. The ids of all the records are decoded by one
+    np.frombuffer; per record only its read and one slice copy are left (array_record's
+    `read(list)` is slower for scattered records: it starts a parallel read per call).
+    """
+    raw = [self._reader(shard).read([local])[0] for shard, local in where]
+    flags = [int(self._index(shard)[local, 1]) for shard, local in where]
+    ids = np.frombuffer(b"".join(raw), dtype=self._dtype)
+    lengths = [len(r) // self._dtype.itemsize for r in raw]
+    bounds = [0]
+    for length, flag in zip(lengths, flags):
+      bounds.append(bounds[-1] + length + bool(flag & STARTS) + bool(flag & ENDS))
+    tokens = np.empty(bounds[-1], np.int32)
+    taken = 0  # ids copied so far
+    for length, flag, first, end in zip(lengths, flags, bounds, bounds[1:]):
+      if flag & STARTS:
+        tokens[first], first = tokenizers.BOS_ID, first + 1
+      if flag & ENDS:
+        tokens[end - 1], end = tokenizers.EOS_ID, end - 1
+      tokens[first:end] = ids[taken:taken + length]
+      taken += length
+    return tokens, bounds, flags
+
+  def __getitems__(self, indices: Sequence[int]) -> list[dict[str, np.ndarray]]:
+    """`[split[i] for i in indices]`, read as one block (data/corpus_rows.py's reader
+    threads read a block of shuffled records a call); the tokens are views of one array."""
+    tokens, bounds, _ = self._block([self._locate(int(i)) for i in indices])
+    return [{"tokens": tokens[a:b]} for a, b in zip(bounds, bounds[1:])]
 
   def flags(self, index: int) -> int:
     """STARTS | ENDS bits of record `index`."""
@@ -276,7 +298,7 @@ class CorpusSplit:
     return int(self._index(shard)[local, 1])
 
   def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-    return {"tokens": self._item(*self._locate(index))}
+    return self.__getitems__([index])[0]
 
   def window(self, start: int, length: int) -> tuple[np.ndarray, np.ndarray]:
     """`length` tokens of the split's stream from token `start`: (int32 ids, document ids).
@@ -284,6 +306,7 @@ class CorpusSplit:
     The stream is the records in order, each with its bos / eos (`split[i]`); the
     document ids number the documents the window touches from 0 (a record that starts
     a document starts a new one), from which a caller derives segment ids and positions.
+    The records it covers are found in the index and read as one block.
     """
     if not 0 <= start <= self.num_tokens - length:
       raise IndexError(f"window [{start}, {start + length}) is outside the {self.name} "
@@ -292,19 +315,23 @@ class CorpusSplit:
     offsets = self._index(shard)[:, 0]
     local = int(np.searchsorted(offsets, start - self._first_token[shard], side="right")) - 1
     skip = start - self._first_token[shard] - int(offsets[local])
-    ids, docs, doc, taken = [], [], -1, 0
-    while taken < length:
+    where, covered = [], -skip  # The records the window covers; their tokens in it.
+    while covered < length:
       if local == self._shards[shard]["records"]:
         shard, local = shard + 1, 0
+        offsets = self._index(shard)[:, 0]
         continue
-      if doc < 0 or (skip == 0 and int(self._index(shard)[local, 1]) & STARTS):
-        doc += 1
-      piece = self._item(shard, local)[skip:skip + length - taken]
-      ids.append(piece)
-      docs.append(np.full(len(piece), doc, np.int32))
-      taken += len(piece)
-      local, skip = local + 1, 0
-    return np.concatenate(ids), np.concatenate(docs)
+      where.append((shard, local))
+      covered += int(offsets[local + 1] - offsets[local])
+      local += 1
+    tokens, bounds, flags = self._block(where)
+    docs, doc = np.empty(len(tokens), np.int32), 0
+    for i, (first, end) in enumerate(zip(bounds, bounds[1:])):
+      # The first record is document 0 whatever its flags; a later one that starts a
+      # document starts the next.
+      doc += bool(i and flags[i] & STARTS)
+      docs[first:end] = doc
+    return tokens[skip:skip + length], docs[skip:skip + length]
 
 
 class PreparedCorpus:

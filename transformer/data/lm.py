@@ -32,6 +32,7 @@ from transformer.data import tokenizers
 
 # Enough random windows never to run out: grain needs a finite length.
 _NUM_RANDOM_WINDOWS = 2 ** 62
+_WINDOWS_BLOCK = 64  # Random windows (rows) a grain reader thread makes a call.
 
 
 def starts_document(example: dict[str, Any]) -> bool:
@@ -63,29 +64,19 @@ class Tokenize(grain.transforms.Map):
     return {"tokens": packing.checked(tokens, self._vocab_size)}
 
 
-class Prepared(grain.transforms.Map):
-  """A prepared corpus's record (data/corpus.py: already [bos] ids [eos]) as it is.
-
-  Its ids are below the tokenizer's size, which sources.check_vocab_size held to the
-  model's vocabulary: nothing to tokenize or check per record.
-  """
-
-  def map(self, example: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return example
-
-
 def _packed_rows(source: Any, tokenizer: tokenizers.Tokenizer, *, text_key: str,
                  vocab_size: int, row_len: int, seed: int, train: bool, shuffle_rows: int,
                  process_index: int, process_count: int, num_threads: int,
                  prepared: bool = False) -> grain.IterDataset:
   """Tokenized documents concatenated and split into rows of `row_len` with segment ids."""
-  transform = Prepared() if prepared else Tokenize(tokenizer, text_key, vocab_size)
-  it = packing.documents(source, transform, seed=seed,
-                         train=train, process_index=process_index,
-                         process_count=process_count, num_threads=num_threads)
-  if prepared:  # The same rows, cut by numpy slices (data/corpus_rows.py).
-    it = corpus_rows.PackedRows(it, row_len)
+  if prepared:  # The same documents read in blocks, rows cut by numpy slices (corpus_rows).
+    it = corpus_rows.PackedRows(corpus_rows.documents(
+        source, seed=seed, train=train, process_index=process_index,
+        process_count=process_count, num_threads=num_threads), row_len)
   else:
+    it = packing.documents(source, Tokenize(tokenizer, text_key, vocab_size), seed=seed,
+                           train=train, process_index=process_index,
+                           process_count=process_count, num_threads=num_threads)
     it = grain.experimental.ConcatThenSplitIterDataset(it, length_struct={"tokens": row_len})
   if train and shuffle_rows > 1:
     # Consecutive rows of one long document are alike; a corpus of few, long documents
@@ -196,8 +187,8 @@ def _random_windows(source: Any, tokenizer: tokenizers.Tokenizer, *, text_key: s
     windows = _RandomWindow(stream, doc_ids, row_len)
   window_seed = int(np.random.SeedSequence((seed, process_index)).generate_state(1)[0])
   ds = grain.MapDataset.range(_NUM_RANDOM_WINDOWS).random_map(windows, seed=window_seed)
-  return ds.to_iter_dataset(grain.ReadOptions(num_threads=num_threads,
-                                              prefetch_buffer_size=64))
+  # Each row's window is drawn from its own index's generator: blocks change no row.
+  return packing.read_in_blocks(ds, block=_WINDOWS_BLOCK, num_threads=num_threads)
 
 
 def _split_inputs_targets(row: dict[str, np.ndarray]) -> packing.Batch:

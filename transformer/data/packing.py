@@ -11,7 +11,7 @@ iterator is a grain `DatasetIterator`, whose state is saved in every checkpoint.
 from __future__ import annotations
 
 import threading
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import grain
 import numpy as np
@@ -21,6 +21,7 @@ from transformer.config.data import OVERLONG_POLICIES
 from transformer.config.errors import DataError
 
 Batch = dict[str, np.ndarray]
+BLOCKS_AHEAD = 2  # Blocks read_in_blocks' reader threads keep read ahead.
 
 
 def text_of(value: str | bytes) -> str:
@@ -38,16 +39,95 @@ def checked(tokens: np.ndarray, vocab_size: int) -> np.ndarray:
   return tokens
 
 
+def document_order(ds: grain.MapDataset, *, seed: int, train: bool, process_index: int,
+                   process_count: int) -> grain.MapDataset:
+  """This process's share of `ds`, shuffled (repeated when training): the order in which
+  every pipeline reads its documents (`documents`; data/corpus_rows.py's blocks)."""
+  # Shuffled in eval too, with the fixed seed: a partial evaluation then sees the
+  # same representative sample of documents every time, not the first few.
+  ds = ds[process_index::process_count].shuffle(seed=seed)
+  if train:
+    ds = ds.repeat(None)  # A new permutation every epoch.
+  return ds
+
+
 def documents(source: Any, transform: grain.transforms.Map, *, seed: int, train: bool,
               process_index: int, process_count: int, num_threads: int) -> grain.IterDataset:
   """This process's share of `source`, shuffled (repeated when training), mapped by `transform`."""
-  # Shuffled in eval too, with the fixed seed: a partial evaluation then sees the
-  # same representative sample of documents every time, not the first few.
-  ds = grain.MapDataset.source(source)[process_index::process_count].shuffle(seed=seed)
-  if train:
-    ds = ds.repeat(None)  # A new permutation every epoch.
+  ds = document_order(grain.MapDataset.source(source), seed=seed, train=train,
+                      process_index=process_index, process_count=process_count)
   ds = ds.map(transform)
   return ds.to_iter_dataset(grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=64))
+
+
+def read_items(source: Any, indices: Sequence[int]) -> list[Any]:
+  """`[source[i] for i in indices]`, by the source's own `__getitems__` where it has one
+  (a prepared corpus split, array_record's data source: one block read)."""
+  if hasattr(source, "__getitems__"):
+    return list(source.__getitems__(indices))
+  return [source[i] for i in indices]
+
+
+class _BlocksIterator(grain.DatasetIterator):
+  """The elements of an iterator of blocks (lists) of `block` elements, one at a time.
+
+  Its state is the one grain's own iterator over the elements would have
+  (`{"next_index": elements returned}`), so a position saved with or without blocks
+  resumes either way; a restore reads the block it points into again and skips to it.
+  """
+
+  def __init__(self, parent: grain.DatasetIterator, block: int):
+    super().__init__(parent)
+    self._block_size = block
+    self._block: list[Any] = []
+    self._next = 0  # The next element's place in the block.
+    self._count = 0  # Elements returned.
+
+  def __next__(self) -> Any:
+    if self._next == len(self._block):
+      self._block, self._next = next(self._parent), 0
+    self._next += 1
+    self._count += 1
+    return self._block[self._next - 1]
+
+  def get_state(self) -> dict[str, Any]:
+    return {"next_index": self._count}
+
+  def set_state(self, state: dict[str, Any]) -> None:
+    self._count = state["next_index"]
+    block, self._next = divmod(self._count, self._block_size)
+    self._parent.set_state({"next_index": block})
+    self._block = next(self._parent) if self._next else []
+
+
+class _Blocks(grain.IterDataset):
+  """`read_in_blocks`' dataset: its parent's blocks, unbatched."""
+
+  def __init__(self, parent: grain.IterDataset, block: int):
+    super().__init__(parent)
+    self._block = block
+
+  def __iter__(self) -> _BlocksIterator:
+    return _BlocksIterator(self._parent.__iter__(), self._block)
+
+  def __str__(self) -> str:
+    return f"Blocks(block={self._block})"
+
+
+def read_in_blocks(ds: grain.MapDataset, *, block: int, num_threads: int,
+                   read: Callable[[list[Any]], list[Any]] = list) -> grain.IterDataset:
+  """The elements of `ds`, in order, as `ds.to_iter_dataset()` gives them, but each of
+  grain's `num_threads` reader threads (0: none, read in the caller's thread) makes
+  `block` of them a call, through `read(elements)` (a list of as many; by default the
+  elements themselves).
+
+  grain's reader threads take an element a call, with its stats and a future each, all
+  under the GIL: for elements that cost tens of microseconds (a prepared corpus's record,
+  a random window) that was the reading's main cost, and threads made it slower than none.
+  """
+  blocks = ds.batch(block, batch_fn=read)  # The last block of a finite `ds` may be short.
+  return _Blocks(blocks.to_iter_dataset(grain.ReadOptions(
+      num_threads=num_threads, prefetch_buffer_size=BLOCKS_AHEAD)), block)
 
 
 def shard_size(source: Any, process_index: int, process_count: int) -> int:
