@@ -78,8 +78,8 @@ _ACCELERATOR_SETTINGS = accelerator.configure_environment()
 from transformer.cli import average  # pylint: disable=g-import-not-at-top,wrong-import-position
 from transformer.cli import benchmark
 from transformer.cli import classify
-from transformer.cli import compare
 from transformer.cli import common
+from transformer.cli import compare
 from transformer.cli import compile as compile_mode
 from transformer.cli import evaluate
 from transformer.cli import generate
@@ -210,8 +210,9 @@ def _late_signal_line(signum: int) -> str:
 def _say_unseen_characters() -> None:
   """One warning for the characters a fixed character vocabulary lacked (they became
   the unknown id), however many texts the mode encoded; nothing when there were none."""
-  tokenizers = sys.modules.get("transformer.data.tokenizers")  # Loaded by modes that encode.
-  line = tokenizers.unseen_line() if tokenizers is not None else None
+  # Loaded by the modes that encode text.
+  vocabularies = sys.modules.get("transformer.data.tokenizers.vocabularies")
+  line = vocabularies.unseen_line() if vocabularies is not None else None
   if line:
     logging.warning("%s", line)
 

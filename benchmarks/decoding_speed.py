@@ -31,9 +31,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from configs import base, gpt_small
-from transformer.inference import decoding
 from transformer.config.model import ModelConfig
-from transformer.data import tokenizers
+from transformer.data.tokenizers import vocabularies
+from transformer.inference import decoding
 from transformer.model.models import make_model
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
@@ -128,7 +128,7 @@ def main() -> None:
   # ---- decoder: cache vs recomputation
   max_len = max(300, args.prompt_len + args.new_tokens)
   cfg = decoder_config(max_len)
-  prompt_BP = jnp.asarray(rng.integers(tokenizers.NUM_SPECIAL, cfg.vocab_size,
+  prompt_BP = jnp.asarray(rng.integers(vocabularies.NUM_SPECIAL, cfg.vocab_size,
                                        (args.batch, args.prompt_len)), jnp.int32)
   params = init_params(cfg, prompt_BP, *single_document(prompt_BP))
   cached_s, cached = best_time(
@@ -137,7 +137,7 @@ def main() -> None:
       lambda: recompute_greedy(cfg, params, prompt_BP, args.new_tokens, args.bucket),
       args.repeats)
   # Timing is only fair if no row stopped early at eos (the recomputation never stops).
-  assert not (np.asarray(cached) == tokenizers.EOS_ID).any(), "a row hit eos; change seeds"
+  assert not (np.asarray(cached) == vocabularies.EOS_ID).any(), "a row hit eos; change seeds"
   tokens = args.batch * args.new_tokens
   print(f"Greedy, {args.new_tokens} new tokens after a {args.prompt_len}-token prompt, "
         f"batch {args.batch}: decoder {cfg.num_layers} layers, d_model {cfg.d_model}, "
@@ -156,9 +156,9 @@ def main() -> None:
   width = int(lengths_B.max())
   cfg = encoder_decoder_config(max(128, width + args.max_length_offset))
   real_BS = np.arange(width)[None, :] < lengths_B[:, None]
-  inputs_BS = jnp.asarray(np.where(real_BS, rng.integers(tokenizers.NUM_SPECIAL,
+  inputs_BS = jnp.asarray(np.where(real_BS, rng.integers(vocabularies.NUM_SPECIAL,
                                                          cfg.vocab_size, real_BS.shape),
-                                   tokenizers.PAD_ID), jnp.int32)
+                                   vocabularies.PAD_ID), jnp.int32)
   segment_ids_BS = jnp.asarray(real_BS, jnp.int32)
   params = init_params(cfg, inputs_BS, segment_ids_BS, single_document(inputs_BS)[1],
                        inputs_BS, segment_ids_BS, single_document(inputs_BS)[1])
@@ -174,7 +174,7 @@ def main() -> None:
     seconds, out = best_time(lambda search=search: decoding.generate_seq2seq(
         cfg, params, inputs_BS, segment_ids_BS, max_length_offset=args.max_length_offset,
         **search), args.repeats)
-    mean_len = (np.asarray(out) != tokenizers.PAD_ID).sum(axis=1).mean()
+    mean_len = (np.asarray(out) != vocabularies.PAD_ID).sum(axis=1).mean()
     print(f"  {name:<34}{seconds:>9.3f}{args.sentences / seconds:>14.1f}{mean_len:>13.1f}")
 
 

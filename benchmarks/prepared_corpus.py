@@ -8,7 +8,7 @@ takes). Each measurement runs in its own process, so that its peak RSS is its ow
 
   tokenizer   the tokenizer alone, one thread: MB/s and tokens/s encoding documents
               one at a time (the call preparation makes);
-  prepare     corpus_prepare.prepare of the small corpus with 1 and then 2 workers
+  prepare     preparation.prepare of the small corpus with 1 and then 2 workers
               (fresh outputs), and of the large corpus with 2: MB/s of text, tokens/s,
               peak RSS of the parent and of the largest worker;
   read        gpt_small's training rows (8 x 1024, packed with segment ids, data.num_threads
@@ -112,7 +112,7 @@ def train_tokenizer(corpus: str, path: str, vocab: int, sample_mb: float) -> int
   tok.train_from_iterator(sample(), trainer)
   size = tok.get_vocab_size()
   # As hf_import lays out GPT-2's: pad, eos, bos, unk at 0..3 (eos = bos = <|endoftext|>,
-  # pad and unk added rows), then every other id in order (data/hf_tokenizer.py).
+  # pad and unk added rows), then every other id in order (data/tokenizers/hf_vocab.py).
   bundle = {"family": "gpt2", "hf_vocab_size": size,
             "internal_to_hf": [-1, 0, 0, -1] + list(range(1, size)), "added": [0, 2, 3],
             "mask": None, "tokenizer_json": json.loads(tok.to_str()), "sentencepiece": None}
@@ -134,8 +134,8 @@ def _documents(corpus: str, limit_mb: float = float("inf")) -> list[str]:
 
 
 def stage_tokenizer(args) -> dict:
-  from transformer.data import hf_tokenizer  # pylint: disable=g-import-not-at-top
-  tok = hf_tokenizer.HFTokenizer(args.tokenizer)
+  from transformer.data.tokenizers import hf_vocab  # pylint: disable=g-import-not-at-top
+  tok = hf_vocab.HFTokenizer(args.tokenizer)
   docs = _documents(args.corpus, args.sample_mb)
   start = time.perf_counter()
   tokens = sum(len(tok.encode(d)) for d in docs)
@@ -146,26 +146,26 @@ def stage_tokenizer(args) -> dict:
 
 
 def _job(args):
-  from transformer.data import corpus  # pylint: disable=g-import-not-at-top
-  from transformer.data import corpus_prepare  # pylint: disable=g-import-not-at-top
-  from transformer.data import hf_tokenizer  # pylint: disable=g-import-not-at-top
-  from transformer.data import sources  # pylint: disable=g-import-not-at-top
-  tok = hf_tokenizer.HFTokenizer(args.tokenizer)
-  record = sources.tokenizer_record(tok)
+  from transformer.data.corpus import store  # pylint: disable=g-import-not-at-top
+  from transformer.data.corpus import preparation  # pylint: disable=g-import-not-at-top
+  from transformer.data.tokenizers import hf_vocab  # pylint: disable=g-import-not-at-top
+  from transformer.data.tokenizers import run_vocabulary  # pylint: disable=g-import-not-at-top
+  tok = hf_vocab.HFTokenizer(args.tokenizer)
+  record = run_vocabulary.tokenizer_record(tok)
   names = tuple(sorted(os.listdir(args.corpus)))
-  return corpus_prepare.Job(
+  return preparation.Job(
       root=args.corpus, names=names, output=args.output, text_key="text",
       decode_errors="strict", bad_records="stop", val_fraction=0.005,
       tokenizer_kind="huggingface", tokenizer_path=args.tokenizer, tokenizer_record=record,
-      dtype=corpus.id_dtype(tok.vocab_size).name)
+      dtype=store.id_dtype(tok.vocab_size).name)
 
 
 def stage_prepare(args) -> dict:
-  from transformer.data import corpus_prepare  # pylint: disable=g-import-not-at-top
+  from transformer.data.corpus import preparation  # pylint: disable=g-import-not-at-top
   job = _job(args)
   text = sum(len(d.encode()) for d in _documents(args.corpus)) if args.count_text else 0
   start = time.perf_counter()
-  manifest = corpus_prepare.prepare(job, workers=args.workers, shard=(0, 1))
+  manifest = preparation.prepare(job, workers=args.workers, shard=(0, 1))
   seconds = time.perf_counter() - start
   tokens = sum(s["tokens"] for s in manifest["splits"].values())
   return {"workers": args.workers, "seconds": seconds, "tokens": tokens,
@@ -189,18 +189,18 @@ def _one_at_a_time() -> None:
 
 
 def stage_read(args) -> dict:
-  from transformer.data import corpus  # pylint: disable=g-import-not-at-top
-  from transformer.data import hf_tokenizer  # pylint: disable=g-import-not-at-top
+  from transformer.data.corpus import store  # pylint: disable=g-import-not-at-top
+  from transformer.data.tokenizers import hf_vocab  # pylint: disable=g-import-not-at-top
   from transformer.data import lm  # pylint: disable=g-import-not-at-top
   start = time.perf_counter()
-  tok = hf_tokenizer.HFTokenizer(args.tokenizer)
+  tok = hf_vocab.HFTokenizer(args.tokenizer)
   vocab = -(-tok.vocab_size // 128) * 128
   common = dict(text_key="text", vocab_size=vocab, seq_len=SEQ_LEN, batch_size=BATCH, seed=0,
                 train=True, windows=args.windows, num_threads=args.num_threads)
   if args.mode == "prepared":
     if args.reader == "records":
       _one_at_a_time()
-    split = corpus.PreparedCorpus.open(args.output).split("train")
+    split = store.PreparedCorpus.open(args.output).split("train")
     rows = lm.make_lm_dataset(split, tok, prepared=True, **common)
   else:  # Today's path: each document tokenized as grain reads it.
     docs = [{"text": d} for d in _documents(args.corpus)]

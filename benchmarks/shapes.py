@@ -26,12 +26,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from configs import gpt_small, shakespeare_char
-from transformer.training import flops
-from transformer.model import objectives
 from transformer import sharding
-from transformer.training import trainer as trainer_lib
 from transformer.config import objective as objective_lib
-from transformer.data import tokenizers
+from transformer.data.tokenizers import vocabularies
+from transformer.model import objectives
+from transformer.training import flops
+from transformer.training import trainer as trainer_lib
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 
@@ -109,7 +109,7 @@ def random_batch(config: ml_collections.ConfigDict, seed: int = 0) -> dict[str, 
   batch = objectives.init_batch(objective, config.data.batch_size, config.data.seq_len)
   rng = np.random.default_rng(seed)
   shape = (config.data.batch_size, config.data.seq_len)
-  tokens = lambda: rng.integers(tokenizers.NUM_SPECIAL, config.model.vocab_size, shape,
+  tokens = lambda: rng.integers(vocabularies.NUM_SPECIAL, config.model.vocab_size, shape,
                                 dtype=np.int32)
   positions = np.broadcast_to(np.arange(shape[1], dtype=np.int32), shape).copy()
   for key in batch:

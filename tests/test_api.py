@@ -11,7 +11,7 @@ import pytest
 
 from transformer import api
 from transformer.config.errors import ConfigError
-from transformer.data import tokenizers
+from transformer.data.tokenizers import vocabularies
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -32,7 +32,7 @@ def test_score_is_the_sum_of_the_forward_log_probabilities(model):
   module, fresh = api.build_model(model.config)
   assert jax.tree.map(np.shape, fresh) == jax.tree.map(np.shape, model.params)
   text = "def f(x):"
-  ids = np.asarray([tokenizers.BOS_ID, *model.tokenizer.encode(text)], np.int32)[None]
+  ids = np.asarray([vocabularies.BOS_ID, *model.tokenizer.encode(text)], np.int32)[None]
   inputs = ids[:, :-1]
   logits = module.apply({"params": model.params}, inputs, np.ones_like(inputs),
                         np.arange(inputs.shape[1])[None])

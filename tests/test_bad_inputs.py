@@ -35,9 +35,9 @@ from absl import logging as absl_logging
 import launch
 from configs import base
 from tiny import make_tiny_config
-from transformer.workdir import checkpointing
 from transformer import sharding
 from transformer.training import trainer as trainer_lib
+from transformer.workdir import checkpointing
 from transformer.workdir import layout
 from transformer.workdir import lock
 
@@ -427,7 +427,7 @@ def _hf_index_without_its_shard(paths: Paths) -> None:
 
 def _damaged_dataset_cache(paths: Paths) -> None:
   """A local_text dataset prepared in {files}/data, then its train file truncated."""
-  from transformer.data import catalog  # pylint: disable=g-import-not-at-top
+  from transformer.data.datasets import catalog  # pylint: disable=g-import-not-at-top
   _write(os.path.join(paths.files, "c.txt"), _lines(60))
   config = make_tiny_config(os.path.join(paths.files, "data"))
   config.data.update(name="local_text", path=os.path.join(paths.files, "c.txt"))

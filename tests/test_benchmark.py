@@ -27,7 +27,7 @@ import pytest
 from transformer import sharding
 from transformer.config.errors import ConfigError, DataError
 from transformer.config.model import ModelConfig
-from transformer.data import tokenizers
+from transformer.data.tokenizers import vocabularies
 from transformer.evaluation import benchmark
 from transformer.evaluation import metrics
 from transformer.evaluation import requests as requests_lib
@@ -99,10 +99,10 @@ def test_packed_scores_equal_one_forward_per_request(tiny_model):
   rng = np.random.default_rng(0)
   requests = []
   for _ in range(24):
-    context = (tokenizers.BOS_ID, *map(int, rng.integers(4, 260, rng.integers(1, 45))))
+    context = (vocabularies.BOS_ID, *map(int, rng.integers(4, 260, rng.integers(1, 45))))
     requests.append((context, tuple(map(int, rng.integers(4, 260, rng.integers(1, 6))))))
   # Lettered choices after one context: one token each, read from one segment.
-  requests += [((tokenizers.BOS_ID, 40, 41, 42), (100 + k,)) for k in range(4)]
+  requests += [((vocabularies.BOS_ID, 40, 41, 42), (100 + k,)) for k in range(4)]
   requests.append(requests[3])  # A repeat.
   scorer = _scorer(config)
   scores = scorer.score(params, requests)
@@ -123,30 +123,30 @@ def test_a_row_holds_at_most_the_kernels_segments():
 
 
 def test_encode_pair_splits_as_lm_eval_and_starts_with_bos():
-  byte = tokenizers.ByteTokenizer()
+  byte = vocabularies.ByteTokenizer()
   context, continuation = requests_lib.encode_pair(byte, "Answer: ", "yes")
-  assert context == (tokenizers.BOS_ID, *byte.encode("Answer:"))
+  assert context == (vocabularies.BOS_ID, *byte.encode("Answer:"))
   assert continuation == tuple(byte.encode(" yes"))  # The trailing space moved over.
   windows = requests_lib.rolling_windows(list(range(10, 30)), 8)
   predicted = [t for _, c in windows for t in c]
   assert predicted == list(range(10, 30))  # Every token once.
   assert [len(c) + len(x) - 1 for c, x in windows] == [8, 8, 8]  # Never truncated.
-  assert windows[0][0] == (tokenizers.BOS_ID,) and len(windows[1][0]) == 1
+  assert windows[0][0] == (vocabularies.BOS_ID,) and len(windows[1][0]) == 1
   assert windows[2][0][-1] == windows[1][1][-1]  # The last, short window: the most context.
 
 
 def test_encode_pair_with_an_imported_bpe_tokenizer(tmp_path):
   """GPT-2's byte-level BPE: the continuation's ids are those of the whole text after the
   context's own ids (a space starts the continuation's first piece)."""
-  from transformer.data import hf_tokenizer  # pylint: disable=g-import-not-at-top
+  from transformer.data.tokenizers import hf_vocab  # pylint: disable=g-import-not-at-top
   folder = os.path.join(HF_FIXTURES, "gpt2")
   path = tmp_path / "hf_tokenizer.json"
   path.write_text(json.dumps(importer.tokenizer_bundle(importer.convert_folder(folder),
                                                        folder)))
-  bpe = hf_tokenizer.HFTokenizer(str(path))
+  bpe = hf_vocab.HFTokenizer(str(path))
   context, continuation = requests_lib.encode_pair(bpe, "The cat sat on the ", "mat")
   whole = [int(i) for i in bpe.encode("The cat sat on the mat")]
-  assert context[0] == tokenizers.BOS_ID and list(context[1:]) + list(continuation) == whole
+  assert context[0] == vocabularies.BOS_ID and list(context[1:]) + list(continuation) == whole
   assert bpe.decode(continuation) == " mat"
 
 
@@ -298,7 +298,7 @@ def test_train_benchmarks_are_checked_before_compiling(tiny_config):
   from transformer.training import benchmark_hook  # pylint: disable=g-import-not-at-top
   tiny_config.train.benchmarks = "piqa,nope"
   with pytest.raises(ConfigError, match=r"config.train.benchmarks: unknown task 'nope'"):
-    benchmark_hook.make_hook(tiny_config, tokenizers.ByteTokenizer())
+    benchmark_hook.make_hook(tiny_config, vocabularies.ByteTokenizer())
   tiny_config.train.update(benchmarks=CHOICES, benchmark_every=5)
   with pytest.raises(ConfigError, match=r"benchmark_every=5 is invalid: .*multiple of "
                                         r"train.eval_every=3"):

@@ -18,7 +18,7 @@ from transformer.config import objective as objective_lib
 from transformer.config.errors import ConfigError
 from transformer.config.model import ModelConfig
 from transformer.config.validation import validate
-from transformer.model import models, objectives
+from transformer.model import lm_head, models, objectives
 from transformer.training import metrics
 
 VOCAB, ROWS, LENGTH = 97, 3, 24
@@ -114,17 +114,17 @@ def test_head_is_the_models_own_projection():
     (7, 64, 50257, 8, 768, 4, 7),
 ])
 def test_chunk_length(chunk, length, vocab, rows, d_model, per_logit, expected):
-  assert metrics.logits_chunk_length(chunk, length, vocab, rows, d_model,
+  assert lm_head.logits_chunk_length(chunk, length, vocab, rows, d_model,
                                      per_logit) == expected
 
 
 def test_rows_per_device_reads_the_batch_rule():
   from flax import linen as nn  # pylint: disable=g-import-not-at-top
-  assert metrics.rows_per_device(32) == 32  # No mesh: the whole batch.
+  assert lm_head.rows_per_device(32) == 32  # No mesh: the whole batch.
   mesh = jax.sharding.AbstractMesh((2, 4, 1), ("data", "fsdp", "tensor"))
   with jax.sharding.use_abstract_mesh(mesh), nn.logical_axis_rules(
       (("batch", ("data", "fsdp")),)):
-    assert metrics.rows_per_device(32) == 4
+    assert lm_head.rows_per_device(32) == 4
 
 
 def test_compiled_step_never_holds_the_whole_logits():

@@ -32,22 +32,22 @@ from test_datasets import tiny, write_local_files
 from test_docs import snippet_of
 from test_decoding import _FAST_ENTRY_POINTS  # pylint: disable=protected-access
 from test_decoding import fast_decoding_compiles  # pylint: disable=unused-import (autouse)
-from transformer.workdir import averaging
-from transformer.workdir import init_from
 from transformer.cli import average as average_mode
-from transformer.cli import usage
 from transformer.cli import evaluate as evaluate_mode
 from transformer.cli import generate as generate_mode
-from transformer.inference import loaded
 from transformer.cli import translate as translate_mode
+from transformer.cli import usage
+from transformer.config.errors import ConfigError
+from transformer.data.tokenizers import vocabularies
 from transformer.inference import decoding
+from transformer.inference import loaded
 from transformer.inference import text
-from transformer.workdir import metrics_file
-from transformer.workdir import progress
 from transformer.training import loop
 from transformer.training import resume
-from transformer.config.errors import ConfigError
-from transformer.data import tokenizers
+from transformer.workdir import averaging
+from transformer.workdir import init_from
+from transformer.workdir import metrics_file
+from transformer.workdir import progress
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -225,7 +225,7 @@ def test_translate_keeps_line_order_and_empty_lines(translation_run, tmp_path, m
     out = np.zeros((inputs_BS.shape[0], inputs_BS.shape[1] + 1), np.int32)
     for row, (ids, real) in enumerate(zip(np.asarray(inputs_BS), np.asarray(segment_ids_BS))):
       ids = ids[real == 1][:-1]  # Without the eos.
-      out[row, :len(ids) + 1] = np.append(ids[::-1], tokenizers.EOS_ID)
+      out[row, :len(ids) + 1] = np.append(ids[::-1], vocabularies.EOS_ID)
     return out
 
   monkeypatch.setattr(decoding, "generate_seq2seq", reverse_sources)
@@ -337,11 +337,11 @@ def test_generate_at_temperature_zero_is_decoding_generate(lm_run):
   assert out.getvalue() == continuation + "\n"
 
   run = loaded.load_run(workdir)
-  prompt = np.concatenate([[tokenizers.BOS_ID], run.tokenizer.encode("the cat")])[None]
+  prompt = np.concatenate([[vocabularies.BOS_ID], run.tokenizer.encode("the cat")])[None]
   with run.context():
     tokens = decoding.generate(run.model_config, run.params, prompt, 8)
   row = np.asarray(tokens)[0]
-  expected = row[:list(row).index(tokenizers.EOS_ID)] if tokenizers.EOS_ID in row else row
+  expected = row[:list(row).index(vocabularies.EOS_ID)] if vocabularies.EOS_ID in row else row
   assert continuation == run.tokenizer.decode(expected)
 
 

@@ -28,13 +28,13 @@ from transformer.cli import keys
 from transformer.config import data as data_config
 from transformer.config import decode as decode_config
 from transformer.config import model as model_config
-from transformer.config import objective as objective_lib
 from transformer.config import modern as modern_config
 from transformer.config import moe as moe_config
+from transformer.config import objective as objective_lib
 from transformer.config import train as train_config
 from transformer.config.errors import ConfigError
 from transformer.config.validation import validate
-from transformer.data import catalog
+from transformer.data.datasets import catalog
 from transformer.model import initializers
 from transformer.model import layers
 from transformer.model import mlp

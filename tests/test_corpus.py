@@ -26,11 +26,11 @@ import zstandard
 
 from transformer.config.errors import ConfigError, DataError
 from transformer.config.validation import validate
-from transformer.data import corpus
-from transformer.data import corpus_prepare
-from transformer.data import corpus_run
 from transformer.data import lm
-from transformer.data import tokenizers
+from transformer.data.corpus import for_config
+from transformer.data.corpus import preparation
+from transformer.data.corpus import store
+from transformer.data.tokenizers import vocabularies
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _WORDS = "the quick brown fox jumps over a lazy dog; naïve café 猫 def return".split()
@@ -71,10 +71,10 @@ def config(tiny_config, tmp_path):
 
 
 def prepare(config, workers: int = 1, shard: str = ""):
-  tokenizer = corpus_run.tokenizer_for(config, create=True)
-  job = corpus_run.job_for(config, tokenizer)
-  return job, corpus_prepare.prepare(job, workers=workers,
-                                     shard=corpus_prepare.parse_shard(shard))
+  tokenizer = for_config.tokenizer_for(config, create=True)
+  job = for_config.job_for(config, tokenizer)
+  return job, preparation.prepare(job, workers=workers,
+                                     shard=preparation.parse_shard(shard))
 
 
 def digests(folder: str) -> dict[str, str]:
@@ -83,7 +83,7 @@ def digests(folder: str) -> dict[str, str]:
   for directory, _, names in os.walk(folder):
     for name in names:
       path = os.path.join(directory, name)
-      result[os.path.relpath(path, folder)] = corpus.file_digest(path)
+      result[os.path.relpath(path, folder)] = store.file_digest(path)
   return result
 
 
@@ -100,37 +100,37 @@ def launch_prepare(config, *extra: str, env: dict | None = None) -> subprocess.C
 
 def test_prepared_documents_read_back_as_their_ids_and_split_by_hash(config):
   job, manifest = prepare(config)
-  prepared = corpus.PreparedCorpus.open(job.output)
+  prepared = store.PreparedCorpus.open(job.output)
   assert manifest["dtype"] == "uint16" and manifest["tokenizer"]["kind"] == "bytes"
   assert [f["path"] for f in manifest["sources"]["files"]] == [
       "a.jsonl.gz", "b.jsonl.zst", "c.parquet", "d.txt"]
   texts = write_corpus(str(config.data.path) + "_again")  # The same texts (same seed).
-  byte = tokenizers.ByteTokenizer()
+  byte = vocabularies.ByteTokenizer()
   read = {}
-  for split in corpus.SPLITS:
+  for split in store.SPLITS:
     source = prepared.split(split)
     assert len(source) == manifest["splits"][split]["records"]
     assert sum(len(source[i]["tokens"]) for i in range(len(source))) == source.num_tokens
     for i in range(len(source)):
       tokens = source[i]["tokens"]
-      assert tokens[0] == tokenizers.BOS_ID and tokens[-1] == tokenizers.EOS_ID
+      assert tokens[0] == vocabularies.BOS_ID and tokens[-1] == vocabularies.EOS_ID
       read[byte.decode(tokens)] = split
   for text in texts:  # Every document once, in the split its hash chooses.
-    expected = "validation" if corpus_prepare.is_validation(text, 0.2) else "train"
+    expected = "validation" if preparation.is_validation(text, 0.2) else "train"
     assert read[text] == expected
   assert 0 < manifest["splits"]["validation"]["documents"] < manifest["splits"]["train"]["documents"]
 
 
 def test_a_window_is_the_records_concatenated(config):
   job, _ = prepare(config)
-  split = corpus.PreparedCorpus.open(job.output).split("train")
+  split = store.PreparedCorpus.open(job.output).split("train")
   stream = np.concatenate([split[i]["tokens"] for i in range(len(split))])
   for start in (0, 5, split.num_tokens // 2, split.num_tokens - 300):
     tokens, docs = split.window(start, 300)
     np.testing.assert_array_equal(tokens, stream[start:start + 300])
     assert docs[0] == 0 and (np.diff(docs) >= 0).all()
     # A new document starts exactly at a bos (except where the window starts).
-    np.testing.assert_array_equal(np.diff(docs) == 1, tokens[1:] == tokenizers.BOS_ID)
+    np.testing.assert_array_equal(np.diff(docs) == 1, tokens[1:] == vocabularies.BOS_ID)
 
 
 def test_output_is_identical_whatever_the_worker_count_and_the_shard_split(config, tmp_path):
@@ -161,10 +161,10 @@ def test_a_killed_preparation_resumes_and_never_uses_a_half_written_shard(config
   assert result.returncode == status, result.stderr[-2000:]
   point = point.removesuffix(":SIGINT")
   output = job.output.replace(str(tmp_path / "data"), str(tmp_path / "killed"))
-  assert not os.path.exists(os.path.join(output, corpus.MANIFEST))
+  assert not os.path.exists(os.path.join(output, store.MANIFEST))
   with pytest.raises(ConfigError, match="not prepared.*--mode=prepare"):
-    corpus_run.open_for_training(config)
-  done = sorted(os.listdir(os.path.join(output, corpus.TASKS)))
+    for_config.open_for_training(config)
+  done = sorted(os.listdir(os.path.join(output, store.TASKS)))
   assert done == [f"{i:05d}.json" for i in range(int(point[-1]))]
   result = launch_prepare(config, "--config.data.prepare_workers=1")
   assert result.returncode == 0, result.stderr[-2000:]
@@ -174,27 +174,27 @@ def test_a_killed_preparation_resumes_and_never_uses_a_half_written_shard(config
 
 def test_a_changed_source_or_another_tokenizer_is_refused_by_identity(config):
   prepare(config)
-  prepared, _ = corpus_run.open_for_training(config)
+  prepared, _ = for_config.open_for_training(config)
   assert prepared.manifest["splits"]["train"]["tokens"] > 0
   config.data.tokenizer = "char"
   with pytest.raises(ConfigError, match="no char vocabulary.*--mode=prepare"):
-    corpus_run.open_for_training(config)
+    for_config.open_for_training(config)
   prepare(config)  # Now also prepared for characters: the bytes one is still there.
   config.data.tokenizer = "bytes"
   path = os.path.join(config.data.path, "d.txt")
   with open(path, "a", encoding="utf-8") as f:
     f.write("one more line\n")
   with pytest.raises(ConfigError, match="d.txt changed: .* bytes when prepared"):
-    corpus_run.open_for_training(config)
+    for_config.open_for_training(config)
   os.remove(path)
   with pytest.raises(ConfigError, match=r"removed: \['d.txt'\]"):
-    corpus_run.open_for_training(config)
+    for_config.open_for_training(config)
 
 
 def test_the_combining_run_keeps_other_hosts_files_whose_bytes_are_the_same(config,
                                                                            monkeypatch):
   """Another host prepared its shard from its own copy of the sources (other mtimes):
-  the combining run hashes such a file, as training's check does (corpus.file_change),
+  the combining run hashes such a file, as training's check does (store.file_change),
   instead of tokenizing it again; a changed file of the same size is redone."""
   _, first = prepare(config, shard="1/2")
   assert first is None  # The other host's shard (tasks 1 and 3) is done.
@@ -202,12 +202,12 @@ def test_the_combining_run_keeps_other_hosts_files_whose_bytes_are_the_same(conf
     path = os.path.join(config.data.path, name)
     os.utime(path, ns=(os.stat(path).st_atime_ns, os.stat(path).st_mtime_ns + 10**9))
   tokenized = []
-  run_task = corpus_prepare.run_task
-  monkeypatch.setattr(corpus_prepare, "run_task",
+  run_task = preparation.run_task
+  monkeypatch.setattr(preparation, "run_task",
                       lambda job, index: tokenized.append(index) or run_task(job, index))
   job, manifest = prepare(config, shard="0/2")
   assert tokenized == [0, 2] and manifest is not None  # Not 1 and 3 again.
-  assert corpus.sources_change(manifest, job.root, list(job.names)) is None
+  assert store.sources_change(manifest, job.root, list(job.names)) is None
   # The manifest holds this host's mtimes: training here reads no file to check them.
   assert [f["mtime_ns"] for f in manifest["sources"]["files"]] == [
       os.stat(os.path.join(job.root, n)).st_mtime_ns for n in job.names]
@@ -231,7 +231,7 @@ def test_a_resume_on_a_corpus_prepared_again_from_renamed_files_is_refused(confi
   from transformer.training import resume  # pylint: disable=g-import-not-at-top
   from transformer.workdir import checkpointing  # pylint: disable=g-import-not-at-top
   prepare(config)
-  prepared, _ = corpus_run.open_for_training(config)
+  prepared, _ = for_config.open_for_training(config)
   workdir = str(tmp_path / "run")
   os.makedirs(workdir)
   with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
@@ -240,9 +240,9 @@ def test_a_resume_on_a_corpus_prepared_again_from_renamed_files_is_refused(confi
   os.rename(os.path.join(config.data.path, "a.jsonl.gz"),
             os.path.join(config.data.path, "e.jsonl.gz"))
   with pytest.raises(ConfigError, match=r"removed: \['a.jsonl.gz'\]"):
-    corpus_run.open_for_training(config)  # As before: prepare first.
+    for_config.open_for_training(config)  # As before: prepare first.
   prepare(config)
-  prepared, _ = corpus_run.open_for_training(config)
+  prepared, _ = for_config.open_for_training(config)
   monkeypatch.setattr(checkpointing, "has_checkpoint", lambda workdir: True)
   with pytest.raises(ConfigError) as refused:
     resume.check_config_change(config, workdir, prepared.record())
@@ -348,7 +348,7 @@ def test_a_file_cut_short_or_damaged_is_refused_whole_never_skipped_as_records(
 
 def test_every_frame_of_a_multi_frame_zst_is_read(config):
   """pzstd and concatenated .zst files hold several frames: the reader that checks each
-  frame ends (corpus_read._ZstdFrames) reads them all, as zstandard's stream reader did."""
+  frame ends (readers._ZstdFrames) reads them all, as zstandard's stream reader did."""
   lines = _jsonl(2000)
   half = lines.index(b"\n", len(lines) // 2) + 1
   _bad(config.data.path, "e.jsonl.zst", zstandard.ZstdCompressor().compress(lines[:half])
@@ -372,12 +372,12 @@ def test_a_split_with_no_tokens_is_refused_at_prepare_and_at_training_start(
                      r"config.data.val_fraction"):
     prepare(config)
   # A corpus prepared before prepare checked this: refused before training starts.
-  monkeypatch.setattr(corpus, "empty_split", lambda manifest, folder: None)
+  monkeypatch.setattr(store, "empty_split", lambda manifest, folder: None)
   prepare(config)
   monkeypatch.undo()
   with pytest.raises(ConfigError, match=r"config.data.path=.*the validation split .* 0 "
                      r"tokens.*then run `python launch.py --mode=prepare"):
-    corpus_run.open_for_training(config)
+    for_config.open_for_training(config)
 
 
 def test_a_shard_missing_from_a_prepared_corpus_is_refused_and_prepare_redoes_it(config):
@@ -386,9 +386,9 @@ def test_a_shard_missing_from_a_prepared_corpus_is_refused_and_prepare_redoes_it
   os.remove(os.path.join(job.output, "train", shard + ".array_record"))
   with pytest.raises(ConfigError, match=rf"lacks .*train/{shard}.array_record that its "
                      r"manifest lists .*redoes the missing files"):
-    corpus_run.open_for_training(config)
+    for_config.open_for_training(config)
   prepare(config)
-  corpus_run.open_for_training(config)
+  for_config.open_for_training(config)
 
 
 def test_parquet_without_the_key_and_undecodable_bytes(config):
@@ -406,7 +406,7 @@ def test_parquet_without_the_key_and_undecodable_bytes(config):
 
 def test_a_full_disk_stops_in_one_line_and_a_rerun_finishes(config, monkeypatch):
   from transformer.cli import prepare as prepare_mode  # pylint: disable=g-import-not-at-top
-  real = corpus_prepare._SplitWriter.finish  # pylint: disable=protected-access
+  real = preparation._SplitWriter.finish  # pylint: disable=protected-access
   calls = []
 
   def full(self):
@@ -415,21 +415,21 @@ def test_a_full_disk_stops_in_one_line_and_a_rerun_finishes(config, monkeypatch)
       raise RuntimeError("riegeli write failed: No space left on device")
     return real(self)
 
-  monkeypatch.setattr(corpus_prepare._SplitWriter, "finish", full)  # pylint: disable=protected-access
+  monkeypatch.setattr(preparation._SplitWriter, "finish", full)  # pylint: disable=protected-access
   with pytest.raises(OSError) as raised:
     prepare_mode.main(config, None)
   assert raised.value.errno == errno.ENOSPC and raised.value.flag == "config.data.data_dir"
-  assert raised.value.filename == corpus.sources_folder(config.data)
+  assert raised.value.filename == store.sources_folder(config.data)
   monkeypatch.undo()
   assert prepare_mode.main(config, None) == 0
-  corpus_run.open_for_training(config)
+  for_config.open_for_training(config)
 
 
 def test_a_full_disk_in_a_worker_is_one_error_without_a_thread_traceback(config, monkeypatch):
   """Two workers, one file's shard refused by a full disk: the error, and no
   `InvalidStateError` traceback from the pool's thread before it (3 runs in 4 before)."""
   from transformer.cli import prepare as prepare_mode  # pylint: disable=g-import-not-at-top
-  real = corpus_prepare._SplitWriter.finish  # pylint: disable=protected-access
+  real = preparation._SplitWriter.finish  # pylint: disable=protected-access
 
   def full(self):  # Inherited by the forked workers: the odd files' train shards fail.
     if "/train/" in self.final and int(os.path.basename(self.final)[:5]) % 2:
@@ -439,7 +439,7 @@ def test_a_full_disk_in_a_worker_is_one_error_without_a_thread_traceback(config,
   for k in range(3):
     write_corpus(os.path.join(config.data.path, str(k)), documents=300, seed=k)
   config.data.prepare_workers = 2
-  monkeypatch.setattr(corpus_prepare._SplitWriter, "finish", full)  # pylint: disable=protected-access
+  monkeypatch.setattr(preparation._SplitWriter, "finish", full)  # pylint: disable=protected-access
   thread_errors = []
   monkeypatch.setattr(threading, "excepthook", thread_errors.append)
   for _ in range(3):
@@ -509,7 +509,7 @@ def _state(pid: int) -> str:
 
 def test_training_rows_come_from_the_ids_and_resume_exactly(config):
   prepare(config)
-  prepared, tokenizer = corpus_run.open_for_training(config)
+  prepared, tokenizer = for_config.open_for_training(config)
   split = prepared.split("train")
   for windows in ("packed", "random"):
     dataset = lm.make_lm_dataset(split, tokenizer, text_key="text", vocab_size=384,
@@ -536,12 +536,12 @@ def test_training_rows_come_from_the_ids_and_resume_exactly(config):
 
 @pytest.mark.parametrize("num_threads", [0, 2])
 def test_block_reads_give_the_record_by_record_documents_rows_and_states(config, num_threads):
-  """corpus_rows.documents (records read in blocks) against packing.documents reading
+  """packer.documents (records read in blocks) against packing.documents reading
   split[i] one grain element each, the reader before blocks: the same rows and iterator
   states, in training across epochs, in a finite evaluation, for each of two processes;
   a state saved by either resumes on the other."""
   import grain  # pylint: disable=g-import-not-at-top
-  from transformer.data import corpus_rows  # pylint: disable=g-import-not-at-top
+  from transformer.data.corpus import packer  # pylint: disable=g-import-not-at-top
   from transformer.data import packing  # pylint: disable=g-import-not-at-top
 
   class Same(grain.transforms.Map):
@@ -549,7 +549,7 @@ def test_block_reads_give_the_record_by_record_documents_rows_and_states(config,
       return element
 
   job, _ = prepare(config)
-  prepared = corpus.PreparedCorpus.open(job.output)
+  prepared = store.PreparedCorpus.open(job.output)
   split = prepared.split("train")
   shuffled = np.random.default_rng(0).permutation(len(split)).tolist()
   for got, index in zip(split.__getitems__(shuffled), shuffled):  # Records of every shard.
@@ -559,8 +559,8 @@ def test_block_reads_give_the_record_by_record_documents_rows_and_states(config,
     split = prepared.split(name)
     kwargs = dict(seed=3, train=train, process_index=process_index,
                   process_count=process_count, num_threads=num_threads)
-    before = iter(corpus_rows.PackedRows(packing.documents(split, Same(), **kwargs), 16))
-    blocks = corpus_rows.PackedRows(corpus_rows.documents(split, **kwargs), 16)
+    before = iter(packer.PackedRows(packing.documents(split, Same(), **kwargs), 16))
+    blocks = packer.PackedRows(packer.documents(split, **kwargs), 16)
     it, states, rows = iter(blocks), [], []
     for want in itertools.islice(before, 3 * split.num_tokens // 16 if train else None):
       states.append(before.get_state())
@@ -602,7 +602,7 @@ def test_training_on_a_prepared_corpus_runs_no_tokenizer(config, tmp_path, monke
   def no_encoding(self, text):
     raise AssertionError("the training process tokenized text")
 
-  monkeypatch.setattr(tokenizers.ByteTokenizer, "encode", no_encoding)
+  monkeypatch.setattr(vocabularies.ByteTokenizer, "encode", no_encoding)
   config.train.update(num_steps=2, eval_every=2, eval_batches=1)
   config.checkpoint.update(every=2)
   workdir = str(tmp_path / "run")
@@ -617,65 +617,65 @@ def test_training_on_a_prepared_corpus_runs_no_tokenizer(config, tmp_path, monke
 
 
 def test_the_vocabulary_of_init_froms_run_tokenizes_and_keys_the_corpus(config, tmp_path):
-  from transformer.data import sources  # pylint: disable=g-import-not-at-top
+  from transformer.data.tokenizers import run_vocabulary  # pylint: disable=g-import-not-at-top
   run = str(tmp_path / "pretrained")
-  vocabulary = tokenizers.build_char_vocabulary(["abc ", "def"], str(tmp_path / "chars.json"))
-  sources.save_tokenizer(run, vocabulary)  # What a run (or --mode=import) leaves.
+  vocabulary = vocabularies.build_char_vocabulary(["abc ", "def"], str(tmp_path / "chars.json"))
+  run_vocabulary.save_tokenizer(run, vocabulary)  # What a run (or --mode=import) leaves.
   config.init_from = run
   job, manifest = prepare(config)  # In this process: a fork here would copy JAX's threads.
-  assert manifest["tokenizer"] == sources.tokenizer_record(vocabulary)
+  assert manifest["tokenizer"] == run_vocabulary.tokenizer_record(vocabulary)
   assert os.path.basename(job.output).startswith("char-v")
-  split = corpus.PreparedCorpus.open(job.output).split("train")
+  split = store.PreparedCorpus.open(job.output).split("train")
   ids = np.concatenate([split[i]["tokens"] for i in range(len(split))])
   assert set(np.unique(ids)) <= set(range(vocabulary.vocab_size))
-  assert (ids == tokenizers.UNK_ID).any()  # Letters outside "abcdef " are unknown.
-  assert corpus_run.open_for_training(config)[1].vocab_size == vocabulary.vocab_size
-  assert corpus.id_dtype(65_536) == np.uint16 and corpus.id_dtype(65_537) == np.uint32
+  assert (ids == vocabularies.UNK_ID).any()  # Letters outside "abcdef " are unknown.
+  assert for_config.open_for_training(config)[1].vocab_size == vocabulary.vocab_size
+  assert store.id_dtype(65_536) == np.uint16 and store.id_dtype(65_537) == np.uint32
 
 
 def test_long_documents_are_pieces_flagged_first_and_last(config, monkeypatch):
-  monkeypatch.setattr(corpus, "PIECE_CHARS", 64)  # Pieces of <= 64 characters (bytes: .txt).
+  monkeypatch.setattr(store, "PIECE_CHARS", 64)  # Pieces of <= 64 characters (bytes: .txt).
   job, manifest = prepare(config)
-  byte = tokenizers.ByteTokenizer()
+  byte = vocabularies.ByteTokenizer()
   with open(os.path.join(config.data.path, "d.txt"), encoding="utf-8") as f:
     txt = f.read()
-  name = [n for n in corpus.SPLITS if manifest["splits"][n]["shards"][3]["documents"]][0]
-  split = corpus.PreparedCorpus.open(job.output).split(name)
+  name = [n for n in store.SPLITS if manifest["splits"][n]["shards"][3]["documents"]][0]
+  split = store.PreparedCorpus.open(job.output).split(name)
   shard = manifest["splits"][split.name]["shards"][3]  # d.txt's records, in order.
   first = sum(s["records"] for s in manifest["splits"][split.name]["shards"][:3])
   records = range(first, first + shard["records"])
   assert shard["documents"] == 1 and len(records) > len(txt.encode()) // 64
   flags = [split.flags(i) for i in records]
-  assert flags == [corpus.STARTS] + [0] * (len(records) - 2) + [corpus.ENDS]
+  assert flags == [store.STARTS] + [0] * (len(records) - 2) + [store.ENDS]
   assert "".join(byte.decode(split[i]["tokens"]) for i in records) == txt
   # A window across the pieces of one document is one segment.
   start = sum(len(split[i]["tokens"]) for i in range(first)) + 10
   tokens, docs = split.window(start, 200)
-  assert (docs == 0).all() and tokenizers.BOS_ID not in tokens
+  assert (docs == 0).all() and vocabularies.BOS_ID not in tokens
 
 
 @pytest.mark.parametrize("row_len", [7, 64])
 def test_packed_rows_are_grains_concat_then_split_rows_and_resume_exactly(row_len):
   import grain  # pylint: disable=g-import-not-at-top
   import grain.experimental  # pylint: disable=g-import-not-at-top
-  from transformer.data import corpus_rows  # pylint: disable=g-import-not-at-top
+  from transformer.data.corpus import packer  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(0)
   documents = [{"tokens": rng.integers(4, 300, rng.integers(1, 150)).astype(np.int32)}
                for _ in range(60)]
   source = grain.MapDataset.source(documents).to_iter_dataset()
   expected = list(grain.experimental.ConcatThenSplitIterDataset(
       source, length_struct={"tokens": row_len}))
-  rows = list(corpus_rows.PackedRows(source, row_len))
+  rows = list(packer.PackedRows(source, row_len))
   assert len(rows) == len(expected) and rows[-1]["tokens_segment_ids"][-1] == 0
   for row, want in zip(rows, expected):
     assert row.keys() == want.keys()
     for key in row:
       np.testing.assert_array_equal(row[key], want[key])
-  it = iter(corpus_rows.PackedRows(source, row_len))
+  it = iter(packer.PackedRows(source, row_len))
   for _ in range(5):
     next(it)
   state = it.get_state()
-  again = iter(corpus_rows.PackedRows(source, row_len))
+  again = iter(packer.PackedRows(source, row_len))
   again.set_state(state)
   for want in rows[5:]:
     np.testing.assert_array_equal(next(again)["tokens"], want["tokens"])
@@ -690,3 +690,24 @@ def test_prepare_checks_its_config_before_writing(config, tmp_path):
   with pytest.raises(ConfigError, match="--mode=prepare prepares a corpus"):
     prepare_mode.check_config(config)
   assert not os.path.exists(config.data.data_dir)
+
+
+def test_a_new_source_format_is_one_table_entry(tmp_path, monkeypatch):
+  """readers.FORMATS is the one place a format lives: an entry (here a made-up .csv of
+  one document a line) is found by data.path's search and read, with no other change."""
+  from transformer.data.corpus import readers  # pylint: disable=g-import-not-at-top
+  csv = readers.Format(".csv", "a line", lambda r: (readers.cut(line) for line in open(
+      r.path, encoding="utf-8").read().splitlines()))
+  monkeypatch.setattr(readers, "FORMATS", readers.FORMATS + (csv,))
+  monkeypatch.setattr(readers, "EXTENSIONS", readers.EXTENSIONS + (".csv",))
+  (tmp_path / "a.csv").write_text("first doc\nsecond doc\n", encoding="utf-8")
+  (tmp_path / "notes.md").write_text("not a corpus file", encoding="utf-8")
+  root, names = readers.source_files(str(tmp_path))
+  assert names == ["a.csv"] and readers.format_of("x.jsonl.gz").extension == ".jsonl.gz"
+  reader = readers.reader(str(tmp_path / "a.csv"), "a.csv", text_key="text",
+                          decode_errors="strict", bad_records="stop",
+                          stats=readers.ReadStats())
+  assert ["".join(doc) for doc in reader.documents()] == ["first doc", "second doc"]
+  with pytest.raises(ConfigError, match=r"x\.tsv is not a corpus file; valid extensions: "
+                                        r"\.txt, \.jsonl, .*\.csv"):
+    readers.format_of("x.tsv")

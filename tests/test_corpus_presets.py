@@ -13,6 +13,7 @@ from transformer.cli import prepare as prepare_mode
 from transformer.config.validation import validate
 from transformer.data import pipeline
 from transformer.data import sources
+from transformer.data.tokenizers import run_vocabulary
 
 
 @pytest.mark.parametrize("preset, arg", [("gpt_small", "fineweb"), ("llama", "1b_fineweb")])
@@ -40,7 +41,7 @@ def test_the_real_corpus_presets_say_how_to_get_and_prepare_their_corpus(preset,
   assert data.corpus.manifest["splits"]["train"]["documents"] > 0
   # Its rows, read by the default grain reader threads (no longer slower than none).
   assert config.data.num_threads == base.get_config().data.num_threads > 0
-  config.model.vocab_size = sources.resolved_vocab_size(config, data.tokenizer)
+  config.model.vocab_size = run_vocabulary.resolved_vocab_size(config, data.tokenizer)
   config.data.seq_len = 32
   batch = next(iter(pipeline.make_dataset(config, "causal_lm", data.split("train"),
                                           data.tokenizer, train=True, batch_size=4)))

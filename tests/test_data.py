@@ -22,14 +22,14 @@ import pytest
 
 from configs import base
 from transformer.config.errors import ConfigError
-from transformer.data import catalog
 from transformer.data import lm
 from transformer.data import packing
-from transformer.data import python_stdlib
-from transformer.data import tokenizers
+from transformer.data.datasets import catalog
+from transformer.data.datasets import python_stdlib
+from transformer.data.tokenizers import vocabularies
 
 SEQ_LEN, BATCH = 16, 4
-BYTES = tokenizers.ByteTokenizer()
+BYTES = vocabularies.ByteTokenizer()
 TEXTS = ["", "hello world", "naïve café ☕ 日本語 🙂", "def f(x):\n\treturn x\n"] + [
     f"doc {i}: " + "xy" * (i * 3 % 11) for i in range(20)]
 KEYS = ("inputs", "targets", "segment_ids", "positions", "weights")
@@ -92,7 +92,7 @@ def test_packed_batches_are_well_formed():
     # Targets are the inputs shifted by one (a row is seq_len + 1 consecutive tokens).
     np.testing.assert_array_equal(targets[:, :-1], inputs[:, 1:])
     # Segment 0 is exactly the padding, which sits at the end of a row.
-    np.testing.assert_array_equal(seg == 0, inputs == tokenizers.PAD_ID)
+    np.testing.assert_array_equal(seg == 0, inputs == vocabularies.PAD_ID)
     assert np.all(np.diff(seg, axis=1)[seg[:, 1:] > 0] >= 0)
     assert np.all(seg[:, 0] == 1)
     saw_padding |= bool(np.any(seg == 0))
@@ -108,9 +108,9 @@ def test_packed_batches_are_well_formed():
           assert w[r, i] == float(same_document), (r, i)
           saw_boundary |= not same_document
     # bos is the first token of its document; eos is last, and nothing is predicted from it.
-    assert np.all(pos[inputs == tokenizers.BOS_ID] == 0)
-    assert np.all(w[inputs == tokenizers.EOS_ID] == 0)
-    assert np.all(w[targets == tokenizers.BOS_ID] == 0)
+    assert np.all(pos[inputs == vocabularies.BOS_ID] == 0)
+    assert np.all(w[inputs == vocabularies.EOS_ID] == 0)
+    assert np.all(w[targets == vocabularies.BOS_ID] == 0)
     np.testing.assert_array_equal(w, w.astype(bool))
   assert saw_padding and saw_boundary  # The checks above were not vacuous.
 
@@ -119,18 +119,18 @@ def test_one_eval_pass_holds_every_document_once():
   """Per-document framing: bos + UTF-8 bytes + eos, nothing lost, nothing repeated."""
   stream = np.concatenate([row_tokens(b).ravel() for b in lm_dataset()])
   counts = collections.Counter(stream.tolist())
-  assert counts[tokenizers.BOS_ID] == len(TEXTS)
-  assert counts[tokenizers.EOS_ID] == len(TEXTS)
-  del counts[tokenizers.BOS_ID], counts[tokenizers.EOS_ID], counts[tokenizers.PAD_ID]
+  assert counts[vocabularies.BOS_ID] == len(TEXTS)
+  assert counts[vocabularies.EOS_ID] == len(TEXTS)
+  del counts[vocabularies.BOS_ID], counts[vocabularies.EOS_ID], counts[vocabularies.PAD_ID]
   expected = collections.Counter(np.concatenate([BYTES.encode(t) for t in TEXTS]).tolist())
   assert counts == expected
   # Documents that were not split across rows come back whole, framed by bos ... eos.
   text = stream.tolist()
   whole = []
-  for start in [i for i, t in enumerate(text) if t == tokenizers.BOS_ID]:
-    if tokenizers.EOS_ID in text[start:]:
-      end = text.index(tokenizers.EOS_ID, start)
-      if tokenizers.PAD_ID not in text[start:end] and tokenizers.BOS_ID not in text[start + 1:end]:
+  for start in [i for i, t in enumerate(text) if t == vocabularies.BOS_ID]:
+    if vocabularies.EOS_ID in text[start:]:
+      end = text.index(vocabularies.EOS_ID, start)
+      if vocabularies.PAD_ID not in text[start:end] and vocabularies.BOS_ID not in text[start + 1:end]:
         whole.append(BYTES.decode(text[start + 1:end]))
   assert len(whole) >= len(TEXTS) // 2
   assert set(whole) <= set(TEXTS)
@@ -149,8 +149,8 @@ def test_processes_read_disjoint_documents_covering_all():
   for index in range(2):
     tokens = np.concatenate([row_tokens(b).ravel() for b in lm_dataset(
         texts, process_index=index, process_count=2)])
-    seen.append({chr(t - tokenizers.NUM_SPECIAL) for t in tokens
-                 if t >= tokenizers.NUM_SPECIAL})
+    seen.append({chr(t - vocabularies.NUM_SPECIAL) for t in tokens
+                 if t >= vocabularies.NUM_SPECIAL})
   assert not seen[0] & seen[1]
   assert seen[0] | seen[1] == set(markers)
   assert len(seen[0]) == len(seen[1]) == 12
@@ -349,10 +349,10 @@ def test_byte_tokenizer_round_trips_unicode():
     ids = BYTES.encode(text)
     assert ids.dtype == np.int32
     assert len(ids) == len(text.encode("utf-8"))
-    assert np.all((ids >= tokenizers.NUM_SPECIAL) & (ids < BYTES.vocab_size))
+    assert np.all((ids >= vocabularies.NUM_SPECIAL) & (ids < BYTES.vocab_size))
     assert BYTES.decode(ids) == text
   # Special ids are dropped on decode.
-  ids = [tokenizers.BOS_ID, *BYTES.encode("ok"), tokenizers.EOS_ID, tokenizers.PAD_ID]
+  ids = [vocabularies.BOS_ID, *BYTES.encode("ok"), vocabularies.EOS_ID, vocabularies.PAD_ID]
   assert BYTES.decode(ids) == "ok"
 
 
@@ -367,14 +367,14 @@ def _code_lines(limit: int = 2000) -> list[str]:
 def spm_tokenizer(tmp_path_factory):
   # 400, not 300: byte fallback (256) + specials + every character of the corpus must fit.
   path = tmp_path_factory.mktemp("spm") / "sub" / "spm.model"
-  return tokenizers.train_sentencepiece(_code_lines(), 400, str(path), max_sentences=10_000)
+  return vocabularies.train_sentencepiece(_code_lines(), 400, str(path), max_sentences=10_000)
 
 
 def test_sentencepiece_special_ids(spm_tokenizer):
   assert spm_tokenizer.vocab_size == 400
   sp = spm_tokenizer._sp
   assert (sp.pad_id(), sp.eos_id(), sp.bos_id(), sp.unk_id()) == (0, 1, 2, 3)
-  assert (tokenizers.PAD_ID, tokenizers.EOS_ID, tokenizers.BOS_ID, tokenizers.UNK_ID) == (
+  assert (vocabularies.PAD_ID, vocabularies.EOS_ID, vocabularies.BOS_ID, vocabularies.UNK_ID) == (
       0, 1, 2, 3)
   # The model was written atomically: no temporary file is left beside it.
   directory = os.path.dirname(spm_tokenizer.model_path)
@@ -382,13 +382,13 @@ def test_sentencepiece_special_ids(spm_tokenizer):
 
 
 def test_sentencepiece_round_trips_code(spm_tokenizer):
-  reloaded = tokenizers.SentencePieceTokenizer(spm_tokenizer.model_path)
+  reloaded = vocabularies.SentencePieceTokenizer(spm_tokenizer.model_path)
   sample = inspect.getsource(textwrap.dedent) + "\tx = 'tab'\n\n\n"
   for text in ROUND_TRIP_TEXTS + [sample]:
     ids = spm_tokenizer.encode(text)
     assert ids.dtype == np.int32
-    assert tokenizers.UNK_ID not in ids  # Byte fallback: nothing is unknown.
-    assert ids.size == 0 or (ids.min() >= tokenizers.NUM_SPECIAL and ids.max() < 400)
+    assert vocabularies.UNK_ID not in ids  # Byte fallback: nothing is unknown.
+    assert ids.size == 0 or (ids.min() >= vocabularies.NUM_SPECIAL and ids.max() < 400)
     assert spm_tokenizer.decode(ids) == text, repr(text)
     np.testing.assert_array_equal(reloaded.encode(text), ids)
   # Code compresses: far fewer pieces than bytes.
@@ -406,13 +406,13 @@ def test_sentencepiece_tokenizer_rejects_other_special_ids(tmp_path):
   path = tmp_path / "default_ids.model"
   path.write_bytes(model.getvalue())
   with pytest.raises(ValueError, match="special ids"):
-    tokenizers.SentencePieceTokenizer(str(path))
+    vocabularies.SentencePieceTokenizer(str(path))
 
 
 def test_sentencepiece_trainer_lines_go_to_the_log_not_the_console(tmp_path, capfd, caplog):
   """Its C++ trainer writes on file descriptor 2 itself: those lines become log records."""
   with caplog.at_level("INFO"), caplog.at_level("INFO", logger="absl"):
-    tokenizers.train_sentencepiece(_code_lines(2000), 400, str(tmp_path / "spm.model"),
+    vocabularies.train_sentencepiece(_code_lines(2000), 400, str(tmp_path / "spm.model"),
                                    max_sentences=10_000)
   _, stderr = capfd.readouterr()
   assert "trainer_interface.cc" not in stderr  # Nothing of the trainer on the console ...

@@ -16,16 +16,17 @@ import pytest
 import tensorflow_datasets as tfds
 
 from configs import base
-from transformer.training import loop
 from transformer.config.errors import ConfigError, DataError
-from transformer.data import catalog
 from transformer.data import classification
 from transformer.data import seq2seq
 from transformer.data import sources
-from transformer.data import tokenizers
+from transformer.data.datasets import catalog
+from transformer.data.tokenizers import run_vocabulary
+from transformer.data.tokenizers import vocabularies
+from transformer.training import loop
 from transformer.workdir import layout
 
-BYTES = tokenizers.ByteTokenizer()
+BYTES = vocabularies.ByteTokenizer()
 
 
 def tiny(config, data_dir, **data):
@@ -79,7 +80,7 @@ def test_catalog_datasets_train(mocked_catalog, tmp_path, name, arch, head, data
   assert np.isfinite(result["eval_loss"])
   assert [r["step"] for r in rows(str(tmp_path / "run")) if "eval_loss" in r] == [0, 2, 4]
   with open(tmp_path / "run" / "config.json", encoding="utf-8") as f:
-    assert json.load(f)["model"]["vocab_size"] % sources.VOCAB_MULTIPLE == 0  # Resolved.
+    assert json.load(f)["model"]["vocab_size"] % run_vocabulary.VOCAB_MULTIPLE == 0  # Resolved.
 
 
 def test_class_count_must_match_the_dataset(mocked_catalog, tmp_path):
@@ -131,25 +132,25 @@ def test_unprepared_dataset_names_command_and_data_dir(tmp_path):
 
 
 def test_char_tokenizer_vocabulary_is_the_training_characters(tmp_path):
-  tok = tokenizers.build_char_vocabulary(["hello", "world!"], str(tmp_path / "chars.json"))
+  tok = vocabularies.build_char_vocabulary(["hello", "world!"], str(tmp_path / "chars.json"))
   assert tok.chars == "!dehlorw"
-  assert tok.vocab_size == tokenizers.NUM_SPECIAL + 1 + 8
+  assert tok.vocab_size == vocabularies.NUM_SPECIAL + 1 + 8
   ids = tok.encode("hello?")
-  assert ids[-1] == tokenizers.UNK_ID  # Unseen character.
+  assert ids[-1] == vocabularies.UNK_ID  # Unseen character.
   assert (ids[:-1] > tok.mask_id).all()
   assert tok.decode(ids) == "hello"  # Specials (unk) are dropped.
-  assert tokenizers.CharTokenizer(str(tmp_path / "chars.json")).encode("dew").tolist() == \
+  assert vocabularies.CharTokenizer(str(tmp_path / "chars.json")).encode("dew").tolist() == \
       tok.encode("dew").tolist()
 
 
 def test_joint_sentencepiece_covers_both_languages(tmp_path):
   english = ["the cat sits on the mat", "a dog runs in the park"] * 50
   german = ["die Katze sitzt auf der Matte", "ein Hund läuft im Park"] * 50
-  tok = tokenizers.train_sentencepiece(english + german, 340, str(tmp_path / "joint.model"),
+  tok = vocabularies.train_sentencepiece(english + german, 340, str(tmp_path / "joint.model"),
                                        1000, model_type="bpe")
   for text in (english[0], german[1]):
     ids = tok.encode(text)
-    assert tokenizers.UNK_ID not in ids.tolist()
+    assert vocabularies.UNK_ID not in ids.tolist()
     assert tok.decode(ids) == text
   # Both languages got multi-character pieces from the one shared vocabulary.
   assert len(tok.encode("Katze")) < 5 and len(tok.encode(" park")) < 4
@@ -158,18 +159,18 @@ def test_joint_sentencepiece_covers_both_languages(tmp_path):
 def test_tokenizer_cache_name_holds_what_changes_it():
   config = base.get_config()
   config.data.update(tokenizer="sentencepiece", spm_model_type="bpe", spm_vocab_size=8000)
-  name = sources.cache_name(config, ("en", "de"))
+  name = run_vocabulary.cache_name(config, ("en", "de"))
   assert name.startswith("spm3_bpe_train_en+de_v8000_")
   config.data.spm_train_sentences = 10
-  assert sources.cache_name(config, ("en", "de")) != name
+  assert run_vocabulary.cache_name(config, ("en", "de")) != name
 
 
 def test_vocab_size_zero_rounds_the_tokenizer_up():
   config = base.get_config()
   config.model.vocab_size = 0
-  assert sources.resolved_vocab_size(config, BYTES) == 384  # 261 -> 384.
+  assert run_vocabulary.resolved_vocab_size(config, BYTES) == 384  # 261 -> 384.
   config.model.vocab_size = 300
-  assert sources.resolved_vocab_size(config, BYTES) == 300
+  assert run_vocabulary.resolved_vocab_size(config, BYTES) == 300
 
 
 def test_model_vocabulary_smaller_than_the_tokenizer_names_both(tiny_config, tmp_path):
@@ -369,7 +370,7 @@ def test_init_from_keeps_the_source_runs_vocabulary(tmp_path):
   # ... so another character run's pair copied over a's (it fits model.vocab_size) is
   # refused by every command that reads a's vocabulary: resume, init_from, the modes.
   other = tmp_path / "other_run"
-  sources.save_tokenizer(str(other), tokenizers.build_char_vocabulary(
+  run_vocabulary.save_tokenizer(str(other), vocabularies.build_char_vocabulary(
       ["XYZ xyz 0123456789\n"], str(tmp_path / record("a")["file"])))
   for name in (layout.TOKENIZER_RECORD, record("a")["file"]):
     shutil.copy(other / name, tmp_path / "a" / name)
@@ -390,24 +391,24 @@ def test_a_run_without_a_recorded_vocabulary_identity_is_read_and_said_once(tmp_
   as an import) is read as its tokenizer.json says, in one line; when it has one, a
   vocabulary pair from another run is refused naming both."""
   run = tmp_path / "run"
-  vocabulary = tokenizers.build_char_vocabulary(["abc"], str(tmp_path / "chars.json"))
-  sources.save_tokenizer(str(run), vocabulary)
+  vocabulary = vocabularies.build_char_vocabulary(["abc"], str(tmp_path / "chars.json"))
+  run_vocabulary.save_tokenizer(str(run), vocabulary)
   sources.save_dataset_record(str(run), {"name": "local_text/x/1.0.0"})
   with caplog.at_level("INFO"):
-    assert sources.load_workdir_tokenizer(str(run)).vocab_size == vocabulary.vocab_size
+    assert run_vocabulary.load_workdir_tokenizer(str(run)).vocab_size == vocabulary.vocab_size
   assert [r.getMessage() for r in caplog.records if "identity" in r.getMessage()] == [
       f"{run}/dataset.json records no tokenizer identity (written before it was kept, or "
       "absent): tokenizer.json is used unchecked; resuming the run records it"]
   sources.save_dataset_record(str(run), {"name": "local_text/x/1.0.0", "tokenizer":
-                                         sources.tokenizer_identity(vocabulary)})
-  assert sources.load_workdir_tokenizer(str(run)).vocab_size == vocabulary.vocab_size
-  sources.save_tokenizer(str(run), tokenizers.build_char_vocabulary(
+                                         run_vocabulary.tokenizer_identity(vocabulary)})
+  assert run_vocabulary.load_workdir_tokenizer(str(run)).vocab_size == vocabulary.vocab_size
+  run_vocabulary.save_tokenizer(str(run), vocabularies.build_char_vocabulary(
       ["xyz"], str(tmp_path / "other" / "chars.json")))
   with pytest.raises(ConfigError, match=(
       r"^.*run/tokenizer.json names a char vocabulary of 8 ids, sha256 [0-9a-f]{16} "
       r"\(chars.json\), but the run trained with a char vocabulary of 8 ids, sha256 "
       r"[0-9a-f]{16} \(.*run/dataset.json\): the tokenizer files were replaced; restore")):
-    sources.load_workdir_tokenizer(str(run))
+    run_vocabulary.load_workdir_tokenizer(str(run))
 
 
 def test_too_small_sentencepiece_vocabulary_is_named(tmp_path):
@@ -429,27 +430,27 @@ def test_a_vocabulary_swapped_with_its_record_is_refused_against_config_json(tmp
   run, other = tmp_path / "run", tmp_path / "other"
   for folder, size in ((run, 320), (other, 330)):
     folder.mkdir()
-    model = tokenizers.train_sentencepiece(iter(lines), size, str(tmp_path / f"{size}.model"),
+    model = vocabularies.train_sentencepiece(iter(lines), size, str(tmp_path / f"{size}.model"),
                                            max_sentences=1000)
-    sources.save_tokenizer(str(folder), model)
+    run_vocabulary.save_tokenizer(str(folder), model)
   config = base.get_config()
   config.data.update(tokenizer="sentencepiece", spm_vocab_size=320, spm_train_sentences=1000)
   config.model.vocab_size = 384
   (run / "config.json").write_text(config.to_json_best_effort(), encoding="utf-8")
-  assert sources.load_workdir_tokenizer(str(run)).vocab_size == 320
+  assert run_vocabulary.load_workdir_tokenizer(str(run)).vocab_size == 320
   for name in ("tokenizer.json", "330.model"):  # The other run's pair, copied in together.
     shutil.copy(other / name, run / name)
   with pytest.raises(ConfigError, match=(
       r"run/tokenizer.json names a SentencePiece model built with data.spm_vocab_size=330 "
       r"\(config.json: 320\): it is not this run's vocabulary; restore this run's own")):
-    sources.load_workdir_tokenizer(str(run))
+    run_vocabulary.load_workdir_tokenizer(str(run))
   config.data.tokenizer = "char"  # A config.json of another kind: the kind is named.
   (run / "config.json").write_text(config.to_json_best_effort(), encoding="utf-8")
   with pytest.raises(ConfigError, match=r"names a sentencepiece vocabulary, but .*config.json "
                                         r"has data.tokenizer='char'"):
-    sources.load_workdir_tokenizer(str(run))
+    run_vocabulary.load_workdir_tokenizer(str(run))
   config.data.tokenizer, config.model.vocab_size = "sentencepiece", 300  # No room for 330.
   (run / "config.json").write_text(config.to_json_best_effort(), encoding="utf-8")
   with pytest.raises(ConfigError, match=r"vocabulary of 330 ids, but .*config.json has "
                                         r"model.vocab_size=300"):
-    sources.load_workdir_tokenizer(str(run))
+    run_vocabulary.load_workdir_tokenizer(str(run))

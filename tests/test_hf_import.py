@@ -23,23 +23,23 @@ import pytest
 from flax import linen as nn
 
 from configs import base
-from transformer.workdir import init_from
-from transformer.inference import loaded
-from transformer.inference import decoding
-from transformer.interop.hf import common as hf_common
+from transformer import sharding
 from transformer.cli import hf_export
+from transformer.config.errors import ConfigError
+from transformer.config.model import ModelConfig, objective_of
+from transformer.data.tokenizers import hf_vocab
+from transformer.data.tokenizers import run_vocabulary
+from transformer.inference import decoding
+from transformer.inference import loaded
+from transformer.interop.hf import common as hf_common
 from transformer.interop.hf import gpt2
 from transformer.interop.hf import importer
 from transformer.interop.hf import llama
 from transformer.model import layers
 from transformer.model import positions
-from transformer.config.errors import ConfigError
-from transformer.config.model import ModelConfig, objective_of
-from transformer.data import hf_tokenizer
-from transformer.data import sources
 from transformer.model.models import make_model
-from transformer import sharding
 from transformer.training import trainer as trainer_lib
+from transformer.workdir import init_from
 from transformer.workdir import layout
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "hf")
@@ -371,14 +371,14 @@ def test_cached_decoding_matches_transformers_step_by_step(family):
 # ---------------------------------------------------------------- tokenizers
 
 
-def _bundle(family: str, tmp_path) -> hf_tokenizer.HFTokenizer:
+def _bundle(family: str, tmp_path) -> hf_vocab.HFTokenizer:
   folder, _ = _fixture(family)
   converted = importer.convert_folder(folder)
   os.makedirs(tmp_path / family)
   path = os.path.join(tmp_path, family, layout.HF_TOKENIZER)
   with open(path, "w", encoding="utf-8") as f:
     json.dump(importer.tokenizer_bundle(converted, folder), f)
-  return hf_tokenizer.HFTokenizer(path)
+  return hf_vocab.HFTokenizer(path)
 
 
 def test_tokenizers_encode_like_transformers(tmp_path):
@@ -457,7 +457,7 @@ def test_import_writes_a_workdir_the_commands_load_and_export_round_trips(tmp_pa
   assert sorted(os.listdir(workdir)) == ["checkpoints", "config.json", "hf_tokenizer.json",
                                          "tokenizer.json"]
   run = loaded.load_run(workdir)
-  assert run.config.model.scan_layers and sources.tokenizer_kind(run.tokenizer) == "huggingface"
+  assert run.config.model.scan_layers and run_vocabulary.tokenizer_kind(run.tokenizer) == "huggingface"
   original = importer.convert_folder(folder)
   unrolled = layers.scanned_to_unrolled(jax.tree.map(np.asarray, run.params))
   assert _flat(unrolled).keys() == _flat(original.params).keys()

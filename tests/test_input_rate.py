@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from transformer.data import catalog
 from transformer.data import pipeline
 from transformer.data import sources
+from transformer.data.datasets import catalog
 from transformer.planning import input_rate
 
 

@@ -114,3 +114,78 @@ def test_launch_dispatches_through_the_cli_package():
   """launch.py is thin: it imports the mode modules and the package's ground, no more."""
   imported = {part for _, part in _imported_parts(ROOT / "launch.py")}
   assert imported <= {"cli", "workdir", "config", "distributed", "plugin_noise", "accelerator"}, imported
+
+
+def _module_graph(paths: list[pathlib.Path]) -> dict[str, set[str]]:
+  """Module -> the package modules it imports, at the top or inside a function."""
+  names = {}
+  for path in paths:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+  graph: dict[str, set[str]] = {name: set() for name in names}
+  for name, path in names.items():
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+      targets = []
+      if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        targets = [f"{node.module}.{alias.name}" for alias in node.names]
+      elif isinstance(node, ast.Import):
+        targets = [alias.name for alias in node.names]
+      for target in targets:
+        while target not in names and "." in target:
+          target = target.rsplit(".", 1)[0]
+        if target in names and target != name:
+          graph[name].add(target)
+  return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+  """The groups of modules that reach each other (strongly connected, more than one)."""
+  index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+  def visit(node: str) -> None:
+    index[node] = low[node] = len(index)
+    stack.append(node)
+    on_stack.add(node)
+    for other in graph[node]:
+      if other not in index:
+        visit(other)
+        low[node] = min(low[node], low[other])
+      elif other in on_stack:
+        low[node] = min(low[node], index[other])
+    if low[node] == index[node]:
+      group = []
+      while True:
+        member = stack.pop()
+        on_stack.discard(member)
+        group.append(member)
+        if member == node:
+          break
+      if len(group) > 1:
+        found.append(sorted(group))
+
+  for node in graph:
+    if node not in index:
+      visit(node)
+  return found
+
+
+def test_no_module_reaches_one_that_reaches_it_back():
+  """No circle of imports anywhere in the package, imports inside functions included
+  (one there hides a circle rather than removing it)."""
+  circles = _circles(_module_graph(_modules()))
+  assert not circles, f"modules that import each other (directly or around): {circles}"
+
+
+def test_the_circle_check_finds_a_lazy_one(tmp_path):
+  """The check itself: a function-level import closing a circle is found."""
+  package = tmp_path / "transformer"
+  (package / "data").mkdir(parents=True)
+  (package / "data" / "a.py").write_text("from transformer.data import b\n")
+  (package / "data" / "b.py").write_text("def f():\n  from transformer.data import a\n")
+  global ROOT  # pylint: disable=global-statement
+  saved, ROOT = ROOT, tmp_path
+  try:
+    graph = _module_graph(sorted(package.rglob("*.py")))
+  finally:
+    ROOT = saved
+  assert _circles(graph) == [["transformer.data.a", "transformer.data.b"]]

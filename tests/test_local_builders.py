@@ -17,9 +17,9 @@ import pytest
 from configs import base
 from transformer.config.errors import ConfigError
 from transformer.config.errors import DataError
-from transformer.data import local_parallel
-from transformer.data import local_text
-from transformer.data import local_tsv
+from transformer.data.datasets import local_parallel
+from transformer.data.datasets import local_text
+from transformer.data.datasets import local_tsv
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_DATA = os.path.join(os.path.dirname(REPO), "shared", "data")

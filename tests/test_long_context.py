@@ -24,10 +24,10 @@ import pytest
 from configs import base
 from test_datasets import tiny, write_local_files
 from transformer.cli import evaluate as evaluate_mode
-from transformer.cli import usage
 from transformer.cli import passkey as passkey_mode
+from transformer.cli import usage
 from transformer.config.errors import ConfigError
-from transformer.data import tokenizers
+from transformer.data.tokenizers import vocabularies
 from transformer.inference import loaded
 from transformer.inference import passkey
 from transformer.model import lm_head
@@ -193,13 +193,13 @@ def test_evaluate_by_position_needs_a_decoder_lm_and_a_width(rope_run):
 def char_tokenizer(tmp_path_factory):
   text = " ".join([passkey.INTRO, *passkey.FILLER, passkey.NEEDLE, passkey.QUESTION,
                    passkey.DIGITS])
-  return tokenizers.build_char_vocabulary([text], str(tmp_path_factory.mktemp("v") / "v"))
+  return vocabularies.build_char_vocabulary([text], str(tmp_path_factory.mktemp("v") / "v"))
 
 
 @pytest.mark.parametrize("depth", [0.0, 0.3, 0.5, 1.0])
 def test_a_prompt_has_its_length_and_the_key_at_the_depth(char_tokenizer, depth):
   prompt = passkey.make_prompt(char_tokenizer, 600, depth, "71432")
-  assert len(prompt.tokens) == 601 and prompt.tokens[0] == tokenizers.BOS_ID
+  assert len(prompt.tokens) == 601 and prompt.tokens[0] == vocabularies.BOS_ID
   assert char_tokenizer.decode(prompt.tokens[-prompt.key_tokens:]) == "71432"
   text = char_tokenizer.decode(prompt.tokens[1:])
   assert text.endswith(passkey.QUESTION + " 71432")

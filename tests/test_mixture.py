@@ -1,5 +1,5 @@
 """data.mixture: prepared corpora mixed by weight with grain's IterDataset.mix
-(data/mixture.py): the syntax's one-line errors, the exact realised counts, determinism,
+(data/corpus/mixture.py): the syntax's one-line errors, the exact realised counts, determinism,
 exact resume, and a training run that logs the proportions."""
 
 import gzip
@@ -14,10 +14,10 @@ from test_corpus import write_corpus
 from transformer.cli import prepare as prepare_mode
 from transformer.config.errors import ConfigError
 from transformer.config.validation import validate
-from transformer.data import mixture
 from transformer.data import pipeline
 from transformer.data import sources
-from transformer.data import tokenizers
+from transformer.data.corpus import mixture
+from transformer.data.tokenizers import vocabularies
 
 
 @pytest.mark.parametrize("spec, message", [
@@ -86,7 +86,7 @@ def _train_rows(config):
 
 
 def test_the_mixture_is_deterministic_in_proportion_and_resumes_exactly(mixed):
-  x_id = tokenizers.ByteTokenizer().encode("X")[0]
+  x_id = vocabularies.ByteTokenizer().encode("X")[0]
   first, again = _train_rows(mixed), _train_rows(mixed)
   batches = [next(first) for _ in range(10)]
   for batch in batches:  # The same rows, in the same order, from a fresh pipeline.

@@ -25,12 +25,12 @@ import pytest
 import launch
 from configs import gpt_small
 from configs import transformer_base
+from transformer import accelerator
 from transformer.cli import common
 from transformer.cli import sweep
 from transformer.config.errors import ConfigError
 from transformer.config.validation import validate
-from transformer.data import local_files
-from transformer import accelerator
+from transformer.data.datasets import local_files
 from transformer.workdir import console
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -25,11 +25,11 @@ from transformer.data import classification
 from transformer.data import lm as lm_data
 from transformer.data import pipeline
 from transformer.data import seq2seq
-from transformer.data import tokenizers
+from transformer.data.tokenizers import vocabularies
 
-BYTES = tokenizers.ByteTokenizer()
+BYTES = vocabularies.ByteTokenizer()
 SEQ_LEN, BATCH = 32, 4
-SPECIALS = (tokenizers.PAD_ID, tokenizers.EOS_ID, tokenizers.BOS_ID, tokenizers.UNK_ID)
+SPECIALS = (vocabularies.PAD_ID, vocabularies.EOS_ID, vocabularies.BOS_ID, vocabularies.UNK_ID)
 TEXTS = ["", "hello world", "naïve café ☕ 日本語 🙂", "def f(x):\n\treturn x\n"] + [
     f"doc {i}: " + "xy" * (i * 3 % 11) for i in range(20)]
 MLM_KEYS = ("inputs", "targets", "segment_ids", "positions", "weights")
@@ -62,7 +62,7 @@ def check_dtypes_and_shapes(batch, keys, lengths):
 def test_byte_tokenizer_mask_id():
   assert BYTES.vocab_size == 261 and BYTES.mask_id == 260
   assert BYTES.mask_id not in BYTES.encode(bytes(range(256)).decode("latin-1"))
-  assert BYTES.decode([*BYTES.encode("ok"), BYTES.mask_id, tokenizers.EOS_ID]) == "ok"
+  assert BYTES.decode([*BYTES.encode("ok"), BYTES.mask_id, vocabularies.EOS_ID]) == "ok"
 
 
 def test_sentencepiece_mask_id(spm_tokenizer):
@@ -73,7 +73,7 @@ def test_sentencepiece_mask_id(spm_tokenizer):
   # The mask is a control symbol: the literal text "<mask>" is ordinary pieces.
   text = "tokens = ['<mask>', '<s>']\n"
   ids = spm_tokenizer.encode(text)
-  assert spm_tokenizer.mask_id not in ids and tokenizers.BOS_ID not in ids
+  assert spm_tokenizer.mask_id not in ids and vocabularies.BOS_ID not in ids
   assert spm_tokenizer.decode(ids) == text
 
 
@@ -85,7 +85,7 @@ def test_sentencepiece_tokenizer_requires_the_mask(tmp_path):
   path = tmp_path / "no_mask.model"
   path.write_bytes(model.getvalue())
   with pytest.raises(ValueError, match="<mask>"):
-    tokenizers.SentencePieceTokenizer(str(path))
+    vocabularies.SentencePieceTokenizer(str(path))
 
 
 # ---------------------------------------------------------------- masked LM
@@ -101,7 +101,7 @@ def test_mlm_batches_are_well_formed():
     np.testing.assert_array_equal(w, w.astype(bool))
     # Only chosen positions may differ, and specials and padding are never chosen.
     np.testing.assert_array_equal(inputs[w == 0], targets[w == 0])
-    assert np.all(targets[w == 1] >= tokenizers.NUM_SPECIAL)
+    assert np.all(targets[w == 1] >= vocabularies.NUM_SPECIAL)
     assert np.all(batch["segment_ids"][w == 1] > 0)
     assert BYTES.mask_id not in targets
   # The targets are the causal-LM stream, repacked into rows of seq_len (no +1 shift).
@@ -115,8 +115,8 @@ def test_mlm_batches_are_well_formed():
   segments = np.concatenate([b["segment_ids"] for b in batches])
   positions = np.concatenate([b["positions"] for b in batches])
   targets = np.concatenate([b["targets"] for b in batches])
-  np.testing.assert_array_equal(segments == 0, targets == tokenizers.PAD_ID)
-  assert np.all(positions[targets == tokenizers.BOS_ID] == 0)
+  np.testing.assert_array_equal(segments == 0, targets == vocabularies.PAD_ID)
+  assert np.all(positions[targets == vocabularies.BOS_ID] == 0)
 
 
 @pytest.mark.parametrize("mask_rate", [0.15, 0.3])
@@ -128,7 +128,7 @@ def test_mlm_mask_statistics(mask_rate):
                                   mask_rate=mask_rate)), 50)
   inputs, targets, weights, segments = (np.concatenate([b[k] for b in batches])
                                         for k in ("inputs", "targets", "weights", "segment_ids"))
-  eligible = (segments > 0) & (targets >= tokenizers.NUM_SPECIAL)
+  eligible = (segments > 0) & (targets >= vocabularies.NUM_SPECIAL)
   chosen = weights == 1
   assert eligible.sum() > 20_000
   assert mask_rate - 0.03 < chosen.sum() / eligible.sum() < mask_rate + 0.03
@@ -138,7 +138,7 @@ def test_mlm_mask_statistics(mask_rate):
   # 10% random ids (1 in 256 of them happens to be the original) and 10% unchanged.
   assert 0.07 < replaced.sum() / chosen.sum() < 0.13
   random_ids = inputs[replaced]
-  assert random_ids.min() >= tokenizers.NUM_SPECIAL and random_ids.max() < BYTES.mask_id
+  assert random_ids.min() >= vocabularies.NUM_SPECIAL and random_ids.max() < BYTES.mask_id
   assert len(np.unique(random_ids)) > 100  # Drawn from the whole vocabulary.
   assert BYTES.mask_id not in inputs[~chosen]
 
@@ -220,7 +220,7 @@ def unpack_pairs(batches, tokenizer=BYTES):
 
 def expected_pairs(texts, inputs_fn, tokenizer=BYTES):
   def encode(text, length):
-    return tuple(np.append(tokenizer.encode(text), tokenizers.EOS_ID)[:length].tolist())
+    return tuple(np.append(tokenizer.encode(text), vocabularies.EOS_ID)[:length].tolist())
   return [(encode(s, SOURCE_LEN), encode(t, TARGET_LEN))
           for text in texts for s, t in inputs_fn({"text": text})]
 
@@ -234,7 +234,7 @@ def test_seq2seq_batches_are_well_formed():
     targets, decoder_inputs = batch["targets"], batch["decoder_inputs"]
     for side in ("inputs", "targets"):
       seg, pos = batch[f"{side}_segment_ids"], batch[f"{side}_positions"]
-      np.testing.assert_array_equal(seg == 0, batch[side] == tokenizers.PAD_ID)
+      np.testing.assert_array_equal(seg == 0, batch[side] == vocabularies.PAD_ID)
       assert np.all(pos[seg == 0] == 0)
     seg, pos = batch["targets_segment_ids"], batch["targets_positions"]
     np.testing.assert_array_equal(batch["weights"], (seg > 0).astype(np.float32))
@@ -246,9 +246,9 @@ def test_seq2seq_batches_are_well_formed():
       saw_several_pairs |= len(target_segments) > 1
       for t in range(TARGET_LEN):
         if seg[r, t] == 0:
-          assert decoder_inputs[r, t] == tokenizers.PAD_ID
+          assert decoder_inputs[r, t] == vocabularies.PAD_ID
         elif t == 0 or seg[r, t] != seg[r, t - 1]:
-          assert pos[r, t] == 0 and decoder_inputs[r, t] == tokenizers.BOS_ID, (r, t)
+          assert pos[r, t] == 0 and decoder_inputs[r, t] == vocabularies.BOS_ID, (r, t)
         else:  # Teacher forcing within a pair: the previous target.
           assert pos[r, t] == pos[r, t - 1] + 1 and decoder_inputs[r, t] == targets[r, t - 1]
   assert saw_several_pairs  # Packing put several pairs in a row, so the checks bit.
@@ -303,7 +303,7 @@ def test_seq2seq_continuation_pairs_with_sentencepiece(spm_tokenizer):
   text_pairs = {pair for text in texts for pair in inputs_fn({"text": text})}
   whole = 0
   for source_ids, target_ids in pairs:
-    if source_ids[-1] == target_ids[-1] == tokenizers.EOS_ID:  # Not truncated.
+    if source_ids[-1] == target_ids[-1] == vocabularies.EOS_ID:  # Not truncated.
       whole += 1
       assert (spm_tokenizer.decode(source_ids), spm_tokenizer.decode(target_ids)) in text_pairs
   assert whole > len(pairs) // 2
@@ -358,7 +358,7 @@ def test_classification_rows_hold_one_example_and_its_label():
     for row, seg, pos in zip(batch["inputs"], batch["segment_ids"], batch["positions"]):
       n = int(seg.sum())
       assert set(seg.tolist()) <= {0, 1} and (seg[:n] == 1).all()  # One segment, then padding.
-      assert row[0] == tokenizers.BOS_ID and (row[n:] == 0).all()
+      assert row[0] == vocabularies.BOS_ID and (row[n:] == 0).all()
       assert (pos[:n] == np.arange(n)).all()
   # Each row decodes back to (a prefix of) one of the texts.
   # Each row decodes back to its own text (a prefix where truncated): the texts and the
@@ -411,7 +411,7 @@ def random_windows_dataset(texts=TEXTS, seed=0, **overrides):
 
 
 def test_random_windows_are_slices_of_the_document_stream():
-  stream = np.concatenate([[tokenizers.BOS_ID, *BYTES.encode(t), tokenizers.EOS_ID]
+  stream = np.concatenate([[vocabularies.BOS_ID, *BYTES.encode(t), vocabularies.EOS_ID]
                            for t in TEXTS])
   starts = set()
   for batch in take(iter(random_windows_dataset()), 25):
@@ -438,7 +438,7 @@ def test_random_windows_weights_skip_document_boundaries():
   # A target counts only when it continues the input's document (never across an
   # [eos] -> [bos] boundary inside a window).
   for inputs, targets, weights in zip(batch["inputs"], batch["targets"], batch["weights"]):
-    crossing = (inputs == tokenizers.EOS_ID) & (targets == tokenizers.BOS_ID)
+    crossing = (inputs == vocabularies.EOS_ID) & (targets == vocabularies.BOS_ID)
     assert not weights[crossing].any()
 
 
@@ -469,15 +469,15 @@ def test_a_document_in_pieces_gets_one_bos_and_one_eos():
   tokenize = lm_data.Tokenize(BYTES, "text", BYTES.vocab_size)
   stream = np.concatenate([tokenize.map(e)["tokens"] for e in examples])
   np.testing.assert_array_equal(stream, np.concatenate([
-      [tokenizers.BOS_ID], BYTES.encode(text), [tokenizers.EOS_ID],
-      [tokenizers.BOS_ID], BYTES.encode("a whole one"), [tokenizers.EOS_ID]]))
+      [vocabularies.BOS_ID], BYTES.encode(text), [vocabularies.EOS_ID],
+      [vocabularies.BOS_ID], BYTES.encode("a whole one"), [vocabularies.EOS_ID]]))
   # Packed rows (evaluation) hold no [bos] / [eos] at the cuts either.
   batches = list(lm_data.make_lm_dataset(examples, BYTES, text_key="text",
                                           vocab_size=BYTES.vocab_size, seq_len=SEQ_LEN,
                                           batch_size=BATCH, seed=0, train=False))
   inputs = np.concatenate([b["inputs"] for b in batches])
-  assert (inputs == tokenizers.BOS_ID).sum() == 2
-  assert (np.concatenate([b["targets"] for b in batches]) == tokenizers.EOS_ID).sum() == 2
+  assert (inputs == vocabularies.BOS_ID).sum() == 2
+  assert (np.concatenate([b["targets"] for b in batches]) == vocabularies.EOS_ID).sum() == 2
 
 
 def test_random_windows_run_across_the_pieces_of_one_document():
@@ -485,7 +485,7 @@ def test_random_windows_run_across_the_pieces_of_one_document():
   batches = take(iter(lm_data.make_lm_dataset(
       pieces(text, 50), BYTES, text_key="text", vocab_size=BYTES.vocab_size,
       seq_len=SEQ_LEN, batch_size=BATCH, seed=0, train=True, windows="random")), 25)
-  full = np.concatenate([[tokenizers.BOS_ID], BYTES.encode(text), [tokenizers.EOS_ID]])
+  full = np.concatenate([[vocabularies.BOS_ID], BYTES.encode(text), [vocabularies.EOS_ID]])
   for batch in batches:
     for inputs, targets, segments, positions, weights in zip(
         batch["inputs"], batch["targets"], batch["segment_ids"], batch["positions"],

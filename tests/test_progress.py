@@ -21,7 +21,7 @@ from test_data import _code_lines  # pylint: disable=protected-access
 from transformer import sharding
 from transformer.cli import keys as keys_mode
 from transformer.cli import usage
-from transformer.data import tokenizers
+from transformer.data.tokenizers import vocabularies
 from transformer.training import loop
 from transformer.training import trainer as trainer_lib
 from transformer.workdir import console
@@ -163,8 +163,8 @@ def test_a_stage_that_cannot_count_says_it_is_still_running(caplog):
 
 
 def test_sentencepiece_training_is_a_stage_with_a_heartbeat(tmp_path, caplog, monkeypatch):
-  monkeypatch.setattr(tokenizers, "HEARTBEAT_SECONDS", 0.01)
-  real = tokenizers._train_sentencepiece  # pylint: disable=protected-access
+  monkeypatch.setattr(vocabularies, "HEARTBEAT_SECONDS", 0.01)
+  real = vocabularies._train_sentencepiece  # pylint: disable=protected-access
 
   def slow(*args):  # Trains once the heartbeat has spoken (a long training's case).
     deadline = time.monotonic() + 60
@@ -172,10 +172,10 @@ def test_sentencepiece_training_is_a_stage_with_a_heartbeat(tmp_path, caplog, mo
       time.sleep(0.01)
     real(*args)
 
-  monkeypatch.setattr(tokenizers, "_train_sentencepiece", slow)
+  monkeypatch.setattr(vocabularies, "_train_sentencepiece", slow)
   lines = _code_lines(2000)
   with caplog.at_level(logging.INFO):
-    tokenizers.train_sentencepiece(lines, 400, str(tmp_path / "spm.model"), 10_000)
+    vocabularies.train_sentencepiece(lines, 400, str(tmp_path / "spm.model"), 10_000)
   assert "SentencePiece: training 400 unigram pieces ..." in caplog.text
   assert "SentencePiece: training 400 unigram pieces: still running, " in caplog.text
   assert any(re.fullmatch(r"SentencePiece: training 400 unigram pieces: \d+\.\ds", line)

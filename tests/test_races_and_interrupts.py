@@ -31,14 +31,14 @@ from orbax.checkpoint._src import asyncio_utils
 from test_bad_inputs import _launch_in_process  # pylint: disable=protected-access
 from tiny import make_tiny_config
 from transformer import sharding
+from transformer.cli import usage
 from transformer.config.errors import ConfigError
-from transformer.data import catalog
-from transformer.data import local_text
 from transformer.data import sources
-from transformer.data import tokenizers
+from transformer.data.datasets import catalog
+from transformer.data.datasets import local_text
+from transformer.data.tokenizers import vocabularies
 from transformer.inference import loaded
 from transformer.training import trainer as trainer_lib
-from transformer.cli import usage
 from transformer.workdir import checkpointing
 from transformer.workdir import files
 from transformer.workdir import lock
@@ -229,7 +229,7 @@ def test_ctrl_c_during_sentencepiece_training_stays_ctrl_c_and_writes_no_model(t
 
   path = str(tmp_path / "spm.model")
   with pytest.raises(KeyboardInterrupt):
-    tokenizers.train_sentencepiece(lines(), 300, path, max_sentences=10_000)
+    vocabularies.train_sentencepiece(lines(), 300, path, max_sentences=10_000)
   assert os.listdir(tmp_path) == []
 
 
@@ -437,10 +437,10 @@ def test_characters_a_fixed_vocabulary_lacks_are_counted_and_said_once(tmp_path,
   """Issue 42: init_from onto edited data (or new text to translate) mapped unseen
   characters to unk silently; every mode now ends with one line counting them."""
   import launch  # pylint: disable=g-import-not-at-top
-  from transformer.data import tokenizers  # pylint: disable=g-import-not-at-top
+  from transformer.data.tokenizers import vocabularies  # pylint: disable=g-import-not-at-top
   (tmp_path / "chars.json").write_text('{"chars": "abc"}', encoding="utf-8")
-  vocabulary = tokenizers.CharTokenizer(str(tmp_path / "chars.json"))
-  tokenizers.UNSEEN.clear()
+  vocabulary = vocabularies.CharTokenizer(str(tmp_path / "chars.json"))
+  vocabularies.UNSEEN.clear()
 
   def encodes(config, workdir):  # A mode that tokenizes three texts.
     for text in ("abc", "abxé", "xx"):
@@ -455,5 +455,5 @@ def test_characters_a_fixed_vocabulary_lacks_are_counted_and_said_once(tmp_path,
   assert len(said) == 1 and said[0].startswith(
       "4 characters of the text this command encoded (2 distinct: 'x' x3, 'é' x1) are not "
       "in the run's character vocabulary and became the unknown id"), said
-  assert not tokenizers.UNSEEN  # Said once, then forgotten.
-  assert list(vocabulary.encode("ab")) == [5, 6] and tokenizers.unseen_line() is None
+  assert not vocabularies.UNSEEN  # Said once, then forgotten.
+  assert list(vocabulary.encode("ab")) == [5, 6] and vocabularies.unseen_line() is None

@@ -5,13 +5,12 @@ import importlib.util
 import jax
 import numpy as np
 import pytest
-from flax import linen as nn
 from jax.sharding import PartitionSpec as P
 
 from transformer import sharding
 from transformer.config.errors import ConfigError
-from transformer.training import trainer as trainer_lib
 from transformer.model.models import make_model
+from transformer.training import trainer as trainer_lib
 
 MESHES = [(1, 1, 1), (8, 1, 1), (1, 8, 1), (1, 1, 8), (2, 2, 2)]
 

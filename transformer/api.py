@@ -39,7 +39,7 @@ from transformer.config.decode import validate_decode
 from transformer.config.errors import ConfigError
 from transformer.config.model import ModelConfig
 from transformer.config.validation import validate
-from transformer.data import tokenizers
+from transformer.data.tokenizers import vocabularies
 from transformer.inference import loaded
 from transformer.inference import passkey
 from transformer.inference import text
@@ -71,7 +71,7 @@ class Model:
     return self.run.params
 
   @property
-  def tokenizer(self) -> tokenizers.Tokenizer:
+  def tokenizer(self) -> vocabularies.Tokenizer:
     return self.run.tokenizer
 
   def generate(self, prompts: str | Sequence[str], *, seed: int | None = None,
@@ -136,7 +136,7 @@ class Model:
         if not len(ids) or len(ids) > limit:
           raise ConfigError(f"text {i + 1} has {len(ids)} tokens; score takes 1 to "
                             f"model.max_len={limit}")
-        tokens = np.concatenate([[tokenizers.BOS_ID], ids]).astype(np.int32)[None]
+        tokens = np.concatenate([[vocabularies.BOS_ID], ids]).astype(np.int32)[None]
         scorer = passkey.make_scorer(self.run.model_config, len(ids))
         logp_BL, _ = scorer(self.run.params, tokens)
         scores.append(float(np.sum(jax.device_get(logp_BL))))

@@ -24,14 +24,14 @@ import numpy as np
 from absl import flags
 from absl import logging
 
-from transformer.config import objective as objective_lib
 from transformer.cli import common
+from transformer.config import objective as objective_lib
 from transformer.config.errors import ConfigError
 from transformer.data import packing
-from transformer.data import tokenizers
+from transformer.data.tokenizers import vocabularies
 from transformer.inference import loaded
-from transformer.workdir import progress as progress_lib
 from transformer.model.models import make_model
+from transformer.workdir import progress as progress_lib
 
 CLASS_NAMES = flags.DEFINE_list(
     "class_names", [], "classify: names of classes 0, 1, ... written after each class id.")
@@ -107,8 +107,8 @@ def classify(workdir: str, *, input_path: str = "", output_path: str = "",
 def _encode(line: str, run: loaded.LoadedRun, where: str) -> dict[str, np.ndarray]:
   """[bos] ids [eos], as the classification pipeline encodes a training text, padded."""
   seq_len = run.config.data.seq_len
-  ids = np.concatenate([[tokenizers.BOS_ID], run.tokenizer.encode(line),
-                        [tokenizers.EOS_ID]]).astype(np.int32)
+  ids = np.concatenate([[vocabularies.BOS_ID], run.tokenizer.encode(line),
+                        [vocabularies.EOS_ID]]).astype(np.int32)
   if len(ids) > seq_len:
     if run.config.decode.overlong == "error":
       raise ConfigError(f"{where}: {len(ids)} tokens ([bos] and [eos] included) exceed "

@@ -17,9 +17,9 @@ import ml_collections
 from absl import flags
 from absl import logging
 
-from transformer.config.errors import ConfigError
 from transformer.config import train as train_config
 from transformer.config.checks import lookup
+from transformer.config.errors import ConfigError
 from transformer.workdir import files
 
 CHECKPOINT_STEP = flags.DEFINE_integer(
@@ -175,7 +175,7 @@ def read_lines(path: str, stream: TextIO) -> list[str]:
       (naming line and byte).
   """
   # Lazy: data/local_files imports tensorflow_datasets; flags parse before such imports.
-  from transformer.data import local_files  # pylint: disable=g-import-not-at-top
+  from transformer.data.datasets import local_files  # pylint: disable=g-import-not-at-top
   if path:
     text = decode_utf8(read_input(path), path)
   else:

@@ -26,13 +26,13 @@ import ml_collections
 from absl import flags
 
 from transformer import sharding
-from transformer.config import objective as objective_lib
 from transformer.cli import common
+from transformer.config import objective as objective_lib
 from transformer.config.errors import ConfigError
-from transformer.data import catalog
-from transformer.data import corpus_run
 from transformer.data import pipeline
 from transformer.data import sources
+from transformer.data.corpus import for_config
+from transformer.data.datasets import catalog
 from transformer.inference import loaded
 from transformer.inference import text
 from transformer.reports import long_context
@@ -167,7 +167,7 @@ def evaluate(workdir: str, *, config: ml_collections.ConfigDict | None = None,
   common.check_output(path, overwrite, given=bool(output))
   config.train.eval_batches = -1  # The whole split.
   if config.data.name == "corpus":  # Token ids prepared by --mode=prepare.
-    prepared, _ = corpus_run.open_for_training(config, workdir)
+    prepared, _ = for_config.open_for_training(config, workdir)
     loaded.check_run_data(workdir, given_config, prepared.record(), "evaluate")
     source, dataset_name = prepared.split(split), prepared.record()["name"]
   else:

@@ -23,10 +23,10 @@ from absl import flags
 
 from transformer.cli import common
 from transformer.config.errors import ConfigError
-from transformer.data import local_files
+from transformer.data.datasets import local_files
 from transformer.inference import loaded
-from transformer.workdir import progress as progress_lib
 from transformer.inference import text
+from transformer.workdir import progress as progress_lib
 
 PROMPT = flags.DEFINE_string(
     "prompt", None, "generate: the text to continue (default: each line of --input, or of "

@@ -21,10 +21,11 @@ from absl import logging
 
 from transformer.config.errors import ConfigError
 from transformer.config.validation import validate
-from transformer.data import corpus
-from transformer.data import corpus_prepare
-from transformer.data import corpus_run
-from transformer.data import mixture
+from transformer.data.corpus import for_config
+from transformer.data.corpus import mixture
+from transformer.data.corpus import preparation
+from transformer.data.corpus import readers
+from transformer.data.corpus import store
 from transformer.workdir import files
 
 STARTS_JAX = False
@@ -39,27 +40,27 @@ def check_config(config: ml_collections.ConfigDict, workdir: str = "") -> None:
   validate(config)
   if config.data.name != "corpus":
     raise ConfigError(f"--mode=prepare prepares a corpus: config.data.name={config.data.name!r}"
-                      " must be 'corpus' (with config.data.path a folder or glob of .txt, "
-                      ".jsonl, .jsonl.gz, .jsonl.zst or .parquet files); the TFDS and local_* "
+                      " must be 'corpus' (with config.data.path a folder or glob of "
+                      f"{', '.join(readers.EXTENSIONS)} files); the TFDS and local_* "
                       "datasets are prepared by the training run itself")
   for one in mixture.component_configs(config):  # data.mixture: each of its corpora.
-    corpus.source_files(one.data.path)  # Nothing there: one line now.
+    readers.source_files(one.data.path)  # Nothing there: one line now.
 
 
 def main(config: ml_collections.ConfigDict, workdir: str | None) -> int:
   """launch.py --mode=prepare; returns the exit status."""
   del workdir  # The corpus goes under data.data_dir, keyed by its sources and tokenizer.
-  # data.mixture: every component with the first one's tokenizer (data/mixture.py).
+  # data.mixture: every component with the first one's tokenizer (data/corpus/mixture.py).
   configs = mixture.component_configs(config)
   tokenizer = None
   for one in configs:
-    folder = corpus.sources_folder(one.data)
+    folder = store.sources_folder(one.data)
     with files.disk_errors_as_oserror(folder, "config.data.data_dir"):  # A full disk: one line.
-      tokenizer = tokenizer or corpus_run.tokenizer_for(one, create=True)
-      job = corpus_run.job_for(one, tokenizer)
+      tokenizer = tokenizer or for_config.tokenizer_for(one, create=True)
+      job = for_config.job_for(one, tokenizer)
       workers = one.data.prepare_workers or os.cpu_count() or 1
-      manifest = corpus_prepare.prepare(job, workers=workers,
-                                        shard=corpus_prepare.parse_shard(one.data.prepare_shard))
+      manifest = preparation.prepare(job, workers=workers,
+                                        shard=preparation.parse_shard(one.data.prepare_shard))
     if manifest is not None:
-      logging.info("%s\n  in %s", corpus_prepare.summary(manifest), job.output)
+      logging.info("%s\n  in %s", preparation.summary(manifest), job.output)
   return 0

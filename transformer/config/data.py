@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import ml_collections
 
+from transformer.config import objective as objective_lib
 from transformer.config.checks import check_choice, check_int, check_rate, is_number
 from transformer.config.errors import fail
-from transformer.config import objective as objective_lib
 from transformer.config.model import TABLE_POSITIONS
 
 TOKENIZERS = ("sentencepiece", "bytes", "char")
@@ -19,11 +19,11 @@ PACKINGS = ("pack", "pad")
 LM_WINDOWS = ("packed", "random")
 OVERLONG_POLICIES = ("truncate", "drop")
 DECODE_ERRORS = ("strict", "replace")
-# The datasets built from data.path: data/catalog.py's LOCAL_BUILDERS (held equal by a test).
+# The datasets built from data.path: data/datasets/catalog.py's LOCAL_BUILDERS (held equal by a test).
 LOCAL_DATASETS = ("local_text", "local_parallel", "local_tsv")
 CORPUS = "corpus"  # Token ids prepared by --mode=prepare from the files at data.path.
-CORPUS_SPLITS = ("train", "validation")  # The splits --mode=prepare writes (data/corpus.py).
-BAD_RECORDS = ("stop", "skip")  # What data/corpus_read.py does with a malformed record.
+CORPUS_SPLITS = ("train", "validation")  # The splits --mode=prepare writes (data/corpus/store.py).
+BAD_RECORDS = ("stop", "skip")  # What data/corpus/readers.py does with a malformed record.
 
 
 def validate_data(config: ml_collections.ConfigDict) -> None:

@@ -27,9 +27,9 @@ import ml_collections
 from configs import base
 from transformer.config import attention
 from transformer.config import lora
+from transformer.config import modern
 from transformer.config import moe
 from transformer.config import objective as objective_lib
-from transformer.config import modern
 from transformer.config.checks import (check_bool, check_choice, check_int, check_positive,
                                        check_rate, is_int)
 from transformer.config.errors import fail
@@ -227,7 +227,7 @@ class _ModelConfigMethods:
     """Builds the frozen config from `config.model`, filling the 0 = derived fields."""
     if model.vocab_size == 0:
       raise ValueError("config.model.vocab_size=0 must be resolved from the tokenizer first "
-                       "(transformer.data.sources.resolved_vocab_size)")
+                       "(transformer.data.tokenizers.run_vocabulary.resolved_vocab_size)")
     fields = {f.name for f in dataclasses.fields(cls)} - set(MODE_FLAGS)
     values = {k: model[k] for k in fields}
     values["num_kv_heads"] = model.num_kv_heads or model.num_heads

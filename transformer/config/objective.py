@@ -120,7 +120,7 @@ def row_layout(objective: Objective, data: Any, train: bool) -> RowLayout:
   `packs` says; padded in evaluation (a short final batch gets all-padding rows) and
   wherever one example fills a row or packed pairs leave room (seq2seq, classification).
   A causal or masked LM's training rows are full: documents concatenated and split over
-  a stream that repeats forever (data/lm.py, data/corpus_rows.py)."""
+  a stream that repeats forever (data/lm.py, data/corpus/packer.py)."""
   packs = objective.packs
   packed = data[packs] == "pack" if isinstance(packs, str) else packs
   padded = not train or objective.pipeline not in ("lm", "mlm")

@@ -13,13 +13,13 @@ import numpy as np
 from transformer.config.errors import DataError
 from transformer.data import lm
 from transformer.data import packing
-from transformer.data import tokenizers
+from transformer.data.tokenizers import vocabularies
 
 
 class _TokenizeLabeled(grain.transforms.Map):
   """(text, label) -> [bos] ids [eos] with `overlong` applied, and the checked label."""
 
-  def __init__(self, tokenizer: tokenizers.Tokenizer, text_key: str, label_key: str,
+  def __init__(self, tokenizer: vocabularies.Tokenizer, text_key: str, label_key: str,
                vocab_size: int, seq_len: int, num_classes: int,
                length_limit: packing.LengthLimit, split: str):
     self._tokenize = lm.Tokenize(tokenizer, text_key, vocab_size)
@@ -49,7 +49,7 @@ class _TokenizeLabeled(grain.transforms.Map):
              "weights": np.float32(1.0)}]
 
 
-def make_classification_dataset(source: Any, tokenizer: tokenizers.Tokenizer, *,
+def make_classification_dataset(source: Any, tokenizer: vocabularies.Tokenizer, *,
                                 text_key: str, label_key: str, num_classes: int,
                                 vocab_size: int, seq_len: int, batch_size: int, seed: int,
                                 train: bool, overlong: str = "truncate", split: str = "",

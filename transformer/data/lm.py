@@ -25,10 +25,10 @@ import grain.experimental
 import numpy as np
 from absl import logging
 
-from transformer.data import corpus_rows
-from transformer.data import mixture
 from transformer.data import packing
-from transformer.data import tokenizers
+from transformer.data.corpus import mixture
+from transformer.data.corpus import packer
+from transformer.data.tokenizers import vocabularies
 
 # Enough random windows never to run out: grain needs a finite length.
 _NUM_RANDOM_WINDOWS = 2 ** 62
@@ -52,25 +52,25 @@ class Tokenize(grain.transforms.Map):
   blocks) gets [bos] only if it starts the document and [eos] only if it ends it.
   """
 
-  def __init__(self, tokenizer: tokenizers.Tokenizer, text_key: str, vocab_size: int):
+  def __init__(self, tokenizer: vocabularies.Tokenizer, text_key: str, vocab_size: int):
     self._tokenizer = tokenizer
     self._text_key = text_key
     self._vocab_size = vocab_size
 
   def map(self, example: dict[str, Any]) -> dict[str, np.ndarray]:
     ids = self._tokenizer.encode(packing.text_of(example[self._text_key]))
-    tokens = np.concatenate([[tokenizers.BOS_ID] if starts_document(example) else [], ids,
-                             [tokenizers.EOS_ID] if ends_document(example) else []])
+    tokens = np.concatenate([[vocabularies.BOS_ID] if starts_document(example) else [], ids,
+                             [vocabularies.EOS_ID] if ends_document(example) else []])
     return {"tokens": packing.checked(tokens, self._vocab_size)}
 
 
-def _packed_rows(source: Any, tokenizer: tokenizers.Tokenizer, *, text_key: str,
+def _packed_rows(source: Any, tokenizer: vocabularies.Tokenizer, *, text_key: str,
                  vocab_size: int, row_len: int, seed: int, train: bool, shuffle_rows: int,
                  process_index: int, process_count: int, num_threads: int,
                  prepared: bool = False) -> grain.IterDataset:
   """Tokenized documents concatenated and split into rows of `row_len` with segment ids."""
-  if prepared:  # The same documents read in blocks, rows cut by numpy slices (corpus_rows).
-    it = corpus_rows.PackedRows(corpus_rows.documents(
+  if prepared:  # The same documents read in blocks, rows cut by numpy slices (corpus/packer.py).
+    it = packer.PackedRows(packer.documents(
         source, seed=seed, train=train, process_index=process_index,
         process_count=process_count, num_threads=num_threads), row_len)
   else:
@@ -174,7 +174,7 @@ class _CorpusWindow(grain.transforms.RandomMap):
     return window_row(*self._split.window(start, self._row_len))
 
 
-def _random_windows(source: Any, tokenizer: tokenizers.Tokenizer, *, text_key: str,
+def _random_windows(source: Any, tokenizer: vocabularies.Tokenizer, *, text_key: str,
                     vocab_size: int, row_len: int, seed: int, process_index: int,
                     process_count: int, num_threads: int,
                     prepared: bool = False) -> grain.IterDataset:
@@ -204,7 +204,7 @@ def _split_inputs_targets(row: dict[str, np.ndarray]) -> packing.Batch:
   }
 
 
-def make_lm_dataset(source: Any, tokenizer: tokenizers.Tokenizer, *, text_key: str,
+def make_lm_dataset(source: Any, tokenizer: vocabularies.Tokenizer, *, text_key: str,
                     vocab_size: int, seq_len: int, batch_size: int, seed: int,
                     train: bool, shuffle_rows: int = 0, windows: str = "packed",
                     process_index: int = 0, process_count: int = 1,
@@ -227,7 +227,7 @@ def make_lm_dataset(source: Any, tokenizer: tokenizers.Tokenizer, *, text_key: s
     process_index: this JAX process; it reads only every process_count-th example.
     process_count: number of JAX processes.
     num_threads: grain read/tokenize threads.
-    prepared: `source` is a prepared corpus split (data/corpus.py) of token ids: no
+    prepared: `source` is a prepared corpus split (data/corpus/store.py) of token ids: no
       tokenizer runs; random windows read it by random access, never hold it. A
       mixture.MixtureSplit (data.mixture): each component's rows, mixed by weight.
 
@@ -267,11 +267,11 @@ class _MaskTokens(grain.transforms.RandomMap):
 
   def random_map(self, row: dict[str, np.ndarray], rng: np.random.Generator) -> packing.Batch:
     tokens, segments = row["tokens"], row["tokens_segment_ids"]
-    eligible = (segments > 0) & (tokens >= tokenizers.NUM_SPECIAL)
+    eligible = (segments > 0) & (tokens >= vocabularies.NUM_SPECIAL)
     chosen = eligible & (rng.random(tokens.shape) < self._mask_rate)
     action = rng.random(tokens.shape)
     # Uniform over [NUM_SPECIAL, vocab) minus the mask: draw from one id fewer, skip it.
-    random_ids = rng.integers(tokenizers.NUM_SPECIAL, self._tokenizer_vocab_size - 1,
+    random_ids = rng.integers(vocabularies.NUM_SPECIAL, self._tokenizer_vocab_size - 1,
                               tokens.shape, dtype=np.int32)
     random_ids += (random_ids >= self._mask_id).astype(np.int32)
     inputs = np.where(chosen & (action < 0.8), self._mask_id,
@@ -285,7 +285,7 @@ class _MaskTokens(grain.transforms.RandomMap):
     }
 
 
-def make_mlm_dataset(source: Any, tokenizer: tokenizers.Tokenizer, *, text_key: str,
+def make_mlm_dataset(source: Any, tokenizer: vocabularies.Tokenizer, *, text_key: str,
                      vocab_size: int, seq_len: int, batch_size: int, seed: int,
                      train: bool, mask_rate: float = 0.15, shuffle_rows: int = 0,
                      process_index: int = 0, process_count: int = 1,
@@ -307,8 +307,8 @@ def make_mlm_dataset(source: Any, tokenizer: tokenizers.Tokenizer, *, text_key: 
     `targets` (original ids), `segment_ids`, `positions` (int32) and `weights`
     (float32, 1 exactly at the chosen positions).
   """
-  if not tokenizers.NUM_SPECIAL <= tokenizer.mask_id < min(tokenizer.vocab_size, vocab_size):
-    raise ValueError(f"mask id {tokenizer.mask_id} is outside [{tokenizers.NUM_SPECIAL}, "
+  if not vocabularies.NUM_SPECIAL <= tokenizer.mask_id < min(tokenizer.vocab_size, vocab_size):
+    raise ValueError(f"mask id {tokenizer.mask_id} is outside [{vocabularies.NUM_SPECIAL}, "
                      f"{min(tokenizer.vocab_size, vocab_size)})")
   it = mixture.mix_rows(source, lambda split, index: _packed_rows(
       split, tokenizer, text_key=text_key, vocab_size=vocab_size, row_len=seq_len,

@@ -42,7 +42,7 @@ def checked(tokens: np.ndarray, vocab_size: int) -> np.ndarray:
 def document_order(ds: grain.MapDataset, *, seed: int, train: bool, process_index: int,
                    process_count: int) -> grain.MapDataset:
   """This process's share of `ds`, shuffled (repeated when training): the order in which
-  every pipeline reads its documents (`documents`; data/corpus_rows.py's blocks)."""
+  every pipeline reads its documents (`documents`; data/corpus/packer.py's blocks)."""
   # Shuffled in eval too, with the fixed seed: a partial evaluation then sees the
   # same representative sample of documents every time, not the first few.
   ds = ds[process_index::process_count].shuffle(seed=seed)

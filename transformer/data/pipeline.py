@@ -1,15 +1,7 @@
 """From the config to a run's input pipeline: one grain dataset per objective and split.
 
-The data package, by file:
-  catalog.py         data.name -> a prepared TFDS builder (catalog, offline or local files)
-  python_stdlib.py   the offline corpus builder
-  local_text.py, local_parallel.py, local_tsv.py   builders over files at data.path
-  tokenizers.py      byte, character and SentencePiece tokenizers
-  corpus*.py         prepared corpora: token-id shards (--mode=prepare) and their reader
-  sources.py         the dataset + tokenizer of a run, checked against the config
-  packing.py         reading, shuffling, length limits, padding and eval batching
-  lm.py, seq2seq.py, classification.py             the per-objective transforms
-  pipeline.py        this file: Objective.pipeline -> PIPELINES, the grain dataset
+The data package's map is its __init__.py; this module is the last step: each
+objective's rows (lm.py, seq2seq.py, classification.py) from a run's sources.
 """
 
 from __future__ import annotations
@@ -24,7 +16,7 @@ from transformer.data import classification
 from transformer.data import lm
 from transformer.data import seq2seq
 from transformer.data import sources as sources_lib
-from transformer.data import tokenizers
+from transformer.data.tokenizers import vocabularies
 
 
 def _lm(config, source, tokenizer, split, common):
@@ -67,7 +59,7 @@ PIPELINES: dict[str, Callable[..., grain.IterDataset]] = {
 
 
 def make_dataset(config: ml_collections.ConfigDict, objective: objective_lib.Objective | str,
-                 source: Any, tokenizer: tokenizers.Tokenizer, *, train: bool,
+                 source: Any, tokenizer: vocabularies.Tokenizer, *, train: bool,
                  batch_size: int, split: str = "", process_index: int = 0,
                  process_count: int = 1) -> grain.IterDataset:
   """The input pipeline of `objective` (its entry's `pipeline`) for one split.
@@ -76,7 +68,7 @@ def make_dataset(config: ml_collections.ConfigDict, objective: objective_lib.Obj
     config: the experiment config; `config.model.vocab_size` must be resolved (> 0).
     objective: `objective.resolve(config.model)`, or its name.
     source: a random-access split, e.g. `builder.as_data_source(split)`, or a prepared
-      corpus split (data.name="corpus": token ids, data/corpus.py).
+      corpus split (data.name="corpus": token ids, data/corpus/store.py).
     tokenizer: from `sources.load_sources`.
     train: training (repeat, shuffle rows, drop the last partial batch) or evaluation.
     batch_size: rows per batch on this process.

@@ -4,7 +4,7 @@ A training run records its data identity in `<workdir>/dataset.json`
 (layout.DATASET_RECORD, written by `sources.save_dataset_record`): the TFDS full name
 and, for the `local_*` builders and prepared corpora, the sha256 of every input file
 and the absolute path the run read them from (`source_path`), and the identity of the
-tokenizer it trained with (TOKENIZER, checked by `sources.load_workdir_tokenizer`).
+tokenizer it trained with (TOKENIZER, checked by `run_vocabulary.load_workdir_tokenizer`).
 Everything that reads a run against data compares through here:
 
   - `same_content`: identity by content. A `local_*` dataset's name holds its file

@@ -20,7 +20,7 @@ import numpy as np
 
 from transformer.config.data import PACKINGS
 from transformer.data import packing
-from transformer.data import tokenizers
+from transformer.data.tokenizers import vocabularies
 
 InputsFn = Callable[[dict[str, Any]], list[tuple[str, str]]]
 
@@ -28,7 +28,7 @@ InputsFn = Callable[[dict[str, Any]], list[tuple[str, str]]]
 class _TokenizePairs(grain.transforms.Map):
   """example -> `inputs_fn` text pairs -> [{inputs: ids + [eos], targets: ids + [eos]}]."""
 
-  def __init__(self, tokenizer: tokenizers.Tokenizer, inputs_fn: InputsFn, vocab_size: int,
+  def __init__(self, tokenizer: vocabularies.Tokenizer, inputs_fn: InputsFn, vocab_size: int,
                source_len: int, target_len: int, length_limit: packing.LengthLimit):
     self._tokenizer = tokenizer
     self._inputs_fn = inputs_fn
@@ -41,7 +41,7 @@ class _TokenizePairs(grain.transforms.Map):
     for source, target in self._inputs_fn(example):
       pair = {}
       for field, text in (("inputs", source), ("targets", target)):
-        ids = np.append(self._tokenizer.encode(text), tokenizers.EOS_ID)
+        ids = np.append(self._tokenizer.encode(text), vocabularies.EOS_ID)
         ids = self._length_limit.apply(ids, self._lengths[field], field)
         if ids is None:
           break
@@ -72,21 +72,21 @@ def _add_decoder_inputs(row: dict[str, np.ndarray]) -> packing.Batch:
   """Packed pairs -> the model's keys, with targets shifted right within each pair."""
   targets, segments = row["targets"], row["targets_segment_ids"]
   positions = row["targets_positions"]
-  shifted = np.concatenate([[tokenizers.BOS_ID], targets[:-1]]).astype(np.int32)
-  decoder_inputs = np.where(positions == 0, tokenizers.BOS_ID, shifted)
+  shifted = np.concatenate([[vocabularies.BOS_ID], targets[:-1]]).astype(np.int32)
+  decoder_inputs = np.where(positions == 0, vocabularies.BOS_ID, shifted)
   return {
       "inputs": row["inputs"],
       "inputs_segment_ids": row["inputs_segment_ids"],
       "inputs_positions": row["inputs_positions"],
       "targets": targets,
-      "decoder_inputs": np.where(segments > 0, decoder_inputs, tokenizers.PAD_ID).astype(np.int32),
+      "decoder_inputs": np.where(segments > 0, decoder_inputs, vocabularies.PAD_ID).astype(np.int32),
       "targets_segment_ids": segments,
       "targets_positions": positions,
       "weights": (segments > 0).astype(np.float32),
   }
 
 
-def make_seq2seq_dataset(source: Any, tokenizer: tokenizers.Tokenizer, *,
+def make_seq2seq_dataset(source: Any, tokenizer: vocabularies.Tokenizer, *,
                          inputs_fn: InputsFn, vocab_size: int, source_len: int,
                          target_len: int, batch_size: int, seed: int, train: bool,
                          packing_mode: str = "pack", overlong: str = "truncate",

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from transformer.config.errors import ConfigError
-from transformer.data import tokenizers
+from transformer.data.tokenizers import vocabularies
 from transformer.evaluation import metrics as metrics_lib
 from transformer.evaluation import requests as requests_lib
 from transformer.evaluation import scoring
@@ -35,7 +35,7 @@ class EncodedTask:
   unknown: int  # Requests with an unknown-token id (characters the vocabulary lacks).
 
 
-def task_requests(task: tasks_lib.Task, tokenizer: tokenizers.Tokenizer,
+def task_requests(task: tasks_lib.Task, tokenizer: vocabularies.Tokenizer,
                   length: int) -> EncodedTask:
   """Every request of `task`'s documents, in document order (choices in order).
 
@@ -61,12 +61,12 @@ def task_requests(task: tasks_lib.Task, tokenizer: tokenizers.Tokenizer,
     requests += pairs
     document += [index] * len(pairs)
   unknown = sum(1 for context, continuation in requests
-                if tokenizers.UNK_ID in context or tokenizers.UNK_ID in continuation)
+                if vocabularies.UNK_ID in context or vocabularies.UNK_ID in continuation)
   return EncodedTask(task, requests, np.asarray(document, np.int64), unknown)
 
 
 def run_tasks(scorer: scoring.LogLikelihoodScorer, params: Any,
-              tokenizer: tokenizers.Tokenizer, tasks: Sequence[tasks_lib.Task],
+              tokenizer: vocabularies.Tokenizer, tasks: Sequence[tasks_lib.Task],
               per_request: bool = False, say: bool = True) -> dict[str, dict[str, Any]]:
   """{task name: its result} (kind, counts, metrics, chance, time), in task order.
 

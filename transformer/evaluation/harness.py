@@ -34,7 +34,7 @@ import numpy as np
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 
-from transformer.data import tokenizers
+from transformer.data.tokenizers import vocabularies
 from transformer.evaluation import requests as requests_lib
 from transformer.evaluation import scoring
 from transformer.inference import loaded
@@ -67,11 +67,11 @@ class TransformerLM(TemplateLM):
 
   @property
   def eot_token_id(self) -> int:
-    return tokenizers.EOS_ID
+    return vocabularies.EOS_ID
 
   @property
   def prefix_token_id(self) -> int:
-    return tokenizers.BOS_ID  # An empty context is [bos], as every document starts.
+    return vocabularies.BOS_ID  # An empty context is [bos], as every document starts.
 
   @property
   def max_length(self) -> int:
@@ -95,8 +95,8 @@ class TransformerLM(TemplateLM):
     pairs = []
     for _, context, continuation in requests:
       context = list(context)
-      if context[:1] != [tokenizers.BOS_ID]:
-        context = [tokenizers.BOS_ID] + context
+      if context[:1] != [vocabularies.BOS_ID]:
+        context = [vocabularies.BOS_ID] + context
       pairs.append((tuple(context), tuple(continuation)))
     scores = self._score(pairs)
     answers = [(float(ll), bool(g)) for ll, g in zip(scores.loglik, scores.greedy)]

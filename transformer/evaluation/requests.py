@@ -29,12 +29,12 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from transformer.data import tokenizers
+from transformer.data.tokenizers import vocabularies
 
 Request = tuple[tuple[int, ...], tuple[int, ...]]  # (context ids, continuation ids).
 
 
-def encode_pair(tokenizer: tokenizers.Tokenizer, context: str,
+def encode_pair(tokenizer: vocabularies.Tokenizer, context: str,
                 continuation: str) -> Request:
   """([bos] + context ids, continuation ids), split as lm-eval's TemplateLM splits them.
 
@@ -47,14 +47,14 @@ def encode_pair(tokenizer: tokenizers.Tokenizer, context: str,
     context, continuation = context[:-spaces], context[-spaces:] + continuation
   whole = [int(i) for i in tokenizer.encode(context + continuation)]
   head = [int(i) for i in tokenizer.encode(context)] if context else []
-  return (tokenizers.BOS_ID, *head), tuple(whole[len(head):])
+  return (vocabularies.BOS_ID, *head), tuple(whole[len(head):])
 
 
 def rolling_windows(ids: Sequence[int], length: int) -> list[Request]:
   """A text's requests for its whole log-likelihood: every token once, each window of
   `length` tokens predicted with the most context the row allows (lm-eval's
   loglikelihood_rolling); the first predicts after [bos]."""
-  tokens = (tokenizers.BOS_ID, *map(int, ids))
+  tokens = (vocabularies.BOS_ID, *map(int, ids))
   windows = []
   for start in range(0, len(tokens) - 1, length):
     continuation = tokens[start + 1:start + 1 + length]

@@ -38,7 +38,7 @@ from absl import logging
 from flax import linen as nn
 
 from transformer.config.model import ModelConfig
-from transformer.data import tokenizers
+from transformer.data.tokenizers import vocabularies
 from transformer.model import positions as positions_lib
 from transformer.model.models import make_model
 
@@ -137,7 +137,7 @@ def temperature_sample(logits_fn: LogitsFn, start_tokens_B: jax.Array, cache: An
                        max_steps: int, max_lengths_B: jax.Array | None = None,
                        temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                        rng: jax.Array | None = None,
-                       eos_id: int = tokenizers.EOS_ID) -> jax.Array:
+                       eos_id: int = vocabularies.EOS_ID) -> jax.Array:
   """Greedy decoding (temperature 0) or sampling, stopping each row at eos.
 
   Runs inside a `jax.lax.while_loop` that ends once every row is done.
@@ -170,13 +170,13 @@ def temperature_sample(logits_fn: LogitsFn, start_tokens_B: jax.Array, cache: An
     step_rng = None if temperature == 0.0 else jax.random.fold_in(rng, i)
     token_B = sample_logits(logits_BV, step_rng, temperature=temperature, top_k=top_k,
                             top_p=top_p)
-    token_B = jnp.where(done_B, tokenizers.PAD_ID, token_B)
+    token_B = jnp.where(done_B, vocabularies.PAD_ID, token_B)
     tokens_BT = jax.lax.dynamic_update_slice(tokens_BT, token_B[:, None], (0, i))
     done_B = done_B | (token_B == eos_id) | (i + 1 >= max_lengths_B)
     return i + 1, tokens_BT, token_B, done_B, cache
 
   state = (jnp.zeros((), jnp.int32),
-           jnp.full((batch, max_steps), tokenizers.PAD_ID, jnp.int32),
+           jnp.full((batch, max_steps), vocabularies.PAD_ID, jnp.int32),
            start_tokens_B.astype(jnp.int32), max_lengths_B <= 0, cache)
   return jax.lax.while_loop(cond, body, state)[1]
 
@@ -207,7 +207,7 @@ def _gather_beams(tree: Any, beams_BN: jax.Array) -> Any:
 def beam_search(logits_fn: LogitsFn, start_tokens_B: jax.Array, cache: Any, *,
                 beam_size: int, max_steps: int, max_lengths_B: jax.Array | None = None,
                 alpha: float = 0.6,
-                eos_id: int = tokenizers.EOS_ID) -> tuple[jax.Array, jax.Array]:
+                eos_id: int = vocabularies.EOS_ID) -> tuple[jax.Array, jax.Array]:
   """Beam search with GNMT's length penalty, in one `jax.lax.while_loop`.
 
   Each step extends the N live hypotheses of a row by every token and ranks the
@@ -295,7 +295,7 @@ def beam_search(logits_fn: LogitsFn, start_tokens_B: jax.Array, cache: Any, *,
         finished_scores_BN=finished_scores_BN, done_B=done_B,
         cache=_gather_beams(cache, parent_BN))
 
-  empty_BNT = jnp.full((batch, n, max_steps), tokenizers.PAD_ID, jnp.int32)
+  empty_BNT = jnp.full((batch, n, max_steps), vocabularies.PAD_ID, jnp.int32)
   # All N beams start as the same hypothesis; only beam 0 may extend it, so that the
   # first step's candidates are not N copies of each other.
   live_logp_BN = jnp.where(jnp.arange(n)[None, :] == 0, 0.0, NEG_INF)
@@ -461,7 +461,7 @@ def generate(config: ModelConfig, params, prompts_BP: jax.Array, num_steps: int,
                        "prompt or num_steps, or raise model.max_len")
     _warn_past_max_len(config, used)
     config = dataclasses.replace(config, max_len=used)  # A cache of `used` slots.
-  lengths_B = _right_padded_lengths(np.asarray(prompts_BP) != tokenizers.PAD_ID, "prompt")
+  lengths_B = _right_padded_lengths(np.asarray(prompts_BP) != vocabularies.PAD_ID, "prompt")
   return _generate(config, params, jnp.asarray(prompts_BP, jnp.int32), jnp.asarray(lengths_B),
                    rng, num_steps=num_steps, beam_size=beam_size, alpha=alpha,
                    temperature=temperature, top_k=top_k, top_p=top_p)
@@ -496,7 +496,7 @@ def _generate_seq2seq(config: ModelConfig, params, inputs_BS: jax.Array,
     return logits_B1V[:, 0], dict(state, model=variables["cache"])
 
   state = {"model": variables["cache"], "inputs_segment_ids": inputs_segment_ids_BS}
-  bos_B = jnp.full((batch,), tokenizers.BOS_ID, jnp.int32)
+  bos_B = jnp.full((batch,), vocabularies.BOS_ID, jnp.int32)
   return _search(logits_fn, bos_B, state, max_steps=num_steps, max_lengths_B=max_lengths_B,
                  beam_size=beam_size, alpha=alpha, temperature=temperature, top_k=top_k,
                  top_p=top_p, rng=rng)

@@ -39,16 +39,17 @@ from etils import epath
 from flax import linen as nn
 
 from configs import base
-from transformer.config import objective as objective_lib
 from transformer import distributed
 from transformer import sharding
+from transformer.config import objective as objective_lib
 from transformer.config.decode import validate_decode
 from transformer.config.errors import ConfigError
 from transformer.config.model import ModelConfig
 from transformer.config.validation import validate
 from transformer.data import run_data
 from transformer.data import sources
-from transformer.data import tokenizers
+from transformer.data.tokenizers import run_vocabulary
+from transformer.data.tokenizers import vocabularies
 from transformer.model import lora
 from transformer.model import objectives
 from transformer.model import positions as positions_lib
@@ -378,7 +379,7 @@ class LoadedRun:
   mesh: jax.sharding.Mesh
   abstract_params: Any  # Shapes and shardings of `params` (what a checkpoint restores into).
   params: Any
-  tokenizer: tokenizers.Tokenizer
+  tokenizer: vocabularies.Tokenizer
   steps: list[int]  # The checkpoint(s) the params come from (several: their mean).
 
   @property
@@ -453,7 +454,7 @@ def load_run(workdir: str, *, config: ml_collections.ConfigDict | None = None,
   if config.decode.temperature > 0 and config.decode.beam_size > 1:
     logging.info("Sampling at temperature %s: decode.beam_size=%d is not used",
                  config.decode.temperature, config.decode.beam_size)
-  tokenizer = sources.load_workdir_tokenizer(workdir)
+  tokenizer = run_vocabulary.load_workdir_tokenizer(workdir)
   mesh = _make_mesh(config)
   merge_from = None
   if config.model.lora_rank and average_last > 1:
@@ -473,7 +474,7 @@ def load_run(workdir: str, *, config: ml_collections.ConfigDict | None = None,
     distributed.agree({"config": {**run_record.flat_config(config),
                                   "--workdir": os.path.abspath(workdir)},
                        "data": run_data.identity(
-                           {run_data.TOKENIZER: sources.tokenizer_identity(tokenizer)}),
+                           {run_data.TOKENIZER: run_vocabulary.tokenizer_identity(tokenizer)}),
                        "checkpoint": {"steps": steps}}, ConfigError)
     try:
       with progress.stage(f"Reading the parameters of step {steps[-1]}"

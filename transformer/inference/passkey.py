@@ -38,7 +38,7 @@ import numpy as np
 from transformer.config import objective as objective_lib
 from transformer.config.errors import ConfigError
 from transformer.config.model import ModelConfig
-from transformer.data import tokenizers
+from transformer.data.tokenizers import vocabularies
 from transformer.model import objectives
 from transformer.model import positions as positions_lib
 from transformer.model.models import make_model
@@ -78,16 +78,16 @@ class PasskeyPrompt:
   placed_depth: float
 
 
-def _encode(tokenizer: tokenizers.Tokenizer, text: str) -> np.ndarray:
+def _encode(tokenizer: vocabularies.Tokenizer, text: str) -> np.ndarray:
   return np.asarray(tokenizer.encode(text), np.int32)
 
 
-def check_alphabet(tokenizer: tokenizers.Tokenizer, alphabet: str, flag: str) -> None:
+def check_alphabet(tokenizer: vocabularies.Tokenizer, alphabet: str, flag: str) -> None:
   """Refuses an alphabet with a character the tokenizer has no token for (it would be unk)."""
-  unknown = [c for c in dict.fromkeys(alphabet) if tokenizers.UNK_ID in _encode(tokenizer, c)]
+  unknown = [c for c in dict.fromkeys(alphabet) if vocabularies.UNK_ID in _encode(tokenizer, c)]
   if not alphabet or unknown:
     known = "".join(c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" + DIGITS
-                    if tokenizers.UNK_ID not in _encode(tokenizer, c))
+                    if vocabularies.UNK_ID not in _encode(tokenizer, c))
     raise ConfigError(
         f"{flag}={alphabet!r}: " + (f"the run's tokenizer has no token for {unknown!r}"
                                     if unknown else "empty")
@@ -101,7 +101,7 @@ def draw_key(seed: int, length: int, depth_index: int, trial: int, digits: int,
   return "".join(alphabet[i] for i in rng.integers(0, len(alphabet), digits))
 
 
-def _key_ids(tokenizer: tokenizers.Tokenizer, key: str) -> tuple[np.ndarray, np.ndarray]:
+def _key_ids(tokenizer: vocabularies.Tokenizer, key: str) -> tuple[np.ndarray, np.ndarray]:
   """(the question's ids, the key's ids), split where the question's own encoding ends.
 
   The key is encoded after the question as one text ("... The pass key is 71432"), as
@@ -118,7 +118,7 @@ def _key_ids(tokenizer: tokenizers.Tokenizer, key: str) -> tuple[np.ndarray, np.
                     "--passkey_alphabet with characters that start a new token")
 
 
-def make_prompt(tokenizer: tokenizers.Tokenizer, length: int, depth: float, key: str,
+def make_prompt(tokenizer: vocabularies.Tokenizer, length: int, depth: float, key: str,
                 trial: int = 0) -> PasskeyPrompt:
   """The prompt of `length` model tokens with `key` at `depth` of the filler.
 
@@ -143,7 +143,7 @@ def make_prompt(tokenizer: tokenizers.Tokenizer, length: int, depth: float, key:
   filler = np.concatenate(pieces)[:filler_len] if pieces else np.zeros((0,), np.int32)
   # The sentence boundary nearest to the asked depth (the first of two equally near).
   at = min(boundaries, key=lambda b: abs(b - depth * filler_len))
-  tokens = np.concatenate([[tokenizers.BOS_ID], intro, filler[:at], needle, filler[at:],
+  tokens = np.concatenate([[vocabularies.BOS_ID], intro, filler[:at], needle, filler[at:],
                            question, key_ids]).astype(np.int32)
   assert len(tokens) == length + 1, (len(tokens), length)
   return PasskeyPrompt(length=length, depth=depth, trial=trial, key=key, tokens=tokens,
@@ -151,7 +151,7 @@ def make_prompt(tokenizer: tokenizers.Tokenizer, length: int, depth: float, key:
                        placed_depth=at / filler_len if filler_len else 0.0)
 
 
-def make_prompts(tokenizer: tokenizers.Tokenizer, lengths: Sequence[int],
+def make_prompts(tokenizer: vocabularies.Tokenizer, lengths: Sequence[int],
                  depths: Sequence[float], trials: int, seed: int, digits: int = 5,
                  alphabet: str = DIGITS) -> list[PasskeyPrompt]:
   """Every (length, depth, trial) prompt, lengths outermost; deterministic in `seed`."""

@@ -29,7 +29,7 @@ from transformer.config.decode import DECODE_OVERLONG
 from transformer.config.errors import ConfigError
 from transformer.config.model import ModelConfig
 from transformer.data import packing
-from transformer.data import tokenizers
+from transformer.data.tokenizers import vocabularies
 from transformer.inference import decoding
 from transformer.workdir import progress as progress_lib
 
@@ -136,8 +136,8 @@ def _host(x: jax.Array) -> np.ndarray:
 
 def _until_eos(row: np.ndarray) -> np.ndarray:
   """A decoded row's tokens before its first eos (the rest is eos and padding)."""
-  ends = np.flatnonzero(row == tokenizers.EOS_ID)
-  return row[:ends[0]] if ends.size else row[row != tokenizers.PAD_ID]
+  ends = np.flatnonzero(row == vocabularies.EOS_ID)
+  return row[:ends[0]] if ends.size else row[row != vocabularies.PAD_ID]
 
 
 def _decode_batches(run: Callable[[np.ndarray, np.ndarray, int], jax.Array],
@@ -158,7 +158,7 @@ def _decode_batches(run: Callable[[np.ndarray, np.ndarray, int], jax.Array],
     tokens_BW[len(batch):, 0] = filler
     for row, i in enumerate(batch):
       tokens_BW[row, :len(inputs[i])] = inputs[i]
-    real_BW = (tokens_BW != tokenizers.PAD_ID).astype(np.int32)
+    real_BW = (tokens_BW != vocabularies.PAD_ID).astype(np.int32)
     result_BT = _host(run(tokens_BW, real_BW, index))
     for row, i in enumerate(batch):
       outputs[i] = _until_eos(result_BT[row])
@@ -193,11 +193,11 @@ def translate_ids(model_config: ModelConfig, params: Any, sources_ids: Sequence[
         model_config, params, tokens_BW, real_BW, max_length_offset=decode.max_length_offset,
         **search_options(decode, None if rng is None else jax.random.fold_in(rng, index)))
 
-  return _decode_batches(run, sources_ids, decode.batch_size, limit, tokenizers.EOS_ID,
+  return _decode_batches(run, sources_ids, decode.batch_size, limit, vocabularies.EOS_ID,
                          progress)
 
 
-def translate_texts(model_config: ModelConfig, params: Any, tokenizer: tokenizers.Tokenizer,
+def translate_texts(model_config: ModelConfig, params: Any, tokenizer: vocabularies.Tokenizer,
                     texts: Sequence[str], decode: ml_collections.ConfigDict,
                     policy: LengthPolicy, *, names: Sequence[str] | None = None,
                     rng: jax.Array | None = None,
@@ -206,7 +206,7 @@ def translate_texts(model_config: ModelConfig, params: Any, tokenizer: tokenizer
 
   Args:
     model_config, params, decode, rng: as for `translate_ids`.
-    tokenizer: the run's tokenizer (`sources.load_workdir_tokenizer`).
+    tokenizer: the run's tokenizer (`run_vocabulary.load_workdir_tokenizer`).
     texts: the sentences.
     policy: the length policy; sources are ids + [eos] as in training, at most
       `policy.limit` tokens (a truncated one keeps its first limit - 1 ids and eos).
@@ -224,7 +224,7 @@ def translate_texts(model_config: ModelConfig, params: Any, tokenizer: tokenizer
     tokens = tokenizer.encode(text)
     policy.check(len(tokens) + 1, names[i])
     kept.append(i)
-    ids.append(np.append(tokens[:policy.limit - 1], tokenizers.EOS_ID).astype(np.int32))
+    ids.append(np.append(tokens[:policy.limit - 1], vocabularies.EOS_ID).astype(np.int32))
   policy.summary()
   if progress:
     progress.update(len(texts) - len(kept))
@@ -239,7 +239,7 @@ def translate_texts(model_config: ModelConfig, params: Any, tokenizer: tokenizer
 # ---------------------------------------------------------------- continuation
 
 
-def continue_texts(model_config: ModelConfig, params: Any, tokenizer: tokenizers.Tokenizer,
+def continue_texts(model_config: ModelConfig, params: Any, tokenizer: vocabularies.Tokenizer,
                    prompts: Sequence[str], decode: ml_collections.ConfigDict,
                    policy: LengthPolicy, *, max_new_tokens: int,
                    names: Sequence[str] | None = None,
@@ -271,7 +271,7 @@ def continue_texts(model_config: ModelConfig, params: Any, tokenizer: tokenizers
   for name, prompt in zip(names, prompts):
     if not prompt:
       raise ConfigError(f"{name} is empty: give text to continue")
-    tokens = np.concatenate([[tokenizers.BOS_ID], tokenizer.encode(prompt)]).astype(np.int32)
+    tokens = np.concatenate([[vocabularies.BOS_ID], tokenizer.encode(prompt)]).astype(np.int32)
     policy.check(len(tokens), name)
     ids.append(tokens if len(tokens) <= policy.limit else tokens[len(tokens) - policy.limit:])
   policy.summary()
@@ -281,7 +281,7 @@ def continue_texts(model_config: ModelConfig, params: Any, tokenizer: tokenizers
         model_config, params, tokens_BW, max_new_tokens,
         **search_options(decode, None if rng is None else jax.random.fold_in(rng, index)))
 
-  outputs = _decode_batches(run, ids, decode.batch_size, policy.limit, tokenizers.BOS_ID,
+  outputs = _decode_batches(run, ids, decode.batch_size, policy.limit, vocabularies.BOS_ID,
                             progress)
   return [tokenizer.decode(output) for output in outputs]
 

@@ -26,6 +26,7 @@ from transformer.config import objective as objective_lib
 from transformer.config.errors import ConfigError, DataError
 from transformer.data import pipeline
 from transformer.data import sources
+from transformer.data.tokenizers import run_vocabulary
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +72,7 @@ def measure(config: ml_collections.ConfigDict, hosts: int, seconds: float) -> In
   local = max(1, config.data.batch_size // hosts)
   started = time.perf_counter()
   # A fine-tuning run reads its source run's vocabulary, as training does.
-  vocabulary = sources.run_workdir(config.init_from) if config.init_from else ""
+  vocabulary = run_vocabulary.run_workdir(config.init_from) if config.init_from else ""
   try:
     missing = sources.unbuilt(config, vocabulary)
     if missing:
@@ -81,7 +82,7 @@ def measure(config: ml_collections.ConfigDict, hosts: int, seconds: float) -> In
           "(--input_seconds=0 skips this)"))
     data_sources = sources.load_sources(config, vocabulary)
     config = ml_collections.ConfigDict(config.to_dict())  # vocab_size resolved on a copy.
-    config.model.vocab_size = sources.resolved_vocab_size(config, data_sources.tokenizer)
+    config.model.vocab_size = run_vocabulary.resolved_vocab_size(config, data_sources.tokenizer)
     objective = objective_lib.resolve(config.model)
     split = config.data.train_split
     batches = iter(pipeline.make_dataset(

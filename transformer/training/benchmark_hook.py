@@ -19,7 +19,7 @@ from typing import Any
 import ml_collections
 from absl import logging
 
-from transformer.data import tokenizers
+from transformer.data.tokenizers import vocabularies
 from transformer.evaluation import benchmark
 from transformer.evaluation import scoring
 from transformer.evaluation import tasks as tasks_lib
@@ -60,7 +60,7 @@ class BenchmarkAtEvaluation(hooks.Hook):
 
 
 def make_hook(config: ml_collections.ConfigDict,
-              tokenizer: tokenizers.Tokenizer) -> BenchmarkAtEvaluation | None:
+              tokenizer: vocabularies.Tokenizer) -> BenchmarkAtEvaluation | None:
   """The hook of train.benchmarks (None when off), its tasks read and checked now.
 
   Raises:

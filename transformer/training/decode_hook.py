@@ -16,10 +16,11 @@ import jax
 import ml_collections
 from absl import logging
 
-from transformer.config.model import ModelConfig
 from transformer.config import objective as objective_lib
-from transformer.data import catalog
+from transformer.config.model import ModelConfig
 from transformer.data import sources
+from transformer.data.datasets import catalog
+from transformer.data.tokenizers import run_vocabulary
 from transformer.inference import text
 from transformer.training import hooks
 
@@ -38,7 +39,7 @@ def _training_inputs(config: ml_collections.ConfigDict, workdir: str,
   """The tokenizer and the first eval sentences, read on the first evaluation only."""
   key = json.dumps([workdir, config.data.to_dict(), bleu_examples], sort_keys=True)
   if key not in _TRAINING_INPUTS:
-    inputs: dict[str, Any] = {"tokenizer": sources.load_workdir_tokenizer(workdir)}
+    inputs: dict[str, Any] = {"tokenizer": run_vocabulary.load_workdir_tokenizer(workdir)}
     if bleu_examples:
       split = catalog.data_source(catalog.load_builder(config.data), config.data.eval_split)
       inputs["texts"], inputs["references"] = text.source_and_reference_texts(config.data, split,

@@ -41,7 +41,7 @@ from flax import linen as nn
 
 from transformer.config.errors import ConfigError
 from transformer.config.model import RUN_FIELDS
-from transformer.data import sources
+from transformer.data.tokenizers import run_vocabulary
 from transformer.inference import loaded
 from transformer.training import source_params
 from transformer.training import trainer as trainer_lib
@@ -84,7 +84,7 @@ def source_run(config: ml_collections.ConfigDict, workdir: str) -> str:
   if workdir and checkpointing.has_checkpoint(workdir) and os.path.isfile(
       os.path.join(workdir, layout.CONFIG)):
     return workdir
-  return sources.run_workdir(config.init_from)
+  return run_vocabulary.run_workdir(config.init_from)
 
 
 def _source_config(config: ml_collections.ConfigDict, run: str) -> ml_collections.ConfigDict:
@@ -185,7 +185,7 @@ def _fine_tuning_optimizer(config: ml_collections.ConfigDict, explicit: Collecti
 def _plan(config: ml_collections.ConfigDict, abstract: Any) -> tuple[Any, dict, dict]:
   """(source_params.plan's Plan, the checkpoint's flat metadata, the model's flat leaves)."""
   stored = init_from_lib.flat_paths(init_from_lib.source_params(config.init_from))
-  source = _source_config(config, sources.run_workdir(config.init_from)).model
+  source = _source_config(config, run_vocabulary.run_workdir(config.init_from)).model
 
   def task_params() -> Any:  # This model with the source's head, pooling and classes.
     task_config = config.copy_and_resolve_references()

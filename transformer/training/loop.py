@@ -28,14 +28,15 @@ import jax
 import ml_collections
 from absl import logging
 
-from transformer.config import objective as objective_lib
 from transformer import distributed
 from transformer import sharding
+from transformer.config import objective as objective_lib
 from transformer.config.errors import ConfigError
 from transformer.config.validation import validate
 from transformer.data import pipeline
 from transformer.data import run_data
 from transformer.data import sources
+from transformer.data.tokenizers import run_vocabulary
 from transformer.training import benchmark_hook
 from transformer.training import decode_hook
 from transformer.training import fine_tune
@@ -136,13 +137,13 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       if is_chief:
         files.write_atomically(os.path.join(workdir, layout.CONFIG),
                                config.to_json_best_effort(indent=2))
-        sources.save_tokenizer(workdir, data_sources.tokenizer)
+        run_vocabulary.save_tokenizer(workdir, data_sources.tokenizer)
         sources.save_dataset_record(workdir, dataset)
 
   objective = objective_lib.resolve(config.model)
   logging.info("Objective: %s on %s (%s tokenizer, vocabulary %d, model.vocab_size %d)",
                objective.name, data_sources.name,
-               sources.tokenizer_kind(data_sources.tokenizer),
+               run_vocabulary.tokenizer_kind(data_sources.tokenizer),
                data_sources.tokenizer.vocab_size, config.model.vocab_size)
   # Each process reads its devices' share of the rows: the same share as the processes
   # across a tensor or context axis from it (sharding.input_shard).

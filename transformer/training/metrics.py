@@ -14,17 +14,14 @@ from typing import Any, Iterator, Mapping, TypeVar
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from absl import logging
 
 from transformer.config.model import ModelConfig
 from transformer.model import context
 from transformer.model import moe
+from transformer.model.lm_head import logits_chunk_length, rows_per_device
 from transformer.model.lm_head import LogitsHead
 from transformer.training import head_loss
-# Where head_loss_sums' chunk comes from (shared with transformer/evaluation/'s scoring).
-from transformer.model.lm_head import AUTO_LOGITS_BYTES, AUTO_LOGITS_MAX_BYTES  # pylint: disable=unused-import
-from transformer.model.lm_head import logits_chunk_length, rows_per_device  # pylint: disable=unused-import
 from transformer.workdir import layout
 from transformer.workdir.console import format_duration
 from transformer.workdir.metrics_file import MOE_LOAD_PREFIX

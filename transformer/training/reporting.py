@@ -19,7 +19,7 @@ from absl import logging
 
 from transformer.config import objective as objective_lib
 from transformer.config.model import ModelConfig
-from transformer.data import mixture
+from transformer.data.corpus import mixture
 from transformer.training import flops
 from transformer.training import metrics as metrics_lib
 from transformer.workdir import metrics_file
@@ -82,7 +82,7 @@ class Reporter:
     """`local_rows`: the rows this process reads a step, its input share of the batch
     (trainer.check_batch_size: batch_size // sharding.input_shard's count), not
     batch_size // the process count: processes across a tensor or context axis read
-    the same rows. Each share mixes its own rows by the same rule (data/mixture.py)."""
+    the same rows. Each share mixes its own rows by the same rule (data/corpus/mixture.py)."""
     self.config = config
     self.writer = writer
     self.progress = progress
@@ -143,7 +143,7 @@ class Reporter:
     summary = metrics_lib.summarize(sums)
     summary.update({k: float(v) for k, v in per_step.items()})
     summary.update(self.progress.rates())  # seconds_per_step, tokens_per_second, mfu.
-    # data.mixture: each corpus's share of the rows so far (exact: data/mixture.py).
+    # data.mixture: each corpus's share of the rows so far (exact: data/corpus/mixture.py).
     mixed = mixture.realised(config, step * self.local_rows)
     summary.update(mixed)
     line = self.progress.line(step, summary)

@@ -18,6 +18,7 @@ from absl import logging
 from transformer.config.errors import ConfigError
 from transformer.data import run_data
 from transformer.data import sources
+from transformer.data.tokenizers import run_vocabulary
 from transformer.workdir import checkpointing
 from transformer.workdir import layout
 from transformer.workdir import run_record
@@ -44,18 +45,18 @@ def vocabulary_workdir(config: ml_collections.ConfigDict, workdir: str) -> str:
           "train in a new --workdir (config.init_from takes over the parameters)")
     return workdir
   if config.init_from:
-    return sources.run_workdir(config.init_from)
+    return run_vocabulary.run_workdir(config.init_from)
   return ""
 
 
 def resolve_vocab_size(config: ml_collections.ConfigDict,
                         tokenizer) -> ml_collections.ConfigDict:
   """A copy of `config` with model.vocab_size=0 replaced by the tokenizer's (rounded up)."""
-  vocab_size = sources.resolved_vocab_size(config, tokenizer)
+  vocab_size = run_vocabulary.resolved_vocab_size(config, tokenizer)
   if vocab_size == config.model.vocab_size:
     return config
   logging.info("model.vocab_size=0: using %d (the tokenizer's %d rounded up to a multiple "
-               "of %d)", vocab_size, tokenizer.vocab_size, sources.VOCAB_MULTIPLE)
+               "of %d)", vocab_size, tokenizer.vocab_size, run_vocabulary.VOCAB_MULTIPLE)
   config = copy.deepcopy(config)  # The caller's config stays as given.
   config.model.vocab_size = vocab_size
   return config
@@ -130,7 +131,7 @@ def check_config_change(config: ml_collections.ConfigDict, workdir: str,
       unsafe.append(change)
   data_change = sources.dataset_change(workdir, dataset) if dataset else None
   if data_change and not unsafe and policy != "allow":
-    # The data alone: one line, as a new run on changed data is refused (corpus_run).
+    # The data alone: one line, as a new run on changed data is refused (data/corpus/for_config.py).
     raise ConfigError(
         f"Resuming {workdir} on data that is not what it trained on "
         f"({layout.DATASET_RECORD}): {data_change}; restore the run's data (or prepare "

@@ -2,7 +2,7 @@
 
 `KillPoints` reads TRANSFORMER_TEST_KILL_AT once; a write calls it with its point and
 index, and it kills the process there. The training loop's hook
-(training/fault_injection.py) and --mode=prepare (data/corpus_prepare.py) share it, so
+(training/fault_injection.py) and --mode=prepare (data/corpus/preparation.py) share it, so
 one variable and one parser serve every layer that writes. Inert unless the variable is set.
 """
 
@@ -26,7 +26,7 @@ class KillPoints:
   after_save (the write finished: after_save, once checkpointer.wait() returned).
   Tests rerun the command and check that the run recovers exactly.
 
-  --mode=prepare (data/corpus_prepare.py) calls it with the index of a source file for
+  --mode=prepare (data/corpus/preparation.py) calls it with the index of a source file for
   its `step`: prepare_writing (a document of that file written, its shard half-written)
   and prepare_written (its shards renamed into place, its task json not yet written).
   """

@@ -14,7 +14,7 @@ multi-process run says them.
   '<what>: still running, 1m30s' line meanwhile (a SentencePiece vocabulary's training).
 
 The training loop's own progress line (training/metrics.py's TrainProgress: MFU, data
-wait) and --mode=prepare's (data/corpus_prepare.py: counters shared by worker
+wait) and --mode=prepare's (data/corpus/preparation.py: counters shared by worker
 processes, a timer thread) stay their own.
 """
 

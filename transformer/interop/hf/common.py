@@ -21,7 +21,7 @@ import numpy as np
 from absl import logging
 
 from transformer.config.errors import ConfigError
-from transformer.data import sources
+from transformer.data.tokenizers import run_vocabulary
 from transformer.model import layers
 from transformer.model import lora
 from transformer.workdir import files
@@ -230,7 +230,7 @@ def attention_dropout(rate: float) -> dict[str, Any]:
 
 @dataclasses.dataclass(frozen=True)
 class VocabularyMap:
-  """Which source row each internal id holds (see data/hf_tokenizer.py)."""
+  """Which source row each internal id holds (see data/tokenizers/hf_vocab.py)."""
 
   hf_vocab_size: int
   internal_to_hf: tuple[int, ...]  # -1: an added row of zeros.
@@ -494,7 +494,7 @@ def write_folder(hf_dir: str, tensors: dict[str, np.ndarray], hf_config: dict[st
   print(f"Exported {run.checkpoint_label()} of {run.workdir} to {target} ({family})",
         flush=True)
   if not has_tokenizer:
-    kind = sources.tokenizer_kind(run.tokenizer)
+    kind = run_vocabulary.tokenizer_kind(run.tokenizer)
     why = (f"its {kind} vocabulary was trained here and has no Hugging Face "
            "tokenizer.json form that this export writes" if kind != "huggingface" else
            "the folder it was imported from had no tokenizer.json")

@@ -11,7 +11,7 @@ import ml_collections
 import numpy as np
 
 from transformer.config.errors import ConfigError
-from transformer.data import tokenizers
+from transformer.data.tokenizers import vocabularies
 from transformer.inference import loaded
 from transformer.interop.hf import common
 
@@ -135,11 +135,11 @@ def export_gpt2(workdir: str, hf_dir: str, *, checkpoint_step: int | None = None
   _gpt2_shaped(model, os.path.join(workdir, common.CONFIG))
   params, bundle, vocab = common.export_inputs(workdir, run)
   if bundle is not None:
-    eos = int(vocab.internal_to_hf[tokenizers.EOS_ID])
+    eos = int(vocab.internal_to_hf[vocabularies.EOS_ID])
     specials = {"bos_token_id": eos, "eos_token_id": eos}
   else:
-    specials = {"bos_token_id": tokenizers.BOS_ID, "eos_token_id": tokenizers.EOS_ID,
-                "pad_token_id": tokenizers.PAD_ID}
+    specials = {"bos_token_id": vocabularies.BOS_ID, "eos_token_id": vocabularies.EOS_ID,
+                "pad_token_id": vocabularies.PAD_ID}
   heads, d_model = model.num_heads, model.d_model
   tensors = {"transformer.wte.weight": vocab.unrows(
                  params["embedder"]["token_embed"]["embedding"]),

@@ -4,7 +4,7 @@
 (config.json + model.safetensors, PyTorch tensor names), lets the family module of its
 `model_type` map every field and tensor (FAMILIES below; the strict accounting is in
 common.py), and writes a workdir that --mode=generate / translate / evaluate and
-config.init_from read: config.json, the tokenizer (data/hf_tokenizer.py) and
+config.init_from read: config.json, the tokenizer (data/tokenizers/hf_vocab.py) and
 checkpoints/0/state holding only the parameters (as --mode=average writes).
 Export is per family (gpt2.py's `export_gpt2`, llama.py's `export_llama`; cli/hf_export.py
 picks by the model's shape).
@@ -27,8 +27,8 @@ from transformer import sharding
 from transformer.config import model as model_config
 from transformer.config.errors import ConfigError
 from transformer.config.validation import validate
-from transformer.data import hf_tokenizer
-from transformer.data import sources
+from transformer.data.tokenizers import hf_vocab
+from transformer.data.tokenizers import run_vocabulary
 from transformer.inference import loaded
 from transformer.interop.hf import bert
 from transformer.interop.hf import common
@@ -117,7 +117,7 @@ def tokenizer_bundle(converted: common.Converted, hf_dir: str) -> dict[str, Any]
             "internal_to_hf": list(converted.vocabulary.internal_to_hf),
             "added": list(converted.vocabulary.added), "mask": converted.mask,
             "tokenizer_json": None, "sentencepiece": None}
-  files = hf_tokenizer.bundle_from_folder(common.folder_files(hf_dir))
+  files = hf_vocab.bundle_from_folder(common.folder_files(hf_dir))
   if files is None:
     logging.warning("%s has no tokenizer.json (nor Marian's source.spm, target.spm and "
                     "vocab.json): the model imports, but text cannot be encoded", hf_dir)
@@ -160,7 +160,7 @@ def import_folder(hf_dir: str, workdir: str,
                              run_config.to_json_best_effort(indent=2))
       files.write_atomically(os.path.join(partial, layout.HF_TOKENIZER),
                              json.dumps(tokenizer_bundle(converted, hf_dir)))
-      sources.save_tokenizer(partial, hf_tokenizer.HFTokenizer(
+      run_vocabulary.save_tokenizer(partial, hf_vocab.HFTokenizer(
           os.path.join(partial, layout.HF_TOKENIZER)))
     checkpoints = os.path.join(partial, layout.CHECKPOINTS)
     with files.disk_errors_as_oserror(checkpoints, "--workdir"):

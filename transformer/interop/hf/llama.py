@@ -24,7 +24,7 @@ from absl import logging
 
 from transformer.config.checks import is_int, is_number
 from transformer.config.errors import ConfigError
-from transformer.data import tokenizers
+from transformer.data.tokenizers import vocabularies
 from transformer.inference import loaded
 from transformer.interop.hf import common
 from transformer.model import positions
@@ -515,8 +515,8 @@ def export_llama(workdir: str, hf_dir: str, *, checkpoint_step: int | None = Non
       "tie_word_embeddings": bool(model.tie_embeddings),
       "attention_dropout": model.attention_dropout, "initializer_range": 0.02,
       "use_cache": True, "torch_dtype": "float32",
-      "bos_token_id": special(tokenizers.BOS_ID), "eos_token_id": special(tokenizers.EOS_ID),
-      "pad_token_id": special(tokenizers.PAD_ID)}
+      "bos_token_id": special(vocabularies.BOS_ID), "eos_token_id": special(vocabularies.EOS_ID),
+      "pad_token_id": special(vocabularies.PAD_ID)}
   if family == "mistral":
     hf_config["sliding_window"] = model.sliding_window
   else:

@@ -24,7 +24,7 @@ from absl import logging
 
 from transformer.config.errors import ConfigError
 from transformer.config.errors import DataError
-from transformer.data import local_files
+from transformer.data.datasets import local_files
 
 _DIALECTS = {".tsv": {"delimiter": "\t", "quoting": csv.QUOTE_NONE}, ".csv": {}}
 _RAGGED_HINTS = {  # The usual cause of a row with the wrong number of cells.

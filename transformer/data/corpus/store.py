@@ -1,6 +1,6 @@
 """A prepared corpus (`data.name="corpus"`): where it lives, its manifest, and its reader.
 
-`--mode=prepare` (cli/prepare.py, data/corpus_prepare.py) tokenizes the files at
+`--mode=prepare` (cli/prepare.py, data/corpus/preparation.py) tokenizes the files at
 `data.path` once into array_record shards of token ids; training reads them here by
 random access and never runs a tokenizer. docs/corpus.md has the on-disk format:
 
@@ -18,7 +18,6 @@ to the first batch does not grow with the corpus.
 from __future__ import annotations
 
 import bisect
-import glob
 import hashlib
 import json
 import os
@@ -26,15 +25,13 @@ import threading
 from typing import Any, Sequence
 
 import numpy as np
-from absl import logging
 
 from transformer.config.data import CORPUS_SPLITS
 from transformer.config.errors import ConfigError
-from transformer.data import tokenizers
+from transformer.data.tokenizers import vocabularies
 
 FORMAT = "transformer-corpus/1"
 SPLITS = CORPUS_SPLITS  # ("train", "validation"): declared beside the config's checks.
-EXTENSIONS = (".txt", ".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet")
 MANIFEST = "manifest.json"
 TASKS = "tasks"
 STARTS, ENDS = 1, 2  # Index flags: the record starts / ends a document.
@@ -45,41 +42,6 @@ RECORD_OPTIONS = "group_size:1,uncompressed"  # One record per chunk: cheap rand
 def default_data_dir() -> str:
   """Where prepared data goes when data.data_dir is "" (as TFDS: $TFDS_DATA_DIR or ~)."""
   return os.environ.get("TFDS_DATA_DIR") or os.path.expanduser("~/tensorflow_datasets")
-
-
-def source_files(path: str) -> tuple[str, list[str]]:
-  """(root, sorted relative paths) of the corpus files that `data.path` names.
-
-  A folder: every file with a supported extension under it, recursively; a glob: the
-  matching files (relative to the glob's fixed leading folder); a file: that file.
-
-  Raises:
-    ConfigError: nothing matches, or a file has an unsupported extension.
-  """
-  path = os.path.abspath(os.path.expanduser(path))
-  if os.path.isdir(path):
-    root = path
-    every = [os.path.join(d, f) for d, _, names in os.walk(path) for f in names
-             if not f.startswith(".")]
-    found = [f for f in every if f.endswith(EXTENSIONS)]
-    if len(found) < len(every):  # Said, not silent: a README beside the shards is common.
-      logging.info("config.data.path=%r: %d files without a corpus extension (%s) are not "
-                   "read, e.g. %s", path, len(every) - len(found), ", ".join(EXTENSIONS),
-                   sorted(set(every) - set(found))[0])
-  else:
-    root = path
-    while glob.has_magic(root):
-      root = os.path.dirname(root)
-    root = root if os.path.isdir(root) else os.path.dirname(root)
-    found = [f for f in glob.glob(path, recursive=True) if os.path.isfile(f)]
-    unsupported = sorted(f for f in found if not f.endswith(EXTENSIONS))
-    if unsupported:
-      raise ConfigError(f"config.data.path={path!r}: {unsupported[0]} is not a corpus file; "
-                        f"valid extensions: {', '.join(EXTENSIONS)}")
-  if not found:
-    raise ConfigError(f"config.data.path={path!r} names no corpus file (valid extensions: "
-                      f"{', '.join(EXTENSIONS)})")
-  return root, sorted(os.path.relpath(f, root) for f in found)
 
 
 def sources_key(data: Any) -> str:
@@ -155,7 +117,7 @@ def sources_change(manifest: dict[str, Any], root: str, names: list[str]) -> str
 
 
 def tokenizer_change(manifest: dict[str, Any], record: dict[str, Any]) -> str | None:
-  """How the tokenizer `record` (sources.tokenizer_record) differs from the manifest's."""
+  """How the tokenizer `record` (run_vocabulary.tokenizer_record) differs from the manifest's."""
   saved = manifest["tokenizer"]
   for key in ("kind", "vocab_size", "sha256"):
     if saved.get(key) != record.get(key):
@@ -279,15 +241,15 @@ class CorpusSplit:
     taken = 0  # ids copied so far
     for length, flag, first, end in zip(lengths, flags, bounds, bounds[1:]):
       if flag & STARTS:
-        tokens[first], first = tokenizers.BOS_ID, first + 1
+        tokens[first], first = vocabularies.BOS_ID, first + 1
       if flag & ENDS:
-        tokens[end - 1], end = tokenizers.EOS_ID, end - 1
+        tokens[end - 1], end = vocabularies.EOS_ID, end - 1
       tokens[first:end] = ids[taken:taken + length]
       taken += length
     return tokens, bounds, flags
 
   def __getitems__(self, indices: Sequence[int]) -> list[dict[str, np.ndarray]]:
-    """`[split[i] for i in indices]`, read as one block (data/corpus_rows.py's reader
+    """`[split[i] for i in indices]`, read as one block (data/corpus/packer.py's reader
     threads read a block of shuffled records a call); the tokens are views of one array."""
     tokens, bounds, _ = self._block([self._locate(int(i)) for i in indices])
     return [{"tokens": tokens[a:b]} for a, b in zip(bounds, bounds[1:])]

@@ -1,9 +1,9 @@
 """Where a dataset comes from: `data.name` -> a prepared TFDS builder.
 
 Three kinds of names, one result (a builder whose splits `as_data_source` reads):
-  - `python_stdlib`: this project's offline corpus (data/python_stdlib.py);
+  - `python_stdlib`: this project's offline corpus (data/datasets/python_stdlib.py);
   - `local_text`, `local_parallel`, `local_tsv`: files at `data.path`, built into a
-    versioned TFDS dataset keyed by their content (data/local_*.py);
+    versioned TFDS dataset keyed by their content (data/datasets/local_*.py);
   - anything else: a TFDS catalog name such as `wmt14_translate/de-en`, `glue/sst2`,
     `tiny_shakespeare`, prepared beforehand or downloaded with `data.download=True`.
 """
@@ -18,11 +18,11 @@ import tensorflow_datasets as tfds
 from absl import logging
 
 from transformer.config.errors import ConfigError, DataError
-from transformer.data import local_parallel
-from transformer.data import local_text
-from transformer.data import local_tsv
 from transformer.data import packing
-from transformer.data import python_stdlib  # pylint: disable=unused-import (registers it)
+from transformer.data.datasets import local_parallel
+from transformer.data.datasets import local_text
+from transformer.data.datasets import local_tsv
+from transformer.data.datasets import python_stdlib  # pylint: disable=unused-import (registers it)
 from transformer.workdir import console
 from transformer.workdir import files
 from transformer.workdir import lock

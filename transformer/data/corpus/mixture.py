@@ -34,6 +34,7 @@ import numpy as np
 from absl import logging
 
 from transformer.config.data import parse_mixture
+from transformer.data.corpus import for_config
 
 # Metric keys of the realised proportions: mixture_<component name>.
 METRIC_PREFIX = "mixture_"
@@ -108,10 +109,9 @@ def open_for_training(config: ml_collections.ConfigDict, tokenizer_workdir: str 
     ConfigError: a component not prepared with that tokenizer, or changed since; the
       message names the component's path and the prepare command.
   """
-  from transformer.data import corpus_run  # pylint: disable=g-import-not-at-top (cycle)
   parts, configs = components(config), component_configs(config)
-  tokenizer = corpus_run.tokenizer_for(configs[0], tokenizer_workdir, create=False)
-  corpora = {part.name: corpus_run.open_for_training(one, tokenizer_workdir,
+  tokenizer = for_config.tokenizer_for(configs[0], tokenizer_workdir, create=False)
+  corpora = {part.name: for_config.open_for_training(one, tokenizer_workdir,
                                                      tokenizer=tokenizer)[0]
              for part, one in zip(parts, configs)}
   weights = {part.name: part.weight for part in parts}

@@ -1,12 +1,12 @@
 """The tokenizer of an imported Hugging Face model, renumbered to this codebase's ids.
 
-Every pipeline here assumes pad=0, eos=1, bos=2, unk=3 (tokenizers.py). An imported
+Every pipeline here assumes pad=0, eos=1, bos=2, unk=3 (vocabularies.py). An imported
 vocabulary is renumbered once, by `hf_import.vocabulary_map`: its pad, eos, bos and
 unk tokens move to ids 0..3 and every other token keeps its order after them; a role
 the source vocabulary lacks gets a row of its own (GPT-2 has no pad or unk, and uses
 <|endoftext|> as both bos and eos; Marian starts decoding from its pad token). The
 map and the tokenizer files travel in one JSON file, `hf_tokenizer.json`, which a
-workdir holds like any other vocabulary file (sources.save_tokenizer copies it and
+workdir holds like any other vocabulary file (run_vocabulary.save_tokenizer copies it and
 records its sha256):
 
   {"family": "gpt2", "hf_vocab_size": 50257,
@@ -29,14 +29,14 @@ from typing import Any, Iterable
 import numpy as np
 
 from transformer.config.errors import ConfigError
-from transformer.data import tokenizers as base_tokenizers
+from transformer.data.tokenizers import vocabularies
 
 
 class HFTokenizer:
   """Encodes with the source model's own tokenizer; ids are the renumbered ones."""
 
   def __init__(self, path: str):
-    self.path = path  # sources.save_tokenizer copies this file into fine-tuning runs.
+    self.path = path  # run_vocabulary.save_tokenizer copies this file into fine-tuning runs.
     with open(path, encoding="utf-8") as f:
       bundle = json.load(f)
     self.family = bundle["family"]
@@ -45,11 +45,11 @@ class HFTokenizer:
     self.vocab_size = len(self.internal_to_hf)
     self.mask_id = -1 if bundle["mask"] is None else int(bundle["mask"])
     # Each source id maps to the one internal row that is not an added copy of it.
-    self.hf_to_internal = np.full(bundle["hf_vocab_size"], base_tokenizers.UNK_ID, np.int64)
+    self.hf_to_internal = np.full(bundle["hf_vocab_size"], vocabularies.UNK_ID, np.int64)
     for internal, hf in enumerate(self.internal_to_hf):
       if internal not in self.added:
         self.hf_to_internal[hf] = internal
-    self._special = set(range(base_tokenizers.NUM_SPECIAL)) | set(self.added)
+    self._special = set(range(vocabularies.NUM_SPECIAL)) | set(self.added)
     self._fast = self._sentencepiece = None
     if bundle.get("tokenizer_json") is not None:
       import tokenizers  # pylint: disable=g-import-not-at-top
@@ -124,8 +124,8 @@ def bundle_from_folder(hf_dir_files: dict[str, str]) -> dict[str, Any] | None:
 TOKENIZER_KINDS = ("bytes", "char", "sentencepiece", "huggingface")
 
 
-def from_kind(kind: str, path: str) -> base_tokenizers.Tokenizer:
-  """A tokenizer rebuilt from its kind (sources.tokenizer_kind) and vocabulary file.
+def from_kind(kind: str, path: str) -> vocabularies.Tokenizer:
+  """A tokenizer rebuilt from its kind (run_vocabulary.tokenizer_kind) and vocabulary file.
 
   Args:
     kind: one of TOKENIZER_KINDS.
@@ -135,9 +135,9 @@ def from_kind(kind: str, path: str) -> base_tokenizers.Tokenizer:
     ConfigError: an unknown kind.
   """
   if kind == "bytes":
-    return base_tokenizers.ByteTokenizer()
-  makers = {"char": base_tokenizers.CharTokenizer, "huggingface": HFTokenizer,
-            "sentencepiece": base_tokenizers.SentencePieceTokenizer}
+    return vocabularies.ByteTokenizer()
+  makers = {"char": vocabularies.CharTokenizer, "huggingface": HFTokenizer,
+            "sentencepiece": vocabularies.SentencePieceTokenizer}
   if kind not in makers:
     raise ConfigError(f"tokenizer kind {kind!r} is unknown; valid: {TOKENIZER_KINDS}")
   return makers[kind](path)

@@ -19,11 +19,11 @@ import ml_collections
 from absl import logging
 
 from transformer.config.errors import ConfigError
-from transformer.data import corpus
-from transformer.data import corpus_prepare
-from transformer.data import corpus_read
-from transformer.data import sources
-from transformer.data import tokenizers
+from transformer.data.corpus import preparation
+from transformer.data.corpus import readers
+from transformer.data.corpus import store
+from transformer.data.tokenizers import run_vocabulary
+from transformer.data.tokenizers import vocabularies
 from transformer.workdir import layout
 from transformer.workdir import lock
 
@@ -32,10 +32,10 @@ def _sample(config: ml_collections.ConfigDict, root: str, names: list[str]) -> I
   """Texts to train a vocabulary on: each file's first documents, an equal share of lines."""
   data = config.data
   budget = max(1, data.spm_train_sentences // len(names))
-  stats = corpus_read.ReadStats()
+  stats = readers.ReadStats()
   for name in names:
     lines = 0
-    reader = corpus_read.reader(os.path.join(root, name), name, text_key=data.text_key,
+    reader = readers.reader(os.path.join(root, name), name, text_key=data.text_key,
                                 decode_errors=data.decode_errors,
                                 bad_records=data.bad_records, stats=stats)
     for document in reader.documents():
@@ -47,7 +47,7 @@ def _sample(config: ml_collections.ConfigDict, root: str, names: list[str]) -> I
 
 
 def tokenizer_for(config: ml_collections.ConfigDict, tokenizer_workdir: str = "", *,
-                  create: bool) -> tokenizers.Tokenizer:
+                  create: bool) -> vocabularies.Tokenizer:
   """The corpus's tokenizer; with `create`, a missing vocabulary is trained on a sample.
 
   Args:
@@ -57,56 +57,56 @@ def tokenizer_for(config: ml_collections.ConfigDict, tokenizer_workdir: str = ""
       otherwise a missing one is a ConfigError naming the prepare command.
   """
   data = config.data
-  workdir = tokenizer_workdir or (sources.run_workdir(config.init_from)
+  workdir = tokenizer_workdir or (run_vocabulary.run_workdir(config.init_from)
                                   if config.init_from else "")
   if workdir and os.path.exists(os.path.join(workdir, layout.TOKENIZER_RECORD)):
-    tokenizer = sources.load_workdir_tokenizer(workdir)
+    tokenizer = run_vocabulary.load_workdir_tokenizer(workdir)
     logging.info("Tokenizer: the vocabulary of %s (%s, %d ids)", workdir,
-                 sources.tokenizer_kind(tokenizer), tokenizer.vocab_size)
+                 run_vocabulary.tokenizer_kind(tokenizer), tokenizer.vocab_size)
     return tokenizer
   if data.tokenizer == "bytes":
-    return tokenizers.ByteTokenizer()
-  folder = corpus.sources_folder(data)
-  path = os.path.join(folder, sources.cache_name(config, (data.text_key,)))
-  make = tokenizers.CharTokenizer if data.tokenizer == "char" else tokenizers.SentencePieceTokenizer
+    return vocabularies.ByteTokenizer()
+  folder = store.sources_folder(data)
+  path = os.path.join(folder, run_vocabulary.cache_name(config, (data.text_key,)))
+  make = vocabularies.CharTokenizer if data.tokenizer == "char" else vocabularies.SentencePieceTokenizer
   if os.path.exists(path):
     return make(path)
   if not create:
     raise ConfigError(f"config.data.name='corpus': data.path={data.path!r} is not prepared "
                       f"(no {data.tokenizer} vocabulary {path}); run "
-                      f"`{corpus.prepare_command()}` first")
+                      f"`{store.prepare_command()}` first")
   os.makedirs(folder, exist_ok=True)
   with lock.building(lock.lock_path_beside(path), f"the vocabulary {path}"):
     if os.path.exists(path):
       return make(path)
-    root, names = corpus.source_files(data.path)
+    root, names = readers.source_files(data.path)
     logging.info("Training the %s vocabulary on a sample of %s -> %s", data.tokenizer,
                  data.path, path)
-    return sources.build_vocabulary(config, _sample(config, root, names), path)
+    return run_vocabulary.build_vocabulary(config, _sample(config, root, names), path)
 
 
-def vocabulary_file(tokenizer: tokenizers.Tokenizer) -> str:
+def vocabulary_file(tokenizer: vocabularies.Tokenizer) -> str:
   """The tokenizer's vocabulary file, "" for bytes."""
   return getattr(tokenizer, "model_path", None) or getattr(tokenizer, "path", None) or ""
 
 
-def job_for(config: ml_collections.ConfigDict, tokenizer: tokenizers.Tokenizer) -> corpus_prepare.Job:
+def job_for(config: ml_collections.ConfigDict, tokenizer: vocabularies.Tokenizer) -> preparation.Job:
   """The preparation of `config`'s corpus with `tokenizer`."""
   data = config.data
-  root, names = corpus.source_files(data.path)
-  record = sources.tokenizer_record(tokenizer)
-  return corpus_prepare.Job(
+  root, names = readers.source_files(data.path)
+  record = run_vocabulary.tokenizer_record(tokenizer)
+  return preparation.Job(
       root=root, names=tuple(names),
-      output=os.path.join(corpus.sources_folder(data), corpus.tokenizer_key(record)),
+      output=os.path.join(store.sources_folder(data), store.tokenizer_key(record)),
       text_key=data.text_key, decode_errors=data.decode_errors, bad_records=data.bad_records,
       val_fraction=float(data.val_fraction), tokenizer_kind=record["kind"],
       tokenizer_path=vocabulary_file(tokenizer), tokenizer_record=record,
-      dtype=corpus.id_dtype(tokenizer.vocab_size).name)
+      dtype=store.id_dtype(tokenizer.vocab_size).name)
 
 
 def open_for_training(config: ml_collections.ConfigDict, tokenizer_workdir: str = "",
-                      tokenizer: tokenizers.Tokenizer | None = None
-                      ) -> tuple[corpus.PreparedCorpus, tokenizers.Tokenizer]:
+                      tokenizer: vocabularies.Tokenizer | None = None
+                      ) -> tuple[store.PreparedCorpus, vocabularies.Tokenizer]:
   """The prepared corpus of `config` and its tokenizer, checked; reads no shard.
 
   `tokenizer`: given, the corpus must be prepared with it (data.mixture: the first
@@ -118,40 +118,40 @@ def open_for_training(config: ml_collections.ConfigDict, tokenizer_workdir: str 
   """
   data = config.data
   tokenizer = tokenizer or tokenizer_for(config, tokenizer_workdir, create=False)
-  record = sources.tokenizer_record(tokenizer)
-  root, names = corpus.source_files(data.path)
-  folder = os.path.join(corpus.sources_folder(data), corpus.tokenizer_key(record))
-  if not os.path.exists(os.path.join(folder, corpus.MANIFEST)):
+  record = run_vocabulary.tokenizer_record(tokenizer)
+  root, names = readers.source_files(data.path)
+  folder = os.path.join(store.sources_folder(data), store.tokenizer_key(record))
+  if not os.path.exists(os.path.join(folder, store.MANIFEST)):
     parent = os.path.dirname(folder)
     others = sorted(d for d in (os.listdir(parent) if os.path.isdir(parent) else [])
-                    if os.path.exists(os.path.join(parent, d, corpus.MANIFEST)))
-    done = len(os.listdir(os.path.join(folder, corpus.TASKS))) if os.path.isdir(
-        os.path.join(folder, corpus.TASKS)) else 0
+                    if os.path.exists(os.path.join(parent, d, store.MANIFEST)))
+    done = len(os.listdir(os.path.join(folder, store.TASKS))) if os.path.isdir(
+        os.path.join(folder, store.TASKS)) else 0
     what = (f"prepared for another tokenizer ({', '.join(others)}), not for this "
-            f"{record['kind']} one ({corpus.tokenizer_key(record)})" if others else
+            f"{record['kind']} one ({store.tokenizer_key(record)})" if others else
             f"not prepared in {folder} ({done} of {len(names)} files done)")
     raise ConfigError(f"config.data.name='corpus': data.path={data.path!r} is {what}; run "
-                      f"`{corpus.prepare_command()}` first")
-  prepared = corpus.PreparedCorpus.open(folder)
-  change = (corpus.tokenizer_change(prepared.manifest, record)
-            or corpus.sources_change(prepared.manifest, root, names))
+                      f"`{store.prepare_command()}` first")
+  prepared = store.PreparedCorpus.open(folder)
+  change = (store.tokenizer_change(prepared.manifest, record)
+            or store.sources_change(prepared.manifest, root, names))
   if change:
     raise ConfigError(f"config.data.path={data.path!r} changed since it was prepared in "
-                      f"{folder} ({change}); run `{corpus.prepare_command()}` again")
+                      f"{folder} ({change}); run `{store.prepare_command()}` again")
   for key in ("train_split", "eval_split"):
     prepared.split(data[key])  # A ConfigError naming the valid splits.
   # Prepared before prepare checked it, or its files deleted since: said before training.
-  problem = corpus.empty_split(prepared.manifest, folder)
+  problem = store.empty_split(prepared.manifest, folder)
   if problem:
     raise ConfigError(f"config.data.path={data.path!r}: {problem}; then run "
-                      f"`{corpus.prepare_command()}` again")
-  missing = corpus.missing_shards(prepared.manifest, folder)
+                      f"`{store.prepare_command()}` again")
+  missing = store.missing_shards(prepared.manifest, folder)
   if missing:
     raise ConfigError(f"config.data.path={data.path!r}: the prepared corpus {folder} lacks "
                       f"{missing[0]}" + (f" and {len(missing) - 1} more shard files" if
                                          len(missing) > 1 else "")
                       + " that its manifest lists (deleted, or not copied whole); run "
-                      f"`{corpus.prepare_command()}` again: it redoes the missing files")
+                      f"`{store.prepare_command()}` again: it redoes the missing files")
   logging.info("Corpus: %s (%s ids; train %d tokens, validation %d tokens)", folder,
                prepared.dtype.name, prepared.manifest["splits"]["train"]["tokens"],
                prepared.manifest["splits"]["validation"]["tokens"])

@@ -29,6 +29,7 @@ import numpy as np
 
 from transformer.data import packing
 
+
 # Records a reader thread reads a call (any size gives the same documents): fewer, larger
 # blocks mean fewer hand-overs of the GIL between the reader threads and the packer. With
 # the blocks read ahead, about (packing.BLOCKS_AHEAD + 1) x BLOCK = 192 records are in
@@ -50,7 +51,7 @@ def documents(split: Any, *, seed: int, train: bool, process_index: int, process
   Returns:
     A grain IterDataset of {"tokens": int32 array}, in `packing.documents`' order, with
     its iterator state. The ids are below the tokenizer's size, which
-    sources.check_vocab_size held to the model's vocabulary: nothing is checked per record.
+    run_vocabulary.check_vocab_size held to the model's vocabulary: nothing is checked per record.
   """
   order = packing.document_order(grain.MapDataset.range(len(split)), seed=seed, train=train,
                                  process_index=process_index, process_count=process_count)

@@ -27,7 +27,7 @@ from absl import logging
 
 from transformer.config.errors import ConfigError
 from transformer.config.errors import DataError
-from transformer.data import local_files
+from transformer.data.datasets import local_files
 
 BLOCK_CHARS = 2048
 # File-name prefixes that assign a file to a split (checked in this order).

@@ -12,7 +12,7 @@ read, and a .jsonl whose last line is cut (no newline, not JSON) are each refuse
 frame of a multi-frame .zst (pzstd, concatenated files) is read, not only the first.
 
 `reader(path, ...).documents()` yields each document as an iterator of pieces of at most about
-corpus.PIECE_CHARS characters, cut after a newline where there is one, so memory stays
+store.PIECE_CHARS characters, cut after a newline where there is one, so memory stays
 bounded whatever a file or a document holds. A malformed record (a line that is not a
 JSON object with a string `text_key`, a null parquet value, a parquet file without the
 column, an empty file) stops with a DataError naming the file and the line or row group,
@@ -23,15 +23,18 @@ or is skipped and counted with `bad_records="skip"`. Undecodable UTF-8 follows
 from __future__ import annotations
 
 import dataclasses
+import glob
 import gzip
 import io
 import json
 import os
 import zlib
-from typing import IO, Iterator
+from typing import IO, Callable, Iterator
 
-from transformer.config.errors import DataError
-from transformer.data import corpus
+from absl import logging
+
+from transformer.config.errors import ConfigError, DataError
+from transformer.data.corpus import store
 
 _SKIP_HINT = "set config.data.bad_records='skip' to skip such records (counted)"
 
@@ -46,9 +49,9 @@ class ReadStats:
 
 
 def cut(text: str, limit: int = 0) -> Iterator[str]:
-  """`text` in pieces of at most `limit` (0: corpus.PIECE_CHARS) characters, each ending
+  """`text` in pieces of at most `limit` (0: store.PIECE_CHARS) characters, each ending
   after a newline if it can."""
-  limit = limit or corpus.PIECE_CHARS
+  limit = limit or store.PIECE_CHARS
   start = 0
   while len(text) - start > limit:
     end = text.rfind("\n", start, start + limit) + 1 or start + limit
@@ -97,19 +100,14 @@ class _Reader:
     if os.path.getsize(self.path) == 0:
       self.bad("the whole file", "the file is empty (0 bytes)")
       return
-    if self.name.endswith(".txt"):
-      yield self._text()
-    elif self.name.endswith(".parquet"):
-      yield from self._parquet()
-    else:
-      yield from self._jsonl()
+    yield from format_of(self.name).documents(self)
 
   def _text(self) -> Iterator[str]:
     with open(self.path, "rb") as f:
       self._raw = f
       rest, offset = b"", 0
       while True:
-        block = f.read(corpus.PIECE_CHARS)
+        block = f.read(store.PIECE_CHARS)
         if not block:
           break
         data = rest + block
@@ -123,17 +121,11 @@ class _Reader:
       if rest:
         yield self.decode(rest, f"byte {offset}")
 
-  def _open_lines(self) -> IO[bytes]:
+  def _jsonl(self, decompress: Callable[[IO[bytes]], IO[bytes]]) -> Iterator[Iterator[str]]:
+    """One JSON object a line, the stored bytes read through `decompress`."""
     self._raw = open(self.path, "rb")  # pylint: disable=consider-using-with
-    if self.name.endswith(".gz"):
-      return gzip.GzipFile(fileobj=self._raw, mode="rb")
-    if self.name.endswith(".zst"):
-      return io.BufferedReader(_ZstdFrames(self._raw))
-    return self._raw
-
-  def _jsonl(self) -> Iterator[Iterator[str]]:
     try:
-      with self._open_lines() as f, self._raw:
+      with decompress(self._raw) as f, self._raw:
         for number, line in enumerate(f, 1):
           if not line.strip():
             continue
@@ -268,3 +260,75 @@ def reader(path: str, name: str, *, text_key: str, decode_errors: str, bad_recor
       damaged compressed or parquet file; the message names the file and where.
   """
   return _Reader(path, name, text_key, decode_errors, bad_records, stats)
+
+
+@dataclasses.dataclass(frozen=True)
+class Format:
+  """One kind of corpus source file: its extension, what a document is in it, and how a
+  _Reader yields its documents (each an iterator of text pieces)."""
+
+  extension: str
+  document: str
+  documents: Callable[[_Reader], Iterator[Iterator[str]]]
+
+
+def _plain(raw: IO[bytes]) -> IO[bytes]:
+  return raw
+
+
+# The corpus formats, one record each: a new one is its reader and an entry here; the
+# accepted extensions, the messages and --mode=prepare's help follow from this table.
+FORMATS: tuple[Format, ...] = (
+    Format(".txt", "the whole file", lambda r: iter([r._text()])),  # pylint: disable=protected-access
+    Format(".jsonl", "a JSON object a line", lambda r: r._jsonl(_plain)),  # pylint: disable=protected-access
+    Format(".jsonl.gz", "a JSON object a line, gzip-compressed",
+           lambda r: r._jsonl(lambda raw: gzip.GzipFile(fileobj=raw, mode="rb"))),  # pylint: disable=protected-access
+    Format(".jsonl.zst", "a JSON object a line, zstd-compressed (every frame)",
+           lambda r: r._jsonl(lambda raw: io.BufferedReader(_ZstdFrames(raw)))),  # pylint: disable=protected-access
+    Format(".parquet", "a row (column data.text_key), a row group at a time",
+           lambda r: r._parquet()),  # pylint: disable=protected-access
+)
+EXTENSIONS = tuple(f.extension for f in FORMATS)
+
+
+def format_of(name: str) -> Format:
+  """The format of a file by its extension (the longest that matches)."""
+  matches = [f for f in FORMATS if name.endswith(f.extension)]
+  if not matches:
+    raise ConfigError(f"{name} is not a corpus file; valid extensions: {', '.join(EXTENSIONS)}")
+  return max(matches, key=lambda f: len(f.extension))
+
+
+def source_files(path: str) -> tuple[str, list[str]]:
+  """(root, sorted relative paths) of the corpus files that `data.path` names.
+
+  A folder: every file with a supported extension under it, recursively; a glob: the
+  matching files (relative to the glob's fixed leading folder); a file: that file.
+
+  Raises:
+    ConfigError: nothing matches, or a file has an unsupported extension.
+  """
+  path = os.path.abspath(os.path.expanduser(path))
+  if os.path.isdir(path):
+    root = path
+    every = [os.path.join(d, f) for d, _, names in os.walk(path) for f in names
+             if not f.startswith(".")]
+    found = [f for f in every if f.endswith(EXTENSIONS)]
+    if len(found) < len(every):  # Said, not silent: a README beside the shards is common.
+      logging.info("config.data.path=%r: %d files without a corpus extension (%s) are not "
+                   "read, e.g. %s", path, len(every) - len(found), ", ".join(EXTENSIONS),
+                   sorted(set(every) - set(found))[0])
+  else:
+    root = path
+    while glob.has_magic(root):
+      root = os.path.dirname(root)
+    root = root if os.path.isdir(root) else os.path.dirname(root)
+    found = [f for f in glob.glob(path, recursive=True) if os.path.isfile(f)]
+    unsupported = sorted(f for f in found if not f.endswith(EXTENSIONS))
+    if unsupported:
+      raise ConfigError(f"config.data.path={path!r}: {unsupported[0]} is not a corpus file; "
+                        f"valid extensions: {', '.join(EXTENSIONS)}")
+  if not found:
+    raise ConfigError(f"config.data.path={path!r} names no corpus file (valid extensions: "
+                      f"{', '.join(EXTENSIONS)})")
+  return root, sorted(os.path.relpath(f, root) for f in found)

@@ -18,7 +18,7 @@ from absl import logging
 
 from transformer.config.errors import ConfigError
 from transformer.config.errors import DataError
-from transformer.data import local_files
+from transformer.data.datasets import local_files
 
 
 def _plan_splits(root: str, names: list[str]) -> dict[str, dict[str, str]]:

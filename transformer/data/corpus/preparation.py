@@ -1,7 +1,7 @@
 """Tokenizing a corpus once into array_record shards: tasks, workers, resume, the manifest.
 
 One task per source file (in sorted order): its documents are read streamed
-(data/corpus_read.py), tokenized, sent to `train` or `validation` by a stable hash of
+(data/corpus/readers.py), tokenized, sent to `train` or `validation` by a stable hash of
 their first piece, and written one record per piece into `<split>/<task>.array_record`
 with `<split>/<task>.index.npy` beside it. A task's output depends only on its file and
 the tokenizer, so the corpus is byte-identical whatever the worker count or the shard
@@ -34,9 +34,9 @@ import numpy as np
 from absl import logging
 
 from transformer.config.errors import ConfigError, DataError
-from transformer.data import corpus
-from transformer.data import corpus_read
-from transformer.data import tokenizers
+from transformer.data.corpus import readers
+from transformer.data.corpus import store
+from transformer.data.tokenizers import vocabularies
 from transformer.workdir import files
 from transformer.workdir import kill_points
 
@@ -119,10 +119,10 @@ def die_with_parent(parent: int) -> None:
   threading.Thread(target=watch, daemon=True, name="parent-watchdog").start()
 
 
-def _tokenizer(job: Job) -> tokenizers.Tokenizer:
+def _tokenizer(job: Job) -> vocabularies.Tokenizer:
   if _WORKER.get("tokenizer_path") != (job.tokenizer_kind, job.tokenizer_path):
-    from transformer.data import hf_tokenizer  # pylint: disable=g-import-not-at-top
-    _WORKER["tokenizer"] = hf_tokenizer.from_kind(job.tokenizer_kind, job.tokenizer_path)
+    from transformer.data.tokenizers import hf_vocab  # pylint: disable=g-import-not-at-top
+    _WORKER["tokenizer"] = hf_vocab.from_kind(job.tokenizer_kind, job.tokenizer_path)
     _WORKER["tokenizer_path"] = (job.tokenizer_kind, job.tokenizer_path)
   return _WORKER["tokenizer"]
 
@@ -147,7 +147,7 @@ class _SplitWriter:
     # One fixed temporary name per shard: a killed attempt's file is overwritten, not kept.
     self.temporary = os.path.join(os.path.dirname(self.final), f".{task}.array_record.partial")
     self._writer = array_record_module.ArrayRecordWriter(self.temporary,
-                                                         corpus.RECORD_OPTIONS)
+                                                         store.RECORD_OPTIONS)
     # Machine arrays, not lists of ints: 16 bytes a record, whatever the file holds.
     self.offsets, self.flags = array.array("Q", [0]), array.array("Q")
     self.documents = 0
@@ -155,10 +155,10 @@ class _SplitWriter:
   def write(self, ids: np.ndarray, flags: int) -> int:
     """Writes one piece; returns its tokens in the stream (ids + bos / eos)."""
     self._writer.write(ids.tobytes())
-    tokens = len(ids) + bool(flags & corpus.STARTS) + bool(flags & corpus.ENDS)
+    tokens = len(ids) + bool(flags & store.STARTS) + bool(flags & store.ENDS)
     self.offsets.append(self.offsets[-1] + tokens)
     self.flags.append(flags)
-    self.documents += bool(flags & corpus.STARTS)
+    self.documents += bool(flags & store.STARTS)
     return tokens
 
   def finish(self) -> dict[str, int]:
@@ -175,7 +175,7 @@ class _SplitWriter:
             "tokens": int(self.offsets[-1])}
 
 
-def _encode(tokenizer: tokenizers.Tokenizer, text: str, dtype: np.dtype, limit: int) -> np.ndarray:
+def _encode(tokenizer: vocabularies.Tokenizer, text: str, dtype: np.dtype, limit: int) -> np.ndarray:
   ids = tokenizer.encode(text)
   if ids.size and int(ids.max()) >= limit:  # Never wraps silently into a narrower dtype.
     raise DataError(f"token id {int(ids.max())} does not fit {dtype} (vocabulary {limit})")
@@ -188,15 +188,15 @@ def run_task(job: Job, index: int) -> dict[str, Any]:
   path = os.path.join(job.root, name)
   stat = os.stat(path)
   source = {"path": name, "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns,
-            "sha256": corpus.file_digest(path)}
+            "sha256": store.file_digest(path)}
   tokenizer, dtype = _tokenizer(job), np.dtype(job.dtype)
   limit = min(tokenizer.vocab_size, np.iinfo(dtype).max + 1)
   kill = kill_points.KillPoints.from_env()
-  stats = corpus_read.ReadStats()
-  reader = corpus_read.reader(path, name, text_key=job.text_key,
+  stats = readers.ReadStats()
+  reader = readers.reader(path, name, text_key=job.text_key,
                               decode_errors=job.decode_errors, bad_records=job.bad_records,
                               stats=stats)
-  writers = {split: _SplitWriter(job, split, task) for split in corpus.SPLITS}
+  writers = {split: _SplitWriter(job, split, task) for split in store.SPLITS}
   position = 0
   for document in reader.documents():
     piece = next(document, "")
@@ -204,11 +204,11 @@ def run_task(job: Job, index: int) -> dict[str, Any]:
       stats.empty_documents += 1
       continue
     writer = writers["validation" if is_validation(piece, job.val_fraction) else "train"]
-    flags, tokens = corpus.STARTS, 0
+    flags, tokens = store.STARTS, 0
     for following in document:  # One piece behind: the last one gets ENDS.
       tokens += writer.write(_encode(tokenizer, piece, dtype, limit), flags)
       piece, flags = following, 0
-    tokens += writer.write(_encode(tokenizer, piece, dtype, limit), flags | corpus.ENDS)
+    tokens += writer.write(_encode(tokenizer, piece, dtype, limit), flags | store.ENDS)
     now = reader.position()
     _add(now - position, tokens)
     position = now
@@ -218,7 +218,7 @@ def run_task(job: Job, index: int) -> dict[str, Any]:
             "splits": {split: w.finish() for split, w in writers.items()},
             **dataclasses.asdict(stats)}
   kill("prepare_written", index)  # Test-only: shards renamed, the task not yet recorded.
-  files.write_atomically(os.path.join(job.output, corpus.TASKS, task + ".json"),
+  files.write_atomically(os.path.join(job.output, store.TASKS, task + ".json"),
                          json.dumps(result, indent=1, sort_keys=True))
   return result
 
@@ -226,24 +226,24 @@ def run_task(job: Job, index: int) -> dict[str, Any]:
 def done_task(job: Job, index: int) -> dict[str, Any] | None:
   """Task `index`'s json if it is done and still matches its file and the tokenizer."""
   task = task_name(index)
-  path = os.path.join(job.output, corpus.TASKS, task + ".json")
+  path = os.path.join(job.output, store.TASKS, task + ".json")
   if not os.path.exists(path):
     return None
   with open(path, encoding="utf-8") as f:
     result = json.load(f)
   source = result["source"]
-  if source["path"] != job.names[index] or corpus.file_change(source, job.root):
+  if source["path"] != job.names[index] or store.file_change(source, job.root):
     return None  # The file changed (or another file has this index now): redo it.
   # The same bytes (another host's copy, or touched): this host's mtime goes into the
   # manifest, so that training here finds it unchanged without hashing it again.
   source["mtime_ns"] = os.stat(os.path.join(job.root, job.names[index])).st_mtime_ns
-  if corpus.tokenizer_change(result, job.tokenizer_record):
+  if store.tokenizer_change(result, job.tokenizer_record):
     raise ConfigError(f"{path} was prepared with another vocabulary ("
-                      f"{corpus.tokenizer_change(result, job.tokenizer_record)}): every "
+                      f"{store.tokenizer_change(result, job.tokenizer_record)}): every "
                       "shard of a corpus needs the same one; copy the first host's vocabulary "
                       f"file into {os.path.dirname(job.output)} before data.prepare_shard runs")
   if not all(os.path.exists(os.path.join(job.output, split, task + suffix))
-             for split in corpus.SPLITS for suffix in (".array_record", ".index.npy")):
+             for split in store.SPLITS for suffix in (".array_record", ".index.npy")):
     return None
   return result
 
@@ -331,7 +331,7 @@ def prepare(job: Job, *, workers: int, shard: tuple[int, int]) -> dict[str, Any]
   os.makedirs(job.output, exist_ok=True)
   mine = [i for i in range(len(job.names)) if i % shard[1] == shard[0]]
   for i in mine:  # Only this shard's: other hosts may be writing theirs into this folder.
-    for split in corpus.SPLITS:
+    for split in store.SPLITS:
       leftover = os.path.join(job.output, split, f".{task_name(i)}.array_record.partial")
       if os.path.exists(leftover):
         os.remove(leftover)  # A killed attempt's shard: never part of the corpus.
@@ -367,21 +367,21 @@ def prepare(job: Job, *, workers: int, shard: tuple[int, int]) -> dict[str, Any]
                  len(missing), missing[0])
     return None
   manifest = _manifest(job, [every[i] for i in range(len(job.names))])
-  empty = corpus.empty_split(manifest, job.output)
+  empty = store.empty_split(manifest, job.output)
   if empty:  # Refused before the manifest: nothing a run could start on and then fail.
     raise ConfigError(empty)
-  files.write_atomically(os.path.join(job.output, corpus.MANIFEST),
+  files.write_atomically(os.path.join(job.output, store.MANIFEST),
                          json.dumps(manifest, indent=1, sort_keys=True))
   return manifest
 
 
 def _manifest(job: Job, results: list[dict[str, Any]]) -> dict[str, Any]:
   splits = {}
-  for split in corpus.SPLITS:
+  for split in store.SPLITS:
     shards = [{"task": r["task"], **r["splits"][split]} for r in results]
     splits[split] = {key: sum(s[key] for s in shards) for key in ("documents", "records", "tokens")}
     splits[split]["shards"] = shards
-  return {"format": corpus.FORMAT,
+  return {"format": store.FORMAT,
           "sources": {"path": job.root, "text_key": job.text_key,
                       "files": [r["source"] for r in results]},
           "tokenizer": job.tokenizer_record, "dtype": job.dtype,
