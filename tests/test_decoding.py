@@ -20,7 +20,7 @@ from configs import base
 from transformer.inference import decoding
 from transformer.config.model import ModelConfig
 from transformer.config.validation import validate
-from transformer.data.tokenizers import BOS_ID, EOS_ID, PAD_ID
+from transformer.data.tokenizers.vocabularies import BOS_ID, EOS_ID, PAD_ID
 from transformer.model.models import make_model
 
 B, L, VOCAB, MAX_LEN = 2, 10, 64, 16
