@@ -10,6 +10,7 @@ from __future__ import annotations
 import ml_collections
 
 from transformer.config import attention
+from transformer.config import objective as objective_lib
 from transformer.config.checks import check_bool, check_choice, is_int, is_number
 from transformer.config.errors import fail
 
@@ -35,7 +36,7 @@ def validate_modern_axes(config: ml_collections.ConfigDict) -> None:
           f"softmax; set model.attention_impl to one of "
           f"{[n for n, k in attention.KERNELS.items() if k.softcap]} (or 'auto': splash on "
           "TPUs, einsum elsewhere)")
-  if model.final_logit_softcap and model.head == "classification":
+  if model.final_logit_softcap and objective_lib.resolve(model).classifies:
     fail(m + "final_logit_softcap", model.final_logit_softcap,
           "caps the token logits of an 'lm' or 'mlm' head, not model.head='classification'")
   if model.norm_scale_plus_one and model.norm_type != "rmsnorm":

@@ -37,6 +37,7 @@ import numpy as np
 from absl import logging
 from flax import linen as nn
 
+from transformer.config import objective as objective_lib
 from transformer.config.model import ModelConfig
 from transformer.data import tokenizers
 from transformer.model import positions as positions_lib
@@ -458,7 +459,7 @@ def generate(config: ModelConfig, params, prompts_BP: jax.Array, num_steps: int,
     ValueError: on a wrong topology, an empty or left-padded prompt, prompts that do
       not fit model.max_len's position table, or inconsistent search options.
   """
-  if config.arch != "decoder" or config.head != "lm":
+  if not objective_lib.resolve(config).generates:
     raise ValueError(f"generate needs a decoder LM, got arch={config.arch!r}, "
                      f"head={config.head!r}; use generate_seq2seq for encoder_decoder")
   _check_search(beam_size, temperature, top_k, top_p, rng)
