@@ -218,7 +218,7 @@ def _score_split(run: loaded.LoadedRun, objective: objective_lib.Objective, sour
                                   split=split, batch_size=local_batch_size,
                                   process_index=share.index, process_count=share.count)
   # The eval step alone, for the loaded parameters' shardings; scorer.config is `config`,
-  # whose train.eval_batches (-1 above) evaluate_split reads.
+  # whose train.eval_batches (-1: set by `evaluate`) evaluate_split reads.
   scorer = trainer_lib.Scorer.create(config, run.mesh, run.param_shardings,
                                      position_bucket=by_position)
   # Batches, not examples: packed LM rows are not counted before they are built. The
@@ -243,7 +243,7 @@ def _translation_scores(run: loaded.LoadedRun, source: Any, split: str, seed: in
   config = run.config
   texts, references = text.source_and_reference_texts(config.data, source)
   policy = text.LengthPolicy(config.decode.overlong, text.source_context(config),
-                                   "source", "min(data.seq_len, model.max_len), eos included")
+                             "source", "min(data.seq_len, model.max_len), eos included")
   translating = progress_lib.Progress(f"evaluate {split}: translating", len(texts),
                                       "sentences")
   with run.context():
