@@ -34,7 +34,7 @@ def _write(workdir, rows, batch_size=4, seq_len=8):
     f.writelines(json.dumps(row) + "\n" for row in rows)
     f.write('{"step": 9, "lo')  # A torn last line is skipped, as MetricWriter does.
   with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
-    json.dump({"model": {"arch": "decoder", "head": "lm"},  # As every config.json has.
+    json.dump({"model": {"arch": "decoder"},
                "data": {"batch_size": batch_size, "seq_len": seq_len}}, f)
 
 

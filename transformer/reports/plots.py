@@ -25,7 +25,6 @@ from typing import Any, Sequence
 import numpy as np
 from absl import logging
 
-from transformer.config import objective as objective_lib
 from transformer.config.errors import ConfigError
 from transformer.workdir import files
 from transformer.workdir import layout
@@ -58,7 +57,7 @@ def tokens_per_step(workdir: str) -> int | None:
   try:
     with open(os.path.join(workdir, layout.CONFIG), encoding="utf-8") as f:
       config = json.load(f)
-    sides = objective_lib.of(config["model"]["arch"], config["model"]["head"]).sides
+    sides = 2 if config["model"]["arch"] == "encoder_decoder" else 1  # Source and target.
     return sides * int(config["data"]["batch_size"]) * int(config["data"]["seq_len"])
   except (OSError, ValueError, KeyError, TypeError):
     return None
