@@ -287,36 +287,49 @@ def main(argv):
     # A preset's steps_per_call gives way to the cadences the command line sets (a sweep
     # does this for each of its runs, whose processes do it again, alike).
     common.fit_steps_per_call(_CONFIG.value, common.config_overrides())
+  if not MODES[mode].STARTS_JAX:
+    _run_before_jax(mode)  # Exits.
+  _start_jax(mode)
+  _run_in_workdir(mode)
+
+
+def _run_before_jax(mode: str) -> None:
+  """A mode that does not start JAX (STARTS_JAX False): its checks, the lock, its main;
+  exits with its status."""
   from transformer.config.errors import ConfigError, DataError  # pylint: disable=g-import-not-at-top
   from transformer.workdir import lock  # pylint: disable=g-import-not-at-top
-  if not MODES[mode].STARTS_JAX:
-    # Before JAX starts: these read files, and a sweep's runs are launch.py processes of
-    # their own that need the accelerators (and jax.distributed) free.
-    existed = bool(_WORKDIR.value) and os.path.exists(_WORKDIR.value)
-    held = []  # Whether this command held the workdir's lock (so the workdir is its own).
-    try:
-      # A pod sweep runs on every host over one shared folder: there, each run's process
-      # 0 locks the run's workdir instead (the hosts' sweeps share the sweep folder).
-      single_host = not (_DISTRIBUTED.value or _NUM_PROCESSES.value)
-      locked = mode in _LOCKED and single_host
-      check = getattr(MODES[mode], "check_config", None)
-      if check is not None:  # A failed check creates nothing: before the lock.
-        check(_CONFIG.value, _WORKDIR.value)
-      with lock.hold(_WORKDIR.value) if locked else contextlib.nullcontext():
-        held.append(locked)
-        try:
-          code = MODES[mode].main(_CONFIG.value, _WORKDIR.value)
-        finally:
-          _say_unseen_characters()
-        _finished()
-    except (ConfigError, DataError) as e:
-      if any(held):  # Never another command's workdir (WorkdirInUse).
-        _created_by_a_failed_check(_WORKDIR.value, existed)
-      sys.stderr.write(f"\n{type(e).__name__}: {e}\n")
-      sys.exit(2)
-    except OSError as e:
-      _exit_environment_error(e, mode, _WORKDIR.value)
-    sys.exit(code)
+  # Before JAX starts: these read files, and a sweep's runs are launch.py processes of
+  # their own that need the accelerators (and jax.distributed) free.
+  existed = bool(_WORKDIR.value) and os.path.exists(_WORKDIR.value)
+  held = []  # Whether this command held the workdir's lock (so the workdir is its own).
+  try:
+    # A pod sweep runs on every host over one shared folder: there, each run's process
+    # 0 locks the run's workdir instead (the hosts' sweeps share the sweep folder).
+    single_host = not (_DISTRIBUTED.value or _NUM_PROCESSES.value)
+    locked = mode in _LOCKED and single_host
+    check = getattr(MODES[mode], "check_config", None)
+    if check is not None:  # A failed check creates nothing: before the lock.
+      check(_CONFIG.value, _WORKDIR.value)
+    with lock.hold(_WORKDIR.value) if locked else contextlib.nullcontext():
+      held.append(locked)
+      try:
+        code = MODES[mode].main(_CONFIG.value, _WORKDIR.value)
+      finally:
+        _say_unseen_characters()
+      _finished()
+  except (ConfigError, DataError) as e:
+    if any(held):  # Never another command's workdir (WorkdirInUse).
+      _created_by_a_failed_check(_WORKDIR.value, existed)
+    sys.stderr.write(f"\n{type(e).__name__}: {e}\n")
+    sys.exit(2)
+  except OSError as e:
+    _exit_environment_error(e, mode, _WORKDIR.value)
+  sys.exit(code)
+
+
+def _start_jax(mode: str) -> None:
+  """jax.distributed (the launcher flags), then the backends; exits 2 when they are not
+  the accelerator this host was set up for."""
   import jax  # pylint: disable=g-import-not-at-top
   from transformer import distributed  # pylint: disable=g-import-not-at-top
 
@@ -339,6 +352,16 @@ def main(argv):
   if mismatch and mode != "compile":  # compile runs on the CPU on purpose.
     sys.stderr.write(f"\nConfigError: {mismatch}\n")
     sys.exit(2)
+
+
+def _run_in_workdir(mode: str) -> None:
+  """A mode that runs on the started JAX: its checks, the lock, log.txt, its main; a
+  user's mistake, a signal, a diverged run or the machine's refusal each end it in one
+  line."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from transformer import distributed  # pylint: disable=g-import-not-at-top
+  from transformer.config.errors import ConfigError, DataError  # pylint: disable=g-import-not-at-top
+  from transformer.workdir import lock  # pylint: disable=g-import-not-at-top
 
   workdir = _WORKDIR.value or default_workdir(flags.FLAGS["config"].config_filename)
   # One writer per workdir (process 0 holds it for the run's processes).

@@ -177,6 +177,18 @@ def test_samples_need_a_decoder():
     validate(config)
 
 
+def test_samples_need_a_decoder_lm_not_a_decoder_classifier():
+  """A decoder with a classification head has nothing to continue a prompt with: refused
+  here (the objective's `generates`), not accepted and then ignored with a warning."""
+  config = _base()
+  config.train.sample_prompt = "def "
+  config.model.update(head="classification", pooling="last")
+  config.data.label_key = "label"
+  with pytest.raises(ConfigError, match=r"config\.train\.sample_prompt='def ' is invalid: "
+                     r"samples come from a decoder LM .* not the classification objective"):
+    validate(config)
+
+
 def test_sinusoidal_table_must_cover_the_sequence():
   config = _base()
   config.model.position = "sinusoidal"

@@ -30,26 +30,26 @@ REGISTRY = PACKAGE / "config" / "objective.py"
 PATTERN = re.compile(r"objective ==|objective in \(|objective !=")
 
 
-def _is_head(node: ast.AST) -> bool:
-  """`model.head` / `head`: "classification" is a head's name too, a model choice."""
-  return (isinstance(node, ast.Attribute) and node.attr == "head") or (
-      isinstance(node, ast.Name) and node.id == "head")
+def _is_pipeline(node: ast.AST) -> bool:
+  """`objective.pipeline` / `pipeline`: an input pipeline's key ("lm", "mlm", ...)."""
+  return (isinstance(node, ast.Attribute) and node.attr == "pipeline") or (
+      isinstance(node, ast.Name) and node.id == "pipeline")
 
 
 def _name_comparisons(source: str) -> list[int]:
-  """Lines comparing anything but a head with an objective's name ("seq2seq" == x)."""
+  """Lines comparing anything with an objective's name ("seq2seq" == x; a head with
+  "classification": `classifies` answers it), or a pipeline with a pipeline's key."""
   names = set(objective_lib.OBJECTIVES)
   lines = [number for number, line in enumerate(source.splitlines(), 1)
            if PATTERN.search(line)]
   for node in ast.walk(ast.parse(source)):
     if isinstance(node, ast.Compare):
       operands = [node.left, *node.comparators]
-      if any(_is_head(operand) for operand in operands):
-        continue
+      named = names | (set(pipeline.PIPELINES) if any(map(_is_pipeline, operands)) else set())
       for operand in operands:
         elements = operand.elts if isinstance(operand, (ast.Tuple, ast.List, ast.Set)) else [
             operand]
-        if any(isinstance(e, ast.Constant) and e.value in names for e in elements):
+        if any(isinstance(e, ast.Constant) and e.value in named for e in elements):
           lines.append(node.lineno)
   return sorted(set(lines))
 
@@ -65,9 +65,20 @@ def test_no_objective_name_is_compared_outside_the_registry():
 @pytest.mark.parametrize("line", [
     'if objective == "seq2seq": pass', 'sides = 2 if objective_of(a, h) != "seq2seq" else 1',
     'ok = name in ("causal_lm", "masked_lm")', 'ok = objective in (a, b)',
-    'ok = config.model.objective == "classification"'])
+    'ok = config.model.objective == "classification"',
+    'if model.head == "classification": pass', 'if head != "classification": pass',
+    'if objective.pipeline not in ("lm", "mlm"): pass', 'ok = pipeline == "seq2seq"'])
 def test_the_check_finds_a_comparison(line):
-  assert _name_comparisons(f"a = h = name = b = objective = objective_of = None\n{line}\n")
+  assert _name_comparisons(
+      f"a = h = name = b = objective = objective_of = model = head = pipeline = None\n{line}\n")
+
+
+@pytest.mark.parametrize("line", [
+    'ok = model.head == "lm"', 'ok = model.head != "mlm"', 'ok = model.arch == "decoder"'])
+def test_head_structure_questions_are_not_objective_names(line):
+  """The heads' own names ("lm": the plain projection, "mlm": BERT's transform and bias)
+  are model choices; only "classification" is an objective's name too."""
+  assert not _name_comparisons(f"model = None\n{line}\n")
 
 
 def test_every_entry_has_its_pipeline_and_its_pairs_name_real_topologies():

@@ -42,6 +42,7 @@ from transformer.training import trainer as trainer_lib
 from transformer.workdir import checkpointing
 from transformer.workdir import files
 from transformer.workdir import lock
+from transformer.workdir import orbax_patch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -367,9 +368,9 @@ def test_a_second_signal_while_orbax_writes_stops_at_once_saying_what_is_left(
 
 
 def test_a_failed_saves_other_writes_are_waited_for_at_most_drain_seconds(monkeypatch):
-  """The drain after a failed write has a bound (checkpointing.DRAIN_SECONDS): a write
+  """The drain after a failed write has a bound (orbax_patch.DRAIN_SECONDS): a write
   that hangs is cancelled with a warning, not waited for forever."""
-  monkeypatch.setattr(checkpointing, "DRAIN_SECONDS", 0.1)
+  monkeypatch.setattr(orbax_patch, "DRAIN_SECONDS", 0.1)
   ended = []
 
   async def writes():

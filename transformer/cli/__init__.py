@@ -14,6 +14,8 @@
   hf_export.py  --mode=export
   plot.py       --mode=plot
   sweep.py      --mode=sweep (--sweep): one launch.py process per grid point
+  sweep_spec.py --sweep's grid or JSON file -> every run's overrides, name and validated
+                config (build_runs), before the first run starts
   compare.py    --mode=compare (--compare_dirs)
   compile.py    --mode=compile (--topology, --mesh_search, ...): the steps compiled for a
                 TPU slice on this host, fits or not, how fast (transformer/planning/)

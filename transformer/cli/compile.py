@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import Any
 
 import ml_collections
 from absl import flags
@@ -87,33 +88,17 @@ def run(config: ml_collections.ConfigDict) -> int:
     input (unknown topology, a mesh or model that does not split, no libtpu or CUDA
     plugin, a config the target's compiler rejects).
   """
-  from transformer import plugin_noise  # pylint: disable=g-import-not-at-top
-  from transformer.planning import gpu  # pylint: disable=g-import-not-at-top
-  from transformer.planning import topology as topology_lib  # pylint: disable=g-import-not-at-top
-  if not _TOPOLOGY.value:
-    sys.stderr.write("--mode=compile needs --topology, e.g. --topology=v5p:4x4x4 or "
-                     f"h100:8; known slices: {topology_lib.known_topologies()}; GPUs: "
-                     f"{', '.join(f'{name}:8' for name in gpu.TARGETS)}\n")
-    return 2
-  missing = (gpu.wheels_missing() if gpu.is_gpu(_TOPOLOGY.value)
-             else topology_lib.libtpu_missing())
-  if missing:
-    sys.stderr.write(missing + "\n")
-    return 2
-  # The compile runs on this host's CPU whatever accelerators it has.
-  # jax may be imported already (a config file, a test), so its config is set too.
-  import jax  # pylint: disable=g-import-not-at-top
-  if not os.environ.get("JAX_PLATFORMS"):
-    os.environ["JAX_PLATFORMS"] = "cpu"
-    jax.config.update("jax_platforms", "cpu")
-  plugin_noise.start_backends_quietly()  # jax loads every installed plugin as it starts.
+  status = _start_jax_on_this_cpu()
+  if status:
+    return status
+  # Imported once JAX is on this host's CPU (above).
   from transformer.workdir import files  # pylint: disable=g-import-not-at-top
   from transformer.workdir import progress  # pylint: disable=g-import-not-at-top
   from transformer.config.errors import ConfigError  # pylint: disable=g-import-not-at-top
   from transformer.planning import input_rate  # pylint: disable=g-import-not-at-top
   from transformer.planning import plan as plan_lib  # pylint: disable=g-import-not-at-top
   from transformer.planning import report  # pylint: disable=g-import-not-at-top
-  from transformer.planning import search  # pylint: disable=g-import-not-at-top
+  from transformer.planning import topology as topology_lib  # pylint: disable=g-import-not-at-top
 
   try:
     # A fine-tuning config compiles the model it would train: init_from's (training/fine_tune.py).
@@ -137,36 +122,15 @@ def run(config: ml_collections.ConfigDict) -> int:
       rate = input_rate.measure(config, input_rate.hosts_of(devices), _INPUT_SECONDS.value)
     print("\n" + "\n".join(input_rate.lines(rate, plan.train_tokens_per_second)), flush=True)
 
-  levers = {}
   failing = [step for step in plan.costs if not plan.fits(step)]
-  if _TRY_LEVERS.value:
-    for step in failing:
-      levers[step] = search.try_levers(plan.config, topology, devices, plan.mesh, step,
-                                       _EXTRAPOLATE_DEPTH.value)
-      print("\n".join(report.trial_lines(
-          f"Levers for the {step} step, each compiled on its own ({report.gib(plan.costs[step].total_bytes)} "
-          "now):", levers[step], plan.usable_bytes, plan.costs[step].total_bytes)),
-            flush=True)
-  full = None
-  if _LORA_BASELINE.value and plan.config.model.lora_rank and "train" in plan.costs:
-    with progress.stage("compile: the train step without adapters (full fine-tuning)"):
-      full = search.full_fine_tuning(plan.config, topology, devices, _EXTRAPOLATE_DEPTH.value)
-    print("\n".join(report.trial_lines(
-        f"LoRA against full fine-tuning: the train step without adapters "
-        f"({report.gib(plan.costs['train'].total_bytes)} with them; --nolora_baseline "
-        "skips it):", [full], plan.usable_bytes, plan.costs["train"].total_bytes)),
-          flush=True)
+  levers, full = _levers_and_lora_baseline(plan, topology, devices, failing)
   trials = None
   if _MESH_SEARCH.value:
     try:
-      trials = search.mesh_search(plan.config, topology, devices,
-                                  tuple(_SEARCH_REMAT.value), _EXTRAPOLATE_DEPTH.value)
+      trials = _mesh_search(plan, topology, devices)
     except ConfigError as e:
       sys.stderr.write(f"ConfigError: {e}\n")
       return 2
-    print("\n".join(report.trial_lines(
-        f"Mesh search: the train step on {topology.chips} chips, those that fit fastest "
-        "first:", trials, plan.usable_bytes)), flush=True)
 
   output = flags.FLAGS.output
   if output:
@@ -186,3 +150,70 @@ def run(config: ml_collections.ConfigDict) -> int:
   print(f"Fits: every compiled step ({', '.join(plan.costs)}) fits a {plan.chip.name} chip "
         f"on mesh {plan.mesh}.")
   return 0
+
+
+def _start_jax_on_this_cpu() -> int:
+  """0 once JAX has started on this host's CPU; 2 (the reason written to stderr) when
+  --topology is missing or its compiler (libtpu, jax's CUDA plugin) is not installed."""
+  from transformer import plugin_noise  # pylint: disable=g-import-not-at-top
+  from transformer.planning import gpu  # pylint: disable=g-import-not-at-top
+  from transformer.planning import topology as topology_lib  # pylint: disable=g-import-not-at-top
+  if not _TOPOLOGY.value:
+    sys.stderr.write("--mode=compile needs --topology, e.g. --topology=v5p:4x4x4 or "
+                     f"h100:8; known slices: {topology_lib.known_topologies()}; GPUs: "
+                     f"{', '.join(f'{name}:8' for name in gpu.TARGETS)}\n")
+    return 2
+  missing = (gpu.wheels_missing() if gpu.is_gpu(_TOPOLOGY.value)
+             else topology_lib.libtpu_missing())
+  if missing:
+    sys.stderr.write(missing + "\n")
+    return 2
+  # The compile runs on this host's CPU whatever accelerators it has.
+  # jax may be imported already (a config file, a test), so its config is set too.
+  import jax  # pylint: disable=g-import-not-at-top
+  if not os.environ.get("JAX_PLATFORMS"):
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    jax.config.update("jax_platforms", "cpu")
+  plugin_noise.start_backends_quietly()  # jax loads every installed plugin as it starts.
+  return 0
+
+
+def _levers_and_lora_baseline(plan: Any, topology: Any, devices: Any,
+                              failing: list[str]) -> tuple[dict[str, Any], Any]:
+  """({step: the levers tried} for each step that does not fit (--try_levers), the train
+  step without adapters for a LoRA config (--lora_baseline) or None); each printed."""
+  from transformer.planning import report  # pylint: disable=g-import-not-at-top
+  from transformer.planning import search  # pylint: disable=g-import-not-at-top
+  from transformer.workdir import progress  # pylint: disable=g-import-not-at-top
+  levers = {}
+  if _TRY_LEVERS.value:
+    for step in failing:
+      levers[step] = search.try_levers(plan.config, topology, devices, plan.mesh, step,
+                                       _EXTRAPOLATE_DEPTH.value)
+      print("\n".join(report.trial_lines(
+          f"Levers for the {step} step, each compiled on its own ({report.gib(plan.costs[step].total_bytes)} "
+          "now):", levers[step], plan.usable_bytes, plan.costs[step].total_bytes)),
+            flush=True)
+  full = None
+  if _LORA_BASELINE.value and plan.config.model.lora_rank and "train" in plan.costs:
+    with progress.stage("compile: the train step without adapters (full fine-tuning)"):
+      full = search.full_fine_tuning(plan.config, topology, devices, _EXTRAPOLATE_DEPTH.value)
+    print("\n".join(report.trial_lines(
+        f"LoRA against full fine-tuning: the train step without adapters "
+        f"({report.gib(plan.costs['train'].total_bytes)} with them; --nolora_baseline "
+        "skips it):", [full], plan.usable_bytes, plan.costs["train"].total_bytes)),
+          flush=True)
+  return levers, full
+
+
+def _mesh_search(plan: Any, topology: Any, devices: Any) -> list[Any]:
+  """--mesh_search: the train step compiled on every mesh (and --search_remat policy),
+  printed fastest first; ConfigError when the search cannot start."""
+  from transformer.planning import report  # pylint: disable=g-import-not-at-top
+  from transformer.planning import search  # pylint: disable=g-import-not-at-top
+  trials = search.mesh_search(plan.config, topology, devices,
+                              tuple(_SEARCH_REMAT.value), _EXTRAPOLATE_DEPTH.value)
+  print("\n".join(report.trial_lines(
+      f"Mesh search: the train step on {topology.chips} chips, those that fit fastest "
+      "first:", trials, plan.usable_bytes)), flush=True)
+  return trials

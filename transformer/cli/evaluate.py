@@ -166,35 +166,10 @@ def evaluate(workdir: str, *, config: ml_collections.ConfigDict | None = None,
   path = output or result_path(workdir, split, run.steps, max_examples, variant)
   common.check_output(path, overwrite, given=bool(output))
   config.train.eval_batches = -1  # The whole split.
-  if config.data.name == "corpus":  # Token ids prepared by --mode=prepare.
-    prepared, _ = for_config.open_for_training(config, workdir)
-    loaded.check_run_data(workdir, given_config, prepared.record(), "evaluate")
-    source, dataset_name = prepared.split(split), prepared.record()["name"]
-  else:
-    source, dataset_name = _text_split(config, split, given_split, workdir, given_config)
+  source, dataset_name = _split_source(config, split, given_split, workdir, given_config)
   if max_examples > 0:
     source = _FirstExamples(source, max_examples)
-  local_batch_size = trainer_lib.check_batch_size(config, run.mesh)
-  share = sharding.input_shard(run.mesh, sharding.rules_of(config.mesh, run.mesh))
-  dataset = pipeline.make_dataset(config, objective, source, run.tokenizer, train=False,
-                                  split=split, batch_size=local_batch_size,
-                                  process_index=share.index, process_count=share.count)
-  # The eval step alone, for the loaded parameters' shardings; scorer.config is `config`,
-  # whose train.eval_batches (-1 above) evaluate_split reads.
-  scorer = trainer_lib.Scorer.create(config, run.mesh, run.param_shardings,
-                                     position_bucket=by_position)
-  # Batches, not examples: packed LM rows are not counted before they are built. The
-  # first batch's time includes compiling the eval step.
-  scoring = progress_lib.Progress(f"evaluate {split}", unit="batches")
-  progress_lib.say(f"evaluate {split}: scoring {len(source)} examples in batches of "
-                   f"{config.data.batch_size} (the first also compiles the eval step) ...")
-  with scorer.context():
-    sums = trainer_lib.sum_split(scorer, run.params, dataset, local_batch_size, scoring)
-  scoring.finish(f"{len(source)} examples scored")
-  metrics = metrics_lib.summarize(sums)
-  if objective.classifies:  # One weight per example; perplexity means little.
-    metrics["examples"] = metrics.pop("tokens")
-    metrics.pop("perplexity", None)
+  metrics, sums = _score_split(run, objective, source, split, by_position)
   record: dict[str, Any] = {
       "workdir": os.path.abspath(workdir), "dataset": dataset_name,
       "split": split, "examples": len(source), "objective": objective.name,
@@ -209,40 +184,95 @@ def evaluate(workdir: str, *, config: ml_collections.ConfigDict | None = None,
     record["by_position"] = {"bucket": by_position, "plot": position_plot_path(path),
                              "rows": metrics_lib.by_position_rows(sums, by_position)}
   if objective.translates and sources.is_translation(config.data):
-    texts, references = text.source_and_reference_texts(config.data, source)
-    policy = text.LengthPolicy(config.decode.overlong, text.source_context(config),
-                                     "source", "min(data.seq_len, model.max_len), eos included")
-    translating = progress_lib.Progress(f"evaluate {split}: translating", len(texts),
-                                        "sentences")
-    with run.context():
-      outputs = text.translate_texts(
-          run.model_config, run.params, run.tokenizer, texts, config.decode, policy,
-          names=[f"{split}[{i}]" for i in range(len(texts))], rng=run.sampling_rng(seed),
-          progress=translating)
-    translating.finish()
-    scores = text.corpus_scores(outputs, references)
-    metrics.update(bleu=scores["bleu"], chrf=scores["chrf"])
-    record["decoding"] = dict(text.describe_search(config.decode),
-                              max_length_offset=config.decode.max_length_offset,
-                              source_context=text.source_context(config))
-    if config.decode.temperature > 0:
-      record["decoding"]["seed"] = config.seed if seed is None else seed
-    record["sacrebleu"] = {k: scores[k] for k in ("bleu_detail", "bleu_signature",
-                                                  "chrf_signature")}
+    record.update(_translation_scores(run, source, split, seed, metrics))
   averaged = os.path.join(workdir, layout.AVERAGED)
   if os.path.exists(averaged):
     with open(averaged, encoding="utf-8") as f:
       record["averaged"] = json.load(f)
   if jax.process_index() == 0:
     common.check_output(path, overwrite, given=bool(output))
-    written = [(path, json.dumps(record, indent=2) + "\n")]
-    if by_position:  # The PNG and the JSON both or neither (files.write_together).
-      written.insert(0, (record["by_position"]["plot"], long_context.position_plot_png(
-          record["by_position"]["rows"], _plot_title(record, run),
-          trained_len=loaded.load_config(workdir).data.seq_len)))
-    files.write_together(written, flag="--output")
+    _write_result(record, run, path, workdir)
     _print_result(record, run, path, stdout or sys.stdout)
   return record
+
+
+def _split_source(config: ml_collections.ConfigDict, split: str, given_split: bool,
+                  workdir: str, given_config: ml_collections.ConfigDict | None
+                  ) -> tuple[Any, str]:
+  """The examples of the split to evaluate and the dataset's name: a prepared corpus's
+  token ids, or a TFDS split (each checked against the run's data)."""
+  if config.data.name == "corpus":  # Token ids prepared by --mode=prepare.
+    prepared, _ = for_config.open_for_training(config, workdir)
+    loaded.check_run_data(workdir, given_config, prepared.record(), "evaluate")
+    return prepared.split(split), prepared.record()["name"]
+  return _text_split(config, split, given_split, workdir, given_config)
+
+
+def _score_split(run: loaded.LoadedRun, objective: objective_lib.Objective, source: Any,
+                 split: str, by_position: int) -> tuple[dict[str, Any], Any]:
+  """(the summary metrics, the raw sums) of the eval step over every batch of `source`."""
+  config = run.config
+  local_batch_size = trainer_lib.check_batch_size(config, run.mesh)
+  share = sharding.input_shard(run.mesh, sharding.rules_of(config.mesh, run.mesh))
+  dataset = pipeline.make_dataset(config, objective, source, run.tokenizer, train=False,
+                                  split=split, batch_size=local_batch_size,
+                                  process_index=share.index, process_count=share.count)
+  # The eval step alone, for the loaded parameters' shardings; scorer.config is `config`,
+  # whose train.eval_batches (-1: set by `evaluate`) evaluate_split reads.
+  scorer = trainer_lib.Scorer.create(config, run.mesh, run.param_shardings,
+                                     position_bucket=by_position)
+  # Batches, not examples: packed LM rows are not counted before they are built. The
+  # first batch's time includes compiling the eval step.
+  scoring = progress_lib.Progress(f"evaluate {split}", unit="batches")
+  progress_lib.say(f"evaluate {split}: scoring {len(source)} examples in batches of "
+                   f"{config.data.batch_size} (the first also compiles the eval step) ...")
+  with scorer.context():
+    sums = trainer_lib.sum_split(scorer, run.params, dataset, local_batch_size, scoring)
+  scoring.finish(f"{len(source)} examples scored")
+  metrics = metrics_lib.summarize(sums)
+  if objective.classifies:  # One weight per example; perplexity means little.
+    metrics["examples"] = metrics.pop("tokens")
+    metrics.pop("perplexity", None)
+  return metrics, sums
+
+
+def _translation_scores(run: loaded.LoadedRun, source: Any, split: str, seed: int | None,
+                        metrics: dict[str, Any]) -> dict[str, Any]:
+  """Decodes the split's source sentences, adds BLEU and chrF to `metrics`; returns the
+  record's "decoding" and "sacrebleu" entries."""
+  config = run.config
+  texts, references = text.source_and_reference_texts(config.data, source)
+  policy = text.LengthPolicy(config.decode.overlong, text.source_context(config),
+                             "source", "min(data.seq_len, model.max_len), eos included")
+  translating = progress_lib.Progress(f"evaluate {split}: translating", len(texts),
+                                      "sentences")
+  with run.context():
+    outputs = text.translate_texts(
+        run.model_config, run.params, run.tokenizer, texts, config.decode, policy,
+        names=[f"{split}[{i}]" for i in range(len(texts))], rng=run.sampling_rng(seed),
+        progress=translating)
+  translating.finish()
+  scores = text.corpus_scores(outputs, references)
+  metrics.update(bleu=scores["bleu"], chrf=scores["chrf"])
+  decoding = dict(text.describe_search(config.decode),
+                  max_length_offset=config.decode.max_length_offset,
+                  source_context=text.source_context(config))
+  if config.decode.temperature > 0:
+    decoding["seed"] = config.seed if seed is None else seed
+  return {"decoding": decoding,
+          "sacrebleu": {k: scores[k] for k in ("bleu_detail", "bleu_signature",
+                                               "chrf_signature")}}
+
+
+def _write_result(record: dict[str, Any], run: loaded.LoadedRun, path: str,
+                  workdir: str) -> None:
+  """The JSON record, and with by_position its PNG: both or neither (files.write_together)."""
+  written = [(path, json.dumps(record, indent=2) + "\n")]
+  if "by_position" in record:
+    written.insert(0, (record["by_position"]["plot"], long_context.position_plot_png(
+        record["by_position"]["rows"], _plot_title(record, run),
+        trained_len=loaded.load_config(workdir).data.seq_len)))
+  files.write_together(written, flag="--output")
 
 
 def position_plot_path(path: str) -> str:

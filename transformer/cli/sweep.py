@@ -54,8 +54,6 @@ run SIGTERM (Linux), so no run outlives its sweep to train beside a rerun of it.
 from __future__ import annotations
 
 import ctypes
-import dataclasses
-import itertools
 import json
 import os
 import re
@@ -70,12 +68,12 @@ import ml_collections
 from absl import flags
 
 from transformer.cli import common
-from transformer.config.checks import is_int, is_number
+from transformer.cli.sweep_spec import SweepArm, build_runs
+# The spelling of a value on a command line, in each run's command and in sweep.json.
+from transformer.cli.sweep_spec import as_flag as _as_flag
 from transformer.config.errors import ConfigError
-from transformer.config.validation import validate
 from transformer.reports import compare
 from transformer.reports import plots
-from transformer.training import fine_tune
 from transformer.training import resume
 from transformer.workdir import checkpointing
 from transformer.workdir import files
@@ -113,209 +111,6 @@ def main(config: ml_collections.ConfigDict, workdir: str) -> int:
 
 LAUNCH = os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "launch.py")
-_TRUE, _FALSE = ("true", "t", "yes", "1"), ("false", "f", "no", "0")
-
-
-@dataclasses.dataclass(frozen=True)
-class SweepArm:
-  """One run of a sweep: its overrides (key -> command-line value), name and config."""
-
-  overrides: dict[str, str]
-  name: str
-  config: ml_collections.ConfigDict
-
-  @property
-  def label(self) -> str:
-    return ",".join(f"{key}={value}" for key, value in self.overrides.items())
-
-
-def _bad_spec(message: str) -> ConfigError:
-  return ConfigError(f"--sweep: {message}")
-
-
-def _read_spec_file(path: str) -> list[dict[str, Any]]:
-  """A JSON grid {key: [values]} or list of runs [{key: value}] -> the runs' overrides."""
-  try:
-    with open(path, encoding="utf-8") as f:
-      spec = json.load(f)
-  except (OSError, ValueError) as e:
-    raise _bad_spec(f"cannot read the JSON sweep file {path} ({e})") from e
-  if isinstance(spec, dict):
-    for key, values in spec.items():
-      if not isinstance(values, list) or not values:
-        raise _bad_spec(f"{path}: config.{key} needs a non-empty list of values, got "
-                        f"{values!r}")
-    return [dict(zip(spec, combination)) for combination in itertools.product(*spec.values())]
-  if isinstance(spec, list) and spec and all(isinstance(r, dict) and r for r in spec):
-    return spec
-  raise _bad_spec(f"{path} must hold a grid {{\"model.norm\": [\"pre\", \"post\"]}} or a "
-                  "non-empty list of runs [{\"model.norm\": \"pre\"}, ...]")
-
-
-def parse_spec(spec: str) -> list[dict[str, Any]]:
-  """The overrides of each run, {key: value}: raw strings from a grid, JSON values from a file.
-
-  Raises:
-    ConfigError: a malformed spec, naming the part and the syntax.
-  """
-  spec = spec.strip()
-  if spec.endswith(".json"):
-    return _read_spec_file(spec)
-  if not spec:
-    raise _bad_spec("empty; expected e.g. --sweep='model.norm=pre,post;model.position=rope,"
-                    "alibi' or the path of a .json file")
-  grid: dict[str, list[str]] = {}
-  for part in spec.split(";"):
-    key, equals, values = (s.strip() for s in part.partition("="))
-    if not equals or not key:
-      raise _bad_spec(f"{part.strip()!r} is not key=value1,value2 (e.g. model.norm=pre,post)")
-    key = key.removeprefix("config.")
-    if key in grid:
-      raise _bad_spec(f"config.{key} appears twice; list all its values once")
-    items = [v.strip() for v in values.split(",")]
-    if not values or any(not v for v in items):
-      raise _bad_spec(f"config.{key} has an empty value in {part.strip()!r}: expected "
-                      f"{key}=value1,value2 (an empty string needs a JSON sweep file)")
-    duplicates = sorted({v for v in items if items.count(v) > 1})
-    if duplicates:
-      raise _bad_spec(f"config.{key} lists {', '.join(duplicates)} twice")
-    grid[key] = items
-  return [dict(zip(grid, combination)) for combination in itertools.product(*grid.values())]
-
-
-def _field(config: ml_collections.ConfigDict, key: str) -> tuple[ml_collections.ConfigDict, str]:
-  """The ConfigDict that holds `key` and the key's last part; ConfigError if there is none."""
-  node, parts = config, key.split(".")
-  for depth, part in enumerate(parts):
-    if not isinstance(node, ml_collections.ConfigDict) or part not in node:
-      where = ".".join(["config"] + parts[:depth])
-      valid = (", ".join(sorted(node.keys())) if isinstance(node, ml_collections.ConfigDict)
-               else "none: it is not a group")
-      raise _bad_spec(f"config.{key} is not a config key; the keys of {where} are: {valid}")
-    if depth < len(parts) - 1:
-      node = node[part]
-  if isinstance(node[parts[-1]], ml_collections.ConfigDict):
-    raise _bad_spec(f"config.{key} is a group of keys ({', '.join(sorted(node[parts[-1]]))}); "
-                    "sweep one of them")
-  return node, parts[-1]
-
-
-def _typed(key: str, value: Any, current: Any) -> Any:
-  """`value` (a grid's string or a JSON value) as the type of the key's `current` value."""
-  def wrong(expected: str) -> ConfigError:
-    return _bad_spec(f"config.{key}={value!r} is invalid: expected {expected}, the type of "
-                     f"its value {current!r} in the config")
-
-  text = value.strip() if isinstance(value, str) else None
-  if isinstance(current, bool):
-    if isinstance(value, bool):
-      return value
-    if text is not None and text.lower() in _TRUE + _FALSE:
-      return text.lower() in _TRUE
-    raise wrong("true or false")
-  if isinstance(current, int):
-    if is_int(value):
-      return value
-    if text is not None and re.fullmatch(r"[+-]?\d+", text.replace("_", "")):
-      return int(text)
-    raise wrong("an integer")
-  if isinstance(current, float):
-    if is_number(value):
-      return float(value)
-    try:
-      return float(text)
-    except (TypeError, ValueError):
-      raise wrong("a number") from None
-  if isinstance(current, str):
-    if text is None:
-      raise wrong("a string")
-    return value
-  if isinstance(current, tuple):
-    if isinstance(value, (list, tuple)):
-      return _tuples(value)
-    raise wrong("a tuple, written as a JSON list in a JSON sweep file")
-  raise _bad_spec(f"config.{key} holds {current!r} ({type(current).__name__}): sweeping it "
-                  "is not supported; set it with a --config flag")
-
-
-def _tuples(value: Any) -> Any:
-  """JSON lists -> tuples, nested (mesh.shape, mesh.rules)."""
-  return tuple(_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
-
-
-def _as_flag(value: Any) -> str:
-  """How ml_collections' command-line parser reads `value` back."""
-  if isinstance(value, bool):
-    return "true" if value else "false"
-  if isinstance(value, (int, float, tuple)):
-    return repr(value)
-  return str(value)
-
-
-def _run_names(all_overrides: Sequence[dict[str, str]]) -> list[str]:
-  """`norm=post+position=rope`: the last part of each key, the full key where those collide."""
-  keys = list(dict.fromkeys(key for overrides in all_overrides for key in overrides))
-  short = {key: key.rsplit(".", 1)[-1] for key in keys}
-  clash = {key for key in keys if list(short.values()).count(short[key]) > 1}
-  names = []
-  for overrides in all_overrides:
-    # Characters a shell or --compare_dirs would trip on become one "_" each run.
-    parts = [f"{key if key in clash else short[key]}="
-             + (re.sub(r"[^A-Za-z0-9._-]+", "_", value).strip("_") or "_")
-             for key, value in overrides.items()]
-    names.append("+".join(parts))
-  for name in names:
-    if names.count(name) > 1:
-      raise _bad_spec(f"two runs would share the workdir {name!r}; make their values differ")
-  return names
-
-
-def build_runs(config: ml_collections.ConfigDict, spec: str,
-               fixed: Mapping[str, Any] = ()) -> list[SweepArm]:
-  """Every run's config from `config` and the spec, each validated before any run starts.
-
-  Args:
-    config: the sweep's base config (--config with its --config.x flags applied).
-    spec: the --sweep value (see the module docstring).
-    fixed: the keys set by --config.x flags, which a sweep must not also vary.
-
-  Returns:
-    The runs, in sweep order.
-
-  Raises:
-    ConfigError: naming the key (and the run) of the first problem.
-  """
-  all_overrides = []
-  for raw in parse_spec(spec):
-    overrides = {}
-    for key, value in raw.items():
-      key = key.removeprefix("config.")
-      if key in fixed:
-        raise _bad_spec(f"config.{key} is both swept and set by --config.{key}; drop one")
-      node, last = _field(config, key)
-      overrides[key] = _typed(key, value, node[last])
-    all_overrides.append(overrides)
-  flags = [{k: _as_flag(v) for k, v in o.items()} for o in all_overrides]
-  runs = []
-  for index, (overrides, as_flags, name) in enumerate(
-      zip(all_overrides, flags, _run_names(flags)), 1):
-    run_config = config.copy_and_resolve_references()
-    for key, value in overrides.items():
-      node, last = _field(run_config, key)
-      node[last] = value
-    run = SweepArm(as_flags, name, run_config)
-    # As the run's own launch.py process will (its keys and --config.x flags are its
-    # command line's), so that the config recorded here is the one it trains.
-    common.fit_steps_per_call(run_config, set(fixed) | set(overrides),
-                              where=f"--sweep run {index}/{len(flags)} ({run.label})")
-    try:
-      # init_from's model and tokenizer, as the run's own check_config takes them.
-      fine_tune.take_source_model(run_config, set(fixed) | set(overrides))
-      validate(run_config)
-    except ConfigError as e:
-      raise ConfigError(f"--sweep run {index}/{len(flags)} ({run.label}): {e}") from None
-    runs.append(run)
-  return runs
 
 
 finished_step = checkpointing.newest_complete_step  # What a rerun of a run would resume.
@@ -518,14 +313,7 @@ def run_sweep(config: ml_collections.ConfigDict, config_arg: str, sweep_dir: str
   # otherwise is refused as its resume would refuse it, before sweep.json records the
   # new flags; a finished run would otherwise be "finished" with settings it never had.
   changes = recorded_config_changes(sweep_dir, runs)
-  refused = [(index, run) for index, run in enumerate(runs, 1)
-             if run.name in changes and run.config.checkpoint.on_config_change != "allow"]
-  if refused:
-    raise ConfigError(
-        f"--mode=sweep: {len(refused)} of {len(runs)} runs were started with other settings "
-        "than this command gives them; nothing was run or recorded:\n" + "\n".join(
-            f"run {index}/{len(runs)} {run.label}: {changes[run.name]}"
-            for index, run in refused))
+  _refuse_changed_runs(runs, changes)
   os.makedirs(sweep_dir, exist_ok=True)
   outcomes = _previous_outcomes(sweep_dir)
   history = _history(sweep_dir, spec, runs)
@@ -537,68 +325,114 @@ def run_sweep(config: ml_collections.ConfigDict, config_arg: str, sweep_dir: str
     for index, run in enumerate(runs, 1):
       label = f"run {index}/{len(runs)} {run.label}"
       workdir = os.path.join(sweep_dir, run.name)
-      num_steps = run.config.train.num_steps
       step = finished_step(workdir)
-      holder = lock.in_use_by(workdir)
-      if holder:  # Another command trains it now: neither finished nor ours to start.
-        outcomes[run.name] = {"status": "in use", "step": step, "reason": f"in use by {holder}"}
-        record()
-        print(f"{label}: in use by {holder} (its workdir {workdir} is locked), not started; "
-              "rerun the sweep once that command has ended", file=sys.stderr, flush=True)
+      if _in_use_or_finished(label, workdir, run, step, changes, outcomes, record):
         continue
-      if step is not None and step >= num_steps:
-        outcomes[run.name] = {"status": "finished", "step": step}
-        kept = ""
-        if run.name in changes:  # on_config_change=allow, but nothing is left to train.
-          kept = (" with the settings of its config.json: the changes allowed by "
-                  "checkpoint.on_config_change=allow are not applied to a finished run")
-          outcomes[run.name]["reason"] = changes[run.name]
-        print(f"{label}: finished (checkpoint {step}/{num_steps}), skipped{kept}"
-              f"{_summary(workdir)}", flush=True)
-        record()
-        if not os.path.isdir(os.path.join(workdir, layout.PLOTS)):
-          plots.write_plots_after_training(workdir)
-        continue
-      start = "starting" if step is None else f"resuming from step {step}/{num_steps}"
       command = _command(config_arg, workdir, run, fixed, launcher_flags)
-      print(f"{label}: {start} in {workdir}\n  {shlex.join(command)}", flush=True)
-      outcomes[run.name] = {"status": "running"}
-      record()
-      started = time.perf_counter()
-      # A session of its own: a terminal's Ctrl-C reaches the run once, through _Forward.
-      forward.process = subprocess.Popen(command, start_new_session=True,
-                                         preexec_fn=stop_with_the_sweep,
-                                         stderr=subprocess.PIPE, text=True, errors="replace")
-      error, last_line = _relay_errors(forward.process)
-      code = forward.process.wait()
-      # The reason: the run's error line; for a killed run (no error printed) the signal.
-      reason = error or (f"the run was killed by signal {-code}" if code < 0 else last_line)
-      forward.process = None
-      step = finished_step(workdir)
-      elapsed = format_duration(time.perf_counter() - started)
-      if code == 0 and not forward.signals and step is not None and step >= num_steps:
-        print(f"{label}: finished in {elapsed}{_summary(workdir)}", flush=True)
-        outcomes[run.name] = {"status": "finished", "step": step}
-        record()
-        continue
-      logged = _last_logged_step(workdir)
-      if forward.signals or code in _INTERRUPTED or code == 0:
-        # Stopped by a signal (ours, passed on, or its own): the sweep stops with it.
-        outcomes[run.name] = {"status": "stopped", "step": step,
-                              "reason": reason or "stopped by a signal"}
-        record()
-        print(f"{label} stopped after {elapsed} at checkpoint {step}/{num_steps}; rerun the "
-              "same command to resume the sweep from it", file=sys.stderr, flush=True)
-        return code if code > 0 else 1
-      # Failed or diverged: recorded, and the sweep goes on with the next run.
-      how = f"exited with status {code}" if code > 0 else f"was killed by signal {-code}"
-      status = "diverged" if reason.startswith("FloatingPointError") else "failed"
-      outcomes[run.name] = {"status": status, "step": logged,
-                            "reason": reason or f"the run {how}"}
-      record()
-      print(f"{label} {status}: {how} after {elapsed}, last logged step {logged}: "
-            f"{reason or '(no error line)'}; the sweep goes on (rerunning it retries this "
-            "run)", file=sys.stderr, flush=True)
+      code = _train_run(label, workdir, run, step, command, outcomes, record, forward,
+                        stop_with_the_sweep)
+      if code:
+        return code
+  return _compare_runs(sweep_dir, runs, history, outcomes, log_steps)
+
+
+def _refuse_changed_runs(runs: Sequence[SweepArm], changes: Mapping[str, str]) -> None:
+  """ConfigError listing each run whose recorded config the command changes, unless
+  checkpoint.on_config_change=allow lets that run resume with the changes."""
+  refused = [(index, run) for index, run in enumerate(runs, 1)
+             if run.name in changes and run.config.checkpoint.on_config_change != "allow"]
+  if refused:
+    raise ConfigError(
+        f"--mode=sweep: {len(refused)} of {len(runs)} runs were started with other settings "
+        "than this command gives them; nothing was run or recorded:\n" + "\n".join(
+            f"run {index}/{len(runs)} {run.label}: {changes[run.name]}"
+            for index, run in refused))
+
+
+def _in_use_or_finished(label: str, workdir: str, run: SweepArm, step: int | None,
+                        changes: Mapping[str, str], outcomes: dict[str, dict[str, Any]],
+                        record: Callable[[], None]) -> bool:
+  """Whether the run is not to be started: another command holds its workdir, or its
+  newest checkpoint (`step`) is at train.num_steps (its plots written if missing);
+  recorded."""
+  num_steps = run.config.train.num_steps
+  holder = lock.in_use_by(workdir)
+  if holder:  # Another command trains it now: neither finished nor ours to start.
+    outcomes[run.name] = {"status": "in use", "step": step, "reason": f"in use by {holder}"}
+    record()
+    print(f"{label}: in use by {holder} (its workdir {workdir} is locked), not started; "
+          "rerun the sweep once that command has ended", file=sys.stderr, flush=True)
+    return True
+  if step is not None and step >= num_steps:
+    outcomes[run.name] = {"status": "finished", "step": step}
+    kept = ""
+    if run.name in changes:  # on_config_change=allow, but nothing is left to train.
+      kept = (" with the settings of its config.json: the changes allowed by "
+              "checkpoint.on_config_change=allow are not applied to a finished run")
+      outcomes[run.name]["reason"] = changes[run.name]
+    print(f"{label}: finished (checkpoint {step}/{num_steps}), skipped{kept}"
+          f"{_summary(workdir)}", flush=True)
+    record()
+    if not os.path.isdir(os.path.join(workdir, layout.PLOTS)):
+      plots.write_plots_after_training(workdir)
+    return True
+  return False
+
+
+def _train_run(label: str, workdir: str, run: SweepArm, step: int | None, command: list[str],
+               outcomes: dict[str, dict[str, Any]], record: Callable[[], None],
+               forward: _Forward, stop_with_the_sweep: Callable[[], None] | None) -> int:
+  """Starts (or resumes) the run and waits for it; records its outcome. Returns 0 to go
+  on with the next run (finished, failed, diverged), else the exit status the sweep
+  stops with (a run stopped by a signal)."""
+  num_steps = run.config.train.num_steps
+  start = "starting" if step is None else f"resuming from step {step}/{num_steps}"
+  print(f"{label}: {start} in {workdir}\n  {shlex.join(command)}", flush=True)
+  outcomes[run.name] = {"status": "running"}
+  record()
+  started = time.perf_counter()
+  # A session of its own: a terminal's Ctrl-C reaches the run once, through _Forward.
+  forward.process = subprocess.Popen(command, start_new_session=True,
+                                     preexec_fn=stop_with_the_sweep,
+                                     stderr=subprocess.PIPE, text=True, errors="replace")
+  error, last_line = _relay_errors(forward.process)
+  code = forward.process.wait()
+  # The reason: the run's error line; for a killed run (no error printed) the signal.
+  reason = error or (f"the run was killed by signal {-code}" if code < 0 else last_line)
+  forward.process = None
+  step = finished_step(workdir)
+  elapsed = format_duration(time.perf_counter() - started)
+  if code == 0 and not forward.signals and step is not None and step >= num_steps:
+    print(f"{label}: finished in {elapsed}{_summary(workdir)}", flush=True)
+    outcomes[run.name] = {"status": "finished", "step": step}
+    record()
+    return 0
+  logged = _last_logged_step(workdir)
+  if forward.signals or code in _INTERRUPTED or code == 0:
+    # Stopped by a signal (ours, passed on, or its own): the sweep stops with it.
+    outcomes[run.name] = {"status": "stopped", "step": step,
+                          "reason": reason or "stopped by a signal"}
+    record()
+    print(f"{label} stopped after {elapsed} at checkpoint {step}/{num_steps}; rerun the "
+          "same command to resume the sweep from it", file=sys.stderr, flush=True)
+    return code if code > 0 else 1
+  # Failed or diverged: recorded, and the sweep goes on with the next run.
+  how = f"exited with status {code}" if code > 0 else f"was killed by signal {-code}"
+  status = "diverged" if reason.startswith("FloatingPointError") else "failed"
+  outcomes[run.name] = {"status": status, "step": logged,
+                        "reason": reason or f"the run {how}"}
+  record()
+  print(f"{label} {status}: {how} after {elapsed}, last logged step {logged}: "
+        f"{reason or '(no error line)'}; the sweep goes on (rerunning it retries this "
+        "run)", file=sys.stderr, flush=True)
+  return 0
+
+
+def _compare_runs(sweep_dir: str, runs: Sequence[SweepArm], history: tuple[list[str],
+                  list[dict[str, Any]]], outcomes: Mapping[str, dict[str, Any]],
+                  log_steps: bool) -> int:
+  """The comparison of the runs (and those of earlier --sweep lists); 0 when every run
+  has finished, else 1."""
   # The runs of earlier --sweep lists stay in the comparison, marked as such.
   earlier = [os.path.join(sweep_dir, arm["name"]) for arm in history[1]]
   # A run whose folder is gone (deleted; or a run that failed before it wrote anything)

@@ -53,7 +53,7 @@ def validate_data(config: ml_collections.ConfigDict) -> None:
     fail(d + "lm_windows", "random", "random windows are a causal-LM sampling (model.arch="
           f"'decoder', model.head='lm'), not for model.arch={model.arch!r}, "
           f"model.head={model.head!r}; use 'packed'")
-  if model.head == "classification" and not data.label_key:
+  if objective_lib.resolve(model).classifies and not data.label_key:
     fail(d + "label_key", "", "a classification head needs the dataset's label feature "
           "(e.g. 'label' for glue/sst2 and imdb_reviews)")
   if not data.name:
@@ -103,10 +103,10 @@ def _validate_corpus(config: ml_collections.ConfigDict) -> None:
   for key in ("train_split", "eval_split"):
     if data[key] not in CORPUS_SPLITS:
       fail(d + key, data[key], f"a prepared corpus has the splits {CORPUS_SPLITS}")
-  pipeline = objective_lib.resolve(config.model).pipeline
-  if pipeline not in ("lm", "mlm"):
+  objective = objective_lib.resolve(config.model)
+  if not objective.streams:
     fail(d + "name", CORPUS, "a prepared corpus holds token ids for language modelling "
-         f"(model.head='lm'), not for the {pipeline} objective of model.arch="
+         f"(model.head='lm'), not for the {objective.pipeline} objective of model.arch="
          f"{config.model.arch!r}, model.head={config.model.head!r}")
 
 

@@ -175,8 +175,7 @@ def objective_of(arch: str, head: str) -> str:
 
 
 def _validate_topology(model: ml_collections.ConfigDict) -> None:
-  objective_lib.resolve(model)
-  if model.head == "classification":
+  if objective_lib.resolve(model).classifies:  # One class per example: rows pooled.
     if model.pooling not in POOLINGS:
       fail("model.pooling", model.pooling,
             f"a classification head needs a pooling rule: one of {POOLINGS}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ml_collections
 
 from transformer.config import attention
+from transformer.config import objective as objective_lib
 from transformer.config.checks import check_bool, check_choice, is_int, is_number
 from transformer.config.errors import fail
 
@@ -35,7 +36,7 @@ def validate_modern_axes(config: ml_collections.ConfigDict) -> None:
           f"softmax; set model.attention_impl to one of "
           f"{[n for n, k in attention.KERNELS.items() if k.softcap]} (or 'auto': splash on "
           "TPUs, einsum elsewhere)")
-  if model.final_logit_softcap and model.head == "classification":
+  if model.final_logit_softcap and objective_lib.resolve(model).classifies:
     fail(m + "final_logit_softcap", model.final_logit_softcap,
           "caps the token logits of an 'lm' or 'mlm' head, not model.head='classification'")
   if model.norm_scale_plus_one and model.norm_type != "rmsnorm":
@@ -47,7 +48,14 @@ def validate_modern_axes(config: ml_collections.ConfigDict) -> None:
   if model.qkv_bias and model.use_bias:
     fail(m + "qkv_bias", True, "model.use_bias=True already puts biases on q/k/v; "
           "qkv_bias adds them to a model.use_bias=False model (Qwen2)")
+  _validate_windows(config)
+  _validate_rope_scaling(config)
+  _validate_yarn_and_longrope(config)
 
+
+def _validate_windows(config: ml_collections.ConfigDict) -> None:
+  """Local layers: model.sliding_window, window_pattern and the local RoPE base."""
+  m, model = "model.", config.model
   window = model.sliding_window
   if not is_int(window) or window < 0:
     fail(m + "sliding_window", window, "expected an integer >= 1, or 0 for no local layers")
@@ -70,6 +78,11 @@ def validate_modern_axes(config: ml_collections.ConfigDict) -> None:
           "a RoPE base for local layers needs model.position='rope' and "
           "model.sliding_window > 0; 0 means rope_max_wavelength")
 
+
+def _validate_rope_scaling(config: ml_collections.ConfigDict) -> None:
+  """RoPE's long-context scaling (model.rope_scaling and its factors) and partial rotary."""
+  m, model = "model.", config.model
+  window, pattern = model.sliding_window, model.window_pattern
   check_choice(config, m + "rope_scaling", ROPE_SCALINGS)
   factor = model.rope_scaling_factor
   if not is_number(factor) or not factor > 0:
@@ -107,7 +120,6 @@ def validate_modern_axes(config: ml_collections.ConfigDict) -> None:
   if model.position == "rope" and (rotary != int(rotary) or int(rotary) % 2 or not rotary):
     fail(m + "rope_fraction", fraction, f"head_dim={head_dim} x rope_fraction must be an "
           "even number of features to rotate in pairs")
-  _validate_yarn_and_longrope(config)
 
 
 def _validate_yarn_and_longrope(config: ml_collections.ConfigDict) -> None:

@@ -44,6 +44,9 @@ class Objective:
       (train.sample_prompt) and random LM windows (data.lm_windows='random').
     packs: whether its pipeline's rows may hold several examples: True, False, or the
       data.* key whose value "pack" says so (row_layout).
+    streams: its training rows are documents concatenated into one token stream and
+      split (data/lm.py, data/corpus_rows.py): full rows, never padded in training; what
+      a prepared corpus's token ids (data.name="corpus") can feed.
   """
 
   name: str
@@ -56,6 +59,7 @@ class Objective:
   translates: bool = False
   generates: bool = False
   packs: bool | str = True
+  streams: bool = False
 
   @property
   def decodes(self) -> bool:
@@ -67,9 +71,9 @@ _LM_INPUTS = ("inputs", "segment_ids", "positions")
 
 OBJECTIVES: dict[str, Objective] = {o.name: o for o in (
     Objective("causal_lm", pairs=(("decoder", "lm"),), model_inputs=_LM_INPUTS,
-              pipeline="lm", generates=True),
+              pipeline="lm", generates=True, streams=True),
     Objective("masked_lm", pairs=(("encoder", "mlm"),), model_inputs=_LM_INPUTS,
-              pipeline="mlm"),
+              pipeline="mlm", streams=True),
     Objective("seq2seq", pairs=(("encoder_decoder", "lm"),),
               model_inputs=("inputs", "inputs_segment_ids", "inputs_positions",
                             "decoder_inputs", "targets_segment_ids", "targets_positions"),
@@ -123,7 +127,7 @@ def row_layout(objective: Objective, data: Any, train: bool) -> RowLayout:
   a stream that repeats forever (data/lm.py, data/corpus/packer.py)."""
   packs = objective.packs
   packed = data[packs] == "pack" if isinstance(packs, str) else packs
-  padded = not train or objective.pipeline not in ("lm", "mlm")
+  padded = not train or not objective.streams
   return RowLayout(packed=bool(packed), padded=padded)
 
 

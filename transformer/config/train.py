@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ml_collections
 
+from transformer.config import objective as objective_lib
 from transformer.config.checks import (check_bool, check_choice, check_float, check_int,
                                        check_positive, check_rate, is_number, lookup)
 from transformer.config.errors import fail
@@ -104,14 +105,16 @@ def validate_evaluation_hooks(config: ml_collections.ConfigDict) -> None:
   """The train.* fields of the hooks that evaluate during training: BLEU, samples."""
   t = "train."
   check_int(config, t + "bleu_examples", 0)
+  objective = objective_lib.resolve(config.model)
   if config.train.bleu_examples and not (config.data.source_language and
-                                         config.model.arch == "encoder_decoder"):
+                                         objective.translates):
     fail(t + "bleu_examples", config.train.bleu_examples, "BLEU is computed for "
           "translation runs: model.arch='encoder_decoder' with data.source_language and "
           "data.target_language set")
-  if config.train.sample_prompt and config.model.arch != "decoder":
+  if config.train.sample_prompt and not objective.generates:
     fail(t + "sample_prompt", config.train.sample_prompt, "samples come from a decoder "
-          f"LM (model.arch='decoder'), not model.arch={config.model.arch!r}")
+          f"LM (model.arch='decoder', model.head='lm'), not the {objective.name} objective "
+          f"of model.arch={config.model.arch!r}, model.head={config.model.head!r}")
   # The task names are checked where the tasks are read (evaluation/tasks.py), before
   # the model compiles: the table of known tasks lives there.
   if not isinstance(config.train.benchmarks, str):
@@ -120,7 +123,7 @@ def validate_evaluation_hooks(config: ml_collections.ConfigDict) -> None:
   check_int(config, t + "benchmark_documents", 0)
   check_int(config, t + "benchmark_every", 0)
   model = config.model
-  if config.train.benchmarks.strip() and (model.arch, model.head) != ("decoder", "lm"):
+  if config.train.benchmarks.strip() and not objective.generates:
     fail(t + "benchmarks", config.train.benchmarks, "benchmarks score continuations by "
           "their log-likelihood under a decoder LM (model.arch='decoder', head='lm'), not "
           f"model.arch={model.arch!r}, head={model.head!r}")

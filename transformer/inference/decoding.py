@@ -37,6 +37,7 @@ import numpy as np
 from absl import logging
 from flax import linen as nn
 
+from transformer.config import objective as objective_lib
 from transformer.config.model import ModelConfig
 from transformer.data.tokenizers import vocabularies
 from transformer.model import positions as positions_lib
@@ -240,66 +241,31 @@ def beam_search(logits_fn: LogitsFn, start_tokens_B: jax.Array, cache: Any, *,
   if alpha < 0:
     raise ValueError(f"alpha={alpha} must be >= 0: the search's stopping rule relies on "
                      "the length penalty not shrinking with length")
-  batch, n = start_tokens_B.shape[0], beam_size
+  batch = start_tokens_B.shape[0]
   if max_lengths_B is None:
     max_lengths_B = jnp.full((batch,), max_steps, jnp.int32)
-  steps_T = jnp.arange(max_steps)
-  ranks_2N = jnp.arange(2 * n)
 
   def cond(state: BeamState):
     return (state.step < max_steps) & ~jnp.all(state.done_B)
 
   def body(state: BeamState) -> BeamState:
-    i = state.step
-    logits_MV, cache = logits_fn(state.last_BN.reshape(batch * n), state.cache, i)
-    vocab = logits_MV.shape[-1]
-    logp_BNV = jax.nn.log_softmax(logits_MV.astype(jnp.float32)).reshape(batch, n, vocab)
-    candidates_BX = (state.live_logp_BN[:, :, None] + logp_BNV).reshape(batch, n * vocab)
-    # 2N candidates always hold N that do not end in eos (a beam adds one eos at most).
-    logp_B2, flat_B2 = jax.lax.top_k(candidates_BX, 2 * n)
-    parent_B2, token_B2 = flat_B2 // vocab, (flat_B2 % vocab).astype(jnp.int32)
-    tokens_B2T = jnp.take_along_axis(state.live_tokens_BNT, parent_B2[:, :, None], axis=1)
-    tokens_B2T = jnp.where(steps_T[None, None, :] == i, token_B2[:, :, None], tokens_B2T)
-    is_eos_B2 = token_B2 == eos_id
+    return _beam_step(logits_fn, state, beam_size=beam_size, max_steps=max_steps,
+                      max_lengths_B=max_lengths_B, alpha=alpha, eos_id=eos_id)
 
-    at_limit_B = i + 1 >= max_lengths_B
-    ends_B2 = (ranks_2N[None, :] < n) & (is_eos_B2 | at_limit_B[:, None])
-    new_scores_B2 = jnp.where(ends_B2, logp_B2 / length_penalty(i + 1, alpha), NEG_INF)
-    finished_scores_BN, pick_BN = jax.lax.top_k(
-        jnp.concatenate([state.finished_scores_BN, new_scores_B2], axis=1), n)
-    finished_tokens_BNT = jnp.take_along_axis(
-        jnp.concatenate([state.finished_tokens_BNT, tokens_B2T], axis=1),
-        pick_BN[:, :, None], axis=1)
+  state = _start_beams(start_tokens_B, cache, beam_size, max_steps, max_lengths_B)
+  state = jax.lax.while_loop(cond, body, state)
+  return state.finished_tokens_BNT, state.finished_scores_BN
 
-    live_logp_BN, pick_BN = jax.lax.top_k(jnp.where(is_eos_B2, NEG_INF, logp_B2), n)
-    parent_BN = jnp.take_along_axis(parent_B2, pick_BN, axis=1)
-    live_tokens_BNT = jnp.take_along_axis(tokens_B2T, pick_BN[:, :, None], axis=1)
-    last_BN = jnp.take_along_axis(token_B2, pick_BN, axis=1)
 
-    # A done row keeps its state (and beam order), so that what other rows still do
-    # cannot change it: a row gets the same result alone or in any batch.
-    keep_B = state.done_B
-    parent_BN = jnp.where(keep_B[:, None], jnp.arange(n)[None, :], parent_BN)
-
-    def merge(old, new):
-      return jnp.where(keep_B.reshape((batch,) + (1,) * (old.ndim - 1)), old, new)
-
-    finished_scores_BN = merge(state.finished_scores_BN, finished_scores_BN)
-    best_possible_B = live_logp_BN[:, 0] / length_penalty(max_lengths_B, alpha)
-    done_B = (keep_B | at_limit_B | (best_possible_B < finished_scores_BN[:, -1]))
-    return BeamState(
-        step=i + 1, last_BN=merge(state.last_BN, last_BN),
-        live_tokens_BNT=merge(state.live_tokens_BNT, live_tokens_BNT),
-        live_logp_BN=merge(state.live_logp_BN, live_logp_BN),
-        finished_tokens_BNT=merge(state.finished_tokens_BNT, finished_tokens_BNT),
-        finished_scores_BN=finished_scores_BN, done_B=done_B,
-        cache=_gather_beams(cache, parent_BN))
-
+def _start_beams(start_tokens_B: jax.Array, cache: Any, n: int, max_steps: int,
+                 max_lengths_B: jax.Array) -> BeamState:
+  """The search's first state: no finished hypothesis, the cache repeated N times a row."""
+  batch = start_tokens_B.shape[0]
   empty_BNT = jnp.full((batch, n, max_steps), vocabularies.PAD_ID, jnp.int32)
   # All N beams start as the same hypothesis; only beam 0 may extend it, so that the
   # first step's candidates are not N copies of each other.
   live_logp_BN = jnp.where(jnp.arange(n)[None, :] == 0, 0.0, NEG_INF)
-  state = BeamState(
+  return BeamState(
       step=jnp.zeros((), jnp.int32),
       last_BN=jnp.repeat(start_tokens_B.astype(jnp.int32)[:, None], n, axis=1),
       live_tokens_BNT=empty_BNT,
@@ -308,8 +274,60 @@ def beam_search(logits_fn: LogitsFn, start_tokens_B: jax.Array, cache: Any, *,
       finished_scores_BN=jnp.full((batch, n), NEG_INF, jnp.float32),
       done_B=max_lengths_B <= 0,
       cache=jax.tree.map(lambda x: jnp.repeat(x, n, axis=0), cache))
-  state = jax.lax.while_loop(cond, body, state)
-  return state.finished_tokens_BNT, state.finished_scores_BN
+
+
+def _beam_step(logits_fn: LogitsFn, state: BeamState, *, beam_size: int, max_steps: int,
+               max_lengths_B: jax.Array, alpha: float, eos_id: int) -> BeamState:
+  """One step of `beam_search`: every live hypothesis extended by every token; the best
+  N candidates ending in eos (or at the row's limit) finish, the best N others stay live;
+  a row that is done keeps its state."""
+  batch, n = state.done_B.shape[0], beam_size
+  steps_T = jnp.arange(max_steps)
+  ranks_2N = jnp.arange(2 * n)
+  i = state.step
+  logits_MV, cache = logits_fn(state.last_BN.reshape(batch * n), state.cache, i)
+  vocab = logits_MV.shape[-1]
+  logp_BNV = jax.nn.log_softmax(logits_MV.astype(jnp.float32)).reshape(batch, n, vocab)
+  candidates_BX = (state.live_logp_BN[:, :, None] + logp_BNV).reshape(batch, n * vocab)
+  # 2N candidates always hold N that do not end in eos (a beam adds one eos at most).
+  logp_B2, flat_B2 = jax.lax.top_k(candidates_BX, 2 * n)
+  parent_B2, token_B2 = flat_B2 // vocab, (flat_B2 % vocab).astype(jnp.int32)
+  tokens_B2T = jnp.take_along_axis(state.live_tokens_BNT, parent_B2[:, :, None], axis=1)
+  tokens_B2T = jnp.where(steps_T[None, None, :] == i, token_B2[:, :, None], tokens_B2T)
+  is_eos_B2 = token_B2 == eos_id
+
+  at_limit_B = i + 1 >= max_lengths_B
+  ends_B2 = (ranks_2N[None, :] < n) & (is_eos_B2 | at_limit_B[:, None])
+  new_scores_B2 = jnp.where(ends_B2, logp_B2 / length_penalty(i + 1, alpha), NEG_INF)
+  finished_scores_BN, pick_BN = jax.lax.top_k(
+      jnp.concatenate([state.finished_scores_BN, new_scores_B2], axis=1), n)
+  finished_tokens_BNT = jnp.take_along_axis(
+      jnp.concatenate([state.finished_tokens_BNT, tokens_B2T], axis=1),
+      pick_BN[:, :, None], axis=1)
+
+  live_logp_BN, pick_BN = jax.lax.top_k(jnp.where(is_eos_B2, NEG_INF, logp_B2), n)
+  parent_BN = jnp.take_along_axis(parent_B2, pick_BN, axis=1)
+  live_tokens_BNT = jnp.take_along_axis(tokens_B2T, pick_BN[:, :, None], axis=1)
+  last_BN = jnp.take_along_axis(token_B2, pick_BN, axis=1)
+
+  # A done row keeps its state (and beam order), so that what other rows still do
+  # cannot change it: a row gets the same result alone or in any batch.
+  keep_B = state.done_B
+  parent_BN = jnp.where(keep_B[:, None], jnp.arange(n)[None, :], parent_BN)
+
+  def merge(old, new):
+    return jnp.where(keep_B.reshape((batch,) + (1,) * (old.ndim - 1)), old, new)
+
+  finished_scores_BN = merge(state.finished_scores_BN, finished_scores_BN)
+  best_possible_B = live_logp_BN[:, 0] / length_penalty(max_lengths_B, alpha)
+  done_B = (keep_B | at_limit_B | (best_possible_B < finished_scores_BN[:, -1]))
+  return BeamState(
+      step=i + 1, last_BN=merge(state.last_BN, last_BN),
+      live_tokens_BNT=merge(state.live_tokens_BNT, live_tokens_BNT),
+      live_logp_BN=merge(state.live_logp_BN, live_logp_BN),
+      finished_tokens_BNT=merge(state.finished_tokens_BNT, finished_tokens_BNT),
+      finished_scores_BN=finished_scores_BN, done_B=done_B,
+      cache=_gather_beams(cache, parent_BN))
 
 
 # ---------------------------------------------------------------- model wrappers
@@ -441,7 +459,7 @@ def generate(config: ModelConfig, params, prompts_BP: jax.Array, num_steps: int,
     ValueError: on a wrong topology, an empty or left-padded prompt, prompts that do
       not fit model.max_len's position table, or inconsistent search options.
   """
-  if config.arch != "decoder" or config.head != "lm":
+  if not objective_lib.resolve(config).generates:
     raise ValueError(f"generate needs a decoder LM, got arch={config.arch!r}, "
                      f"head={config.head!r}; use generate_seq2seq for encoder_decoder")
   _check_search(beam_size, temperature, top_k, top_p, rng)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -139,24 +140,12 @@ class MultiHeadAttention(nn.Module):
       The [B, L, E] attention output.
     """
     cfg = self.config
-    H, K, D, E = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.d_model
-    dense = functools.partial(EinsumDense, use_bias=cfg.use_bias, dtype=cfg.dtype,
-                              param_dtype=cfg.param_dtype,
-                              kernel_init=initializers.dense_kernel(cfg, in_axis=0,
-                                                                    out_axis=(1, 2)))
-    # Qwen2 biases q/k/v (model.qkv_bias) in a model without other biases.
-    qkv_dense = functools.partial(dense, use_bias=cfg.use_bias or cfg.qkv_bias)
-    query = qkv_dense("BLE,EHD->BLHD", (E, H, D), ("embed", "heads", "head_dim"),
-                      ("heads", "head_dim"), lora=lora.adapted(cfg, "query"), name="query")
-    key = qkv_dense("BSE,EKD->BSKD", (E, K, D), ("embed", "kv_heads", "head_dim"),
-                    ("kv_heads", "head_dim"), lora=lora.adapted(cfg, "key"), name="key")
-    value = qkv_dense("BSE,EKD->BSKD", (E, K, D), ("embed", "kv_heads", "head_dim"),
-                      ("kv_heads", "head_dim"), lora=lora.adapted(cfg, "value"), name="value")
+    query, key, value = self._qkv_projections()
     fused = kv_BSE is x_BLE and self._fusable()
     if fused:
-      q_BLHD, k_BSKD, v_BSKD = self._fused_qkv(x_BLE, query, key, value)
+      q_BLHD, *fused_kv = self._fused_qkv(x_BLE, query, key, value)
     else:
-      q_BLHD = query(x_BLE)
+      q_BLHD, fused_kv = query(x_BLE), None
     if cfg.qk_norm:  # Per head, before RoPE (Qwen3, Gemma 3): bounds the scores' scale.
       q_BLHD = norms.make_norm(cfg, "query_norm", axis_name="head_dim")(q_BLHD).astype(
           cfg.dtype)
@@ -165,36 +154,69 @@ class MultiHeadAttention(nn.Module):
                              attention_factor=rope_attention_factor)
     if rope_positions is not None:
       q_BLHD = rope(q_BLHD, rope_positions[0])
+    k_BSKD, v_BSKD = self._keys_and_values(
+        kv_BSE, key, value, fused_kv, rope=rope, positions_BL=positions_BL,
+        key_positions=None if rope_positions is None else rope_positions[1])
+    out_BLHD = self._attend(q_BLHD, k_BSKD, v_BSKD, mask_B1LS, bias_BHLS, segments,
+                            causal=causal, local=local)
+    H, D, E = cfg.num_heads, cfg.head_dim, cfg.d_model
+    out_init = initializers.dense_kernel(cfg, in_axis=(0, 1), out_axis=2,
+                                         residual_adds=self.residual_adds)
+    return self._dense()(
+        "BLHD,HDE->BLE", (H, D, E), ("heads", "head_dim", "embed"), ("embed",),
+        kernel_init=out_init, lora=lora.adapted(cfg, "out"), name="out")(out_BLHD)
 
+  def _dense(self) -> Callable[..., EinsumDense]:
+    """EinsumDense with the model's dtypes, bias and initialisation of q/k/v."""
+    cfg = self.config
+    return functools.partial(EinsumDense, use_bias=cfg.use_bias, dtype=cfg.dtype,
+                             param_dtype=cfg.param_dtype,
+                             kernel_init=initializers.dense_kernel(cfg, in_axis=0,
+                                                                   out_axis=(1, 2)))
+
+  def _qkv_projections(self) -> tuple[EinsumDense, EinsumDense, EinsumDense]:
+    """The query, key and value projections (their parameters: query/kernel, ...)."""
+    cfg = self.config
+    H, K, D, E = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.d_model
+    # Qwen2 biases q/k/v (model.qkv_bias) in a model without other biases.
+    qkv_dense = functools.partial(self._dense(), use_bias=cfg.use_bias or cfg.qkv_bias)
+    query = qkv_dense("BLE,EHD->BLHD", (E, H, D), ("embed", "heads", "head_dim"),
+                      ("heads", "head_dim"), lora=lora.adapted(cfg, "query"), name="query")
+    key = qkv_dense("BSE,EKD->BSKD", (E, K, D), ("embed", "kv_heads", "head_dim"),
+                    ("kv_heads", "head_dim"), lora=lora.adapted(cfg, "key"), name="key")
+    value = qkv_dense("BSE,EKD->BSKD", (E, K, D), ("embed", "kv_heads", "head_dim"),
+                      ("kv_heads", "head_dim"), lora=lora.adapted(cfg, "value"), name="value")
+    return query, key, value
+
+  def _keys_and_values(self, kv_BSE: jax.Array | None, key: EinsumDense,
+                       value: EinsumDense, fused_kv: list[jax.Array] | None, *,
+                       rope: Callable, positions_BL: jax.Array | None,
+                       key_positions: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+    """k and v to attend to: a decoding cross-attention's cached ones once the source is
+    cached; else projected (`fused_kv` when _fused_qkv made them), normed and rotated,
+    then written to the layer's cache ("cross": once; "self": at positions_BL)."""
+    cfg = self.config
     if kv_BSE is None:  # Decoding steps after the first: the source's k/v are cached.
       if self.cache != "cross" or not self.has_variable("cache", "cached_key"):
         raise ValueError("attention got no keys/values input; only a decoding cross-"
                          "attention can do without, once a first call with the encoder "
                          "output has cached them")
-      k_BSKD = self.get_variable("cache", "cached_key")
-      v_BSKD = self.get_variable("cache", "cached_value")
-    else:
-      if not fused:
-        k_BSKD, v_BSKD = key(kv_BSE), value(kv_BSE)
-      if cfg.qk_norm:
-        k_BSKD = norms.make_norm(cfg, "key_norm", axis_name="head_dim")(k_BSKD).astype(
-            cfg.dtype)
-      if rope_positions is not None:
-        k_BSKD = rope(k_BSKD, rope_positions[1])
-      # model.init only sizes the "self" cache: a "cross" cache's shape depends on the
-      # source length, so it is created by the first decoding call instead.
-      if self.cache == "cross" and not self.is_initializing():
-        self.put_variable("cache", "cached_key", k_BSKD)
-        self.put_variable("cache", "cached_value", v_BSKD)
-      elif self.cache == "self":
-        k_BSKD, v_BSKD = self._update_cache(k_BSKD, v_BSKD, positions_BL)
-
-    out_BLHD = self._attend(q_BLHD, k_BSKD, v_BSKD, mask_B1LS, bias_BHLS, segments,
-                            causal=causal, local=local)
-    out_init = initializers.dense_kernel(cfg, in_axis=(0, 1), out_axis=2,
-                                         residual_adds=self.residual_adds)
-    return dense("BLHD,HDE->BLE", (H, D, E), ("heads", "head_dim", "embed"), ("embed",),
-                 kernel_init=out_init, lora=lora.adapted(cfg, "out"), name="out")(out_BLHD)
+      return self.get_variable("cache", "cached_key"), self.get_variable("cache",
+                                                                         "cached_value")
+    k_BSKD, v_BSKD = fused_kv if fused_kv is not None else (key(kv_BSE), value(kv_BSE))
+    if cfg.qk_norm:
+      k_BSKD = norms.make_norm(cfg, "key_norm", axis_name="head_dim")(k_BSKD).astype(
+          cfg.dtype)
+    if key_positions is not None:
+      k_BSKD = rope(k_BSKD, key_positions)
+    # model.init only sizes the "self" cache: a "cross" cache's shape depends on the
+    # source length, so it is created by the first decoding call instead.
+    if self.cache == "cross" and not self.is_initializing():
+      self.put_variable("cache", "cached_key", k_BSKD)
+      self.put_variable("cache", "cached_value", v_BSKD)
+    elif self.cache == "self":
+      k_BSKD, v_BSKD = self._update_cache(k_BSKD, v_BSKD, positions_BL)
+    return k_BSKD, v_BSKD
 
   def _fusable(self) -> bool:
     """Whether q, k and v may come from one matmul (self-attention's, _fused_qkv): no

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from transformer.config import objective as objective_lib
 from transformer.config.errors import ConfigError
 from transformer.model import attention_ops
 from transformer.model import context
@@ -249,7 +250,7 @@ class Decoder(nn.Module):
     """
     cfg = self.config
     embedder, x_BLE = _single_stack(cfg, tokens_BL, segment_ids_BL, positions_BL, causal=True)
-    if cfg.head == "classification":
+    if objective_lib.resolve(cfg).classifies:
       return ClassificationHead(cfg, name="classification_head")(x_BLE, segment_ids_BL,
                                                                  _pooler(cfg))
     bias_V = _logits_bias(self, cfg) if cfg.logits_bias else None
@@ -272,7 +273,7 @@ class Encoder(nn.Module):
     embedder, x_BLE = _single_stack(cfg, tokens_BL, segment_ids_BL, positions_BL,
                                     causal=False)
     pooler = _pooler(cfg)
-    if cfg.head == "classification":
+    if objective_lib.resolve(cfg).classifies:
       return ClassificationHead(cfg, name="classification_head")(x_BLE, segment_ids_BL, pooler)
     if pooler is not None:  # Unused by the MLM head; created so that fine-tuning gets it.
       pooler(x_BLE[:, 0].astype(jnp.float32))

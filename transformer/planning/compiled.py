@@ -326,7 +326,7 @@ def compile_decode(trainer: trainer_lib.Trainer) -> StepCost:
   ints = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
   start = time.perf_counter()
   with trainer.context(), progress.stage("compile: lowering the decode step"):
-    if model_config.arch == "decoder":
+    if objective_lib.resolve(model_config).generates:  # Else it translates.
       steps = min(config.decode.max_new_tokens, model_config.max_len - 1)
       width = model_config.max_len - steps + 1
       lowered = decoding._generate.lower(  # pylint: disable=protected-access

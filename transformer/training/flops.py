@@ -42,6 +42,7 @@ import numpy as np
 from absl import logging
 
 from transformer import hardware
+from transformer.config import objective as objective_lib
 from transformer.config.model import GATED_ACTIVATIONS, ModelConfig
 from transformer.workdir import files
 from transformer.workdir import layout
@@ -188,7 +189,7 @@ def forward_flops_per_sequence(cfg: ModelConfig, seq_len: int,
       weighted values.
   """
   E, V, L = cfg.d_model, cfg.vocab_size, seq_len
-  if cfg.head == "classification":
+  if objective_lib.resolve(cfg).classifies:
     head = 2 * E * cfg.num_classes  # On one pooled vector per row.
   elif cfg.head == "mlm":
     head = 2 * L * (E * E + E * V)  # The transform, then the vocabulary projection.
@@ -226,6 +227,6 @@ def train_flops_per_step(cfg: ModelConfig, batch_size: int, seq_len: int,
   if not cfg.lora_rank:
     return 3 * batch_size * forward
   frozen = forward_flops_per_sequence(cfg, seq_len, source_len, scores=False)
-  if cfg.head == "classification":
+  if objective_lib.resolve(cfg).classifies:
     frozen -= 2 * cfg.d_model * cfg.num_classes
   return batch_size * (3 * forward - frozen)

@@ -100,27 +100,7 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, forward: Calla
     (_, sums), grads = jax.value_and_grad(objective, has_aux=True)(trainable)
     return sums, grads
 
-  if microbatches == 1:
-    sums, grad_sums = sums_and_grads(batch, rng)
-  else:
-    # Row r goes to micro-batch r % k, so every device holds a slice of each micro-batch.
-    def split(x):
-      x = x.reshape((x.shape[0] // microbatches, microbatches) + x.shape[1:])
-      return jnp.moveaxis(x, 1, 0)
-
-    micro_batches = jax.tree.map(split, batch)
-
-    def accumulate(carry, xs):
-      index, micro = xs
-      out = sums_and_grads(micro, jax.random.fold_in(rng, index))
-      return jax.tree.map(jnp.add, carry, out), None
-
-    first = jax.tree.map(lambda x: x[0], micro_batches)
-    zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype),
-                         jax.eval_shape(sums_and_grads, first, rng))
-    (sums, grad_sums), _ = jax.lax.scan(
-        accumulate, zeros, (jnp.arange(microbatches), micro_batches))
-
+  sums, grad_sums = _summed_over_microbatches(sums_and_grads, batch, rng, microbatches)
   grads = jax.tree.map(lambda g: g / jnp.maximum(sums["weight_sum"], 1.0), grad_sums)
   updates, opt_state = tx.update(grads, state.opt_state, trainable)
   params = optim.join_trainable(optax.apply_updates(trainable, updates), frozen)
@@ -140,6 +120,33 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, forward: Calla
       update_norm=update_norm)
   new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
   return new_state, sums
+
+
+def _summed_over_microbatches(sums_and_grads: Callable, batch: dict[str, jax.Array],
+                              rng: jax.Array, microbatches: int) -> tuple[Any, Any]:
+  """(metric sums, gradient sums) of `sums_and_grads(micro, micro_rng)` over the whole
+  batch: in one pass, or as `microbatches` slices scanned in sequence (gradient
+  accumulation), slice i with dropout key fold_in(rng, i)."""
+  if microbatches == 1:
+    return sums_and_grads(batch, rng)
+  # Row r goes to micro-batch r % k, so every device holds a slice of each micro-batch.
+  def split(x):
+    x = x.reshape((x.shape[0] // microbatches, microbatches) + x.shape[1:])
+    return jnp.moveaxis(x, 1, 0)
+
+  micro_batches = jax.tree.map(split, batch)
+
+  def accumulate(carry, xs):
+    index, micro = xs
+    out = sums_and_grads(micro, jax.random.fold_in(rng, index))
+    return jax.tree.map(jnp.add, carry, out), None
+
+  first = jax.tree.map(lambda x: x[0], micro_batches)
+  zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype),
+                       jax.eval_shape(sums_and_grads, first, rng))
+  (sums, grad_sums), _ = jax.lax.scan(
+      accumulate, zeros, (jnp.arange(microbatches), micro_batches))
+  return sums, grad_sums
 
 
 def eval_step(params: Any, batch: dict[str, jax.Array], *, forward: Callable,

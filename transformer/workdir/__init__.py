@@ -4,6 +4,9 @@
   files.py          the one atomic write (temporary file, fsync, 0644, replace)
   checkpointing.py  the Orbax manager (state + data iterator), restore checks, the one
                     parameters-only save path
+  orbax_patch.py    the one replacement of a library's internals: Orbax's event loop for a
+                    save, drained after a failed write (what, why, for which Orbax, and
+                    what to do when Orbax changes)
   init_from.py      config.init_from: parameters matched by path, read into a new model
   averaging.py      the mean of several checkpoints' parameters
   metrics_file.py   metrics.jsonl rows (MetricWriter, read_rows) and TensorBoard events

@@ -16,11 +16,10 @@ Parameter matching for `config.init_from` is in init_from.py, averaging in avera
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
-from typing import Any, Coroutine
+from typing import Any
 
 import grain
 import jax
@@ -28,58 +27,18 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
-from orbax.checkpoint._src import asyncio_utils
 from etils import epath
 from jax.experimental import multihost_utils
 
 from transformer.config.errors import ConfigError
 from transformer.workdir import files
 from transformer.workdir import layout
+from transformer.workdir import orbax_patch
 
 
-# How long a failed save's other writes are waited for (`_run_sync_draining`).
-DRAIN_SECONDS = 60
-
-
-def _run_sync_draining(coro: Coroutine[Any, Any, Any]) -> Any:
-  """Orbax's `_run_sync_via_new_loop`, but a failure waits for the loop's other tasks.
-
-  Orbax runs each write's coroutines with `asyncio.gather` in a fresh loop and closes
-  the loop as soon as one write fails (a full disk): the other tensorstore writes go on
-  in C++, then print "RuntimeError: Event loop is closed" (dozens of tracebacks after
-  the one-line message) and write files into a folder the caller has already removed.
-  Here the failed loop first runs its remaining tasks to their end (each fails fast on
-  the same full disk), so a failed save is over when its error reaches the caller;
-  at most DRAIN_SECONDS (a write that hangs is then left, with a warning). A second
-  signal (KeyboardInterrupt) is not drained: it stops at once.
-  """
-  loop = asyncio.new_event_loop()
-  try:
-    asyncio.set_event_loop(loop)
-    try:
-      return loop.run_until_complete(coro)
-    except KeyboardInterrupt:
-      raise  # A second signal (files.signals_deferred): stop now, nothing waited for.
-    except BaseException:
-      pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
-      if pending:
-        _, still = loop.run_until_complete(asyncio.wait(pending, timeout=DRAIN_SECONDS))
-        if still:  # A write that does not end (a dead peer, a hung file system).
-          logging.warning("%d writes of the failed save had not ended after %d s; not "
-                          "waiting longer (the folder they write is not used)", len(still),
-                          DRAIN_SECONDS)
-          for task in still:
-            task.cancel()
-      raise
-  finally:
-    asyncio.set_event_loop(None)
-    loop.close()
-
-
-# The one place a library's internals are replaced; a newer Orbax without the function
-# keeps its own (the test of a full disk during import then says so).
-if hasattr(asyncio_utils, "_run_sync_via_new_loop"):
-  asyncio_utils._run_sync_via_new_loop = _run_sync_draining  # pylint: disable=protected-access
+# A failed save's other writes end before its error goes up (Orbax's event loop, replaced
+# there: what, why, for which Orbax, and what to do when Orbax changes).
+orbax_patch.install()
 
 
 class Checkpointer:

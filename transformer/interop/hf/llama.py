@@ -477,12 +477,14 @@ def export_llama(workdir: str, hf_dir: str, *, checkpoint_step: int | None = Non
     raise ConfigError(f"{os.path.join(workdir, common.CONFIG)}: {problem}; only "
                       "Llama-shaped decoders export as Llama")
   params, bundle, vocab = common.export_inputs(workdir, run)
+  tensors = _export_tensors(model, params, vocab)
+  hf_config = _export_config(model, family, vocab)
+  return common.write_folder(hf_dir, tensors, hf_config, bundle, run, family)
 
-  def special(internal: int) -> int | None:  # A role the source vocabulary lacked: None.
-    return None if internal in vocab.added else int(vocab.internal_to_hf[internal])
 
-  heads, kv_heads = model.num_heads, model.num_kv_heads or model.num_heads
-  head_dim = model.head_dim or model.d_model // heads
+def _export_tensors(model: ml_collections.ConfigDict, params: dict[str, Any],
+                    vocab: common.VocabularyMap) -> dict[str, np.ndarray]:
+  """A Llama-shaped decoder's parameters under LlamaForCausalLM's tensor names."""
   tensors = {"model.embed_tokens.weight": vocab.unrows(
       params["embedder"]["token_embed"]["embedding"])}
   for i in range(model.num_layers):
@@ -505,6 +507,17 @@ def export_llama(workdir: str, hf_dir: str, *, checkpoint_step: int | None = Non
   tensors["model.norm.weight"] = params["final_norm"]["scale"]
   if not model.tie_embeddings:
     tensors["lm_head.weight"] = vocab.unrows(params["lm_head"]["kernel"].T)
+  return tensors
+
+
+def _export_config(model: ml_collections.ConfigDict, family: str,
+                   vocab: common.VocabularyMap) -> dict[str, Any]:
+  """The config.json of `family` (llama, mistral, qwen2, qwen3) for the model's fields."""
+  def special(internal: int) -> int | None:  # A role the source vocabulary lacked: None.
+    return None if internal in vocab.added else int(vocab.internal_to_hf[internal])
+
+  heads, kv_heads = model.num_heads, model.num_kv_heads or model.num_heads
+  head_dim = model.head_dim or model.d_model // heads
   hf_config = {
       "architectures": [_ARCHITECTURES[family]], "model_type": family,
       "vocab_size": vocab.hf_vocab_size, "hidden_size": model.d_model,
@@ -532,4 +545,4 @@ def export_llama(workdir: str, hf_dir: str, *, checkpoint_step: int | None = Non
   if family in ("qwen2", "qwen3"):
     hf_config.update(use_sliding_window=False, sliding_window=None,
                      layer_types=["full_attention"] * model.num_layers)
-  return common.write_folder(hf_dir, tensors, hf_config, bundle, run, family)
+  return hf_config

@@ -71,23 +71,33 @@ def convert(fields: common.Fields, t: common.Tensors, files: dict[str, str]) -> 
   """T5 v1.0 (ReLU, tied), v1.1 / Flan-T5 / mT5 (gated GELU, untied) and gated-SiLU
   variants, and Switch Transformers; relative position buckets, RMSNorm."""
   del files  # The tokenizer files are read by importer.tokenizer_bundle.
-  d_model, heads = fields.get("d_model", 512), fields.get("num_heads", 8)
-  head_dim = fields.get("d_kv", 64)
   switch = fields.get("model_type") == "switch_transformers"
+  activation, gated = _activation(fields, switch)
+  model, vocab = _model_fields(fields, activation, switch)
+  params = _params(t, model, vocab, switch=switch, gated=gated)
+  return common.Converted(fields.get("model_type"), model, params, vocab)
+
+
+def _activation(fields: common.Fields, switch: bool) -> tuple[str, bool]:
+  """(model.activation, whether T5's feed-forward is gated: wi_0 and wi_1)."""
   if switch:  # Switch's MLPs are never gated; dense_act_fn names the activation.
     projection = fields.get("dense_act_fn", "relu")
     if projection not in _SWITCH_ACTIVATIONS:
       raise ConfigError(f"{fields.where}: dense_act_fn={projection!r} is not supported; "
                         f"this import implements {sorted(_SWITCH_ACTIVATIONS)}")
-    activation = _SWITCH_ACTIVATIONS[projection]
-  else:
-    projection = fields.get("feed_forward_proj", "relu")
-    if projection not in _T5_ACTIVATIONS:
-      raise ConfigError(f"{fields.where}: feed_forward_proj={projection!r} is not "
-                        f"supported; this import implements {sorted(_T5_ACTIVATIONS)}")
-    activation = _T5_ACTIVATIONS[projection]
-    # transformers derives dense_act_fn and is_gated_act from feed_forward_proj.
-    fields.ignore("dense_act_fn", "is_gated_act")
+    return _SWITCH_ACTIVATIONS[projection], False
+  projection = fields.get("feed_forward_proj", "relu")
+  if projection not in _T5_ACTIVATIONS:
+    raise ConfigError(f"{fields.where}: feed_forward_proj={projection!r} is not "
+                      f"supported; this import implements {sorted(_T5_ACTIVATIONS)}")
+  # transformers derives dense_act_fn and is_gated_act from feed_forward_proj.
+  fields.ignore("dense_act_fn", "is_gated_act")
+  return _T5_ACTIVATIONS[projection], projection.startswith("gated")
+
+
+def _model_fields(fields: common.Fields, activation: str,
+                  switch: bool) -> tuple[dict[str, Any], common.VocabularyMap]:
+  """The model.* fields of a T5 / Switch config.json, and its vocabulary map."""
   fields.ignore("initializer_factor")
   tie = fields.get("tie_word_embeddings", True)
   pad, eos = fields.get("pad_token_id", 0), fields.get("eos_token_id", 1)
@@ -100,8 +110,9 @@ def convert(fields: common.Fields, t: common.Tensors, files: dict[str, str]) -> 
   moe = _switch_fields(fields, encoder_layers, decoder_layers) if switch else {}
   model = dict(
       arch="encoder_decoder", head="lm", vocab_size=len(vocab.internal_to_hf),
-      d_model=d_model, num_layers=encoder_layers, num_decoder_layers=decoder_layers,
-      num_heads=heads, num_kv_heads=0, head_dim=head_dim, mlp_dim=fields.get("d_ff", 2048),
+      d_model=fields.get("d_model", 512), num_layers=encoder_layers,
+      num_decoder_layers=decoder_layers, num_heads=fields.get("num_heads", 8),
+      num_kv_heads=0, head_dim=fields.get("d_kv", 64), mlp_dim=fields.get("d_ff", 2048),
       max_len=fields.get("n_positions", 512), position="relative",
       relative_buckets=fields.get("relative_attention_num_buckets", 32),
       relative_max_distance=fields.get("relative_attention_max_distance", 128),
@@ -111,9 +122,16 @@ def convert(fields: common.Fields, t: common.Tensors, files: dict[str, str]) -> 
       logits_bias=False, embed_dropout=dropout, residual_dropout=dropout,
       mlp_dropout=dropout, never_predict=vocab.added, **moe,
       **common.attention_dropout(dropout))
+  return model, vocab
+
+
+def _params(t: common.Tensors, model: dict[str, Any], vocab: common.VocabularyMap, *,
+            switch: bool, gated: bool) -> dict[str, Any]:
+  """The checkpoint's tensors as this codebase's parameters of `model`."""
+  d_model, heads, tie = model["d_model"], model["num_heads"], model["tie_embeddings"]
   # T5 does not divide attention logits by sqrt(head_dim) (its init absorbs it); this
   # codebase does, so the query kernels are multiplied by it here.
-  query_scale = np.float32(np.sqrt(head_dim))
+  query_scale = np.float32(np.sqrt(model["head_dim"]))
   embedding = t.take_tied("shared.weight", "encoder.embed_tokens.weight",
                           "decoder.embed_tokens.weight",
                           *(("lm_head.weight",) if tie else ()))
@@ -127,7 +145,8 @@ def convert(fields: common.Fields, t: common.Tensors, files: dict[str, str]) -> 
     q, k, v, o = (kernel(f"{name}.{x}") for x in ("q", "k", "v", "o"))
     return common.attention_params((q[0] * query_scale, None), k, v, o, heads)
 
-  for side, count in (("encoder", encoder_layers), ("decoder", decoder_layers)):
+  for side, count in (("encoder", model["num_layers"]),
+                      ("decoder", model["num_decoder_layers"])):
     stack = params[side] = {
         "relative_bias": {"embedding": t.take(
             f"{side}.block.0.layer.0.SelfAttention.relative_attention_bias.weight")},
@@ -141,9 +160,8 @@ def convert(fields: common.Fields, t: common.Tensors, files: dict[str, str]) -> 
         block["cross_attention"] = attention(p + "1.EncDecAttention")
         block["cross_attention_norm"] = {"scale": t.take(p + "1.layer_norm.weight")}
       if switch:
-        block["mlp"] = _switch_mlp(t, ff + ".mlp.", moe, i)
+        block["mlp"] = _switch_mlp(t, ff + ".mlp.", model, i)
       else:
-        gated = projection.startswith("gated")
         block["mlp"] = {"wi": {"kernel": kernel(ff + (".DenseReluDense.wi_0" if gated
                                                       else ".DenseReluDense.wi"))[0]},
                         "wo": {"kernel": kernel(ff + ".DenseReluDense.wo")[0]}}
@@ -157,7 +175,7 @@ def convert(fields: common.Fields, t: common.Tensors, files: dict[str, str]) -> 
     params["decoder"]["final_norm"]["scale"] *= np.float32(d_model ** -0.5)
   else:
     params["lm_head"] = {"kernel": vocab.rows(t.take("lm_head.weight")).T}
-  return common.Converted(fields.get("model_type"), model, params, vocab)
+  return params
 
 
 def _switch_mlp(t: common.Tensors, prefix: str, moe: dict[str, Any],
