@@ -208,7 +208,10 @@ def test_batch_must_split_over_data_parallel_devices(tiny_config):
   tiny_config.data.batch_size = 12
   mesh = sharding.make_mesh(tiny_config.mesh)  # 8 simulated devices on the data axis.
   with pytest.raises(ConfigError, match=r"config\.data\.batch_size=12.*8 data-parallel"):
-    trainer_lib.check_batch_size(tiny_config, mesh)
+    trainer_lib.batch_share(tiny_config, mesh)
+  tiny_config.data.batch_size = 16
+  share = trainer_lib.batch_share(tiny_config, mesh)
+  assert (share.index, share.count, share.rows) == (0, 1, 16)  # One process reads it all.
 
 
 @pytest.mark.parametrize("preset", ["bert_base", "transformer_base"])

@@ -159,6 +159,7 @@ class InputShard:
 
   index: int
   count: int
+  rows: int = 0  # Rows of every global batch it reads: batch_size // count (batch_share).
 
 
 def input_shard(mesh: Mesh, rules: Rules, process_index: int | None = None) -> InputShard:

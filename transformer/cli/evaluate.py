@@ -25,7 +25,6 @@ import jax
 import ml_collections
 from absl import flags
 
-from transformer import sharding
 from transformer.cli import common
 from transformer.config import objective as objective_lib
 from transformer.config.errors import ConfigError
@@ -212,8 +211,8 @@ def _score_split(run: loaded.LoadedRun, objective: objective_lib.Objective, sour
                  split: str, by_position: int) -> tuple[dict[str, Any], Any]:
   """(the summary metrics, the raw sums) of the eval step over every batch of `source`."""
   config = run.config
-  local_batch_size = trainer_lib.check_batch_size(config, run.mesh)
-  share = sharding.input_shard(run.mesh, sharding.rules_of(config.mesh, run.mesh))
+  share = trainer_lib.batch_share(config, run.mesh)
+  local_batch_size = share.rows
   dataset = pipeline.make_dataset(config, objective, source, run.tokenizer, train=False,
                                   split=split, batch_size=local_batch_size,
                                   process_index=share.index, process_count=share.count)

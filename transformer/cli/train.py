@@ -28,7 +28,7 @@ from transformer.reports import plots
 from transformer.training import fine_tune
 from transformer.training import loop
 from transformer.training import signals
-from transformer.training.trainer import check_batch_size, check_divisible
+from transformer.training.trainer import batch_share, check_divisible
 from transformer.workdir import checkpointing
 from transformer.workdir import layout
 from transformer.workdir import run_record
@@ -50,7 +50,7 @@ def check_config(config: ml_collections.ConfigDict, workdir: str = "") -> None:
   fine_tune.take_source_model(config, common.config_overrides(), workdir)
   validate(config)
   mesh = sharding.make_mesh(config.mesh)
-  check_batch_size(config, mesh)
+  batch_share(config, mesh)
   if config.model.vocab_size:  # 0: the tokenizer's size; Trainer.create checks it then.
     check_divisible(config, mesh)
   fine_tune.check_parameters_fit(config, workdir)

@@ -349,7 +349,7 @@ def build_trainer(config: ml_collections.ConfigDict, mesh) -> trainer_lib.Traine
   Raises:
     ConfigError: the batch does not split over the mesh, or a weight does not.
   """
-  trainer_lib.check_batch_size(config, mesh)
+  trainer_lib.batch_share(config, mesh)
   with gpu.target_capability(mesh):  # init traces the attention for the target GPU.
     return trainer_lib.Trainer.create(config, mesh)  # Checks that the weights divide first.
 

@@ -47,7 +47,7 @@ from transformer.training import prefetch
 from transformer.training import reporting
 from transformer.training import resume
 from transformer.training import signals
-from transformer.training.trainer import Trainer, TrainState, check_batch_size, evaluate_split
+from transformer.training.trainer import Trainer, TrainState, batch_share, evaluate_split
 from transformer.workdir import checkpointing
 from transformer.workdir import files
 from transformer.workdir import init_from
@@ -103,7 +103,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   """train_and_evaluate with its signal handlers installed."""
   validate(config)
   mesh = sharding.make_mesh(config.mesh)
-  local_batch_size = check_batch_size(config, mesh)
+  share = batch_share(config, mesh)  # This process's rows of every batch.
+  local_batch_size = share.rows
   is_chief = jax.process_index() == 0
   os.makedirs(workdir, exist_ok=True)
   logging.info("Mesh %s over %d devices (%d processes)", dict(mesh.shape),
@@ -146,8 +147,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                run_vocabulary.tokenizer_kind(data_sources.tokenizer),
                data_sources.tokenizer.vocab_size, config.model.vocab_size)
   # Each process reads its devices' share of the rows: the same share as the processes
-  # across a tensor or context axis from it (sharding.input_shard).
-  share = sharding.input_shard(mesh, sharding.rules_of(config.mesh, mesh))
+  # across a tensor or context axis from it (batch_share).
   data_kwargs = dict(batch_size=local_batch_size, process_index=share.index,
                      process_count=share.count)
   train_data, eval_data = (

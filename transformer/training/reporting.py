@@ -80,7 +80,7 @@ class Reporter:
                progress: metrics_lib.TrainProgress | None, local_rows: int,
                guard: NonFiniteGuard | None = None):
     """`local_rows`: the rows this process reads a step, its input share of the batch
-    (trainer.check_batch_size: batch_size // sharding.input_shard's count), not
+    (trainer.batch_share's rows: batch_size // sharding.input_shard's count), not
     batch_size // the process count: processes across a tensor or context axis read
     the same rows. Each share mixes its own rows by the same rule (data/corpus/mixture.py)."""
     self.config = config

@@ -393,8 +393,11 @@ def abstract_params(config: ml_collections.ConfigDict) -> Any:
                         *objectives.model_inputs(objective, batch))["params"]
 
 
-def check_batch_size(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> int:
-  """Returns this process's rows per batch (sharding.input_shard's share of it).
+def batch_share(config: ml_collections.ConfigDict,
+                mesh: jax.sharding.Mesh) -> sharding.InputShard:
+  """This process's share of every global batch: which share it reads (index of count,
+  sharding.input_shard) and how many rows (its `rows`, batch_size // count). The one
+  place training, evaluation and the reports take a process's rows from.
 
   Raises:
     ConfigError: the global batch does not split evenly over the data-parallel shards
@@ -409,7 +412,8 @@ def check_batch_size(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh)
         f"config.data.batch_size={batch} is invalid: it must be divisible by the "
         f"{ways} data-parallel shards of mesh {dict(mesh.shape)} times "
         f"config.train.microbatches={micro}; e.g. {ways * micro}")
-  return batch // sharding.input_shard(mesh, rules).count
+  share = sharding.input_shard(mesh, rules)
+  return dataclasses.replace(share, rows=batch // share.count)
 
 
 def evaluate_split(scorer: Scorer, params: Any, dataset, local_batch_size: int,
