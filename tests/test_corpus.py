@@ -453,8 +453,11 @@ def _children(pid: int) -> list[int]:
   """The pids of `pid`'s child processes (Linux /proc)."""
   found = []
   for task in os.listdir(f"/proc/{pid}/task"):
-    with open(f"/proc/{pid}/task/{task}/children", encoding="ascii") as f:
-      found += [int(child) for child in f.read().split()]
+    try:
+      with open(f"/proc/{pid}/task/{task}/children", encoding="ascii") as f:
+        found += [int(child) for child in f.read().split()]
+    except FileNotFoundError:  # The thread ended between the listing and the read.
+      continue
   return found
 
 
