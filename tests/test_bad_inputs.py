@@ -34,7 +34,7 @@ from absl import logging as absl_logging
 
 import launch
 from configs import base
-from tiny import make_tiny_config
+from tiny import make_tiny_config, subprocess_env
 from transformer import sharding
 from transformer.training import trainer as trainer_lib
 from transformer.workdir import checkpointing
@@ -156,7 +156,7 @@ def _launch_in_process(argv: list[str], monkeypatch) -> tuple[int, str]:
 
 
 def _launch_subprocess(argv: list[str]) -> tuple[int, str]:
-  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+  env = subprocess_env()
   result = subprocess.run([sys.executable, "launch.py"] + argv, cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S,
                           check=False)

@@ -48,6 +48,7 @@ from transformer.workdir import averaging
 from transformer.workdir import init_from
 from transformer.workdir import metrics_file
 from transformer.workdir import progress
+from tiny import subprocess_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -262,7 +263,7 @@ def test_translate_through_launch(translation_run, tmp_path):
        f"--workdir={workdir}", f"--input={tmp_path}/in.txt", f"--output={tmp_path}/out.txt",
        "--beam_size=1", "--max_length_offset=4"],
       cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
-      env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})  # One CPU device.
+      env=subprocess_env())
   assert result.returncode == 0, result.stderr[-3000:]
   lines = (tmp_path / "out.txt").read_text(encoding="utf-8").split("\n")
   assert len(lines) == 4 and lines[1] == "" and lines[3] == ""
@@ -279,7 +280,7 @@ def _stopped_while_decoding(argv, signum, delay):
   process = subprocess.Popen(
       [sys.executable, os.path.join(ROOT, "launch.py"), *argv], cwd=ROOT,
       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-      env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
+      env=subprocess_env(),
       # As a terminal's foreground process: pytest-xdist's workers ignore SIGINT.
       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
   lines = []

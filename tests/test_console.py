@@ -8,6 +8,7 @@ import sys
 
 from transformer.workdir import console
 from transformer.workdir import layout
+from tiny import subprocess_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ABSL_PREFIX = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d{6} +\d+ [\w.]+:\d+\] ")
@@ -61,7 +62,8 @@ def test_log_file_is_appended_across_restarts(tmp_path):
 def test_launch_console_has_no_prefix_or_library_noise(tmp_path):
   """A real run: a fresh dataset build, two steps; then what stderr and log.txt hold."""
   workdir = tmp_path / "run"
-  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+  env = subprocess_env()
+  del env["JAX_PLATFORMS"]  # As a user starts it: JAX probes for accelerators itself.
   result = subprocess.run(
       [sys.executable, os.path.join(ROOT, "launch.py"), "--config=configs/gpt_small.py:local",
        f"--workdir={workdir}", f"--config.data.data_dir={tmp_path / 'tfds'}",

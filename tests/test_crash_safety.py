@@ -26,7 +26,7 @@ import pytest
 from tensorboardX.proto import event_pb2
 
 import crash_worker
-from tiny import make_tiny_config
+from tiny import make_tiny_config, subprocess_env
 from transformer.workdir import checkpointing
 from transformer.training import metrics
 from transformer import sharding
@@ -168,7 +168,7 @@ def test_metric_writer_resume_keeps_rows_up_to_the_checkpoint(tmp_path, caplog):
 
 def _run_worker(workdir, data_dir, kill_at=None, sync_save=False):
   """Runs tests/crash_worker.py on one CPU device; returns (returncode, output)."""
-  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+  env = subprocess_env()
   env.pop(fault_injection.KillAt.VARIABLE, None)  # pylint: disable=protected-access
   if kill_at:
     env[fault_injection.KillAt.VARIABLE] = kill_at  # pylint: disable=protected-access

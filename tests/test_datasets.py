@@ -25,6 +25,7 @@ from transformer.data.tokenizers import run_vocabulary
 from transformer.data.tokenizers import vocabularies
 from transformer.training import loop
 from transformer.workdir import layout
+from tiny import subprocess_env
 
 BYTES = vocabularies.ByteTokenizer()
 
@@ -334,7 +335,7 @@ def test_launch_reports_a_data_mistake_without_traceback(tmp_path):
        "--config=configs/shakespeare_char.py:cpu", f"--config.data.path={tmp_path}/missing.txt",
        f"--config.data.data_dir={tmp_path}/tfds", f"--workdir={tmp_path}/run"],
       cwd=root, capture_output=True, text=True, timeout=300, check=False,
-      env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})  # One CPU device.
+      env=subprocess_env())
   assert result.returncode == 2, result.stderr[-2000:]
   assert "config.data.path=" in result.stderr and "missing.txt" in result.stderr
   assert "Traceback" not in result.stderr

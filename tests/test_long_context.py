@@ -34,6 +34,7 @@ from transformer.model import lm_head
 from transformer.training import loop
 from transformer.training import metrics as metrics_lib
 from transformer.workdir import progress
+from tiny import subprocess_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALPHABET = "acdehmnorst"  # Letters of the test corpus (its char vocabulary has no digits).
@@ -340,7 +341,7 @@ def test_passkey_through_launch_refuses_bad_input_in_one_line(rope_run):
       [sys.executable, os.path.join(ROOT, "launch.py"), "--mode=passkey",
        f"--workdir={rope_run}", "--passkey_lengths=256", "--passkey_depths=0,2"],
       cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
-      env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})
+      env=subprocess_env())
   assert result.returncode == 2, result.stderr[-3000:]
   assert result.stderr.strip().splitlines()[-1] == (
       "ConfigError: --passkey_depths: 2.0 is outside [0, 1] (0: the key right after the "

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from tiny import subprocess_env
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multiprocess_worker.py")
 KILL_AT = "TRANSFORMER_TEST_KILL_AT"  # fault_injection.KillAt.VARIABLE, without importing JAX here.
@@ -27,8 +28,7 @@ def _run_pair(tmp_path, data_dir, workdir, num_steps, tag, fail_at_batch=-1, tim
   with all 4 devices instead, no jax.distributed (the reference run).
   """
   port = _free_port()
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS=f"--xla_force_host_platform_device_count={4 // processes}")
+  env = subprocess_env(devices=4 // processes)
   env.pop(KILL_AT, None)
   procs, outs = [], []
   extra = (*extra, f"--num_processes={processes}")
@@ -255,8 +255,7 @@ def _launch_pair(tmp_path, data_dir, tag, per_process, cwds=(None, None), timeou
   """`launch.py` (the real command) as processes 0 and 1 of one run, 2 CPU devices each;
   `per_process[i]`: process i's own extra flags. Returns (exit codes, stderr texts)."""
   port = _free_port()
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  env = subprocess_env(devices=2)
   procs = []
   for pid in range(2):
     cmd = [sys.executable, os.path.join(ROOT, "launch.py"),

@@ -29,7 +29,7 @@ import pytest
 from orbax.checkpoint._src import asyncio_utils
 
 from test_bad_inputs import _launch_in_process  # pylint: disable=protected-access
-from tiny import make_tiny_config
+from tiny import make_tiny_config, subprocess_env
 from transformer import sharding
 from transformer.cli import usage
 from transformer.config.errors import ConfigError
@@ -188,7 +188,7 @@ def test_ctrl_c_in_a_real_process_is_one_line_and_130(tmp_path):
   """A real SIGINT to `python launch.py --mode=translate` waiting on stdin."""
   workdir = tmp_path / "run"
   workdir.mkdir()
-  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+  env = subprocess_env()
   # SIGINT as a terminal's foreground process has it: a pytest-xdist worker ignores
   # SIGINT, its children inherit that through exec, and Python then installs no
   # KeyboardInterrupt handler (rightly: `python launch.py ... &` in a script ignores it).

@@ -10,7 +10,7 @@ import pytest
 
 from configs import gpt_small
 from test_plots import assert_png
-from tiny import make_tiny_config
+from tiny import make_tiny_config, subprocess_env
 from transformer.reports import compare
 from transformer.reports import plots
 from transformer.cli import sweep
@@ -237,7 +237,7 @@ def _tiny_flags(data_dir):
 
 
 def _sweep(sweep_dir, data_dir, kill_at=None, spec="model.position=learned,rope"):
-  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+  env = subprocess_env()
   env.pop("TRANSFORMER_TEST_KILL_AT", None)
   if kill_at:  # Every run of the sweep inherits it: the first one dies there.
     env["TRANSFORMER_TEST_KILL_AT"] = kill_at

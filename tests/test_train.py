@@ -19,6 +19,7 @@ from transformer.training import prefetch
 from transformer.training import reporting
 from transformer.training import signals
 from transformer.training import trainer as trainer_lib
+from tiny import subprocess_env
 
 
 def _read_metrics(workdir):
@@ -251,7 +252,7 @@ def test_sigint_saves_and_the_same_command_resumes(tfds_data_dir, tmp_path):
              "--config.train.steps_per_call=1",
              "--config.train.eval_at_start=False", "--config.train.eval_every=100000",
              "--config.checkpoint.every=100000"]
-  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+  env = subprocess_env()
   log_path = tmp_path / "first.log"
   with open(log_path, "w", encoding="utf-8") as log:
     proc = subprocess.Popen(command + ["--config.train.num_steps=100000"], cwd=root, env=env,

@@ -418,6 +418,23 @@ class LoadedRun:
     return jax.random.PRNGKey(self.config.seed if seed is None else seed)
 
 
+def _set_decode(config: ml_collections.ConfigDict, overrides: Mapping[str, Any]) -> None:
+  """Sets the decode.* `overrides` (None values ignored) on `config` and validates them."""
+  overrides = {k: v for k, v in overrides.items() if v is not None}
+  if (overrides.get("temperature", 0) > 0 and overrides.get("beam_size", 1) > 1):
+    raise ConfigError(f"--beam_size={overrides['beam_size']} with --temperature="
+                      f"{overrides['temperature']}: beam search does not sample; give one")
+  for key, value in overrides.items():
+    if key not in config.decode:
+      raise ConfigError(f"decode override {key!r} is not a decode.* field; valid: "
+                        f"{sorted(config.decode)}")
+    config.decode[key] = type(config.decode[key])(value)
+  validate_decode(config)
+  if config.decode.temperature > 0 and config.decode.beam_size > 1:
+    logging.info("Sampling at temperature %s: decode.beam_size=%d is not used",
+                 config.decode.temperature, config.decode.beam_size)
+
+
 def load_run(workdir: str, *, config: ml_collections.ConfigDict | None = None,
              checkpoint_step: int | None = None, average_last: int = 0,
              decode_overrides: Mapping[str, Any] | None = None,
@@ -441,19 +458,7 @@ def load_run(workdir: str, *, config: ml_collections.ConfigDict | None = None,
       too few checkpoints to average, or a checkpoint that does not fit the model.
   """
   config = load_config(workdir, config, model_overrides)
-  overrides = {k: v for k, v in (decode_overrides or {}).items() if v is not None}
-  if (overrides.get("temperature", 0) > 0 and overrides.get("beam_size", 1) > 1):
-    raise ConfigError(f"--beam_size={overrides['beam_size']} with --temperature="
-                      f"{overrides['temperature']}: beam search does not sample; give one")
-  for key, value in overrides.items():
-    if key not in config.decode:
-      raise ConfigError(f"decode override {key!r} is not a decode.* field; valid: "
-                        f"{sorted(config.decode)}")
-    config.decode[key] = type(config.decode[key])(value)
-  validate_decode(config)
-  if config.decode.temperature > 0 and config.decode.beam_size > 1:
-    logging.info("Sampling at temperature %s: decode.beam_size=%d is not used",
-                 config.decode.temperature, config.decode.beam_size)
+  _set_decode(config, decode_overrides or {})
   tokenizer = run_vocabulary.load_workdir_tokenizer(workdir)
   mesh = _make_mesh(config)
   merge_from = None

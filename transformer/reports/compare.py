@@ -217,6 +217,18 @@ def _best(name: str, series: plots.Series) -> tuple[float, int]:
   return float(series.values[index]), int(series.steps[index])
 
 
+def _status_cell(run: RunSummary) -> str:
+  """A run's status column: what the sweep recorded, failures in bold with their step."""
+  status = run.outcome.get("status", "—")
+  if status == "in use":  # Another command trains it: "in use by PID N on HOST".
+    status = run.outcome.get("reason", status)
+  elif status in ("failed", "diverged", "stopped") and run.outcome.get("step") is not None:
+    status += f" (step {run.outcome['step']})"
+  if run.outcome.get("current") is False:
+    status += " (earlier --sweep list)"
+  return f"**{status}**" if status.startswith(("failed", "diverged")) else status
+
+
 def table(runs: Sequence[RunSummary], first_keys: Sequence[str] = ()) -> str:
   """The Markdown comparison: one row per run, then notes on the columns."""
   keys = differing_keys(runs, first_keys)
@@ -233,14 +245,7 @@ def table(runs: Sequence[RunSummary], first_keys: Sequence[str] = ()) -> str:
   for run in runs:
     cells = [run.name]
     if with_status:
-      status = run.outcome.get("status", "—")
-      if status == "in use":  # Another command trains it: "in use by PID N on HOST".
-        status = run.outcome.get("reason", status)
-      elif status in ("failed", "diverged", "stopped") and run.outcome.get("step") is not None:
-        status += f" (step {run.outcome['step']})"
-      if run.outcome.get("current") is False:
-        status += " (earlier --sweep list)"
-      cells.append(f"**{status}**" if status.startswith(("failed", "diverged")) else status)
+      cells.append(_status_cell(run))
     cells += [_format_value(run.config.get(key)) for key in shown]
     parameters = run.record.get("parameters")
     cells.append(f"{parameters:,}" if isinstance(parameters, int) else "—")

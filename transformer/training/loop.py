@@ -97,6 +97,29 @@ class _Run:
   hooks: Sequence[hooks_lib.Hook]
 
 
+def _datasets(config: ml_collections.ConfigDict, objective: objective_lib.Objective,
+              data_sources: sources.DataSources,
+              share: sharding.InputShard) -> tuple[Any, Any]:
+  """This process's training iterator (checked to yield a batch) and evaluation dataset.
+
+  Each process reads its devices' share of the rows: the same share as the processes
+  across a tensor or context axis from it (batch_share).
+  """
+  data_kwargs = dict(batch_size=share.rows, process_index=share.index,
+                     process_count=share.count)
+  train_data, eval_data = (
+      pipeline.make_dataset(config, objective, data_sources.split(split),
+                            data_sources.tokenizer, train=train, split=split, **data_kwargs)
+      for split, train in ((config.data.train_split, True), (config.data.eval_split, False)))
+  train_iter = iter(train_data)
+  # One batch now, then back: a pipeline that yields nothing (every example dropped)
+  # fails in seconds with its DataError, not after the model has compiled.
+  first_position = train_iter.get_state()
+  next(train_iter)
+  train_iter.set_state(first_position)
+  return train_iter, eval_data
+
+
 def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                         stop: signals.StopRequest,
                         hooks: Sequence[hooks_lib.Hook]) -> dict[str, float]:
@@ -146,21 +169,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                objective.name, data_sources.name,
                run_vocabulary.tokenizer_kind(data_sources.tokenizer),
                data_sources.tokenizer.vocab_size, config.model.vocab_size)
-  # Each process reads its devices' share of the rows: the same share as the processes
-  # across a tensor or context axis from it (batch_share).
-  data_kwargs = dict(batch_size=local_batch_size, process_index=share.index,
-                     process_count=share.count)
-  train_data, eval_data = (
-      pipeline.make_dataset(config, objective, data_sources.split(split),
-                            data_sources.tokenizer, train=train, split=split, **data_kwargs)
-      for split, train in ((config.data.train_split, True), (config.data.eval_split, False)))
-  train_iter = iter(train_data)
-  # One batch now, then back: a pipeline that yields nothing (every example dropped)
-  # fails in seconds with its DataError, not after the model has compiled.
-  first_position = train_iter.get_state()
-  next(train_iter)
-  train_iter.set_state(first_position)
-
+  train_iter, eval_data = _datasets(config, objective, data_sources, share)
   # train.benchmarks' tasks, read and encoded before anything compiles (None when off).
   benchmarks = benchmark_hook.make_hook(config, data_sources.tokenizer)
   trainer = Trainer.create(config, mesh)

@@ -40,6 +40,17 @@ from transformer.workdir import orbax_patch
 # there: what, why, for which Orbax, and what to do when Orbax changes).
 orbax_patch.install()
 
+# Orbax splits each replicated array into one slice per replica and has every replica
+# write its slice ("replica-parallel" saving; on by default except on GPUs). For a slice
+# of a few KB that is one device-side slicing op and transfer each for nothing: a
+# 2-layer model's state on 8 devices, 170 arrays, took 0.48-0.54 s a save; with slices
+# below this size written whole by one replica, 0.06-0.30 s (AMD EPYC, 2 cores). Large
+# arrays are still spread over the replicas.
+MIN_REPLICA_SLICE_BYTES = 1 << 20
+ocp.type_handlers.register_type_handler(
+    jax.Array, ocp.type_handlers.ArrayHandler(
+        min_slice_bytes_for_replica_parallel=MIN_REPLICA_SLICE_BYTES), override=True)
+
 
 class Checkpointer:
   """Saves and restores (train state, data iterator) pairs under `<workdir>/checkpoints`."""
