@@ -43,6 +43,17 @@ def tfds_data_dir(tmp_path_factory) -> str:
   return str(tmp_path_factory.mktemp("tensorflow_datasets"))
 
 
+@pytest.fixture(scope="session")
+def finished_tiny_run(tfds_data_dir, tmp_path_factory) -> str:
+  """The tiny config trained to its end once per worker (6 steps, checkpoints 3 and 6):
+  a pristine run that tests copy before they change it (shared by test_bad_inputs and
+  test_crash_safety, which each trained their own)."""
+  from transformer.training import loop  # pylint: disable=g-import-not-at-top
+  workdir = str(tmp_path_factory.mktemp("finished_tiny") / "run")
+  loop.train_and_evaluate(make_tiny_config(tfds_data_dir), workdir)
+  return workdir
+
+
 @pytest.fixture
 def tiny_config(tfds_data_dir):
   """A fresh tiny config per test (tests mutate it)."""
@@ -64,3 +75,9 @@ def _logging_state_restored():
     lg.propagate = propagate
     lg.handlers[:] = handlers
     lg.filters[:] = filters
+  # Records logged before any log file (console._early_records, replayed into the first
+  # log.txt a command opens) belong to this test's command, not to the next test's file
+  # (seen: test_console's log.txt opened with another test's unseen-characters line).
+  console = sys.modules.get("transformer.workdir.console")
+  if console is not None:
+    console._early_records.records.clear()  # pylint: disable=protected-access

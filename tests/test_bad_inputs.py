@@ -163,13 +163,10 @@ def _launch_subprocess(argv: list[str]) -> tuple[int, str]:
   return result.returncode, result.stderr + result.stdout
 
 
-@pytest.fixture(scope="module")
-def trained_run(tmp_path_factory, tfds_data_dir):
-  """The tiny config trained through launch.py (6 steps; checkpoints 3 and 6), kept pristine."""
-  workdir = str(tmp_path_factory.mktemp("trained") / "run")
-  code, output = _launch_subprocess([TINY.format(data_dir=tfds_data_dir), f"--workdir={workdir}"])
-  assert code == 0, output[-3000:]
-  return workdir
+@pytest.fixture
+def trained_run(finished_tiny_run):
+  """The tiny config trained to its end (6 steps; checkpoints 3 and 6), kept pristine."""
+  return finished_tiny_run
 
 
 @pytest.fixture(scope="module")

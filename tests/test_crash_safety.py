@@ -26,7 +26,7 @@ import pytest
 from tensorboardX.proto import event_pb2
 
 import crash_worker
-from tiny import make_tiny_config, subprocess_env
+from tiny import subprocess_env
 from transformer.workdir import checkpointing
 from transformer.training import metrics
 from transformer import sharding
@@ -335,12 +335,10 @@ def test_skip_nonfinite_is_validated(tiny_config, value):
 # ---------------------------------------------------------------- 3. bad checkpoints
 
 
-@pytest.fixture(scope="module")
-def finished_run(tfds_data_dir, tmp_path_factory):
+@pytest.fixture
+def finished_run(finished_tiny_run):
   """A finished 6-step tiny run (checkpoints 3 and 6), kept pristine: tests copy it."""
-  workdir = str(tmp_path_factory.mktemp("finished") / "run")
-  loop.train_and_evaluate(make_tiny_config(tfds_data_dir), workdir)
-  return workdir
+  return finished_tiny_run
 
 
 def _copy(run, tmp_path):
