@@ -34,6 +34,8 @@ def _sliced_saves(monkeypatch, state, directory) -> int:
   manager.close()
   for name, value in state.items():
     np.testing.assert_array_equal(np.asarray(restored[name]), np.asarray(value))
+  # Orbax's default handler keeps each array's metadata beside it; so does this one.
+  assert (directory / "1" / "default" / "array_metadatas").is_dir()
   return len(cut)
 
 
