@@ -95,6 +95,7 @@ NOT_RUN = {
     "python benchmarks/prepared_corpus.py": "a benchmark: prepares 12-2000 MB corpora",
     "python benchmarks/compile_time.py": "a benchmark: compiles 12-48-layer models",
     "python benchmarks/memory.py": "a benchmark: gpt_small's step under each remat policy",
+    "python benchmarks/checkpoint_save.py": "a benchmark: timed checkpoint saves, two handlers",
     "python benchmarks/gpu_calibration.py": ("a benchmark: the rates' grid search (minutes); "
                                              "tests/test_kernels.py checks its data"),
     "python benchmarks/decoding_speed.py": "a benchmark: timed decoding at several lengths",
