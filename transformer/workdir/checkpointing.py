@@ -44,9 +44,9 @@ orbax_patch.install()
 # Orbax splits each replicated array into one slice per replica and has every replica
 # write its slice ("replica-parallel" saving; on by default except on GPUs). For a slice
 # of a few KB that is one device-side slicing op and transfer each for nothing: a
-# 2-layer model's state on 8 devices, 170 arrays, took 0.48-0.54 s a save; with slices
-# below this size written whole by one replica, 0.06-0.30 s (AMD EPYC, 2 cores). Large
-# arrays are still spread over the replicas. Otherwise the handler is Orbax's default
+# 2-layer model's state on 8 devices, 170 arrays, took 0.218 s a save; with slices
+# below this size written whole by one replica, 0.032-0.037 s (benchmarks/
+# checkpoint_save.py, AMD EPYC, 2 cores). Large arrays are still spread over the replicas. Otherwise the handler is Orbax's default
 # one, its per-array metadata store (state/array_metadatas/) included: that argument has
 # no public constructor, hence the _src import.
 MIN_REPLICA_SLICE_BYTES = 1 << 20
