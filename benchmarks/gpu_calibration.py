@@ -1,128 +1,99 @@
 """The GPU time model's calibration: measured train steps against their kernels' estimate.
 
-planning/kernels.py prices every kernel of a step at a chip's Rates; its GPU rates are
-fitted on train steps measured on a device. This script keeps those steps as data
-(benchmarks/gpu_calibration.json: each step's kernels as compact rows, grouped, with the
-measured time and where it came from), prints the estimate of each against its
-measurement with the current rates, and refits them.
+planning/kernels.py prices every kernel of a step at a chip's Rates; planning/
+calibration.py fits the GPU efficiencies on the train steps measured on a device, kept
+as data in transformer/planning/gpu_calibration.json (each step's kernels as compact
+rows, the measured time, where it came from, and its case). This script prints, for
+each step, the best fit's estimate against its measurement, the leave-one-out
+prediction (the fit on the other steps), the floor, and the range of every fit within
+the tolerance; and records a new step.
 
-  python benchmarks/gpu_calibration.py                       # estimate / measured, each step
-  python benchmarks/gpu_calibration.py --fit                 # the best bounded rates
-  python benchmarks/gpu_calibration.py --record=NAME --measured_ms=MS --hlo=STEP.txt \
-      --note="..."                                           # add or replace a step
+  python benchmarks/gpu_calibration.py                       # the table
+  python benchmarks/gpu_calibration.py --record=NAME --case=CASE --measured_ms=MS \
+      --hlo=STEP.txt --note="..."                            # add or replace a step
 
 --hlo is the train step's optimised HLO text as XLA dumps it (`XLA_FLAGS=--xla_dump_to=DIR
 --xla_dump_hlo_as_text` around `--mode=compile`, the file ending in
 after_optimizations.txt), compiled for the same GPU without a device by the code that was
-measured. tests/test_kernels.py holds the current rates to every step in the file
-(within 1.25x).
+measured; or the device's own (`compiled.as_text()`, which gpu_train_step.py writes with
+--hlo_out). --case names the model and shape: steps of one case count as one independent
+case (calibration.py). tests/test_kernels.py holds the fit to every step (within 1.25x).
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
-import itertools
 import json
-import math
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=wrong-import-position
 from transformer import hardware
+from transformer.planning import calibration
 from transformer.planning import hlo
-from transformer.planning import kernels
-
-DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_calibration.json")
 
 
-def rows_of(hlo_text: str) -> list[list]:
-  """The step's kernels as [times, kind, matmul_dtype, flops, bytes, collective_bytes,
-  part], identical kernels merged (their times added)."""
-  found, _, _ = hlo.launches(hlo_text)
-  merged = collections.Counter()
-  for launch in found:
-    if launch.is_kernel:
-      key = (launch.kind or "", launch.matmul_dtype, launch.flops, launch.bytes,
-             launch.collective_bytes, kernels.part_of(launch, train=True))
-      merged[key] += launch.times
-  return [[times, *key] for key, times in sorted(merged.items(), key=lambda kv: -kv[1])]
+def table(steps: dict) -> list[dict]:
+  """One row a step: measured, best fit, leave-one-out, floor and range (ms)."""
+  cal = calibration.fit(steps)
+  loo = calibration.leave_one_out(steps)
+  rows = []
+  for name, step in steps.items():
+    chip = hardware.CHIPS[step["chip"]]
+    found = calibration.launches_of(step["kernels"])
+    low, high = calibration.interval(found, chip, cal)
+    rows.append(dict(step=name, case=step.get("case", name), measured_ms=step["measured_ms"],
+                     estimate_ms=cal.best_ratios[name] * step["measured_ms"],
+                     ratio=cal.best_ratios[name], loo_ratio=loo[name],
+                     floor_ms=calibration.floor_seconds(found, chip) * 1e3, low_ms=low * 1e3,
+                     high_ms=high * 1e3))
+  return rows
 
 
-def launches_of(rows: list[list]) -> list[tuple[int, hlo.Launch]]:
-  """Stand-in Launches for kernel_seconds (only the fields it reads)."""
-  out = []
-  for times, kind, dtype, flops, nbytes, collective, _ in rows:
-    launch = hlo.Launch(instruction=None, times=times, kind=kind or None, flops=flops,
-                        opaque_flops=0.0, bytes=nbytes, collective_bytes=collective,
-                        workspace=0, matmul_dtype=dtype)
-    out.append((times, launch))
-  return out
-
-
-def estimate(step: dict, rates: kernels.Rates) -> float:
-  """The step's seconds at `rates` on its chip."""
-  chip = hardware.CHIPS[step["chip"]]
-  return sum(times * kernels.kernel_seconds(launch, chip, rates)
-             for times, launch in launches_of(step["kernels"]))
-
-
-def ratios(steps: dict, rates: kernels.Rates) -> dict[str, float]:
-  """Estimate over measurement, each step."""
-  return {name: estimate(step, rates) / (step["measured_ms"] / 1e3)
-          for name, step in steps.items()}
-
-
-def fit(steps: dict) -> tuple[float, kernels.Rates]:
-  """The rates with the least largest error, each within what Hopper reaches (matmuls <=
-  0.8 of peak, HBM <= 0.9, >= 2 us a launch)."""
-  best = None
-  grid = itertools.product([0.05, 0.06, 0.07, 0.08, 0.1, 0.15, 0.25, 0.5],
-                           [0.5, 0.6, 0.7, 0.75, 0.8], [0.4, 0.5, 0.6, 0.75, 0.9],
-                           [0.6, 0.7, 0.8, 0.85, 0.9], [2e-6, 3e-6, 4e-6, 6e-6])
-  for f32, matmul, attention, hbm, launch in grid:
-    rates = kernels.Rates(matmul=matmul, matmul_f32=f32, attention=attention, hbm=hbm,
-                          interconnect=0.7, launch_seconds=launch, calibrated="fit")
-    worst = max(abs(math.log(r)) for r in ratios(steps, rates).values())
-    if best is None or worst < best[0]:
-      best = (worst, rates)
-  return best
+def print_table(steps: dict) -> None:
+  cal = calibration.fit(steps)
+  cases = sorted({step.get("case", name) for name, step in steps.items()})
+  print(f"{len(steps)} measured steps in {len(cases)} independent cases ({', '.join(cases)}); "
+        f"fitted: {', '.join(calibration.FREE_PARAMETERS)}; best fit {cal.best}")
+  print(f"{'step':<26} {'measured':>9} {'estimate':>9} {'ratio':>6} {'LOO':>6} "
+        f"{'floor':>8} {'range (fits within ' + str(calibration.TOLERANCE) + 'x)':>28}")
+  for row in table(steps):
+    print(f"{row['step']:<26} {row['measured_ms']:>9.1f} {row['estimate_ms']:>9.1f} "
+          f"{row['ratio']:>5.2f}x {row['loo_ratio']:>5.2f}x {row['floor_ms']:>8.1f} "
+          f"{row['low_ms']:>13.1f} - {row['high_ms']:<12.1f}")
+  print("(ms; LOO: the step predicted by the fit on the others: a step's twin of the same "
+        "case stays in, so it is the optimistic end of a transfer error)")
 
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--fit", action="store_true", help="refit the rates (a grid search)")
   parser.add_argument("--record", default="", help="add or replace the step of this name")
+  parser.add_argument("--case", default="", help="the model and shape of the step "
+                      "(steps of one case are one independent case)")
   parser.add_argument("--measured_ms", type=float, default=0.0)
   parser.add_argument("--hlo", default="", help="the step's optimised HLO text")
   parser.add_argument("--chip", default="h100", help="a key of hardware.CHIPS")
   parser.add_argument("--note", default="", help="what was measured, where, with which code")
+  parser.add_argument("--data", default=calibration.DATA, help="the calibration file")
   args = parser.parse_args()
-  steps = json.load(open(DATA, encoding="utf-8")) if os.path.exists(DATA) else {}
+  with open(args.data, encoding="utf-8") as f:
+    steps = json.load(f)
   if args.record:
-    if not (args.measured_ms > 0 and args.hlo and os.path.exists(args.hlo)):
-      parser.error("--record needs --measured_ms > 0 and --hlo=<an existing HLO text file>")
+    if not (args.measured_ms > 0 and args.hlo and os.path.exists(args.hlo) and args.case):
+      parser.error("--record needs --case, --measured_ms > 0 and --hlo=<an existing HLO "
+                   "text file>")
     if args.chip not in hardware.CHIPS:
       parser.error(f"--chip={args.chip!r}: expected one of {sorted(hardware.CHIPS)}")
     with open(args.hlo, encoding="utf-8") as f:
-      steps[args.record] = dict(chip=args.chip, measured_ms=args.measured_ms, note=args.note,
-                                kernels=rows_of(f.read()))
-    with open(DATA, "w", encoding="utf-8") as f:
+      found, _, _ = hlo.launches(f.read())
+    steps[args.record] = dict(case=args.case, chip=args.chip, measured_ms=args.measured_ms,
+                              note=args.note, kernels=calibration.rows_of(found))
+    with open(args.data, "w", encoding="utf-8") as f:
       json.dump(steps, f, indent=None, separators=(",", ":"))
       f.write("\n")
     print(f"recorded {args.record}: {len(steps[args.record]['kernels'])} kernel rows")
-  if not steps:
-    parser.error(f"no steps in {DATA}; add one with --record")
-  rates = kernels.RATES["h100"]
-  print(f"{'step':<24} {'measured ms':>12} {'estimate ms':>12} {'ratio':>7}")
-  for name, ratio in ratios(steps, rates).items():
-    measured = steps[name]["measured_ms"]
-    print(f"{name:<24} {measured:>12.1f} {ratio * measured:>12.1f} {ratio:>6.2f}x")
-  if args.fit:
-    worst, best = fit(steps)
-    print(f"best bounded fit: largest error {math.exp(worst):.3f}x with {best}")
-    print({name: round(r, 3) for name, r in ratios(steps, best).items()})
+  print_table(steps)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,19 @@ install_wheels() {
   } >> "$log" 2>&1
 }
 
+# detect_chip: h100 | h200 | other, from the first GPU's name as nvidia-smi prints it (an
+# H200 is the H100's die with 141 GB of HBM3e at 4.8 TB/s: the report and the refit price
+# its steps at its own bandwidth).
+detect_chip() {
+  local name
+  name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+  case "$name" in
+    *H200*) echo h200 ;;
+    *H100*) echo h100 ;;
+    *) echo other ;;
+  esac
+}
+
 # step FILE BUDGET COMMAND...: appends the command's output to $OUT/FILE as it comes, under
 # `timeout` at BUDGET seconds or what is left before the deadline (TOTAL seconds after the
 # start, less RESERVE for the report), whichever is less; skipped when under 10 s is left.

@@ -4,12 +4,18 @@
   python benchmarks/gpu_first_run_report.py --env          # versions and devices (step 0)
   python benchmarks/gpu_first_run_report.py --make_estimates=benchmarks/gpu_estimates.json \
       gpt_small_auto=/tmp/est/gs_auto_128.json ...         # from --mode=compile --output files
+  python benchmarks/gpu_first_run_report.py --out=$OUT --speed --refit=$OUT/gpu_calibration.json
 
 Reads `ROW` (1_attention.log) and `RESULT` (2_train.log, 3_torch.log) json lines and
 prints Markdown: the parity verdicts, each train step's speed and MFU, JAX against
 PyTorch at the same shape, and the compile mode's deviceless memory estimate (made on a
 CPU host with jax 0.10.2's CUDA 12 compiler, `--topology=h100:1`) against the device's
-own compiled memory analysis and its measured `peak_bytes_in_use`.
+own compiled memory analysis and its measured `peak_bytes_in_use`. With --speed
+(gpu_speed_run.sh): the targets, fp8 against bf16, the XLA flag A/B, decoding tokens/s
+(5_decode.log's tables as RESULT lines), and with --refit=FILE the time model refitted on
+the measured steps (their `kernel_rows`): each step's estimate error before (the fit in
+transformer/planning/gpu_calibration.json, which never saw it) and after, as RESULT
+lines, and the refitted data written to FILE for the repository.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import datetime
 import importlib
 import json
 import os
+import re
 import sys
 
 GIB = 2**30
@@ -170,11 +177,14 @@ def targets(results: list, torch_results: list, estimates: dict) -> None:
                  f"{'met' if llama['mfu'] >= 0.45 else 'NOT met'})")
   else:
     lines.append("llama:1b: not measured")
-  cublas = by_label.get("gpt_small_cublas_32")
-  if gs and cublas:
-    lines.append(f"XLA_FLAGS=--xla_gpu_enable_triton_gemm=false: {cublas['step_ms_median']:.1f} "
-                 f"vs {gs['step_ms_median']:.1f} ms/step "
-                 f"({gs['step_ms_median'] / cublas['step_ms_median']:.2f}x the default's speed)")
+  for label, name in (("gpt_small_cublas_32", "XLA_FLAGS=--xla_gpu_enable_triton_gemm=false"),
+                      ("gpt_small_maxtext_flags_32", "MaxText's XLA flag set"),
+                      ("gpt_small_fp8_32", "fp8 (model.quantization=fp8)")):
+    other = by_label.get(label)
+    if gs and other:
+      lines.append(f"{name}: {other['step_ms_median']:.1f} vs {gs['step_ms_median']:.1f} "
+                   f"ms/step bf16 default ({gs['step_ms_median'] / other['step_ms_median']:.2f}x "
+                   "the default's speed)")
   for label, est in estimates.items():
     r = by_label.get(label)
     if label.startswith("_") or not r or not est.get("estimated_seconds"):
@@ -191,6 +201,72 @@ def targets(results: list, torch_results: list, estimates: dict) -> None:
   for line in lines:
     print(f"- {line}")
   print()
+
+
+def decode_results(path: str) -> list[dict]:
+  """decoding_speed.py's greedy tables in 5_decode.log, as RESULT dicts (batch, tokens/s)."""
+  if not os.path.exists(path):
+    return []
+  results, batch = [], None
+  with open(path, encoding="utf-8", errors="replace") as f:
+    for line in f:
+      head = re.match(r"Greedy, (\d+) new tokens .* batch (\d+):", line)
+      if head:
+        batch = int(head.group(2))
+      cached = re.match(r"\s+key/value cache\s+([\d.]+)\s+([\d.]+)", line)
+      if cached and batch is not None:
+        results.append(dict(label=f"decode_batch_{batch}", batch=batch,
+                            seconds=float(cached.group(1)),
+                            tokens_per_second=float(cached.group(2))))
+        batch = None
+  return results
+
+
+def refit(results: list, path: str) -> None:
+  """The time model refitted with the measured steps: each one's error before and after."""
+  print("## The time model refitted on the measured steps\n")
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  # pylint: disable-next=g-import-not-at-top
+  from transformer import hardware
+  from transformer.planning import calibration  # pylint: disable=g-import-not-at-top
+  steps = calibration.load()
+  before = calibration.fit(steps)
+  new = {}
+  for r in results:
+    if r.get("kernel_rows") and r.get("chip") in hardware.CHIPS and r.get("step_ms_median"):
+      new[f"{r['label']}_{r['chip']}"] = dict(
+          case=r.get("case") or r["label"], chip=r["chip"], measured_ms=r["step_ms_median"],
+          note=f"{r.get('device')}, jax {r.get('jax')} ({datetime.date.today()}, "
+               "benchmarks/gpu_speed_run.sh): the device's own compiled program",
+          kernels=r["kernel_rows"])
+  if not new:
+    print("no measured step carries its kernels (kernel_rows): nothing to refit\n")
+    return
+  merged = {**steps, **new}
+  after = calibration.fit(merged)
+  loo = calibration.leave_one_out(merged)
+  cases = len({step.get("case", name) for name, step in merged.items()})
+  print(f"before: {before.best.calibrated}\nafter: {after.best.calibrated} ({cases} cases)\n")
+  print("| step | measured ms | before: estimate ms (range) | before / measured | "
+        "after / measured | leave-one-out |")
+  print("|---|---|---|---|---|---|")
+  for name, step in new.items():
+    chip = hardware.CHIPS[step["chip"]]
+    found = calibration.launches_of(step["kernels"])
+    point = calibration.step_seconds(found, chip, before.best) * 1e3
+    low, high = (x * 1e3 for x in calibration.interval(found, chip, before))
+    measured = step["measured_ms"]
+    print(f"| {name} | {measured:.1f} | {point:.1f} ({low:.1f}-{high:.1f}) | "
+          f"{point / measured:.2f}x | {after.best_ratios[name]:.2f}x | {loo[name]:.2f}x |")
+    print("RESULT " + json.dumps(dict(
+        label="refit", step=name, measured_ms=measured, before_ms=point,
+        before_range_ms=[low, high], before_ratio=point / measured,
+        after_ratio=after.best_ratios[name], leave_one_out_ratio=loo[name])))
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(merged, f, indent=None, separators=(",", ":"))
+    f.write("\n")
+  print(f"\nthe refitted data: {path} (copy it to transformer/planning/gpu_calibration.json "
+        "to make it the estimate's)\n")
 
 
 def env() -> None:
@@ -242,6 +318,8 @@ def main() -> None:
   parser.add_argument("--make_estimates", default="")
   parser.add_argument("--speed", action="store_true",
                       help="gpu_speed_run.sh's report: the profiles and issue 47's targets")
+  parser.add_argument("--refit", default="", help="--speed: refit the time model on the "
+                      "measured steps and write the data here")
   parser.add_argument("pairs", nargs="*", help="LABEL=compile-mode json (--make_estimates)")
   args = parser.parse_args()
   if args.env:
@@ -256,9 +334,22 @@ def main() -> None:
       estimates = json.load(f)
   results = json_lines(os.path.join(args.out, "2_train.log"), "RESULT ")
   torch_results = json_lines(os.path.join(args.out, "3_torch.log"), "RESULT ")
+  skipped = [r for r in results + torch_results if r.get("skipped")]
+  results = [r for r in results if not r.get("skipped")]
+  torch_results = [r for r in torch_results if not r.get("skipped")]
   if args.speed:
+    device = json_lines(os.path.join(args.out, "0_env.log"), "RESULT ")
+    if device:
+      print(f"Device: {device[-1].get('nvidia_smi_name')} ({device[-1].get('chip')})\n")
     targets(results, torch_results, estimates)
+    for r in skipped:
+      print(f"- {r['label']}: skipped: {r['skipped']}")
+    for r in decode_results(os.path.join(args.out, "5_decode.log")):
+      print("RESULT " + json.dumps(r))
+    print()
     profile_tables(json_lines(os.path.join(args.out, "2_train.log"), "PROFILE "))
+    if args.refit:
+      refit(results, args.refit)
   else:
     attention_table(json_lines(os.path.join(args.out, "1_attention.log"), "ROW "))
   train_table(results, estimates)

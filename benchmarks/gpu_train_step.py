@@ -20,13 +20,22 @@ compile is timed apart. Printed as it goes, then one `RESULT {json}` line:
   measured.
 
 `--batch` is tried first; a RESOURCE_EXHAUSTED (out of memory) at compile or run time
-retries once at half the batch, and the RESULT says so.
+retries once at half the batch, and the RESULT says so. Each RESULT also carries the
+compiled program's kernels as planning/calibration.py's rows (`kernel_rows`), its
+`case` (config and shape: calibration.py counts steps of one case as one) and its chip,
+so that gpu_first_run_report.py can refit the time model on what was measured.
+
+`--variant=LABEL:KEY=VALUE[,KEY=VALUE]` measures the same step again with those overrides
+in the same process (no second start-up), as its own RESULT; a KEY this tree's config
+lacks (`model.quantization` before the fp8 change) gives a RESULT with `skipped` and the
+reason instead.
 
   python benchmarks/gpu_train_step.py --config=configs/gpt_small.py --batch=128 \
       --seq_len=1024 --set model.attention_impl=auto
   python benchmarks/gpu_train_step.py --config=configs/llama.py:1b --batch=16 --seq_len=2048
   python benchmarks/gpu_train_step.py --config=configs/gpt_small.py --batch=4 --tiny   # CPU
-  python benchmarks/gpu_train_step.py --config=configs/gpt_small.py --batch=32 --profile=3
+  python benchmarks/gpu_train_step.py --config=configs/gpt_small.py --batch=32 --profile=3 \
+      --label=gpt_small_auto_32 --variant=gpt_small_fp8_32:model.quantization=fp8
 """
 
 from __future__ import annotations
@@ -50,6 +59,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import profile_step  # benchmarks/profile_step.py; pylint: disable=g-bad-import-order,wrong-import-position
 import shapes  # benchmarks/shapes.py; pylint: disable=g-bad-import-order,wrong-import-position
 from transformer import hardware  # pylint: disable=wrong-import-position
+from transformer.planning import calibration  # pylint: disable=wrong-import-position
 from transformer.planning import hlo  # pylint: disable=wrong-import-position
 from transformer.planning import kernels as kernels_lib  # pylint: disable=wrong-import-position
 from transformer.training import flops  # pylint: disable=wrong-import-position
@@ -137,7 +147,9 @@ def measure(config, args) -> dict:
     compile_seconds = time.perf_counter() - start
     print(f"compiled in {compile_seconds:.1f} s; memory analysis {memory_of(compiled)}",
           flush=True)
-    kernels = kernels_of(compiled.as_text())
+    text = compiled.as_text()
+    kernels = kernels_of(text)
+    kernel_rows = calibration.rows_of(hlo.launches(text)[0])
     print(f"custom calls: {kernels}", flush=True)
     _, state = shapes.run_steps(compiled, state, batch, args.warmup)
     times = []
@@ -165,13 +177,64 @@ def measure(config, args) -> dict:
       peak_bf16_flops=peak, mfu=model_flops / median / peak if peak else None,
       memory_analysis=memory_of(compiled),
       peak_bytes_in_use=stats.get("peak_bytes_in_use"),
-      bytes_limit=stats.get("bytes_limit"), kernels=kernels,
+      bytes_limit=stats.get("bytes_limit"), kernels=kernels, kernel_rows=kernel_rows,
       attention_impl=config.model.attention_impl, dtype=np.dtype(trainer.model_config.dtype).name)
 
 
 def is_oom(error: Exception) -> bool:
   text = str(error)
   return "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower()
+
+
+def measure_with_retry(spec: str, args, overrides: list[str], label: str) -> dict:
+  """measure() at --batch, once more at half of it after an out-of-memory; the RESULT."""
+  batch, result = args.batch, None
+  for attempt in range(2):
+    config = load_config(spec, batch, args.seq_len, overrides, args.tiny)
+    print(f"{label or spec}: batch {batch} x {args.seq_len}, "
+          f"{' '.join(overrides) or 'no overrides'}", flush=True)
+    try:
+      result = measure(config, args)
+      break
+    except Exception as e:  # pylint: disable=broad-except  (an OOM halves the batch once)
+      if attempt or not is_oom(e):
+        raise
+      print(f"out of memory at batch {batch}: {str(e).splitlines()[0][:300]}; "
+            f"trying {batch // 2}", flush=True)
+    gc.collect()  # The failed attempt's arrays, freed once its traceback is gone.
+    jax.clear_caches()
+    batch //= 2
+  device = jax.devices()[0].device_kind
+  chip = hardware.chip_of(device)
+  name = os.path.splitext(os.path.basename(spec.partition(":")[0]))[0]
+  result.update(label=label, config=spec, overrides=overrides, batch_asked=args.batch,
+                jax=jax.__version__, device=device, chip=chip.name if chip else None,
+                case=args.case or f"{name}{spec.partition(':')[2]}_{batch}x{args.seq_len}")
+  return result
+
+
+def missing_key(spec: str, overrides: list[str]) -> str | None:
+  """The first override whose key this tree's config (`spec`) lacks, or None."""
+  config = load_config(spec, 1, 8, [], True)
+  for override in overrides:
+    node = config
+    try:
+      for part in override.partition("=")[0].split("."):
+        node = node[part]
+    except (KeyError, AttributeError, TypeError):
+      return override.partition("=")[0]
+  return None
+
+
+def print_result(result: dict) -> None:
+  print("RESULT " + json.dumps(result), flush=True)
+  if result.get("skipped"):
+    print(f"{result['label']}: skipped: {result['skipped']}", flush=True)
+    return
+  mfu = f", MFU {100 * result['mfu']:.1f}%" if result["mfu"] else ""
+  print(f"{result['label']}: {result['step_ms_median']:.1f} ms/step, "
+        f"{result['tokens_per_second']:,.0f} tokens/s{mfu}, peak "
+        f"{(result['peak_bytes_in_use'] or 0) / 2**30:.2f} GiB", flush=True)
 
 
 def main() -> None:
@@ -184,35 +247,27 @@ def main() -> None:
   parser.add_argument("--rounds", type=int, default=5)
   parser.add_argument("--steps", type=int, default=5, help="steps per timed round")
   parser.add_argument("--label", default="", help="names the RESULT line")
+  parser.add_argument("--case", default="", help="the calibration case (default: the "
+                      "config and shape)")
   parser.add_argument("--tiny", action="store_true", help="a small model (CPU dry run)")
   parser.add_argument("--profile", type=int, default=0,
                       help="steps traced after the timing, reduced to the parts of the step")
+  parser.add_argument("--variant", action="append", default=[],
+                      metavar="LABEL:KEY=VALUE[,KEY=VALUE]",
+                      help="the step again with these overrides, in this process")
   args = parser.parse_args()
   print(shapes.platform_line(), flush=True)
-  batch, result = args.batch, None
-  for attempt in range(2):
-    config = load_config(args.config, batch, args.seq_len, args.set, args.tiny)
-    print(f"{args.label or args.config}: batch {batch} x {args.seq_len}, "
-          f"{' '.join(args.set) or 'no overrides'}", flush=True)
-    try:
-      result = measure(config, args)
-      break
-    except Exception as e:  # pylint: disable=broad-except  (an OOM halves the batch once)
-      if attempt or not is_oom(e):
-        raise
-      print(f"out of memory at batch {batch}: {str(e).splitlines()[0][:300]}; "
-            f"trying {batch // 2}", flush=True)
-    gc.collect()  # The failed attempt's arrays, freed once its traceback is gone.
-    jax.clear_caches()
-    batch //= 2
-  result.update(label=args.label, config=args.config, overrides=args.set,
-                batch_asked=args.batch, jax=jax.__version__,
-                device=jax.devices()[0].device_kind)
-  print("RESULT " + json.dumps(result), flush=True)
-  mfu = f", MFU {100 * result['mfu']:.1f}%" if result["mfu"] else ""
-  print(f"{args.label}: {result['step_ms_median']:.1f} ms/step, "
-        f"{result['tokens_per_second']:,.0f} tokens/s{mfu}, peak "
-        f"{(result['peak_bytes_in_use'] or 0) / 2**30:.2f} GiB", flush=True)
+  print_result(measure_with_retry(args.config, args, args.set, args.label))
+  args.profile = 0  # Variants are timed, not profiled.
+  for variant in args.variant:
+    label, _, sets = variant.partition(":")
+    overrides = args.set + [item for item in sets.split(",") if item]
+    missing = missing_key(args.config, overrides)
+    if missing:
+      print_result(dict(label=label, overrides=overrides, skipped=(
+          f"config key {missing} does not exist in this tree (configs/base.py)")))
+      continue
+    print_result(measure_with_retry(args.config, args, overrides, label))
 
 
 if __name__ == "__main__":

@@ -85,7 +85,7 @@ def test_encoder_and_encoder_decoder_on_eight_h100s(h100x8, arch):
   assert train.arguments_bytes == sum(plan.breakdown.values())
   assert plan.all_fit
   assert train.collective_bytes["all-gather"] + train.collective_bytes["all-to-all"] > 0
-  assert train.xla_flops == pytest.approx(train.model_flops, rel=0.05)
+  assert 0.7 * train.model_flops <= train.xla_flops <= 1.05 * train.model_flops
 
 
 @needs_plugin
@@ -327,7 +327,8 @@ def _cudnn_installed() -> bool:
                            "model.attention_impl=cudnn needs it to compile; CI does not")
 def test_cudnn_attention_is_listed_and_counted_from_its_shapes():
   """cuDNN's fused attention is opaque to XLA: the report lists its calls and counts
-  their FLOPs from the shapes, so the step's FLOPs stay at the model's count."""
+  their FLOPs from the shapes, so the step's FLOPs stay near the model's count (below
+  it by the causal tiles the flash kernel skips, which flops.py's count includes)."""
   from transformer.planning import plan as plan_lib  # pylint: disable=g-import-not-at-top
   topo = topology.parse_topology("h100:1")
   config = tiny()
@@ -337,7 +338,7 @@ def test_cudnn_attention_is_listed_and_counted_from_its_shapes():
                              ("train",)).costs["train"]
   kinds = [kind for kind in train.kernels if kind.startswith("attention __cudnn$fmha")]
   assert any("Backward" in kind for kind in kinds) and len(kinds) >= 2, train.kernels
-  assert train.xla_flops == pytest.approx(train.model_flops, rel=0.05)
+  assert 0.7 * train.model_flops <= train.xla_flops <= 1.05 * train.model_flops
 
 
 def test_a_kernel_the_target_cannot_build_is_one_line_naming_the_field():

@@ -74,8 +74,10 @@ def test_a_step_that_fits_has_its_verdict_estimate_and_audit():
   text, result = _render(_plan({"train": _cost(gib=4.0), "decode": _cost(
       "decode", gib=2.0, model_flops=None, kernels={"attention (splash)": 4})}))
   assert "fits with 12.00 GiB to spare" in text
-  assert "XLA's own cost model (optimal_seconds, loops multiplied out): ~20.00 ms" in text
-  assert "-bound)" in text and "MFU <=" in text
+  assert ("(another model, not this estimate: XLA's own TPU cost model, optimal_seconds "
+          "with loops multiplied out, says 20.00 ms)") in text
+  assert "(ESTIMATE = floor, " in text and "-bound at published peaks" in text
+  assert "MFU <=" in text
   assert "decode: model" not in text  # Decode has no model-FLOP count.
   assert "Kernels that matter" in text and "attention (splash) x4" in text
   assert "Sharding audit: no parameter or optimizer leaf is replicated." in text
@@ -165,7 +167,7 @@ def test_a_gpu_target_without_cost_analysis_names_its_sources():
   assert "(XLA_PYTHON_CLIENT_MEM_FRACTION)" in text and "chips of NVIDIA H100" in text
   assert "(HLO count, loops multiplied out x2.00)" in text
   assert "HBM bytes 5e+10/chip and optimal_seconds: the step unrolled" in text
-  assert "XLA's own cost model" not in text  # GPU: no optimal_seconds.
+  assert "another model, not this estimate" not in text  # GPU: no optimal_seconds.
   assert "1 loop(s) have no known trip count" in text
   assert "no fused-attention kernel listed" in text
   assert "Sharding audit: fsdp = tensor = 1, every weight is replicated by design." in text
@@ -227,3 +229,97 @@ def test_an_unsized_cudnn_workspace_is_estimated_and_counted(workspace, lengths,
   assert data["steps"]["train"]["workspace_bytes"] == expected
   assert data["steps"]["train"]["total_bytes"] == cost.total_bytes
   assert ("cuDNN attention workspace, an ESTIMATE" in out) == bool(expected)
+
+
+def _gpu_plan(costs: dict) -> Plan:
+  return _plan(costs, chip=H100, topology=gpu.GpuTopology("h100:1", "h100", 1),
+               mesh={"data": 1, "fsdp": 1, "tensor": 1}, memory_fraction=0.9)
+
+
+def _launches():
+  from test_kernels import _STEP  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+  return hlo.launches(_STEP)[0]
+
+
+def test_a_gpu_step_has_one_step_time_its_range_and_its_floor(monkeypatch):
+  """One step time in the headline, the range of every fit and the floor beside it;
+  the JSON carries them; an evaluation step has no MFU."""
+  monkeypatch.setattr(report, "xla_attention_note", lambda plan: [])
+  costs = {"train": _cost(cost_source="HLO count", optimal_seconds=None,
+                          launches=_launches()),
+           "eval": _cost("eval", cost_source="HLO count", optimal_seconds=None,
+                         launches=_launches())}
+  text, result = _render(_gpu_plan(costs))
+  train = result["steps"]["train"]
+  low, high = train["estimated_seconds_range"]
+  assert train["lower_bound_seconds"] < low <= train["estimated_seconds"] <= high
+  ms = lambda seconds: f"{seconds * 1e3:.2f} ms"
+  assert (f"train: ~{ms(train['estimated_seconds'])} a step (ESTIMATE, range {ms(low)} to "
+          f"{ms(high)}; floor >= {ms(train['lower_bound_seconds'])})") in text
+  assert train["estimated_mfu"] is not None and "MFU ~" in text.split("eval:")[0]
+  assert result["steps"]["eval"]["estimated_mfu"] is None
+  eval_line = next(line for line in text.splitlines() if line.startswith("  eval: ~"))
+  assert "MFU" not in eval_line and "HFU" not in eval_line
+  assert "the total is the estimate above" in text
+  assert "A lower bound on step time" not in result["assumptions"]
+  assert "the floor is each kernel at its own roofline" in result["assumptions"].lower() or (
+      "The floor is each kernel at its own roofline" in result["assumptions"])
+
+
+def test_a_gpu_target_without_cudnn_says_first_that_it_assumes_xla_attention(monkeypatch):
+  from transformer.model import attention_ops  # pylint: disable=g-import-not-at-top
+  plan = _gpu_plan({"train": _cost(cost_source="HLO count", optimal_seconds=None)})
+  plan.config.model.attention_impl = "auto"
+  monkeypatch.setattr(attention_ops, "cudnn_available", lambda: False)
+  lines = report.plan_lines(plan)
+  assert lines[2].startswith("NOTE: this estimate assumes XLA's attention: "
+                             "model.attention_impl='auto'")
+  assert "nvidia-cudnn-cu12 is not installed" in lines[2]
+  monkeypatch.setattr(attention_ops, "cudnn_available", lambda: True)
+  assert not any(line.startswith("NOTE:") for line in report.plan_lines(plan))
+  plan.config.model.attention_impl = "xla"  # Asked for XLA's: nothing to say.
+  monkeypatch.setattr(attention_ops, "cudnn_available", lambda: False)
+  assert not any(line.startswith("NOTE:") for line in report.plan_lines(plan))
+
+
+def test_time_and_cost_to_train_n_tokens():
+  from transformer.planning import budget  # pylint: disable=g-import-not-at-top
+  plan = _gpu_plan({"train": _cost(cost_source="HLO count", optimal_seconds=None,
+                                   launches=_launches())})
+  est = plan.estimates["train"]
+  result = budget.time_to_train(plan, 4096 * 1000, 2.5)
+  assert result.steps == 1000 and result.seconds == pytest.approx(1000 * est.seconds)
+  low, high = result.seconds_range
+  assert low == pytest.approx(1000 * est.seconds_range[0])
+  assert result.floor_seconds < low <= result.seconds <= high
+  fields = json.loads(json.dumps(report.to_json(plan, train_time=result)))
+  assert fields["time_to_train_seconds"] == [low, high]
+  assert fields["cost_point"] == pytest.approx(1 * result.seconds / 3600 * 2.5)
+  assert fields["cost"][1] == pytest.approx(high / 3600 * 2.5) and fields["train_steps"] == 1000
+  text = "\n".join(budget.lines(result, 4096))
+  assert "Time to train 4,096,000 tokens (an ESTIMATE: 1,000 steps of 4,096 tokens on 1 chips" in text
+  assert "cost at 2.5 a chip-hour (1 chips x hours x price)" in text
+  tpu = budget.time_to_train(_plan({"train": _cost()}), 4097, None)
+  assert tpu.steps == 2 and tpu.seconds_range[1] is None and tpu.cost(tpu.seconds) is None
+  assert "no upper end" in "\n".join(budget.lines(tpu, 4096))
+
+
+@pytest.mark.parametrize("tokens, price, message", [
+    (0, None, r"--tokens=0: the tokens to train, a count >= 1"),
+    (float("inf"), None, r"--tokens=inf"),
+    (None, 2.0, r"--price_per_chip_hour=2 needs --tokens=N"),
+    (1e9, -1.0, r"--price_per_chip_hour=-1: a price per chip-hour >= 0"),
+])
+def test_bad_tokens_and_prices_are_one_line(tokens, price, message):
+  from transformer.config.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  from transformer.planning import budget  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ConfigError, match=message):
+    budget.check(tokens, price)
+
+
+def test_tokens_without_a_train_step_estimate_are_refused():
+  from transformer.config.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  from transformer.planning import budget  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ConfigError, match=r"--tokens needs the train step's estimate: XLA "
+                     r"refused the train step \(RESOURCE_EXHAUSTED"):
+    budget.time_to_train(_plan({"train": _refused()}), 1e9, None)

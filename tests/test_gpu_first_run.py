@@ -153,3 +153,78 @@ def test_the_speed_script_parses_and_its_report_gives_each_target_a_verdict(caps
                               estimated_ms={"matmul": 21.39, "loss": 8.68})])
   out = capsys.readouterr().out
   assert "| matmul | 20.00 | 21.39 | 1.07 |" in out and "| total | 28.00 | 30.07 | 1.07 |" in out
+
+
+def test_the_speed_script_names_the_card_from_nvidia_smi(tmp_path):
+  """gpu_common.sh's detect_chip: H200 and H100 by nvidia-smi's name, anything else other."""
+  for name, chip in (("NVIDIA H200", "h200"), ("NVIDIA H100 80GB HBM3", "h100"),
+                     ("NVIDIA A100-SXM4-80GB", "other")):
+    fake = tmp_path / "bin"
+    fake.mkdir(exist_ok=True)
+    (fake / "nvidia-smi").write_text(f"#!/bin/sh\necho '{name}'\n")
+    (fake / "nvidia-smi").chmod(0o755)
+    out = subprocess.run(
+        ["bash", "-c", f"source {ROOT}/benchmarks/gpu_common.sh; detect_chip"],
+        env=dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}", OUT=str(tmp_path / "o"),
+                 TOTAL="1", RESERVE="0"),
+        capture_output=True, text=True, check=True).stdout.strip()
+    assert out == chip, name
+  with open(os.path.join(ROOT, "benchmarks", "gpu_speed_run.sh"), encoding="utf-8") as f:
+    script = f.read()
+  for flag in ("--xla_gpu_enable_latency_hiding_scheduler=true",
+               "--xla_gpu_enable_triton_gemm=false",
+               "--xla_gpu_enable_while_loop_double_buffering=true",
+               "--xla_disable_hlo_passes=rematerialization",
+               "--xla_gpu_enable_pipelined_all_gather=true"):
+    assert flag in script, flag
+  assert "--variant=gpt_small_fp8_32:model.quantization=fp8" in script
+  assert '"skipped": "torch is not importable' in script
+
+
+def test_the_speed_report_refits_on_the_measured_steps(tmp_path, capsys, monkeypatch):
+  """Each measured step carries its kernels: the report prints its error before the refit
+  (a fit that never saw it) and after, as RESULT lines, and writes the refitted data; a
+  skipped arm and the decoding tables are reported too."""
+  from transformer.planning import calibration  # pylint: disable=g-import-not-at-top
+  rows = calibration.load()["gpt_small_cudnn_32x1024"]["kernels"]
+  gs = dict(label="gpt_small_auto_32", batch=32, batch_asked=32, seq_len=1024,
+            step_ms_median=80.0, step_ms_min=79.0, tokens_per_second=409600.0,
+            model_tflops_per_second=300.0, mfu=0.3, compile_seconds=20.0,
+            memory_analysis={}, peak_bytes_in_use=0, kernels={}, jax="0.11.2",
+            device="NVIDIA H200", chip="h200", case="gpt_small_32x1024", kernel_rows=rows)
+  fp8 = dict(label="gpt_small_fp8_32", skipped="config key model.quantization does not exist")
+  _write(tmp_path / "2_train.log", ["RESULT " + json.dumps(gs), "RESULT " + json.dumps(fp8)])
+  _write(tmp_path / "0_env.log", ['RESULT {"label": "device", "chip": "h200", '
+                                  '"nvidia_smi_name": "NVIDIA H200"}'])
+  _write(tmp_path / "5_decode.log", [
+      "Greedy, 256 new tokens after a 16-token prompt, batch 64: decoder 4 layers",
+      "  recompute the prefix every step      9.000     1820.4      1.0x",
+      "  key/value cache                      0.500    32768.0     18.0x"])
+  refitted = tmp_path / "refit.json"
+  monkeypatch.setattr(sys, "argv", ["report", f"--out={tmp_path}", "--speed",
+                                    f"--refit={refitted}"])
+  report.main()
+  text = capsys.readouterr().out
+  assert "Device: NVIDIA H200 (h200)" in text
+  assert "gpt_small_fp8_32: skipped: config key model.quantization does not exist" in text
+  decode = next(json.loads(line[7:]) for line in text.splitlines()
+                if line.startswith('RESULT {"label": "decode_batch_64"'))
+  assert decode["tokens_per_second"] == 32768.0
+  refit = next(json.loads(line[7:]) for line in text.splitlines()
+               if line.startswith('RESULT {"label": "refit"'))
+  chip = hardware_chip("h200")
+  before = calibration.step_seconds(calibration.launches_of(rows), chip,
+                                    calibration.best_rates()) * 1e3
+  assert refit["step"] == "gpt_small_auto_32_h200"
+  assert refit["before_ms"] == before and refit["before_ratio"] == before / 80.0
+  low, high = refit["before_range_ms"]
+  assert low <= before <= high and refit["after_ratio"] > 0
+  with open(refitted, encoding="utf-8") as f:
+    merged = json.load(f)
+  assert len(merged) == len(calibration.load()) + 1
+  assert merged["gpt_small_auto_32_h200"]["chip"] == "h200"
+
+
+def hardware_chip(name):
+  from transformer import hardware  # pylint: disable=g-import-not-at-top
+  return hardware.CHIPS[name]

@@ -24,11 +24,14 @@ Sources (checked 2026-11):
   [v6e]  cloud.google.com/tpu/docs/v6e: 918 TFLOP/s bf16, 32 GB HBM at 1638 GB/s,
          ICI 800 GB/s bidirectional (= 400 GB/s one-way).
   [h100] NVIDIA H100 Tensor Core GPU datasheet, SXM5: 989 TFLOP/s dense bf16 (1979
-         with sparsity), 80 GB HBM3 at 3.35 TB/s, NVLink 900 GB/s (both directions).
+         with sparsity), 80 GB HBM3 at 3.35 TB/s, NVLink 900 GB/s (both directions);
+         the other units' peaks from the same column: FP8 tensor 1979 TFLOP/s dense
+         (3958 sparse), TF32 tensor 494.5 dense (989 sparse), FP32 (CUDA cores, no
+         tensor cores) 67 TFLOP/s.
   [h200] NVIDIA H200 datasheet, SXM: 989 TFLOP/s dense bf16, 141 GB HBM3e at 4.8 TB/s,
-         NVLink 900 GB/s.
+         NVLink 900 GB/s; FP8, TF32 and FP32 as the H100 SXM (the same GH100 die).
   [a100] NVIDIA A100 datasheet, 80GB SXM: 312 TFLOP/s dense bf16, 80 GB HBM2e at
-         2039 GB/s, NVLink 600 GB/s.
+         2039 GB/s, NVLink 600 GB/s; TF32 tensor 156 TFLOP/s dense, FP32 19.5, no FP8.
   Peaks only (chips the compile mode does not target): v2, v3 (per TensorCore, Cloud
   TPU docs), L4, L40S, H100 PCIe / NVL, GH200, B200 (NVIDIA datasheets, dense bf16).
 """
@@ -52,11 +55,32 @@ class Chip:
   hbm_bytes_per_second: float | None = None
   ici_bytes_per_second: float | None = None  # One-way, summed over the chip's links.
   platform: str = "tpu"  # "tpu" | "gpu".
+  # The other units' dense peaks, where the datasheet gives them (GPUs): the tensor
+  # cores' fp8 and TF32 rates and the CUDA cores' float32 rate (no tensor cores).
+  fp8_flops: float | None = None
+  tf32_flops: float | None = None
+  f32_flops: float | None = None
 
   @property
   def has_memory_figures(self) -> bool:
     """Whether the table knows enough of this chip for a memory verdict and an estimate."""
     return None not in (self.hbm_bytes, self.hbm_bytes_per_second, self.ici_bytes_per_second)
+
+  def matmul_peak(self, dtype: str) -> float:
+    """The fastest datasheet rate at which a matmul with `dtype` operands can run.
+
+    "f32": TF32 tensor cores where the chip has them (XLA's DEFAULT precision allows
+    TF32 on GPUs), else a third of bf16 (a TPU's DEFAULT f32 dot is 1-3 bf16 passes);
+    fp8: the fp8 tensor peak where the chip has one, else bf16's; other types bf16's
+    (f64 a sixteenth).
+    """
+    if dtype == "f32":
+      return self.tf32_flops or self.bf16_flops / 3
+    if dtype in ("f8e4m3fn", "f8e5m2", "s8"):
+      return self.fp8_flops or self.bf16_flops
+    if dtype == "f64":
+      return self.bf16_flops / 16
+    return self.bf16_flops
 
 
 # Keyed by the words a lower-case `device_kind` contains ("NVIDIA A100-SXM4-80GB" has
@@ -68,13 +92,16 @@ CHIPS: dict[str, Chip] = {
     "tpu v5 lite": Chip("v5e", 197e12, 16 * GiB, 819 * GB, 200 * GB),  # [v5e]
     "tpu v5": Chip("v5p", 459e12, 95 * GiB, 2765 * GB, 600 * GB),  # [v5p]
     "tpu v6 lite": Chip("v6e", 918e12, 32 * GiB, 1638 * GB, 400 * GB),  # [v6e]
-    "a100": Chip("a100", 312e12, 80 * GB, 2039 * GB, 300 * GB, "gpu"),  # [a100]
+    "a100": Chip("a100", 312e12, 80 * GB, 2039 * GB, 300 * GB, "gpu",  # [a100]
+                 tf32_flops=156e12, f32_flops=19.5e12),
     "l4": Chip("l4", 121e12, platform="gpu"),
     "l40s": Chip("l40s", 362e12, platform="gpu"),
-    "h100": Chip("h100", 989e12, 80 * GB, 3350 * GB, 450 * GB, "gpu"),  # [h100]
+    "h100": Chip("h100", 989e12, 80 * GB, 3350 * GB, 450 * GB, "gpu",  # [h100]
+                 fp8_flops=1979e12, tf32_flops=494.5e12, f32_flops=67e12),
     "h100 pcie": Chip("h100 pcie", 756e12, platform="gpu"),
     "h100 nvl": Chip("h100 nvl", 835e12, platform="gpu"),
-    "h200": Chip("h200", 989e12, 141 * GB, 4800 * GB, 450 * GB, "gpu"),  # [h200]
+    "h200": Chip("h200", 989e12, 141 * GB, 4800 * GB, 450 * GB, "gpu",  # [h200]
+                 fp8_flops=1979e12, tf32_flops=494.5e12, f32_flops=67e12),
     "gh200": Chip("gh200", 989e12, platform="gpu"),
     "b200": Chip("b200", 2250e12, platform="gpu"),
 }

@@ -3,6 +3,8 @@ and how fast could it run? Compiled on this CPU host; -> --output.
 
   python launch.py --mode=compile --config=configs/gpt_small.py --topology=v5p:4x4x4
   python launch.py --mode=compile --config=configs/gpt_small.py --topology=h100:8
+  python launch.py --mode=compile --config=configs/gpt_small.py --topology=h200:1 \
+      --tokens=2e10 --price_per_chip_hour=3.5
 
 No TPU or GPU needed. Compiles the train step, the eval step and (decoder LM,
 encoder-decoder) the cached decode for the target's abstract devices with XLA's TPU
@@ -14,6 +16,8 @@ delivers beside the step's demand per host ("INPUT-BOUND" when short; --input_se
 the kernels that matter; the sharding audit; the levers tried when a step does not fit;
 with --mesh_search, every data x fsdp x tensor mesh (and remat policy) compiled and
 ranked; for a LoRA config, the train step without adapters beside it (--lora_baseline).
+--tokens=N [--price_per_chip_hour=P] adds the time to train N tokens at the train step's
+estimate (its range and floor too) and, with a price, its cost (chips x hours x P).
 --output=FILE writes the same as JSON. Exit status 0 when every step fits, 1 when one
 does not, 2 on bad input (the reason on the last line).
 """
@@ -61,6 +65,12 @@ _EXTRAPOLATE_DEPTH = flags.DEFINE_bool(
 _LORA_BASELINE = flags.DEFINE_bool(
     "lora_baseline", True, "compile: for a LoRA config (model.lora_rank > 0), also compile "
     "the train step without adapters (full fine-tuning) and show what LoRA saves.")
+_TOKENS = flags.DEFINE_float(
+    "tokens", None, "compile: tokens to train (e.g. 2e10): the report gives the time that "
+    "takes at the train step's estimate, with its range and floor (planning/budget.py).")
+_PRICE = flags.DEFINE_float(
+    "price_per_chip_hour", None, "compile: with --tokens, the price of one chip for an hour: "
+    "the report gives the cost, chips x hours x price.")
 _INPUT_SECONDS = flags.DEFINE_float(
     "input_seconds", 3.0, "compile: seconds to time this host's training input pipeline "
     "(after its first batch), reported beside the step's token demand per host; 0 skips it.")
@@ -100,7 +110,12 @@ def run(config: ml_collections.ConfigDict) -> int:
   from transformer.planning import report  # pylint: disable=g-import-not-at-top
   from transformer.planning import topology as topology_lib  # pylint: disable=g-import-not-at-top
 
+  from transformer.planning import budget  # pylint: disable=g-import-not-at-top
   try:
+    budget.check(_TOKENS.value, _PRICE.value)
+    if _TOKENS.value is not None and "train" not in _COMPILE_STEPS.value:
+      raise ConfigError(f"--tokens needs the train step: --compile_steps="
+                        f"{','.join(_COMPILE_STEPS.value)} leaves it out")
     # A fine-tuning config compiles the model it would train: init_from's (training/fine_tune.py).
     from transformer.training import fine_tune  # pylint: disable=g-import-not-at-top
     fine_tune.take_source_model(config, common.config_overrides())
@@ -115,6 +130,14 @@ def run(config: ml_collections.ConfigDict) -> int:
     sys.stderr.write(f"ConfigError: {e}\n")
     return 2
   print("\n".join(report.plan_lines(plan)), flush=True)
+  train_time = None
+  if _TOKENS.value is not None:
+    try:
+      train_time = budget.time_to_train(plan, _TOKENS.value, _PRICE.value)
+    except ConfigError as e:
+      sys.stderr.write(f"ConfigError: {e}\n")
+      return 2
+    print("\n".join(budget.lines(train_time, plan.costs["train"].tokens)), flush=True)
   rate = None
   if _INPUT_SECONDS.value > 0:
     with progress.stage(f"compile: timing this host's input pipeline "
@@ -134,7 +157,7 @@ def run(config: ml_collections.ConfigDict) -> int:
 
   output = flags.FLAGS.output
   if output:
-    result = report.to_json(plan, levers, trials, full)
+    result = report.to_json(plan, levers, trials, full, train_time)
     result["input"] = (input_rate.to_json(rate, plan.train_tokens_per_second)
                        if rate is not None else None)
     files.write_atomically(output, json.dumps(result, indent=2),

@@ -17,11 +17,15 @@ What lives where (imports run downwards; nothing here imports transformer.cli):
                   XLA's memory and cost analyses, loops multiplied out (StepCost)
   depth.py        a scanned model's HBM bytes from the steps compiled unrolled at two
                   small depths, extrapolated per layer
-  kernels.py      where the time goes: every kernel priced on the chip (rates calibrated
-                  on measured GPU steps) and summed by part (matmul, attention, loss,
-                  elementwise, optimizer, collectives)
-  estimate.py     step-time estimate (GPU: the kernels' sum; TPU: the bounds), tokens/s,
-                  MFU and HFU from a StepCost and hardware.py
+  kernels.py      where the time goes: every kernel priced on the chip (efficiencies
+                  <= 1 of its unit's datasheet peak) and summed by part (matmul,
+                  attention, loss, elementwise, optimizer, collectives); the floor
+  calibration.py  the GPU efficiencies fitted on measured steps (gpu_calibration.json):
+                  the best fit, the range of every fit within tolerance, leave-one-out,
+                  the kernel mix against the measured steps'
+  estimate.py     step-time estimate (GPU: the kernels' sum, its range and floor; TPU:
+                  the bounds), tokens/s, MFU and HFU from a StepCost and hardware.py
+  budget.py       --tokens / --price_per_chip_hour: time and cost to train N tokens
   audit.py        parameter / optimizer leaves replicated on a weight-sharding mesh
   plan.py         one config on one slice: all of the above (Plan)
   search.py       levers tried when a step does not fit; the mesh search

@@ -25,8 +25,12 @@ def attention_flops(kind: str, instruction: text.Instruction,
   The one place for the known cost of the attention kernels a config can pick:
   cuDNN's custom calls (below) and Pallas's splash kernels (`_splash_flops`).
   cuDNN: forward QK^T and PV, 2 x 2 x B x H x Lq x Lk x D; backward 2.5 times that (dQ,
-  dK, dV, dP and the recomputed scores). Causal masking is not subtracted: the kernel
-  visits the masked blocks of a tile it must compute anyway.
+  dK, dV, dP and the recomputed scores), over the blocks a flash kernel visits: a
+  causal mask (the call's backend_config says "CAUSAL" or "PADDING_CAUSAL") skips the
+  tiles above the diagonal, counted at CUDNN_TILE, the smallest tile cuDNN's flash
+  kernels take, so that the count is never above what a kernel computes (the compile
+  mode's floor relies on it). Padding's skipped rows are not known from shapes and
+  are counted.
   """
   if kind.startswith("attention splash_"):
     return _splash_flops(kind, instruction, computation)
@@ -35,7 +39,16 @@ def attention_flops(kind: str, instruction: text.Instruction,
     return 0.0
   (b, lq, h, d), (_, lk, _, _) = operands[0], operands[1]  # cuDNN: [B, L, H, D].
   forward = 4.0 * b * h * lq * lk * d
+  mask = _CUDNN_MASK.search(instruction.rest)
+  if mask and "CAUSAL" in mask.group(1):
+    forward *= visited_fraction(lq, lk, CUDNN_TILE, CUDNN_TILE, causal=True)
   return forward * (2.5 if "backward" in kind.lower() or "bprop" in kind.lower() else 1.0)
+
+
+# cuDNN's flash attention tiles (64 or 128 rows and columns on Hopper and Ampere): the
+# causal count takes the smaller, which visits the fewest masked entries.
+CUDNN_TILE = 64
+_CUDNN_MASK = re.compile(r'mask_type\\?"\s*:\s*\\?"(\w+)')
 
 
 # Pallas splash attention (jax.experimental.pallas.ops.tpu.splash_attention): the

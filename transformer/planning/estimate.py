@@ -1,18 +1,26 @@
 """An estimate of step time, tokens/s and MFU from a compiled step and the chip's figures.
 
-On a GPU the estimate is the sum of the step's kernels, each priced at the rates the
-chip's kernels were measured to reach (kernels.py: calibrated on the train steps
-measured on an H100; it is no lower bound). Everywhere, and alone on TPUs, it also
-gives the bounds: the step cannot be faster than the slowest of
-  compute:  max(hardware FLOPs, the model FLOPs) / the chip's bf16 peak,
-  memory:   bytes accessed / the chip's HBM bandwidth,
-  network:  the collectives' bytes / the chip's one-way interconnect bandwidth,
-and the estimate is that bound, as if the three overlapped perfectly at published peak
-rates. Real steps are slower (kernels below peak, collectives not hidden, host work);
-MFU from it is an upper bound; HFU counts the hardware FLOPs (remat's recomputation
-too) the same way. Every loop trip is counted (compiled.py, hlo.py). Several slices
-talk over the data-centre network, far slower than ICI, and the estimate still prices
-their traffic at ICI rates.
+One step time is the estimate (`Estimate.seconds`); beside it a floor and, on a GPU, a
+range:
+
+  GPU: the estimate is the sum of the step's kernels, each at the efficiencies fitted on
+    steps measured on a device (kernels.py, calibration.py): not a bound. Its range
+    [low, high] spans every fit within the calibration's tolerance of every measured
+    step, at every assumed HBM efficiency and launch cost. The floor is each kernel at
+    its own roofline at datasheet peaks, summed (a GPU runs one kernel after another):
+    no run of this program is faster.
+  TPU: no TPU step was measured kernel by kernel, so the estimate is the bound, the
+    slowest of
+      compute:  max(hardware FLOPs, the model FLOPs) / the chip's bf16 peak,
+      memory:   bytes accessed / the chip's HBM bandwidth,
+      network:  the collectives' bytes / the chip's one-way interconnect bandwidth,
+    as if the three overlapped perfectly at published peak rates: it is the floor too,
+    and real steps are slower; MFU from it is an upper bound.
+
+HFU counts the hardware FLOPs (remat's recomputation too) the same way as MFU. Every loop
+trip is counted (compiled.py, hlo.py). Several slices talk over the data-centre network,
+far slower than ICI, and the estimate still prices their traffic at ICI rates. MFU and
+HFU are given for the train step only (an evaluation step's are no training figure).
 """
 
 from __future__ import annotations
@@ -25,15 +33,18 @@ from transformer.planning import kernels
 from transformer.planning.compiled import StepCost
 
 ASSUMPTIONS = (
-    "estimate = max(compute, HBM, interconnect) time: perfect overlap at published peak "
-    "rates (hardware.py); compute = max(hardware FLOPs, model FLOPs) / bf16 peak, the "
-    "hardware FLOPs XLA's (GPU: the HLO's dots and fused-attention calls), remat's "
-    "recomputation included, every loop trip counted; HBM = bytes accessed / HBM "
-    "bandwidth; interconnect = collective bytes / one-way ICI (NVLink) bandwidth of one "
-    "chip. A lower bound on step time: real steps are slower. XLA's own TPU cost model "
-    "(optimal_seconds) is shown beside it. On a GPU the estimate is instead the sum of the "
-    "step's kernels at the rates calibrated on measured steps (kernels.py; not a bound). "
-    "No estimate for a step XLA refused.")
+    "GPU: the estimate is the sum of the step's kernels, each at efficiencies fitted on "
+    "steps measured on an H100 (planning/calibration.py; every efficiency a share <= 1 of "
+    "its unit's datasheet peak, hardware.py): it is not a bound, and its range spans every "
+    "fit within 1.25x of every measured step. The floor is each kernel at its own roofline "
+    "at datasheet peaks, summed: a true lower bound, the estimate is not one. TPU: no TPU "
+    "step was measured kernel by kernel, so the estimate is max(compute, HBM, "
+    "interconnect) time at published peaks (compute = max(hardware FLOPs, model FLOPs) / "
+    "bf16 peak; HBM = bytes accessed / bandwidth; interconnect = collective bytes / one-way "
+    "ICI): perfect overlap, so it is the floor too and real steps are slower. Every loop "
+    "trip counted, remat's recomputation included. XLA's own TPU cost model "
+    "(optimal_seconds) and the kernels' sum (where the time goes) are other models, shown "
+    "as such. No estimate for a step XLA refused.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +61,10 @@ class Estimate:
   # The step's kernels priced one by one and summed by part (kernels.py); its total is
   # the estimate where the chip's rates are calibrated (GPUs).
   breakdown: kernels.Breakdown | None = None
+  # [low, high] over every fit within the calibration's tolerance (calibrated only).
+  seconds_range: tuple[float, float] | None = None
+  # Kernel classes whose share of the step lies outside the measured steps' range.
+  mix_warnings: tuple[str, ...] = ()
 
   @property
   def bound_seconds(self) -> float:
@@ -65,6 +80,14 @@ class Estimate:
   def seconds(self) -> float:
     """The estimate: the calibrated kernel sum where there is one, else the bound."""
     return self.breakdown.seconds if self.calibrated else self.bound_seconds
+
+  @property
+  def lower_bound_seconds(self) -> float:
+    """No run is faster: each kernel at its roofline at datasheet peaks, summed (GPUs);
+    the perfect-overlap bound elsewhere."""
+    if self.calibrated:
+      return self.breakdown.floor_seconds
+    return self.bound_seconds
 
   @property
   def bound(self) -> str:
@@ -102,9 +125,16 @@ def estimate(cost: StepCost, chip: Chip, chips: int) -> Estimate | None:
   result = Estimate(compute_seconds=compute, hbm_seconds=hbm, network_seconds=network,
                     tokens_per_second=0.0, mfu=None, optimal_seconds=cost.optimal_seconds,
                     breakdown=parts)
+  if result.calibrated:
+    from transformer.planning import calibration  # pylint: disable=g-import-not-at-top
+    result = dataclasses.replace(
+        result, seconds_range=calibration.interval(cost.launches, chip),
+        mix_warnings=tuple(calibration.mix_warnings(parts)))
   seconds = max(result.seconds, 1e-12)
   peak = seconds * chip.bf16_flops
-  mfu = None if cost.model_flops is None else min(1.0, cost.model_flops / peak)
-  hfu = min(1.0, cost.xla_flops / peak) if cost.xla_flops else None
+  train = cost.name == "train"
+  mfu = (min(1.0, cost.model_flops / peak)
+         if train and cost.model_flops is not None else None)
+  hfu = min(1.0, cost.xla_flops / peak) if train and cost.xla_flops else None
   return dataclasses.replace(result, tokens_per_second=cost.tokens / seconds, mfu=mfu,
                              hfu=hfu)

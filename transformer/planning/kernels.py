@@ -4,15 +4,22 @@ hlo.launches lists the kernels a step launches (loops multiplied out), each with
 FLOPs, its HBM bytes, its collective bytes and the JAX op it came from. Each launch is
 put in one part of the step (PARTS) and priced on its own:
 
-  time = max(FLOPs / matmul or attention rate, HBM bytes / HBM rate,
-             collective bytes / interconnect rate) + a launch cost,
+  time = max(FLOPs / (its unit's datasheet peak x Rates.tensor or .tf32),
+             HBM bytes / (HBM bandwidth x Rates.hbm),
+             collective bytes / (interconnect x Rates.interconnect)) + Rates.launch_seconds,
 
-the rates a chip's published peaks times the efficiencies of its `Rates` (RATES). On
-GPUs these were calibrated on the train steps measured on an H100 (docs/compile-
-results.md, "Calibration"); the step estimate is then the sum of its kernels, not the
-slowest of three totals, since a GPU runs its kernels one after another. On TPUs the
-efficiencies are 1 (no TPU step was measured kernel by kernel): the parts show where
-the bytes and FLOPs are, and the step estimate stays estimate.py's bound.
+its unit the one the datasheet gives for its operands (hardware.Chip.matmul_peak: bf16
+or fp8 tensor cores, TF32 tensor cores for float32 matmuls; fused attention at bf16's).
+Every efficiency is a share of a datasheet peak and at most 1, so no unit runs faster
+than its datasheet. The same formula at Rates of 1 and no launch cost is the step's
+floor (`Breakdown.floor_seconds`): each kernel at its own roofline, summed, since a GPU
+runs one kernel after another (collectives, on their own stream, may overlap: the floor
+takes the larger of the two sums).
+
+On GPUs the efficiencies are fitted on train steps measured on a device (calibration.py,
+its data in gpu_calibration.json); the step estimate is the sum of its kernels. On
+TPUs they are 1 (no TPU step was measured kernel by kernel): the parts show where the
+bytes and FLOPs are, and the step estimate stays estimate.py's bound.
 """
 
 from __future__ import annotations
@@ -25,51 +32,82 @@ from transformer.planning import hlo
 
 # The parts of a step, in the report's order.
 PARTS = ("matmul", "attention", "loss", "elementwise", "optimizer", "collectives")
+# What bounds a kernel's time (its class), for the kernel mix calibration.py compares
+# with the measured steps': the unit of its FLOPs, else HBM, the interconnect, or the
+# launch cost of kernels too small to be bound by either.
+CLASSES = ("tensor", "fp8", "tf32", "attention", "hbm", "interconnect", "launch")
 # Where an op's name says it belongs (JAX's op_name metadata): the loss head's scope
 # (training/head_loss.py), the attention product's (model/attention.py's _attend).
 LOSS_SCOPES = ("loss_head", "/loss_sums", "head_loss_sums")
 ATTENTION_SCOPES = ("._attend",)
+_FP8 = ("f8e4m3fn", "f8e5m2", "s8")
 
 
 @dataclasses.dataclass(frozen=True)
 class Rates:
-  """What a chip's kernels achieve, as shares of its published peaks, and the fixed cost
-  of launching one kernel."""
+  """What a chip's kernels achieve, each a share (<= 1) of a datasheet peak, and the
+  fixed cost of launching one kernel."""
 
-  matmul: float  # Of the dense peak for the operands' dtype (tensor cores / MXU).
-  matmul_f32: float  # A float32 matmul's peak as a share of the bf16 peak.
-  attention: float  # Fused attention kernels (cuDNN, splash), of the bf16 peak.
+  tensor: float  # Of the tensor cores' peak for the operands (bf16, fp8) and attention's.
+  tf32: float  # Float32 matmuls: of the TF32 tensor-core peak (XLA's DEFAULT precision).
   hbm: float  # Of the HBM bandwidth, for kernels bound by their bytes.
   interconnect: float  # Of the one-way interconnect bandwidth.
   launch_seconds: float  # Per kernel launch (host dispatch, the kernel's ramp).
-  calibrated: str  # What the figures were fitted on ("" = published peaks only).
+  calibrated: str  # What the figures were fitted on ("" = datasheet peaks only).
+
+  def __post_init__(self):
+    for name in ("tensor", "tf32", "hbm", "interconnect"):
+      if not 0.0 < getattr(self, name) <= 1.0:
+        raise ValueError(f"Rates.{name}={getattr(self, name)}: a share of a datasheet "
+                         "peak is in (0, 1]")
 
 
-# Fitted on the four train steps measured on an H100 (docs/compile-results.md#
-# calibration: gpt_small 32 x 1024 with cuDNN, 102.5 ms, and with XLA's attention,
-# 156.0 ms; llama:1b 16 x 2048 with packed rows, 816.3 ms, and per-row lengths, 799.5
-# ms), compiled here without a device with the code that ran there: the largest error is
-# the least (1.20x, 1.20x, 0.87x, 0.89x of each) with efficiencies bounded to what
-# Hopper reaches (matmuls <= 0.8 of the dense peak, HBM <= 0.9, >= 2 us a launch). The
-# float32 matmuls of that code's loss head fit the CUDA cores' rate (0.08 of the bf16
-# peak, not TF32's 0.5). The interconnect's share was not measured (one GPU). The H200
-# shares the figures (the same SMs; its own bandwidth from hardware.py), the A100 too
-# until one is measured.
-_HOPPER = Rates(matmul=0.8, matmul_f32=0.08, attention=0.75, hbm=0.9, interconnect=0.7,
-                launch_seconds=2e-6,
-                calibrated="fitted on 4 train steps measured on an H100: 0.87x-1.20x of each")
-_PEAK = Rates(matmul=1.0, matmul_f32=1 / 3, attention=1.0, hbm=1.0, interconnect=1.0,
-              launch_seconds=0.0, calibrated="")
-RATES: dict[str, Rates] = {"h100": _HOPPER, "h200": _HOPPER, "a100": _HOPPER}
-
-# Dense peak of a matmul with these operands, as a multiple of the bf16 peak (float32:
-# Rates.matmul_f32).
-_DTYPE_PEAK = {"f64": 1 / 16, "f8e4m3fn": 2.0, "f8e5m2": 2.0, "s8": 2.0}
+PEAK = Rates(tensor=1.0, tf32=1.0, hbm=1.0, interconnect=1.0, launch_seconds=0.0,
+             calibrated="")
+# GPUs whose kernels' efficiencies calibration.py fits (on the H100's measured steps:
+# the H200 is the same die with faster HBM, priced at its own bandwidth; the A100 shares
+# them until one is measured, and the report says so).
+CALIBRATED_GPUS = ("h100", "h200", "a100")
 
 
 def rates(chip: Chip) -> Rates:
-  """The chip's Rates: calibrated where RATES has it, else its published peaks."""
-  return RATES.get(chip.name, _PEAK)
+  """The chip's Rates: calibration.py's best fit for the GPUs it covers, else peaks."""
+  if chip.name in CALIBRATED_GPUS:
+    from transformer.planning import calibration  # pylint: disable=g-import-not-at-top
+    return calibration.best_rates()
+  return PEAK
+
+
+def unit_seconds(launch: hlo.Launch, chip: Chip) -> tuple[float, float, float, str]:
+  """One launch at datasheet peaks: (compute, HBM, interconnect seconds, compute class)."""
+  if launch.kind and launch.kind.startswith("attention"):
+    compute, unit = launch.flops / chip.bf16_flops, "attention"
+  else:
+    dtype = launch.matmul_dtype
+    compute = launch.flops / chip.matmul_peak(dtype)
+    unit = "tf32" if dtype == "f32" else "fp8" if dtype in _FP8 else "tensor"
+  memory = launch.bytes / chip.hbm_bytes_per_second
+  network = launch.collective_bytes / chip.ici_bytes_per_second
+  return compute, memory, network, unit
+
+
+def kernel_seconds(launch: hlo.Launch, chip: Chip, chip_rates: Rates) -> float:
+  """One launch's time on `chip` (not multiplied by launch.times)."""
+  compute, memory, network, unit = unit_seconds(launch, chip)
+  share = chip_rates.tf32 if unit == "tf32" else chip_rates.tensor
+  return (max(compute / share, memory / chip_rates.hbm, network / chip_rates.interconnect)
+          + chip_rates.launch_seconds)
+
+
+def kernel_class(launch: hlo.Launch, chip: Chip, chip_rates: Rates) -> str:
+  """Which resource bounds the launch at `chip_rates` (CLASSES)."""
+  compute, memory, network, unit = unit_seconds(launch, chip)
+  share = chip_rates.tf32 if unit == "tf32" else chip_rates.tensor
+  times = {unit: compute / share, "hbm": memory / chip_rates.hbm,
+           "interconnect": network / chip_rates.interconnect}
+  if max(times.values()) < chip_rates.launch_seconds:
+    return "launch"
+  return max(times, key=times.get)
 
 
 def part_of(launch: hlo.Launch, train: bool) -> str:
@@ -86,20 +124,6 @@ def part_of(launch: hlo.Launch, train: bool) -> str:
   if kind.startswith("matmul") or launch.flops:
     return "matmul"
   return "elementwise"
-
-
-def kernel_seconds(launch: hlo.Launch, chip: Chip, chip_rates: Rates) -> float:
-  """One launch's time on `chip` (not multiplied by launch.times)."""
-  peak = chip.bf16_flops
-  if launch.kind and launch.kind.startswith("attention"):
-    compute = launch.flops / (peak * chip_rates.attention)
-  else:
-    scale = (chip_rates.matmul_f32 if launch.matmul_dtype == "f32"
-             else _DTYPE_PEAK.get(launch.matmul_dtype, 1.0))
-    compute = launch.flops / (peak * scale * chip_rates.matmul)
-  memory = launch.bytes / (chip.hbm_bytes_per_second * chip_rates.hbm)
-  network = launch.collective_bytes / (chip.ici_bytes_per_second * chip_rates.interconnect)
-  return max(compute, memory, network) + chip_rates.launch_seconds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +143,11 @@ class Breakdown:
 
   parts: tuple[Part, ...]
   calibrated: str  # Rates.calibrated of the chip.
+  # Each kernel at its own roofline at datasheet peaks, no launch cost, summed (the
+  # collectives' sum instead where larger): no run of this program is faster.
+  floor_seconds: float = 0.0
+  # Seconds by CLASSES at the chip's rates (the kernel mix).
+  class_seconds: tuple[tuple[str, float], ...] = ()
 
   @property
   def seconds(self) -> float:
@@ -130,7 +159,8 @@ class Breakdown:
 
   def as_json(self) -> dict:
     return {"seconds": self.seconds, "launches": self.launches,
-            "calibrated": self.calibrated,
+            "calibrated": self.calibrated, "floor_seconds": self.floor_seconds,
+            "class_seconds": dict(self.class_seconds),
             "parts": {p.name: {"launches": p.launches, "flops": p.flops,
                                "hbm_bytes": p.hbm_bytes, "seconds": p.seconds}
                       for p in self.parts}}
@@ -141,16 +171,27 @@ def breakdown(launches: Iterable[hlo.Launch], chip: Chip, train: bool) -> Breakd
   instructions such as a tuple or a bitcast launch nothing)."""
   chip_rates = rates(chip)
   totals = {name: [0, 0.0, 0.0, 0.0] for name in PARTS}
+  classes = dict.fromkeys(CLASSES, 0.0)
+  floor = network_floor = 0.0
   for launch in launches:
     if not launch.is_kernel:
       continue
     total = totals[part_of(launch, train)]
+    seconds = kernel_seconds(launch, chip, chip_rates) * launch.times
     total[0] += launch.times
     total[1] += launch.flops * launch.times
     total[2] += launch.bytes * launch.times
-    total[3] += kernel_seconds(launch, chip, chip_rates) * launch.times
+    total[3] += seconds
+    classes[kernel_class(launch, chip, chip_rates)] += seconds
+    compute, memory, network, _ = unit_seconds(launch, chip)
+    if network:  # A collective, on its own stream: it may overlap the kernels.
+      network_floor += network * launch.times
+    else:
+      floor += max(compute, memory) * launch.times
   return Breakdown(parts=tuple(Part(name, *totals[name]) for name in PARTS),
-                   calibrated=chip_rates.calibrated)
+                   calibrated=chip_rates.calibrated,
+                   floor_seconds=max(floor, network_floor),
+                   class_seconds=tuple(classes.items()))
 
 
 def table(step: str, result: Breakdown) -> list[str]:

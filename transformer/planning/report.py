@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from transformer.planning import budget
 from transformer.planning import collectives
 from transformer.planning import estimate as estimate_lib
 from transformer.planning import kernels
@@ -45,6 +46,7 @@ def plan_lines(plan: Plan) -> list[str]:
       f"{plan.config.model.param_dtype}, remat {plan.config.model.remat}, scan_layers "
       f"{plan.config.model.scan_layers}, batch {plan.config.data.batch_size} x "
       f"{plan.config.data.seq_len}, train.microbatches {plan.config.train.microbatches}",
+      *xla_attention_note(plan),
       "",
       "Per chip, train step arguments: " + ", ".join(
           f"{part} {gib(nbytes)}" for part, nbytes in plan.breakdown.items()),
@@ -68,8 +70,10 @@ def plan_lines(plan: Plan) -> list[str]:
             "the activations kept for the backward pass)", ""]
   calibrated = any(est is not None and est.calibrated for est in plan.estimates.values())
   lines.append("Step time (an ESTIMATE, not a measurement: "
-               + ("each kernel at the rates calibrated on measured steps, summed" if calibrated
-                  else "bounds from published peaks") + "):")
+               + ("each kernel at efficiencies fitted on measured steps, summed; its range "
+                  "spans every fit within the calibration's tolerance; the floor is each "
+                  "kernel at datasheet peaks" if calibrated
+                  else "the bound at published peaks, which is also the floor") + "):")
   for name, cost in plan.costs.items():
     lines += _estimate_lines(name, cost, plan.estimates[name])
   lines += _parts_lines(plan)
@@ -89,6 +93,34 @@ def plan_lines(plan: Plan) -> list[str]:
   return lines
 
 
+# What cuDNN's fused attention changed on a device (docs/performance.md, the first H100
+# run: gpt_small 32 x 1024, XLA's attention against cuDNN's).
+_CUDNN_MEASURED = "156.0 ms with XLA's attention against 102.5 ms with cuDNN's"
+
+
+def xla_attention_note(plan: Plan) -> list[str]:
+  """The report's first lines when a GPU target's step has XLA's attention only because
+  this host cannot load cuDNN (a GPU run of the same config gets cuDNN's kernel)."""
+  if plan.memory_fraction is None or plan.config.model.attention_impl not in ("auto", "cudnn"):
+    return []
+  if any(kind.startswith("attention") for cost in plan.costs.values()
+         for kind in cost.kernels):
+    return []
+  from transformer.model import attention_ops  # pylint: disable=g-import-not-at-top
+  if attention_ops.cudnn_available():
+    return []
+  return [f"NOTE: this estimate assumes XLA's attention: model.attention_impl="
+          f"{plan.config.model.attention_impl!r} gets cuDNN's flash kernel on a GPU, but jax "
+          "picks it only where it can load cuDNN, and nvidia-cudnn-cu12 is not installed on "
+          "this host (pip install nvidia-cudnn-cu12, or the package's [compile] extra). On "
+          f"the H100 of docs/performance.md gpt_small 32 x 1024 measured {_CUDNN_MEASURED}: "
+          "the bytes, kernels and step time below are of the XLA step, slower than a run's."]
+
+
+def _ms(seconds: float) -> str:
+  return f"{seconds * 1e3:.2f} ms"
+
+
 def _estimate_lines(name: str, cost, est: estimate_lib.Estimate | None) -> list[str]:
   """One step's estimate: FLOPs, collectives, the three bounds, MFU/HFU, XLA's model."""
   if est is None:
@@ -97,33 +129,41 @@ def _estimate_lines(name: str, cost, est: estimate_lib.Estimate | None) -> list[
            if cost.model_flops is not None else "")
   moved = ", ".join(f"{kind} {gib(cost.collective_bytes.get(kind, 0))}"
                     for kind in collectives.KINDS if cost.collective_bytes.get(kind))
-  mfu = f", MFU <= {100 * est.mfu:.1f}%" if est.mfu is not None else ""
-  hfu = f", HFU <= {100 * est.hfu:.1f}%" if est.hfu is not None else ""
+  bound = "~" if est.calibrated else "<="
+  mfu = f", MFU {bound} {100 * est.mfu:.1f}%" if est.mfu is not None else ""
+  hfu = f", HFU {bound} {100 * est.hfu:.1f}%" if est.hfu is not None else ""
   unknown = (f" UNKNOWN (XLA could not print the compiled HLO: {cost.collective_error}; "
              "the interconnect bound below is missing)" if cost.collective_error else "")
   looped = (f", loops multiplied out x{cost.loop_factors['flops']:.2f}"
             if cost.loop_factors.get("flops", 1.0) > 1.001 else "")
-  bounds = (f"compute {est.compute_seconds * 1e3:.2f} ms, HBM {est.hbm_seconds * 1e3:.2f} "
-            f"ms, interconnect {est.network_seconds * 1e3:.2f} ms")
+  totals = (f"compute {_ms(est.compute_seconds)}, HBM {_ms(est.hbm_seconds)}, "
+            f"interconnect {_ms(est.network_seconds)}")
   if est.calibrated:
-    mfu = mfu.replace("<=", "~")
-    hfu = hfu.replace("<=", "~")
-    timing = (f"kernel by kernel ~{est.seconds * 1e3:.2f} ms ({est.breakdown.launches:,} "
-              f"launches; bounds at published peaks: {bounds} -> >= "
-              f"{est.bound_seconds * 1e3:.2f} ms)")
+    low, high = est.seconds_range
+    headline = (f"  {name}: ~{_ms(est.seconds)} a step (ESTIMATE, range {_ms(low)} to "
+                f"{_ms(high)}; floor >= {_ms(est.lower_bound_seconds)}), "
+                f"~{est.tokens_per_second:,.0f} tokens/s{mfu}{hfu}")
+    detail = (f"    {est.breakdown.launches:,} kernels, each at fitted efficiencies "
+              f"({est.breakdown.calibrated}); totals at datasheet peaks, no overlap "
+              f"needed for the floor: {totals}")
   else:
-    timing = f"{bounds} -> ~{est.seconds * 1e3:.2f} ms ({est.bound}-bound)"
-  lines = [
-      f"  {name}: {model}hardware {cost.xla_flops:.3g} FLOPs/chip ({cost.cost_source}"
-      f"{looped}); collectives per chip: {moved or 'none'}{unknown}; {timing}, "
-      f"~{est.tokens_per_second:,.0f} tokens/s{mfu}{hfu}; compiled in "
+    headline = (f"  {name}: ~{_ms(est.seconds)} a step (ESTIMATE = floor, {est.bound}-bound "
+                f"at published peaks: {totals}), ~{est.tokens_per_second:,.0f} tokens/s"
+                f"{mfu}{hfu}")
+    detail = ""
+  lines = [headline] + ([detail] if detail else []) + [
+      f"    {model}hardware {cost.xla_flops:.3g} FLOPs/chip ({cost.cost_source}{looped}); "
+      f"collectives per chip: {moved or 'none'}{unknown}; compiled in "
       f"{cost.compile_seconds:.1f} s"]
+  if est.mix_warnings:
+    lines.append("    OUTSIDE CALIBRATION: this step's kernel mix differs from every measured "
+                 "step's, so the estimate extrapolates: " + "; ".join(est.mix_warnings))
   if cost.bytes_source and cost.bytes_source != cost.cost_source:
     lines.append(f"    HBM bytes {cost.hbm_bytes_accessed:.3g}/chip and optimal_seconds: "
                  f"{cost.bytes_source} (compiled in {cost.depth_compile_seconds:.1f} s)")
   if est.optimal_seconds is not None:
-    lines.append(f"    XLA's own cost model (optimal_seconds, loops multiplied out): "
-                 f"~{est.optimal_seconds * 1e3:.2f} ms")
+    lines.append(f"    (another model, not this estimate: XLA's own TPU cost model, "
+                 f"optimal_seconds with loops multiplied out, says {_ms(est.optimal_seconds)})")
   if cost.collective_bytes.get(collectives.UNKNOWN_TRIPS):
     lines.append(f"    ({cost.collective_bytes[collectives.UNKNOWN_TRIPS]} loop(s) have no "
                  "known trip count and count once)")
@@ -138,9 +178,11 @@ def _parts_lines(plan: Plan) -> list[str]:
     return []
   calibrated = next((b.calibrated for b in done.values() if b.calibrated), "")
   lines = ["", "Where the time goes (every kernel priced on the chip, loops multiplied out; "
-           + (f"rates {calibrated}" if calibrated else
-              "at published peaks: no kernel of this chip was measured, so the shares "
-              "show where the work is, not measured time") + "):"]
+           + (f"efficiencies {calibrated}; the total is the estimate above" if calibrated
+              else "each kernel at its roofline at published peaks, summed: another model "
+              "than the estimate above, which lets compute, HBM and interconnect overlap; "
+              "no kernel of this chip was measured, so the shares show where the work is, "
+              "and the total is no step time") + "):"]
   for name, parts in done.items():
     lines += kernels.table(name, parts)
   return lines
@@ -179,9 +221,10 @@ def trial_lines(title: str, trials: list[Trial], chip_bytes: int,
 
 def to_json(plan: Plan, levers: dict[str, list[Trial]] | None = None,
             search: list[Trial] | None = None,
-            full_fine_tuning: Trial | None = None) -> dict[str, Any]:
+            full_fine_tuning: Trial | None = None,
+            train_time: budget.TrainTime | None = None) -> dict[str, Any]:
   """The --output report (`full_fine_tuning`: a LoRA config's train step without
-  adapters, search.full_fine_tuning)."""
+  adapters, search.full_fine_tuning; `train_time`: --tokens' answer)."""
   steps = {}
   for name, cost in plan.costs.items():
     est = plan.estimates[name]
@@ -200,6 +243,10 @@ def to_json(plan: Plan, levers: dict[str, list[Trial]] | None = None,
         estimated_tokens_per_second=estimated("tokens_per_second"),
         estimated_mfu=estimated("mfu"), estimated_hfu=estimated("hfu"),
         estimate_calibrated=estimated("calibrated"),
+        estimated_seconds_range=(list(est.seconds_range)
+                                 if est is not None and est.seconds_range else None),
+        lower_bound_seconds=estimated("lower_bound_seconds"),
+        estimate_outside_calibration=(list(est.mix_warnings) if est is not None else None),
         where_the_time_goes=(est.breakdown.as_json()
                              if est is not None and est.breakdown is not None else None),
         optimal_seconds=cost.optimal_seconds, loop_factors=cost.loop_factors,
@@ -224,4 +271,5 @@ def to_json(plan: Plan, levers: dict[str, list[Trial]] | None = None,
       levers={step: [trial(t) for t in trials] for step, trials in (levers or {}).items()},
       mesh_search=[trial(t) for t in (search or [])],
       full_fine_tuning=trial(full_fine_tuning) if full_fine_tuning is not None else None,
+      **(train_time.as_json() if train_time is not None else {}),
       assumptions=estimate_lib.ASSUMPTIONS)
