@@ -14,8 +14,10 @@
 #                      torch.compile (bounded at 45 s), bf16 autocast, SDPA flash, fused AdamW
 #   2_train.log   100  llama:1b 16 x 2048 (scanned, packed rows declared by its pipeline)
 #   2_train.log    80  gpt_small 32 x 1024 with MaxText's H100 XLA flag set (MAXTEXT_FLAGS
-#                      below) against the default run above: an A/B, the flags kept as a
-#                      default only if faster here
+#                      below) against the default run above (jax's own flags: the benchmark
+#                      does not start through launch.py, so accelerator.GPU_XLA_FLAGS are not
+#                      set; on one GPU the collective flags change nothing): an A/B, the
+#                      flags kept as a default only if faster here
 #   5_decode.log 40+40 cached decoding tokens/s at batch 1 and 64 (benchmarks/decoding_speed.py;
 #                      the report turns its table into RESULT lines)
 #   4_report.log   20  benchmarks/gpu_first_run_report.py --speed: the targets (gpt_small >=

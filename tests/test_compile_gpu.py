@@ -72,6 +72,48 @@ def test_decoder_on_one_h100_hand_count_memory_fraction_and_kernels(tmp_path, ca
 
 
 @needs_plugin
+def test_one_h200_its_memory_bandwidth_range_floor_and_the_time_to_train(tmp_path, capsys,
+                                                                         monkeypatch):
+  """h200:1: judged against 0.9 of its 141 GB, priced at its 4.8 TB/s; the train step's
+  estimate has its range and floor (no lower than the bytes at the bandwidth); --tokens
+  and --price_per_chip_hour give the time and cost to train."""
+  monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+  report = tmp_path / "report.json"
+  config = tiny()
+  config.mesh.shape = DATA_PARALLEL
+  code, out, err = _run_mode(config, ["--topology=h200:1", f"--output={report}",
+                                      "--compile_steps=train", "--tokens=2048000",
+                                      "--price_per_chip_hour=4"], capsys)
+  assert code == 0, err[-3000:]
+  result = json.loads(report.read_text())
+  assert result["chip"] == "h200" and result["chip_kind"] == "NVIDIA H200"
+  assert result["usable_bytes"] == int(0.9 * 151_397_597_184)  # gpu_targets/h200.txtpb.
+  train = result["steps"]["train"]
+  low, high = train["estimated_seconds_range"]
+  assert train["lower_bound_seconds"] <= low <= train["estimated_seconds"] <= high
+  assert train["lower_bound_seconds"] >= train["hbm_bytes_accessed"] / 4.8e12 * 0.999
+  assert "4800 GB/s HBM" in out and "a step (ESTIMATE, range" in out
+  assert result["train_steps"] == 1000  # 16 x 128 tokens a step.
+  assert result["time_to_train_point_seconds"] == pytest.approx(1000 * train["estimated_seconds"])
+  assert result["cost_point"] == pytest.approx(
+      result["time_to_train_point_seconds"] / 3600 * 4)
+  assert "Time to train 2,048,000 tokens" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--tokens=0"], "ConfigError: --tokens=0: the tokens to train, a count >= 1"),
+    (["--price_per_chip_hour=3"], "ConfigError: --price_per_chip_hour=3 needs --tokens=N"),
+    (["--tokens=1e9", "--compile_steps=eval"],
+     "ConfigError: --tokens needs the train step: --compile_steps=eval leaves it out"),
+])
+@needs_plugin
+def test_bad_tokens_and_price_flags_are_one_line_before_compiling(argv, message, capsys):
+  code, _, err = _run_mode(tiny(), ["--topology=h100:1"] + argv, capsys)
+  assert code == 2, err[-3000:]
+  assert err.strip().splitlines()[-1].startswith(message), err[-3000:]
+
+
+@needs_plugin
 @pytest.mark.parametrize("arch", ["encoder", "encoder_decoder"])
 def test_encoder_and_encoder_decoder_on_eight_h100s(h100x8, arch):
   """fsdp over 8 GPUs: arguments are the shardings' own count, weights are gathered."""

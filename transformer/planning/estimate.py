@@ -117,7 +117,11 @@ def estimate(cost: StepCost, chip: Chip, chips: int) -> Estimate | None:
     raise ValueError(f"hardware.CHIPS has no HBM/bandwidth figures for {chip.name}")
   if cost.compile_error:
     return None
-  compute = max(cost.xla_flops, cost.model_flops or 0.0) / chip.bf16_flops
+  # A GPU step's FLOPs are the HLO's own count, fused attention's by the blocks its kernel
+  # visits; the model's count (flops.py: the whole causal square) would overstate them.
+  flops = (cost.xla_flops if chip.platform == "gpu" and cost.launches
+           else max(cost.xla_flops, cost.model_flops or 0.0))
+  compute = flops / chip.bf16_flops
   hbm = cost.hbm_bytes_accessed / chip.hbm_bytes_per_second
   network = collective_total(cost) / chip.ici_bytes_per_second
   parts = (kernels.breakdown(cost.launches, chip, train=cost.name == "train")

@@ -144,8 +144,8 @@ def _estimate_lines(name: str, cost, est: estimate_lib.Estimate | None) -> list[
                 f"{_ms(high)}; floor >= {_ms(est.lower_bound_seconds)}), "
                 f"~{est.tokens_per_second:,.0f} tokens/s{mfu}{hfu}")
     detail = (f"    {est.breakdown.launches:,} kernels, each at fitted efficiencies "
-              f"({est.breakdown.calibrated}); totals at datasheet peaks, no overlap "
-              f"needed for the floor: {totals}")
+              f"({est.breakdown.calibrated}); the step's totals at the bf16 peak and "
+              f"the bandwidths: {totals}")
   else:
     headline = (f"  {name}: ~{_ms(est.seconds)} a step (ESTIMATE = floor, {est.bound}-bound "
                 f"at published peaks: {totals}), ~{est.tokens_per_second:,.0f} tokens/s"
