@@ -121,7 +121,8 @@ def profile(compiled, state, batch, steps: int) -> tuple[dict, object]:
       name = "unmatched"
     measured[name] += us / steps / 1e3
   chip = hardware.chip_of(jax.devices()[0].device_kind)
-  estimated = ({p.name: p.seconds * 1e3 for p in kernels_lib.breakdown(launches, chip, True).parts}
+  estimated = ({p.name: p.seconds * 1e3 for p in kernels_lib.breakdown(
+      launches, chip, True, calibration.rates_for(chip)).parts}
                if chip is not None and chip.has_memory_figures else {})
   result = dict(measured_ms=dict(measured), estimated_ms=estimated, ops=len(ops),
                 ops_per_step=len(ops) / steps, trace_dir=trace_dir,

@@ -89,7 +89,7 @@ def test_every_kernel_lands_in_its_part_with_its_launches_flops_and_bytes():
   found, loops, unknown = hlo.launches(_STEP)
   assert loops == {"body": 4} and unknown == 0
   chip = hardware.CHIPS["h100"]
-  result = kernels.breakdown(found, chip, train=True)
+  result = kernels.breakdown(found, chip, train=True, chip_rates=calibration.rates_for(chip))
   parts = {p.name: p for p in result.parts}
   assert parts["matmul"].launches == 4  # The loop's 4 trips.
   assert parts["matmul"].flops == 4 * 2 * 64 * 128 * 256
@@ -104,7 +104,7 @@ def test_every_kernel_lands_in_its_part_with_its_launches_flops_and_bytes():
 
 
 def test_a_kernel_costs_its_slowest_resource_plus_a_launch():
-  chip, rates = hardware.CHIPS["h100"], kernels.rates(hardware.CHIPS["h100"])
+  chip, rates = hardware.CHIPS["h100"], calibration.rates_for(hardware.CHIPS["h100"])
   found, _, _ = hlo.launches(_STEP)
   matmul = next(l for l in found if l.kind == "matmul triton gemm fusion")
   compute = matmul.flops / (chip.bf16_flops * rates.tensor)
@@ -120,7 +120,7 @@ def test_a_kernel_costs_its_slowest_resource_plus_a_launch():
   fp8 = dataclasses.replace(f32, matmul_dtype="f8e4m3fn")
   assert kernels.kernel_seconds(fp8, chip, rates) == pytest.approx(
       fp8.flops / (1979e12 * rates.tensor) + rates.launch_seconds)
-  result = kernels.breakdown(found, chip, train=True)
+  result = kernels.breakdown(found, chip, train=True, chip_rates=calibration.rates_for(chip))
   assert result.seconds == pytest.approx(sum(
       l.times * kernels.kernel_seconds(l, chip, rates) for l in found if l.is_kernel))
   lines = kernels.table("train", result)
@@ -132,11 +132,12 @@ def test_tpu_parts_are_priced_at_published_peaks():
   """No TPU kernel was measured: the parts are shares of work, not calibrated time."""
   chip = hardware.CHIPS["tpu v5"]
   result = kernels.breakdown(hlo.launches(_STEP)[0], chip, train=True)
-  assert not result.calibrated and kernels.rates(chip).launch_seconds == 0.0
+  assert not result.calibrated and calibration.rates_for(chip).launch_seconds == 0.0
 
 
 def test_eval_steps_have_no_optimizer_part():
-  result = kernels.breakdown(hlo.launches(_STEP)[0], hardware.CHIPS["h100"], train=False)
+  result = kernels.breakdown(hlo.launches(_STEP)[0], hardware.CHIPS["h100"], train=False,
+                             chip_rates=calibration.rates_for(hardware.CHIPS["h100"]))
   assert {p.name: p.launches for p in result.parts}["optimizer"] == 0
 
 
@@ -175,15 +176,15 @@ def test_the_floor_is_below_every_measured_step_and_the_range_holds_the_point():
     floor = calibration.floor_seconds(found, chip)
     assert 0 < floor < step["measured_ms"] / 1e3, name
     low, high = calibration.interval(found, chip)
-    point = sum(l.times * kernels.kernel_seconds(l, chip, kernels.rates(hardware.CHIPS["h100"]))
-                for l in found)
+    rates = calibration.rates_for(chip)
+    point = sum(l.times * kernels.kernel_seconds(l, chip, rates) for l in found)
     assert floor < low <= point <= high, (name, floor, low, point, high)
 
 
 def test_the_breakdown_floor_is_each_kernel_at_its_roofline():
   chip = hardware.CHIPS["h100"]
   found = hlo.launches(_STEP)[0]
-  result = kernels.breakdown(found, chip, train=True)
+  result = kernels.breakdown(found, chip, train=True, chip_rates=calibration.rates_for(chip))
   expected = sum(l.times * max(kernels.unit_seconds(l, chip)[:2]) for l in found
                  if l.is_kernel and not l.collective_bytes)
   assert result.floor_seconds == pytest.approx(expected)
@@ -197,7 +198,7 @@ def test_the_h200_is_priced_at_its_own_bandwidth():
   h100, h200 = hardware.CHIPS["h100"], hardware.CHIPS["h200"]
   assert h200.hbm_bytes_per_second == 4.8e12 and h200.hbm_bytes == 141e9
   exp = next(l for l in hlo.launches(_STEP)[0] if l.kind is None and l.bytes > 10000)
-  rates = kernels.rates(hardware.CHIPS["h200"])
+  rates = calibration.rates_for(hardware.CHIPS["h200"])
   moved = lambda chip: kernels.kernel_seconds(exp, chip, rates) - rates.launch_seconds
   assert moved(h200) == pytest.approx(moved(h100) * 3.35 / 4.8)
 
@@ -208,7 +209,8 @@ def test_a_kernel_mix_the_measured_steps_lack_is_named():
   found = hlo.launches(_STEP)[0]
   fp8 = [dataclasses.replace(l, matmul_dtype="f8e4m3fn", flops=l.flops * 1e4)
          if l.kind == "matmul triton gemm fusion" else l for l in found]
-  warnings = calibration.mix_warnings(kernels.breakdown(fp8, chip, train=True))
+  warnings = calibration.mix_warnings(
+      kernels.breakdown(fp8, chip, train=True, chip_rates=calibration.rates_for(chip)))
   assert any(w.startswith("fp8 ") and "(measured steps: 0-0%)" in w for w in warnings), warnings
   steps = calibration.load()
   inside = calibration.launches_of(steps["gpt_small_cudnn_32x1024"]["kernels"])
@@ -217,9 +219,35 @@ def test_a_kernel_mix_the_measured_steps_lack_is_named():
 
 def _breakdown_of_rows(found, chip) -> kernels.Breakdown:
   """A Breakdown of stand-in launches (rows carry no instruction, so no parts)."""
-  rates = kernels.rates(chip)
+  rates = calibration.rates_for(chip)
   classes = dict.fromkeys(kernels.CLASSES, 0.0)
   for launch in found:
     classes[kernels.kernel_class(launch, chip, rates)] += (
         launch.times * kernels.kernel_seconds(launch, chip, rates))
   return kernels.Breakdown(parts=(), calibrated="x", class_seconds=tuple(classes.items()))
+
+
+_CUDNN_FORWARD = """HloModule m
+
+ENTRY %main (q: bf16[2,1024,4,64], k: bf16[2,1024,4,64], v: bf16[2,1024,4,64]) -> bf16[2,1024,4,64] {
+  %q = bf16[2,1024,4,64]{3,2,1,0} parameter(0)
+  %k = bf16[2,1024,4,64]{3,2,1,0} parameter(1)
+  %v = bf16[2,1024,4,64]{3,2,1,0} parameter(2)
+  %att = (bf16[2,1024,4,64]{3,2,1,0}, u8[0]{0}) custom-call(%q, %k, %v), custom_call_target="__cudnn$fmhaSoftmax", backend_config={"operation_queue_id":"0","cudnn_fmha_backend_config":{"fmha_scale":0.125,MASK"is_flash_attention":true}}
+  ROOT %o = bf16[2,1024,4,64]{3,2,1,0} get-tuple-element(%att), index=0
+}
+"""
+
+
+@pytest.mark.parametrize("mask, fraction", [
+    ('"mask_type":"CAUSAL",', (16 * 17 / 2) / 16 ** 2),  # 16 tiles of 64 a side.
+    ('"mask_type":"PADDING_CAUSAL",', (16 * 17 / 2) / 16 ** 2),
+    ('"mask_type":"NO_MASK",', 1.0),
+    ("", 1.0)])  # No mask in the call: every block.
+def test_cudnn_causal_attention_counts_the_blocks_a_flash_kernel_visits(mask, fraction):
+  """A causal flash kernel skips the tiles above the diagonal: counted at 64-wide tiles
+  (the smallest cuDNN takes), so the count never exceeds the kernel's work and the floor
+  stays a floor."""
+  found, _, _ = hlo.launches(_CUDNN_FORWARD.replace("MASK", mask))
+  attention = next(l for l in found if l.kind and l.kind.startswith("attention"))
+  assert attention.flops == pytest.approx(4.0 * 2 * 4 * 1024 * 1024 * 64 * fraction)

@@ -169,13 +169,28 @@ def step_seconds(found: Iterable[hlo.Launch], chip: hardware.Chip,
 
 @functools.lru_cache(maxsize=1)
 def calibration() -> Calibration:
-  """The fit of gpu_calibration.json (computed once a process, in well under a second)."""
-  return fit(load())
+  """The fit of gpu_calibration.json, its note with the leave-one-out errors too
+  (computed once a process, in about a second)."""
+  fitted = fit(load())
+  loo = leave_one_out(fitted.steps).values()
+  note = f"{fitted.best.calibrated}; leave-one-out {min(loo):.2f}x-{max(loo):.2f}x"
+  return dataclasses.replace(fitted, best=dataclasses.replace(fitted.best, calibrated=note))
 
 
 def best_rates() -> kernels.Rates:
   """The rates of the GPU estimate (the minimax fit at the central assumptions)."""
   return calibration().best
+
+
+# GPUs priced at the fitted efficiencies (fitted on the H100's measured steps: the H200 is
+# the same die with faster HBM, priced at its own bandwidth; the A100 shares them until
+# one is measured).
+CALIBRATED_GPUS = ("h100", "h200", "a100")
+
+
+def rates_for(chip: hardware.Chip) -> kernels.Rates:
+  """A chip's Rates: the best fit for the GPUs it covers, else datasheet peaks."""
+  return best_rates() if chip.name in CALIBRATED_GPUS else kernels.PEAK
 
 
 def interval(found: Iterable[hlo.Launch], chip: hardware.Chip,
@@ -199,9 +214,8 @@ def floor_seconds(found: Iterable[hlo.Launch], chip: hardware.Chip) -> float:
   return max(float((terms.times * kernel).sum()), float((terms.times * terms.network).sum()))
 
 
-def leave_one_out(steps: dict | None = None) -> dict[str, float]:
+def leave_one_out(steps: dict) -> dict[str, float]:
   """Each step's estimate / measured under the minimax fit on the other steps."""
-  steps = steps if steps is not None else calibration().steps
   out = {}
   for name, step in steps.items():
     others = {other: s for other, s in steps.items() if other != name}

@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 
 from transformer.hardware import Chip
+from transformer.planning import calibration
 from transformer.planning import collectives
 from transformer.planning import kernels
 from transformer.planning.compiled import StepCost
@@ -124,13 +125,13 @@ def estimate(cost: StepCost, chip: Chip, chips: int) -> Estimate | None:
   compute = flops / chip.bf16_flops
   hbm = cost.hbm_bytes_accessed / chip.hbm_bytes_per_second
   network = collective_total(cost) / chip.ici_bytes_per_second
-  parts = (kernels.breakdown(cost.launches, chip, train=cost.name == "train")
+  parts = (kernels.breakdown(cost.launches, chip, train=cost.name == "train",
+                             chip_rates=calibration.rates_for(chip))
            if cost.launches else None)
   result = Estimate(compute_seconds=compute, hbm_seconds=hbm, network_seconds=network,
                     tokens_per_second=0.0, mfu=None, optimal_seconds=cost.optimal_seconds,
                     breakdown=parts)
   if result.calibrated:
-    from transformer.planning import calibration  # pylint: disable=g-import-not-at-top
     result = dataclasses.replace(
         result, seconds_range=calibration.interval(cost.launches, chip),
         mix_warnings=tuple(calibration.mix_warnings(parts)))

@@ -17,8 +17,8 @@ runs one kernel after another (collectives, on their own stream, may overlap: th
 takes the larger of the two sums).
 
 On GPUs the efficiencies are fitted on train steps measured on a device (calibration.py,
-its data in gpu_calibration.json); the step estimate is the sum of its kernels. On
-TPUs they are 1 (no TPU step was measured kernel by kernel): the parts show where the
+its data in gpu_calibration.json, `calibration.rates_for`); the step estimate is the sum of
+its kernels. On TPUs they are 1 (no TPU step was measured kernel by kernel): the parts show where the
 bytes and FLOPs are, and the step estimate stays estimate.py's bound.
 """
 
@@ -64,18 +64,6 @@ class Rates:
 
 PEAK = Rates(tensor=1.0, tf32=1.0, hbm=1.0, interconnect=1.0, launch_seconds=0.0,
              calibrated="")
-# GPUs whose kernels' efficiencies calibration.py fits (on the H100's measured steps:
-# the H200 is the same die with faster HBM, priced at its own bandwidth; the A100 shares
-# them until one is measured, and the report says so).
-CALIBRATED_GPUS = ("h100", "h200", "a100")
-
-
-def rates(chip: Chip) -> Rates:
-  """The chip's Rates: calibration.py's best fit for the GPUs it covers, else peaks."""
-  if chip.name in CALIBRATED_GPUS:
-    from transformer.planning import calibration  # pylint: disable=g-import-not-at-top
-    return calibration.best_rates()
-  return PEAK
 
 
 def unit_seconds(launch: hlo.Launch, chip: Chip) -> tuple[float, float, float, str]:
@@ -166,10 +154,11 @@ class Breakdown:
                       for p in self.parts}}
 
 
-def breakdown(launches: Iterable[hlo.Launch], chip: Chip, train: bool) -> Breakdown:
-  """Every kernel priced on `chip` and summed by part (only the kernels: free
-  instructions such as a tuple or a bitcast launch nothing)."""
-  chip_rates = rates(chip)
+def breakdown(launches: Iterable[hlo.Launch], chip: Chip, train: bool,
+              chip_rates: Rates = PEAK) -> Breakdown:
+  """Every kernel priced on `chip` at `chip_rates` (calibration.rates_for gives a chip's)
+  and summed by part (only the kernels: free instructions such as a tuple or a bitcast
+  launch nothing)."""
   totals = {name: [0, 0.0, 0.0, 0.0] for name in PARTS}
   classes = dict.fromkeys(CLASSES, 0.0)
   floor = network_floor = 0.0
