@@ -240,7 +240,8 @@ def refit(results: list, path: str) -> None:
                "benchmarks/gpu_speed_run.sh): the device's own compiled program",
           kernels=r["kernel_rows"])
   if not new:
-    print("no measured step carries its kernels (kernel_rows): nothing to refit\n")
+    print("no step measured on a GPU of hardware.CHIPS carries its kernels (kernel_rows; a "
+          "CPU dry run's steps have no such chip): nothing to refit\n")
     return
   merged = {**steps, **new}
   after = calibration.fit(merged)
