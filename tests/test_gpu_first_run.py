@@ -140,13 +140,15 @@ def test_the_speed_script_parses_and_its_report_gives_each_target_a_verdict(caps
   llama = dict(label="llama_1b", batch=16, seq_len=2048, tokens_per_second=50000.0,
                step_ms_median=655.0, mfu=0.41)
   torch_run = dict(batch=32, seq_len=1024, compiled=dict(step_ms_median=64.9))
-  estimates = {"gpt_small_auto_32": dict(batch=32, seq_len=1024, estimated_seconds=0.0545),
+  estimates = {"gpt_small_auto_32": dict(batch=32, seq_len=1024, estimated_seconds=0.0545,
+                                         estimated_seconds_range=[0.053, 0.064]),
                "llama_1b": dict(batch=8, seq_len=2048, estimated_seconds=0.53)}
   report.targets([gs, llama], [torch_run], estimates)
   out = capsys.readouterr().out
   assert "640,000 vs 504,900 tokens/s = 1.27x (target >= 1.2x: met)" in out
   assert "MFU 41.0% (target >= 45%: NOT met)" in out
-  assert "54.5 ms vs 51.2 ms measured = 1.06x (target within 1.25x: met)" in out
+  assert ("54.5 ms vs 51.2 ms measured = 1.06x (target within 1.25x: met); its range "
+          "53.0-64.0 ms MISSES the measurement") in out
   assert "made for 8 x 2048, measured at 16 x 2048: not compared" in out
   report.profile_tables([dict(label="gpt_small_auto_32", ops_per_step=1846,
                               measured_ms={"matmul": 20.0, "loss": 8.0},
