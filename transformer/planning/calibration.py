@@ -94,14 +94,17 @@ class _Terms:
 
 
 def _terms(found: Iterable[hlo.Launch], chip: hardware.Chip) -> _Terms:
-  rows = []
+  """Identical kernels merged (their launches added): a step's thousands of launches are
+  a few hundred kinds, which keeps the [tensor, tf32, kernel] grids small."""
+  merged = collections.Counter()
   for launch in found:
     if launch.instruction is not None and not launch.is_kernel:
       continue
     compute, memory, network, unit = kernels.unit_seconds(launch, chip)
-    rows.append((launch.times, 0.0 if unit == "tf32" else compute,
-                 compute if unit == "tf32" else 0.0, memory, network))
-  array = np.array(rows, dtype=np.float64).reshape(-1, 5)
+    merged[(0.0 if unit == "tf32" else compute, compute if unit == "tf32" else 0.0,
+            memory, network)] += launch.times
+  array = np.array([(times, *key) for key, times in merged.items()],
+                   dtype=np.float64).reshape(-1, 5)
   return _Terms(*array.T)
 
 
