@@ -19,10 +19,12 @@ launch cost (ASSUMED_LAUNCH_SECONDS: a few microseconds a kernel, Hopper's small
 kernels' span). The interconnect's share was never measured (one GPU): 0.7, assumed.
 
   best_rates()     the fit with the least largest error at the central assumptions
+  rates_for(chip)  the Rates a chip's kernels are priced at (the fit, or datasheet peaks)
   interval(...)    [low, high] of a step over every fit within TOLERANCE of every
                    measured step, at every assumed value: the estimate's range
+  floor_seconds()  each kernel at its roofline at datasheet peaks, summed
   leave_one_out()  each step predicted by the fit on the others
-  mix_warnings()   a step's kernel mix against the measured steps' (CLASSES' shares)
+  mix_warnings()   a step's kernel mix against the measured steps' (kernels.CLASSES)
 """
 
 from __future__ import annotations
