@@ -13,6 +13,7 @@ Where lm-eval is installed, the fixture is also recomputed and compared.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 
@@ -21,7 +22,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer import sharding
 from transformer.config.errors import ConfigError
 from transformer.config.model import ModelConfig
 from transformer.data.tokenizers import hf_vocab
@@ -32,6 +32,8 @@ from transformer.evaluation import scoring
 from transformer.evaluation import tasks as tasks_lib
 from transformer.interop.hf import importer
 from transformer.model.models import make_model
+
+from test_benchmark import _scorer, tiny_model  # pylint: disable=unused-import  # A fixture.
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURE = os.path.join(ROOT, "tests", "fixtures", "benchmarks", "lm_eval_parity.json")
@@ -194,10 +196,7 @@ def test_an_encoder_decoder_scores_as_a_direct_forward(seq2seq_model, max_segmen
   requests = [(tuple(map(int, rng.integers(4, 290, rng.integers(1, 20)))),
                tuple(map(int, rng.integers(4, 290, rng.integers(1, 6))))) for _ in range(10)]
   requests.append((tuple(range(4, 4 + length + 5)), (7, 8)))  # Left-truncated.
-  mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1, 1),
-                           ("data", "fsdp", "tensor"))
-  scorer = scoring.LogLikelihoodScorer.create(config, mesh, sharding.replicated(mesh),
-                                              batch_size=2)
+  scorer = _scorer(config, batch_size=2)
   assert scorer.seq2seq
   scorer = dataclasses.replace(scorer, packed_rows_limit=max_segments or None)
   scores = scorer.score(params, requests)
@@ -206,3 +205,44 @@ def test_an_encoder_decoder_scores_as_a_direct_forward(seq2seq_model, max_segmen
   assert list(scores.greedy) == [r[1] for r in reference]
   assert list(scores.truncated) == [False] * 10 + [True]
   assert (scores.rows == len(requests)) == (max_segments == 1)
+
+
+# ---------------------------------------------------------------- a prefix LM
+
+
+def test_a_prefix_lm_reads_the_context_as_its_bidirectional_prefix(tiny_model):
+  """A decoder whose objective feeds `prefix` (a prefix LM): each request's log-likelihood
+  equals one forward of that request alone with prefix_BL 1 on its context, packed
+  (several a row, lettered choices of one context sharing a segment) or not; and it
+  differs from the causal reading, so the prefix is really bidirectional."""
+  from transformer.config import objective as objective_lib  # pylint: disable=g-import-not-at-top
+  config, model, params = tiny_model
+  length = config.data.seq_len
+  rng = np.random.default_rng(2)
+  requests = [((vocabularies.BOS_ID, *map(int, rng.integers(4, 260, rng.integers(2, 30)))),
+               tuple(map(int, rng.integers(4, 260, rng.integers(1, 5))))) for _ in range(8)]
+  requests += [((vocabularies.BOS_ID, 40, 41, 42), (100 + k,)) for k in range(3)]
+  requests.append(((vocabularies.BOS_ID, 40, 41), (42, 100)))  # Same input, other context.
+  prefix_lm = dataclasses.replace(objective_lib.get("causal_lm"), name="prefix_lm_test",
+                                  model_inputs=("inputs", "segment_ids", "positions",
+                                                scoring.PREFIX))
+  causal = _scorer(config)
+  scorer = dataclasses.replace(causal, prefix=True, step=jax.jit(functools.partial(
+      scoring.token_scores, model=model, objective=prefix_lm, never_predict=())))
+  scores = scorer.score(params, requests)
+  rows = np.zeros((len(requests), length), np.int32)
+  prefix = np.zeros_like(rows)
+  for i, (context, continuation) in enumerate(requests):
+    full = (*context, *continuation)
+    rows[i, :len(full) - 1] = full[:-1]
+    prefix[i, :len(context)] = 1
+  logits = model.apply({"params": params}, rows, (rows > 0).astype(np.int32),
+                       np.broadcast_to(np.arange(length), rows.shape), prefix)
+  log_p = np.asarray(jax.nn.log_softmax(jnp.asarray(logits, jnp.float32)))
+  reference = [sum(log_p[i, len(c) - 1 + k, t] for k, t in enumerate(x))
+               for i, (c, x) in enumerate(requests)]
+  np.testing.assert_allclose(scores.loglik, reference, atol=2e-4, rtol=1e-5)
+  assert scores.segments == len(requests) - 2  # The three choices of one context: one.
+  alone = dataclasses.replace(scorer, packed_rows_limit=1).score(params, requests)
+  np.testing.assert_allclose(alone.loglik, reference, atol=2e-4, rtol=1e-5)
+  assert np.abs(causal.score(params, requests).loglik - scores.loglik).max() > 1e-3

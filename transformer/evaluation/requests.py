@@ -37,6 +37,10 @@ Packing (`pack`, a decoder), so that short requests do not each pay for a whole 
   - segments: the remaining inputs are placed best-fit, longest first, into rows of
     `length` tokens with segment ids and positions from 0, the packed-document layout
     training rows have, so attention never crosses requests.
+A prefix LM (a decoder whose objective feeds the batch field `prefix`) reads each
+request's context as its bidirectional prefix (`pack(..., prefix=True)`: 1 on the
+context tokens a segment keeps; inputs are shared only between requests of one
+context, since every prefix token sees the whole prefix).
 `pack_pairs` (an encoder-decoder, lm-eval's seq2seq backend): the context is the
 encoder's input (its last `length` tokens), the continuation the decoder's target
 after [bos]; pair k of a row has segment id k + 1 on both sides, the seq2seq
@@ -236,11 +240,13 @@ def _check_scorable(requests: Sequence[Request], length: int) -> None:
 
 
 def pack(requests: Sequence[Request], length: int, slots: int = 8,
-         max_segments: int = 0) -> PackedRequests:
+         max_segments: int = 0, prefix: bool = False) -> PackedRequests:
   """Lays a decoder's `requests` out in rows of `length` tokens (module docstring).
 
   `max_segments` > 0: at most that many segments a row (cuDNN's packed attention
-  layout, model.attention_max_segments; 1: one a row).
+  layout, model.attention_max_segments; 1: one a row). `prefix`: a prefix LM, which
+  reads each request's (kept) context as its bidirectional prefix: `arrays["prefix"]`
+  is 1 on those tokens, and only requests with the same context share a segment.
 
   Raises:
     ValueError: a request with no continuation token, or one lm-eval refuses
@@ -255,7 +261,9 @@ def pack(requests: Sequence[Request], length: int, slots: int = 8,
       full, truncated[i] = full[-(length + 1):], True
     inputs.append(full[:-1])
     conts.append(np.asarray(continuation, np.int32))
-  host, last_slot, extra = _share_inputs(inputs, conts, slots)
+  # The context tokens a segment keeps (all of the input but the continuation's).
+  prefixes = [len(x) - (len(c) - 1) for x, c in zip(inputs, conts)] if prefix else None
+  host, last_slot, extra = _share_inputs(inputs, conts, slots, prefixes)
   hosts = sorted({h for h in host}, key=lambda h: (-len(inputs[h]), h))
   row_of, offset_of, num_rows = _best_fit([len(inputs[h]) for h in hosts], length,
                                            max_segments)
@@ -263,6 +271,8 @@ def pack(requests: Sequence[Request], length: int, slots: int = 8,
   arrays = dict(inputs=np.zeros(shape, np.int32), segment_ids=np.zeros(shape, np.int32),
                 positions=np.zeros(shape, np.int32),
                 targets=np.zeros(shape + (slots,), np.int32))
+  if prefix:
+    arrays["prefix"] = np.zeros(shape, np.int32)
   placed: dict[int, tuple[int, int]] = {}
   next_segment = np.ones(num_rows, np.int32)
   for h, row, offset in zip(hosts, row_of, offset_of):
@@ -272,6 +282,8 @@ def pack(requests: Sequence[Request], length: int, slots: int = 8,
     arrays["segment_ids"][row, span] = next_segment[row]
     next_segment[row] += 1
     arrays["positions"][row, span] = np.arange(len(ids))
+    if prefix:
+      arrays["prefix"][row, offset:offset + prefixes[h]] = 1
     # The segment's own targets: the next input token, then its last continuation token.
     arrays["targets"][row, span, 0] = np.append(ids[1:], conts[h][-1])
     placed[h] = (row, offset)
@@ -331,22 +343,26 @@ def pack_pairs(requests: Sequence[Request], length: int, max_segments: int = 0
                         truncated=truncated, segments=n)
 
 
-def _share_inputs(inputs: list[tuple[int, ...]], conts: list[np.ndarray], slots: int
+def _share_inputs(inputs: list[tuple[int, ...]], conts: list[np.ndarray], slots: int,
+                  prefixes: Sequence[int] | None = None
                   ) -> tuple[list[int], list[int], dict[tuple[int, int], list[int]]]:
   """Per request: the request whose segment it is read from (itself or a longer one
   whose input starts with its input), the slot of its last target, and the riders'
-  targets by (host, position).
+  targets by (host, position). `prefixes`: each input's bidirectional prefix length
+  (a prefix LM): a rider's must equal its host's, since every prefix token sees the
+  whole prefix.
 
   In sorted order a sequence's extensions follow it directly, so each input is a
-  prefix of the next one's or of none.
+  prefix of the next one's or of none (within one prefix length).
   """
-  order = sorted(range(len(inputs)), key=lambda i: inputs[i])
+  prefixes = prefixes or [0] * len(inputs)
+  order = sorted(range(len(inputs)), key=lambda i: (prefixes[i], inputs[i]))
   host = list(range(len(inputs)))
   last_slot = [0] * len(inputs)
   extra: dict[tuple[int, int], list[int]] = {}
   for k in range(len(order) - 2, -1, -1):
     i, j = order[k], order[k + 1]
-    if inputs[j][:len(inputs[i])] != inputs[i]:
+    if prefixes[i] != prefixes[j] or inputs[j][:len(inputs[i])] != inputs[i]:
       continue
     h = host[j]
     position = len(inputs[i]) - 1

@@ -13,7 +13,9 @@ logits. model.never_predict rows are outside the softmax, as in the loss.
 A decoder LM (objective causal_lm) reads context + continuation in one segment
 (requests.pack); an encoder-decoder (objective seq2seq) reads the context on the
 encoder side and the continuation as the decoder's target (requests.pack_pairs), as
-lm-eval's seq2seq backend does. The compiled step is the same: the objective's model
+lm-eval's seq2seq backend does; a prefix LM (a decoder whose objective feeds the batch
+field `prefix`) reads the context as its bidirectional prefix (requests.pack with
+prefix). The compiled step is the same: the objective's model
 inputs, the decoder's hidden states, the log-probabilities of the targets.
 """
 
@@ -48,6 +50,7 @@ SLOTS = 8  # Targets a position may be scored against (requests.pack's shared in
 ROWS = objective_lib.RowLayout(packed=True, padded=True)
 _EXCLUDED_LOGIT = -1e30  # model.never_predict rows: outside the softmax.
 SEQ2SEQ = "seq2seq"  # The objective whose context goes to the encoder.
+PREFIX = "prefix"  # The batch field of a prefix LM's bidirectional prefix (1 on it).
 
 
 def scores_text(objective: objective_lib.Objective) -> bool:
@@ -118,6 +121,7 @@ class LogLikelihoodScorer:
   input_shard: sharding.InputShard
   packed_rows_limit: int | None
   seq2seq: bool = False  # An encoder-decoder: context to the encoder (requests.pack_pairs).
+  prefix: bool = False  # A prefix LM: the context is the bidirectional prefix.
 
   @classmethod
   def create(cls, config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
@@ -157,7 +161,8 @@ class LogLikelihoodScorer:
                input_shard=sharding.input_shard(mesh, rules),
                packed_rows_limit=attention_ops.mesh_packed_rows_limit(model_config, mesh,
                                                                       rules),
-               seq2seq=objective.name == SEQ2SEQ)
+               seq2seq=objective.name == SEQ2SEQ,
+               prefix=PREFIX in objective.model_inputs)
 
   def score(self, params: Any, requests: Sequence[requests_lib.Request],
             progress: progress_lib.Progress | None = None) -> Scores:
@@ -170,7 +175,8 @@ class LogLikelihoodScorer:
                                        max_segments=self.packed_rows_limit or 0)
     else:
       packed = requests_lib.pack(requests, self.length, SLOTS,
-                                 max_segments=self.packed_rows_limit or 0)
+                                 max_segments=self.packed_rows_limit or 0,
+                                 prefix=self.prefix)
     order = np.argsort(packed.row, kind="stable")  # Requests by row: a batch's are a slice.
     bounds = np.searchsorted(packed.row[order], np.arange(0, packed.num_rows + self.batch_size,
                                                           self.batch_size))
