@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import json
 import os
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -246,3 +247,22 @@ def test_a_prefix_lm_reads_the_context_as_its_bidirectional_prefix(tiny_model):
   alone = dataclasses.replace(scorer, packed_rows_limit=1).score(params, requests)
   np.testing.assert_allclose(alone.loglik, reference, atol=2e-4, rtol=1e-5)
   assert np.abs(causal.score(params, requests).loglik - scores.loglik).max() > 1e-3
+
+
+def test_the_harness_command_line_ends_a_refusal_in_one_line(monkeypatch, capsys):
+  """A request the harness model cannot score whole (its ConfigError) ends lm-eval's
+  command line with exit 2 and one line, no traceback."""
+  pytest.importorskip("lm_eval", reason="lm-eval is not installed")
+  import lm_eval.__main__  # pylint: disable=g-import-not-at-top
+  from transformer.evaluation import harness  # pylint: disable=g-import-not-at-top
+
+  def refuse():
+    raise ConfigError("1 of 1 lm-eval requests cannot be scored whole")
+
+  monkeypatch.setattr(lm_eval.__main__, "cli_evaluate", refuse)
+  monkeypatch.setattr(sys, "argv", list(sys.argv))  # main() sets lm-eval's arguments.
+  with pytest.raises(SystemExit) as exit_info:
+    harness.main(["--model", "transformer"])
+  assert exit_info.value.code == 2
+  assert capsys.readouterr().err == ("\nConfigError: 1 of 1 lm-eval requests cannot be "
+                                     "scored whole\n")

@@ -182,7 +182,11 @@ def main(argv: list[str] | None = None) -> None:
   from lm_eval.__main__ import cli_evaluate  # pylint: disable=g-import-not-at-top
   if argv is not None:
     sys.argv = [sys.argv[0]] + list(argv)
-  cli_evaluate()
+  try:
+    cli_evaluate()
+  except ConfigError as e:  # A request or run it cannot score: one line, as launch.py says.
+    sys.stderr.write(f"\nConfigError: {e}\n")
+    sys.exit(2)
 
 
 if __name__ == "__main__":

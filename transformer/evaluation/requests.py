@@ -143,10 +143,9 @@ class Encoding:
     at = next((i for i in range(len(full) - len(plain) + 1)
                if full[i:i + len(plain)] == plain), 0)
     before, after = full[:at], full[at + len(plain):]
-    source = ("the imported tokenizer's own special tokens (tokenizer.json's post-processor)"
-              if self.imported else "this project's tokenizer: "
-              + ("a source ends with [eos], as the run's pairs do" if self.seq2seq
-                 else "[bos] first, as the run's documents start"))
+    source = ("as the imported tokenizer.json's post-processor adds them" if self.imported
+              else "as this project's runs " + (
+                  "end a source with [eos]" if self.seq2seq else "start a document with [bos]"))
     return {"backend": "seq2seq" if self.seq2seq else "causal", "bos": bool(before),
             "special_before": before, "special_after": after,
             "prefix_token": self.prefix_id, "rule": source}
@@ -155,9 +154,9 @@ class Encoding:
     """One line saying how this run's requests are encoded."""
     d = self.describe()
     bos = ("bos first" if d["bos"] else "no bos") + (
-        f", {d['special_after']} after" if d["special_after"] else "")
-    return (f"requests encoded as lm-eval 0.4.13's {d['backend']} HF backend does: {bos} "
-            f"({d['rule']}); an empty context is token {d['prefix_token']}")
+        f", ids {d['special_after']} after a text" if d["special_after"] else "")
+    return (f"requests encoded as lm-eval 0.4.13's {d['backend']} HF backend does: {bos}, "
+            f"{d['rule']}; an empty context is token {d['prefix_token']}")
 
 
 def refusal(request: Request, length: int) -> str | None:
