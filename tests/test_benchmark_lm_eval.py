@@ -13,7 +13,6 @@ Where lm-eval is installed, the fixture is also recomputed and compared.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import os
 import sys
@@ -185,13 +184,18 @@ def _one_pair_a_row(model, params, requests, length):
   return out
 
 
-@pytest.mark.parametrize("max_segments", [0, 1])
-def test_an_encoder_decoder_scores_as_a_direct_forward(seq2seq_model, max_segments):
+@pytest.mark.parametrize("max_segments, objective", [(0, "auto"), (1, "auto"),
+                                                     (0, "span_corruption")])
+def test_an_encoder_decoder_scores_as_a_direct_forward(seq2seq_model, max_segments,
+                                                        objective):
   """The context on the encoder side, the continuation as the decoder's target (lm-eval's
   seq2seq backend): each request's log-likelihood and greediness equal one unpacked
   forward, packed several pairs a row (0) or one a row (1); a context longer than
-  the row keeps its last tokens, counted."""
+  the row keeps its last tokens, counted. Whatever it trained on: seq2seq pairs
+  (auto) or span corruption."""
   config, model, params = seq2seq_model
+  config = config.copy_and_resolve_references()
+  config.model.objective = objective
   length = config.data.seq_len
   rng = np.random.default_rng(1)
   requests = [(tuple(map(int, rng.integers(4, 290, rng.integers(1, 20)))),
@@ -212,11 +216,11 @@ def test_an_encoder_decoder_scores_as_a_direct_forward(seq2seq_model, max_segmen
 
 
 def test_a_prefix_lm_reads_the_context_as_its_bidirectional_prefix(tiny_model):
-  """A decoder whose objective feeds `prefix` (a prefix LM): each request's log-likelihood
+  """A decoder trained with model.objective=prefix_lm, prefix_attention="bidirectional"
+  (its objective feeds `prefix`): each request's log-likelihood
   equals one forward of that request alone with prefix_BL 1 on its context, packed
   (several a row, lettered choices of one context sharing a segment) or not; and it
   differs from the causal reading, so the prefix is really bidirectional."""
-  from transformer.config import objective as objective_lib  # pylint: disable=g-import-not-at-top
   config, model, params = tiny_model
   length = config.data.seq_len
   rng = np.random.default_rng(2)
@@ -224,12 +228,11 @@ def test_a_prefix_lm_reads_the_context_as_its_bidirectional_prefix(tiny_model):
                tuple(map(int, rng.integers(4, 260, rng.integers(1, 5))))) for _ in range(8)]
   requests += [((vocabularies.BOS_ID, 40, 41, 42), (100 + k,)) for k in range(3)]
   requests.append(((vocabularies.BOS_ID, 40, 41), (42, 100)))  # Same input, other context.
-  prefix_lm = dataclasses.replace(objective_lib.get("causal_lm"), name="prefix_lm_test",
-                                  model_inputs=("inputs", "segment_ids", "positions",
-                                                scoring.PREFIX))
   causal = _scorer(config)
-  scorer = dataclasses.replace(causal, prefix=True, step=jax.jit(functools.partial(
-      scoring.token_scores, model=model, objective=prefix_lm, never_predict=())))
+  config = config.copy_and_resolve_references()
+  config.model.update(objective="prefix_lm", prefix_attention="bidirectional")
+  scorer = _scorer(config)  # The same parameters, read as a prefix LM.
+  assert scorer.prefix and not causal.prefix and not scorer.seq2seq
   scores = scorer.score(params, requests)
   rows = np.zeros((len(requests), length), np.int32)
   prefix = np.zeros_like(rows)

@@ -49,18 +49,25 @@ SLOTS = 8  # Targets a position may be scored against (requests.pack's shared in
 # What a batch's rows hold: several requests a row, padding after them (and empty rows).
 ROWS = objective_lib.RowLayout(packed=True, padded=True)
 _EXCLUDED_LOGIT = -1e30  # model.never_predict rows: outside the softmax.
-SEQ2SEQ = "seq2seq"  # The objective whose context goes to the encoder.
 PREFIX = "prefix"  # The batch field of a prefix LM's bidirectional prefix (1 on it).
+_DECODER_INPUTS = "decoder_inputs"  # The field only an encoder-decoder's layout has.
 
 
 def scores_text(objective: objective_lib.Objective) -> bool:
-  """Whether a model of `objective` gives log p(continuation | context)."""
-  return objective.generates or objective.name == SEQ2SEQ
+  """Whether a model trained on `objective` gives log p(continuation | context): it
+  continues text (a decoder LM, a prefix LM) or has a decoder after an encoder (an
+  encoder-decoder, whatever its objective: seq2seq, span corruption, UL2)."""
+  return objective.decodes or reads_pairs(objective)
+
+
+def reads_pairs(objective: objective_lib.Objective) -> bool:
+  """Whether the context goes to an encoder side (the encoder-decoder's layout)."""
+  return _DECODER_INPUTS in objective.model_inputs
 
 
 def is_seq2seq(config: ml_collections.ConfigDict) -> bool:
   """Whether `config`'s model reads a request's context on an encoder side."""
-  return objective_lib.resolve(ModelConfig.from_config(config.model)).name == SEQ2SEQ
+  return reads_pairs(objective_lib.resolve(ModelConfig.from_config(config.model)))
 
 
 def token_scores(params: Any, batch: dict[str, jax.Array], *, model: nn.Module,
@@ -161,7 +168,7 @@ class LogLikelihoodScorer:
                input_shard=sharding.input_shard(mesh, rules),
                packed_rows_limit=attention_ops.mesh_packed_rows_limit(model_config, mesh,
                                                                       rules),
-               seq2seq=objective.name == SEQ2SEQ,
+               seq2seq=reads_pairs(objective),
                prefix=PREFIX in objective.model_inputs)
 
   def score(self, params: Any, requests: Sequence[requests_lib.Request],
