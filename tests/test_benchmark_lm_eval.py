@@ -184,32 +184,39 @@ def _one_pair_a_row(model, params, requests, length):
   return out
 
 
-@pytest.mark.parametrize("max_segments, objective", [(0, "auto"), (1, "auto"),
-                                                     (0, "span_corruption")])
-def test_an_encoder_decoder_scores_as_a_direct_forward(seq2seq_model, max_segments,
-                                                        objective):
+def test_an_encoder_decoder_scores_as_a_direct_forward(seq2seq_model):
   """The context on the encoder side, the continuation as the decoder's target (lm-eval's
   seq2seq backend): each request's log-likelihood and greediness equal one unpacked
-  forward, packed several pairs a row (0) or one a row (1); a context longer than
-  the row keeps its last tokens, counted. Whatever it trained on: seq2seq pairs
-  (auto) or span corruption."""
+  forward, packed several pairs a row or one a row; a context longer than the row
+  keeps its last tokens, counted."""
   config, model, params = seq2seq_model
-  config = config.copy_and_resolve_references()
-  config.model.objective = objective
   length = config.data.seq_len
   rng = np.random.default_rng(1)
   requests = [(tuple(map(int, rng.integers(4, 290, rng.integers(1, 20)))),
                tuple(map(int, rng.integers(4, 290, rng.integers(1, 6))))) for _ in range(10)]
   requests.append((tuple(range(4, 4 + length + 5)), (7, 8)))  # Left-truncated.
-  scorer = _scorer(config, batch_size=2)
-  assert scorer.seq2seq
-  scorer = dataclasses.replace(scorer, packed_rows_limit=max_segments or None)
-  scores = scorer.score(params, requests)
+  packed = _scorer(config, batch_size=2)
+  assert packed.seq2seq
   reference = _one_pair_a_row(model, params, [(c[-length:], x) for c, x in requests], length)
-  np.testing.assert_allclose(scores.loglik, [r[0] for r in reference], atol=2e-4, rtol=1e-5)
-  assert list(scores.greedy) == [r[1] for r in reference]
-  assert list(scores.truncated) == [False] * 10 + [True]
-  assert (scores.rows == len(requests)) == (max_segments == 1)
+  # One compiled step for both layouts: only the rows differ.
+  for scorer in (packed, dataclasses.replace(packed, packed_rows_limit=1)):
+    scores = scorer.score(params, requests)
+    np.testing.assert_allclose(scores.loglik, [r[0] for r in reference], atol=2e-4,
+                               rtol=1e-5)
+    assert list(scores.greedy) == [r[1] for r in reference]
+    assert list(scores.truncated) == [False] * 10 + [True]
+    assert (scores.rows == len(requests)) == (scorer is not packed)
+
+
+@pytest.mark.parametrize("objective", ["span_corruption", "ul2"])
+def test_an_encoder_decoder_of_any_objective_is_scored_on_its_encoder(seq2seq_model,
+                                                                      objective):
+  """Whatever an encoder-decoder trained on, it is benchmarked as one (its model inputs
+  have an encoder side), not refused as a model that is not a decoder LM."""
+  config = seq2seq_model[0].copy_and_resolve_references()
+  config.model.objective = objective
+  scorer = _scorer(config)  # Compiles nothing until it scores.
+  assert scorer.seq2seq and not scorer.prefix
 
 
 # ---------------------------------------------------------------- a prefix LM
