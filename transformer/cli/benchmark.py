@@ -98,7 +98,7 @@ def run_benchmark(workdir: str, task_names: Sequence[str], *, limit: int = 0,
   """Scores a run on `task_names`; prints the table and writes the JSON record.
 
   Args:
-    workdir: the run's workdir (a decoder LM).
+    workdir: the run's workdir (a decoder LM, a prefix LM or an encoder-decoder).
     task_names: known task names or local .jsonl paths.
     limit: > 0: each task's first `limit` documents.
     per_request: each request's scores in the record too.
@@ -108,12 +108,14 @@ def run_benchmark(workdir: str, task_names: Sequence[str], *, limit: int = 0,
     stdout: where the table goes (default sys.stdout).
 
   Returns:
-    The record: workdir, checkpoint steps, context, batch size, and per task its
-    counts, metrics, chance level and time.
+    The record: workdir, checkpoint steps, context, batch size, the task names, how
+    requests were encoded (requests.Encoding.describe), and per task its counts
+    (documents scored and left out, requests left out by reason), metrics, chance
+    level and time.
 
   Raises:
     ConfigError: an unknown task, a missing package or file, a model that is not a
-      decoder LM, a tokenizer that cannot encode a task's text.
+      decoder LM or an encoder-decoder, a tokenizer that cannot encode a task's text.
     DataError: a task file line in the wrong format (file:line).
   """
   names = tasks_lib.check_names(task_names, "--tasks")

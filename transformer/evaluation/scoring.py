@@ -10,8 +10,8 @@ scores from them); the vocabulary is projected a slice of positions at a time
 (lm_head.logits_chunk_length, as the loss does), never as whole float32 [B, L, V]
 logits. model.never_predict rows are outside the softmax, as in the loss.
 
-A decoder LM (objective causal_lm) reads context + continuation in one segment
-(requests.pack); an encoder-decoder (objective seq2seq) reads the context on the
+A decoder LM reads context + continuation in one segment (requests.pack); an
+encoder-decoder (whatever its objective: two token sides) reads the context on the
 encoder side and the continuation as the decoder's target (requests.pack_pairs), as
 lm-eval's seq2seq backend does; a prefix LM (a decoder whose objective feeds the batch
 field `prefix`) reads the context as its bidirectional prefix (requests.pack with
@@ -139,7 +139,7 @@ class LogLikelihoodScorer:
     batch_size: rows a batch (0: data.batch_size); must split over the data axes.
 
     Raises:
-      ConfigError: neither a decoder LM nor an encoder-decoder LM, or a batch size the
+      ConfigError: neither a decoder LM nor an encoder-decoder, or a batch size the
         mesh cannot split.
     """
     # Packed requests with padding after them: the row layout the kernels are told.
