@@ -61,7 +61,7 @@ def _one_forward_each(model, params, requests, length):
   for i, (context, continuation) in enumerate(requests):
     full = (tuple(context) + tuple(continuation))[-(length + 1):]
     rows[i, :len(full) - 1] = full[:-1]
-    n = min(len(continuation), len(full) - 1)
+    n = len(continuation)  # Always whole (a longer one is refused, never cut).
     spans.append((len(full) - 1 - n, len(full) - 1, np.asarray(full[-n:])))
   logits = model.apply({"params": params}, rows, (rows > 0).astype(np.int32),
                        np.broadcast_to(np.arange(length), rows.shape))
@@ -118,36 +118,50 @@ def test_a_row_holds_at_most_the_kernels_segments():
   packed = requests_lib.pack([((2, 5), (6,))] * 3 + [((2, 7 + i), (9,)) for i in range(6)],
                              length=32, max_segments=2)
   assert np.bincount(packed.row).max() <= 2 + 3  # Riders ride; placed segments <= 2 a row.
-  assert all(len(set(packed.segment_ids[r][packed.segment_ids[r] > 0])) <= 2
-             for r in range(packed.num_rows))
+  segments = packed.arrays["segment_ids"]
+  assert all(len(set(segments[r][segments[r] > 0])) <= 2 for r in range(packed.num_rows))
 
 
-def test_encode_pair_splits_as_lm_eval_and_starts_with_bos():
+def test_a_runs_own_tokenizer_starts_with_bos_and_splits_as_lm_eval():
+  """This project's tokenizers: [bos] first, as the run's documents start; a context's
+  trailing whitespace (rstrip(): newline and tab too) moves to the continuation; the
+  rolling windows score every token of [bos] + text once, as lm-eval's do for a
+  tokenizer that adds bos. (Imported tokenizers: test_benchmark_lm_eval.py.)"""
   byte = vocabularies.ByteTokenizer()
-  context, continuation = requests_lib.encode_pair(byte, "Answer: ", "yes")
-  assert context == (vocabularies.BOS_ID, *byte.encode("Answer:"))
-  assert continuation == tuple(byte.encode(" yes"))  # The trailing space moved over.
-  windows = requests_lib.rolling_windows(list(range(10, 30)), 8)
+  encoding = requests_lib.Encoding(byte)
+  ids = lambda text: tuple(int(i) for i in byte.encode(text))
+  assert encoding.pair("Answer: ", "yes") == ((vocabularies.BOS_ID, *ids("Answer:")),
+                                              ids(" yes"))
+  assert encoding.pair("Line one\n", "Two") == ((vocabularies.BOS_ID, *ids("Line one")),
+                                                ids("\nTwo"))
+  assert encoding.pair("", "x") == ((vocabularies.BOS_ID,), ids("x"))
+  assert encoding.describe()["bos"] and "bos first" in encoding.sentence()
+  text = "abcdefghijklmnopqrst"
+  windows = encoding.rolling(text, 8)
   predicted = [t for _, c in windows for t in c]
-  assert predicted == list(range(10, 30))  # Every token once.
+  assert predicted == [vocabularies.BOS_ID, *ids(text)]  # Every token once.
   assert [len(c) + len(x) - 1 for c, x in windows] == [8, 8, 8]  # Never truncated.
   assert windows[0][0] == (vocabularies.BOS_ID,) and len(windows[1][0]) == 1
   assert windows[2][0][-1] == windows[1][1][-1]  # The last, short window: the most context.
+  seq2seq = requests_lib.Encoding(byte, seq2seq=True)  # A source ends with [eos].
+  assert seq2seq.pair("Q: ", "a") == ((*ids("Q:"), vocabularies.EOS_ID), ids(" a"))
 
 
-def test_encode_pair_with_an_imported_bpe_tokenizer(tmp_path):
-  """GPT-2's byte-level BPE: the continuation's ids are those of the whole text after the
-  context's own ids (a space starts the continuation's first piece)."""
+def test_an_imported_gpt2_gets_no_bos(tmp_path):
+  """GPT-2's byte-level BPE, as lm-eval's default: no bos (its tokenizer adds none); the
+  continuation's ids are those of the whole text after the context's own ids."""
   from transformer.data.tokenizers import hf_vocab  # pylint: disable=g-import-not-at-top
   folder = os.path.join(HF_FIXTURES, "gpt2")
   path = tmp_path / "hf_tokenizer.json"
   path.write_text(json.dumps(importer.tokenizer_bundle(importer.convert_folder(folder),
                                                        folder)))
   bpe = hf_vocab.HFTokenizer(str(path))
-  context, continuation = requests_lib.encode_pair(bpe, "The cat sat on the ", "mat")
+  encoding = requests_lib.Encoding(bpe)
+  context, continuation = encoding.pair("The cat sat on the ", "mat")
   whole = [int(i) for i in bpe.encode("The cat sat on the mat")]
-  assert context[0] == vocabularies.BOS_ID and list(context[1:]) + list(continuation) == whole
+  assert list(context) + list(continuation) == whole
   assert bpe.decode(continuation) == " mat"
+  assert not encoding.describe()["bos"] and "no bos" in encoding.sentence()
 
 
 # ---------------------------------------------------------------- parity with transformers
@@ -282,14 +296,14 @@ def test_a_tokenizer_that_cannot_encode_is_one_line():
   with pytest.raises(ConfigError, match=r"^task choices, document 0 \(.*choices.jsonl:1\): "
                                         r"the run's tokenizer cannot encode it: no tokenizer "
                                         r"file in this workdir$"):
-    benchmark.task_requests(task, Refusing(), 32)
+    benchmark.task_requests(task, requests_lib.Encoding(Refusing()), 32)
 
 
 def test_a_model_that_is_not_a_decoder_lm_is_one_line(tiny_config):
   tiny_config.model.update(arch="encoder", head="mlm")
   with pytest.raises(ConfigError, match=r"--mode=benchmark scores continuations by their "
-                                        r"log-likelihood, which needs a decoder LM .* this "
-                                        r"run is a masked_lm model"):
+                                        r"log-likelihood, which needs a decoder LM .* or an "
+                                        r"encoder-decoder .* this run is a masked_lm model"):
     _scorer(tiny_config)
 
 
@@ -303,6 +317,22 @@ def test_train_benchmarks_are_checked_before_compiling(tiny_config):
   with pytest.raises(ConfigError, match=r"benchmark_every=5 is invalid: .*multiple of "
                                         r"train.eval_every=3"):
     validate(tiny_config)
+
+
+def test_result_files_are_named_by_their_tasks():
+  """Another task list never meets an earlier result's file (nor its false "an earlier
+  run of this command wrote this result"); the same list in another order does."""
+  from transformer.cli import benchmark as benchmark_mode  # pylint: disable=g-import-not-at-top
+  path = lambda names, limit=0: os.path.basename(
+      benchmark_mode.result_path("w", [4], limit, names))
+  assert path(["piqa", "hellaswag:5shot"]) == "benchmark_step4_hellaswag-5shot+piqa.json"
+  assert path(["hellaswag:5shot", "piqa"]) == path(["piqa", "hellaswag:5shot"])
+  assert path(["piqa"], 20) == "benchmark_step4_first20_piqa.json" != path(["arc_easy"], 20)
+  hashed = path([CHOICES])
+  assert hashed.startswith("benchmark_step4_tasks-") and len(hashed) == len(
+      "benchmark_step4_tasks-12345678.json") and hashed != path([TEXT])
+  many = sorted(tasks_lib.KNOWN)
+  assert path(many).startswith("benchmark_step4_tasks-") and path(many) != path(many[1:])
 
 
 def test_compare_ranks_bits_per_byte_lowest_first():
@@ -426,13 +456,19 @@ def test_an_imported_model_is_benchmarked_through_its_own_tokenizer(tmp_path):
   assert choices["requests"] == 16 and len(choices["requests_scored"]) == 16
   assert all(math.isfinite(r["loglikelihood"]) and r["loglikelihood"] < 0
              for r in choices["requests_scored"])
-  assert os.path.isfile(os.path.join(workdir, "benchmark_step0.json"))
+  assert record["encoding"]["bos"] is False  # GPT-2's tokenizer adds none.
+  written = os.path.join(workdir, "benchmark_step0_tasks-")  # Local files: hashed.
+  assert [n for n in os.listdir(workdir) if n.startswith("benchmark_")] == [
+      os.path.basename(benchmark_mode.result_path(workdir, [0], 0, [CHOICES, COMPLETION, TEXT]))]
+  assert benchmark_mode.result_path(workdir, [0], 0, [TEXT]).startswith(written)
 
 
 @pytest.mark.slow
 def test_lm_eval_hf_backend_and_transformers_agree_on_the_imported_gpt2(tmp_path, monkeypatch):
   """The imported GPT-2 fixture: each request's log-likelihood equals transformers'
-  (torch, float32) within 1e-4, and lm-eval's accuracy over its HF backend equals ours."""
+  (torch, float32) within 1e-4 on the ids lm-eval's HF backend makes with its default
+  settings (GPT-2's tokenizer adds no bos), and lm-eval's per-request log-likelihoods
+  and accuracy over that backend, default settings, equal ours."""
   for module in ("torch", "transformers", "lm_eval"):
     pytest.importorskip(module, reason=f"{module} is not installed: the live comparison "
                         "with transformers and lm-eval's HF backend needs torch, "
@@ -456,8 +492,9 @@ def test_lm_eval_hf_backend_and_transformers_agree_on_the_imported_gpt2(tmp_path
   lls = []
   for doc in map(json.loads, open(data, encoding="utf-8")):
     for choice in doc["choices"]:
-      context = [tokenizer.bos_token_id] + tokenizer(doc["context"])["input_ids"]
-      whole = [tokenizer.bos_token_id] + tokenizer(doc["context"] + " " + choice)["input_ids"]
+      # As lm-eval's _encode_pair: the tokenizer's own special tokens (none for GPT-2).
+      context = tokenizer(doc["context"])["input_ids"]
+      whole = tokenizer(doc["context"] + " " + choice)["input_ids"]
       with torch.no_grad():
         logits = reference(torch.tensor([whole])).logits[0].double()
       log_p = torch.log_softmax(logits, -1)
@@ -465,7 +502,11 @@ def test_lm_eval_hf_backend_and_transformers_agree_on_the_imported_gpt2(tmp_path
   np.testing.assert_allclose([r["loglikelihood"] for r in ours["requests_scored"]], lls,
                              atol=1e-4)
   results = lm_eval.simple_evaluate(
-      model="hf", model_args=f"pretrained={folder},add_bos_token=True,dtype=float32",
-      tasks=["fixture_choices"], task_manager=TaskManager(include_path=str(tmp_path)))
+      model="hf", model_args=f"pretrained={folder},dtype=float32",
+      tasks=["fixture_choices"], task_manager=TaskManager(include_path=str(tmp_path)),
+      log_samples=True)
   assert results["results"]["fixture_choices"]["acc,none"] == pytest.approx(
       ours["metrics"]["acc"])
+  samples = sorted(results["samples"]["fixture_choices"], key=lambda s: s["doc_id"])
+  np.testing.assert_allclose([float(r[0][0]) for s in samples for r in s["resps"]],
+                             [r["loglikelihood"] for r in ours["requests_scored"]], atol=1e-4)

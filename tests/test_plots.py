@@ -172,3 +172,38 @@ def test_all_sessions_include_this_one_measured_whole(tmp_path, monkeypatch):
   assert run_record.total_seconds(workdir, before, 58.0) == 68.0
   assert "this session 0m58s, all sessions 1m08s (run.json)" in train.summary(
       workdir, 6, 58.0, sessions_before=before)
+
+
+def test_benchmark_accuracy_is_drawn_with_its_interval_and_chance(tmp_path):
+  """train.benchmarks' rows (benchmark.training_metrics): the accuracy's figure has the
+  95% interval as a band and the chance level as a dashed line, in the run's plots and
+  in --mode=compare's overlay; the interval and chance series get no figure of their own."""
+  from transformer.evaluation import benchmark  # pylint: disable=g-import-not-at-top
+  from transformer.reports import compare  # pylint: disable=g-import-not-at-top
+  results = {"piqa": {"kind": "multiple_choice", "chance": 0.5,
+                      "metrics": {"acc_norm": 0.6, "acc_norm_stderr": 0.05}},
+             "arc": {"kind": "multiple_choice", "chance": 0.25,
+                     "metrics": {"acc_norm": 0.3, "acc_norm_stderr": 0.04}}}
+  row = benchmark.training_metrics(results)
+  assert row["eval_piqa_acc_norm_ci95_low"] == pytest.approx(0.6 - 1.959964 * 0.05)
+  assert row["eval_benchmark_acc_chance"] == pytest.approx(0.375)
+  assert row["eval_benchmark_acc_ci95_high"] == pytest.approx(
+      0.45 + 1.959964 * np.hypot(0.05, 0.04) / 2)
+  workdir = str(tmp_path / "run")
+  _write(workdir, [_train(1, 4.0), {"step": 2, "eval_loss": 3.0, **row},
+                   {"step": 4, "eval_loss": 2.0, **row}])
+  series = plots.read_series(workdir)
+  figures = plots.run_figures(series, "run")
+  assert {"piqa_acc_norm", "arc_acc_norm", "benchmark_acc"} <= set(figures)
+  assert not [s for s in figures if s.endswith(("_ci95_low", "_ci95_high", "_chance"))]
+  run = compare.RunSummary(name="run", workdir=workdir, config={}, series=series, record={})
+  overlay = compare.overlay_figures([run])["compare_eval_piqa_acc_norm"]
+  for figure in (figures["piqa_acc_norm"], overlay):
+    axes = figure.axes[0]
+    bands = [c for c in axes.collections if "95% interval" in c.get_label()]
+    assert len(bands) == 1
+    low, high = bands[0].get_paths()[0].get_extents().intervaly
+    assert (low, high) == pytest.approx((0.6 - 1.959964 * 0.05, 0.6 + 1.959964 * 0.05))
+    chance = [line for line in axes.get_lines() if line.get_label() == "chance 0.500"]
+    assert len(chance) == 1 and list(chance[0].get_ydata()) == [0.5, 0.5]
+    assert chance[0].get_linestyle() == "--"

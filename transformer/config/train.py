@@ -123,10 +123,13 @@ def validate_evaluation_hooks(config: ml_collections.ConfigDict) -> None:
   check_int(config, t + "benchmark_documents", 0)
   check_int(config, t + "benchmark_every", 0)
   model = config.model
-  if config.train.benchmarks.strip() and not objective.generates:
+  # A model that continues text, or an encoder-decoder (two token sides: the context on
+  # the encoder's), whatever it trained on (evaluation/scoring.py's scores_text).
+  if config.train.benchmarks.strip() and not (objective.decodes or objective.sides == 2):
     fail(t + "benchmarks", config.train.benchmarks, "benchmarks score continuations by "
-          "their log-likelihood under a decoder LM (model.arch='decoder', head='lm'), not "
-          f"model.arch={model.arch!r}, head={model.head!r}")
+          "their log-likelihood under a decoder LM or an encoder-decoder (model.arch="
+          f"'decoder' or 'encoder_decoder', head='lm'), not model.arch={model.arch!r}, "
+          f"head={model.head!r}")
   every, eval_every = config.train.benchmark_every, config.train.eval_every
   if every % eval_every:
     fail(t + "benchmark_every", every, f"benchmarks run at evaluations: use a multiple of "

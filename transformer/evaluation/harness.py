@@ -5,13 +5,16 @@ An optional extra (`pip install lm-eval==0.4.13`, requirements-benchmarks.txt; i
 `TemplateLM` over a loaded run, registered as model "transformer", in-process as
 Levanter's harness model is:
 
-  loglikelihood          lm-eval's own text -> (context ids, continuation ids) split
-                         (TemplateLM._encode_pair), then [bos] first as the run's
-                         documents start, and --mode=benchmark's scorer
+  loglikelihood          text -> (context ids, continuation ids) by --mode=benchmark's
+                         encoder (requests.Encoding: lm-eval 0.4.13's HF backend's
+                         split and special tokens, causal or seq2seq), then its scorer
                          (evaluation/scoring.py: packed, batched, sharded over the mesh,
-                         left-truncated to min(data.seq_len, model.max_len));
+                         the context left-truncated to min(data.seq_len,
+                         model.max_len)); a request the HF backend refuses (no context
+                         token, a continuation longer than the window) stops the run
+                         with one line, as the HF backend's assertion does;
   loglikelihood_rolling  a text's every token once, in windows with the most context
-                         (requests.rolling_windows);
+                         (requests.Encoding.rolling, lm-eval's windows);
   generate_until         greedy decoding of the run's KV-cached decoder (inference/
                          text.py), cut at the first `until` string.
 
@@ -34,6 +37,7 @@ import numpy as np
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 
+from transformer.config.errors import ConfigError
 from transformer.data.tokenizers import vocabularies
 from transformer.evaluation import requests as requests_lib
 from transformer.evaluation import scoring
@@ -45,7 +49,8 @@ MODEL_NAME = "transformer"
 
 @register_model(MODEL_NAME)
 class TransformerLM(TemplateLM):
-  """A workdir's decoder LM as an lm-eval model (see the module docstring)."""
+  """A workdir's decoder LM or encoder-decoder as an lm-eval model (see the module
+  docstring)."""
 
   def __init__(self, workdir: str, checkpoint_step: int | str | None = None,
                average_last: int | str = 0, batch_rows: int | str = 0,
@@ -64,6 +69,9 @@ class TransformerLM(TemplateLM):
                                                      self.run.param_shardings,
                                                      int(batch_rows), mode="lm_eval")
     self.max_gen_toks = int(max_gen_toks)
+    self.encoding = requests_lib.Encoding(self.run.tokenizer, self.scorer.seq2seq)
+    self.backend = "seq2seq" if self.scorer.seq2seq else "causal"
+    print(f"lm-eval model {MODEL_NAME}: {self.encoding.sentence()}", file=sys.stderr)
 
   @property
   def eot_token_id(self) -> int:
@@ -71,7 +79,7 @@ class TransformerLM(TemplateLM):
 
   @property
   def prefix_token_id(self) -> int:
-    return vocabularies.BOS_ID  # An empty context is [bos], as every document starts.
+    return self.encoding.prefix_id  # lm-eval's: the tokenizer's bos, else its eos.
 
   @property
   def max_length(self) -> int:
@@ -79,9 +87,10 @@ class TransformerLM(TemplateLM):
 
   def tok_encode(self, string: str, add_special_tokens: bool | None = None,
                  **kwargs: Any) -> list[int]:
-    """The run's tokenizer's ids of `string`, no bos/eos ([bos] is added per request)."""
-    del add_special_tokens, kwargs
-    return [int(i) for i in self.run.tokenizer.encode(string)]
+    """HFLM.tok_encode's ids of `string`: the tokenizer's special tokens unless
+    `add_special_tokens` is False (None: unless `string` starts with the prefix token)."""
+    del kwargs
+    return self.encoding.encode(string, add_special_tokens)
 
   def tok_decode(self, tokens: list[int], **kwargs: Any) -> str:
     return self.run.tokenizer.decode(tokens)
@@ -89,15 +98,34 @@ class TransformerLM(TemplateLM):
   def _score(self, pairs: list[requests_lib.Request]) -> scoring.Scores:
     return self.scorer.score(self.run.params, pairs)
 
+  def loglikelihood(self, requests, disable_tqdm: bool = False
+                    ) -> list[tuple[float, bool]]:
+    """(log-likelihood, greedy) of each request's (context, continuation) of text, split
+    by --mode=benchmark's encoder (requests.Encoding.pair)."""
+    return self._loglikelihood_tokens(
+        [((c, x), *self.encoding.pair(c, x)) for c, x in (r.args for r in requests)],
+        disable_tqdm)
+
   def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False,
                             **kwargs: Any) -> list[tuple[float, bool]]:
-    """(log-likelihood, greedy) of each ((context, continuation), ids, ids) request."""
-    pairs = []
-    for _, context, continuation in requests:
-      context = list(context)
-      if context[:1] != [vocabularies.BOS_ID]:
-        context = [vocabularies.BOS_ID] + context
-      pairs.append((tuple(context), tuple(continuation)))
+    """(log-likelihood, greedy) of each ((context, continuation), ids, ids) request.
+
+    Raises:
+      ConfigError: a request lm-eval's HF backend refuses (requests.refusal), counted
+        and named: the HF backend stops there too (an assertion), and a partial score
+        would be compared with whole ones.
+    """
+    pairs = [(tuple(context), tuple(continuation)) for _, context, continuation in requests]
+    refused = [(strings, why) for (strings, _, _), why in zip(
+        requests, (requests_lib.refusal(p, self.max_length) for p in pairs)) if why]
+    if refused:
+      (context, continuation), why = refused[0]
+      raise ConfigError(
+          f"{len(refused)} of {len(pairs)} lm-eval requests cannot be scored whole with a "
+          f"window of {self.max_length} tokens, the first because "
+          f"{requests_lib.REFUSALS[why]} (context {context[-40:]!r}, continuation "
+          f"{continuation[:40]!r}); lm-eval's HF backend refuses them too. Use a run "
+          "with a longer data.seq_len/model.max_len, or tasks with shorter continuations")
     scores = self._score(pairs)
     answers = [(float(ll), bool(g)) for ll, g in zip(scores.loglik, scores.greedy)]
     for (strings, _, _), answer in zip(requests, answers):
@@ -108,8 +136,7 @@ class TransformerLM(TemplateLM):
     """The log-likelihood of each request's whole text (its every token once)."""
     pairs, owner = [], []
     for index, request in enumerate(requests):
-      windows = requests_lib.rolling_windows(self.tok_encode(request.args[0]),
-                                             self.max_length)
+      windows = self.encoding.rolling(request.args[0], self.max_length)
       pairs += windows
       owner += [index] * len(windows)
     scores = self._score(pairs)
@@ -120,7 +147,15 @@ class TransformerLM(TemplateLM):
     return [float(t) for t in totals]
 
   def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-    """Greedy continuations, each cut at the first of its `until` strings."""
+    """Greedy continuations, each cut at the first of its `until` strings.
+
+    Raises:
+      ConfigError: an encoder-decoder run (its generation is --mode=translate's).
+    """
+    if self.scorer.seq2seq:
+      raise ConfigError("lm-eval's generate_until on an encoder-decoder run is not served "
+                        "by this model (loglikelihood tasks are); translate with "
+                        "--mode=translate")
     outputs = []
     for request in requests:
       context, options = request.args
@@ -147,7 +182,11 @@ def main(argv: list[str] | None = None) -> None:
   from lm_eval.__main__ import cli_evaluate  # pylint: disable=g-import-not-at-top
   if argv is not None:
     sys.argv = [sys.argv[0]] + list(argv)
-  cli_evaluate()
+  try:
+    cli_evaluate()
+  except ConfigError as e:  # A request or run it cannot score: one line, as launch.py says.
+    sys.stderr.write(f"\nConfigError: {e}\n")
+    sys.exit(2)
 
 
 if __name__ == "__main__":

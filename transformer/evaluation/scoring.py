@@ -1,4 +1,5 @@
-"""Log-likelihoods of requests on a decoder LM, batched, packed and sharded over the mesh.
+"""Log-likelihoods of requests on a decoder LM or an encoder-decoder, batched, packed and
+sharded over the mesh.
 
 `LogLikelihoodScorer` is the benchmark's counterpart of training/trainer.py's Scorer:
 the same deterministic model, parameters placed as the run placed them, batches
@@ -8,6 +9,14 @@ each target slot and the argmax token (requests.PackedRequests reads a request's
 scores from them); the vocabulary is projected a slice of positions at a time
 (lm_head.logits_chunk_length, as the loss does), never as whole float32 [B, L, V]
 logits. model.never_predict rows are outside the softmax, as in the loss.
+
+A decoder LM reads context + continuation in one segment (requests.pack); an
+encoder-decoder (whatever its objective: two token sides) reads the context on the
+encoder side and the continuation as the decoder's target (requests.pack_pairs), as
+lm-eval's seq2seq backend does; a prefix LM (a decoder whose objective feeds the batch
+field `prefix`) reads the context as its bidirectional prefix (requests.pack with
+prefix). The compiled step is the same: the objective's model
+inputs, the decoder's hidden states, the log-probabilities of the targets.
 """
 
 from __future__ import annotations
@@ -40,6 +49,25 @@ SLOTS = 8  # Targets a position may be scored against (requests.pack's shared in
 # What a batch's rows hold: several requests a row, padding after them (and empty rows).
 ROWS = objective_lib.RowLayout(packed=True, padded=True)
 _EXCLUDED_LOGIT = -1e30  # model.never_predict rows: outside the softmax.
+PREFIX = "prefix"  # The batch field of a prefix LM's bidirectional prefix (1 on it).
+
+
+def scores_text(objective: objective_lib.Objective) -> bool:
+  """Whether a model trained on `objective` gives log p(continuation | context): it
+  continues text (a decoder LM, a prefix LM) or has a decoder after an encoder (an
+  encoder-decoder, whatever its objective: seq2seq, span corruption, UL2)."""
+  return objective.decodes or reads_pairs(objective)  # config/train.py checks the same.
+
+
+def reads_pairs(objective: objective_lib.Objective) -> bool:
+  """Whether the context goes to an encoder side: an encoder-decoder, whose steps read
+  two token sides."""
+  return objective.sides == 2
+
+
+def is_seq2seq(config: ml_collections.ConfigDict) -> bool:
+  """Whether `config`'s model reads a request's context on an encoder side."""
+  return reads_pairs(objective_lib.resolve(ModelConfig.from_config(config.model)))
 
 
 def token_scores(params: Any, batch: dict[str, jax.Array], *, model: nn.Module,
@@ -47,7 +75,8 @@ def token_scores(params: Any, batch: dict[str, jax.Array], *, model: nn.Module,
                  ) -> tuple[jax.Array, jax.Array]:
   """(log p(targets) [B, L, K], argmax ids [B, L]) of one packed batch.
 
-  batch: inputs, segment_ids, positions [B, L] and targets [B, L, K].
+  batch: the objective's model inputs [B, L] (requests.PackedRequests.arrays) and
+  targets [B, L, K].
   """
   (x_BLE, head), _ = model.apply({"params": params}, *objectives.model_inputs(objective, batch),
                                  mutable=[moe.COLLECTION], hidden=True)
@@ -88,15 +117,18 @@ class Scores:
 
 @dataclasses.dataclass
 class LogLikelihoodScorer:
-  """A decoder LM's jitted token scoring on a mesh (see the module docstring)."""
+  """A decoder LM's or an encoder-decoder's jitted token scoring on a mesh (see the
+  module docstring)."""
 
   mesh: jax.sharding.Mesh
   rules: tuple
-  length: int  # Tokens a row: min(data.seq_len, model.max_len).
+  length: int  # Tokens a row (a side): min(data.seq_len, model.max_len).
   batch_size: int  # Rows a global batch.
   step: Callable
   input_shard: sharding.InputShard
   packed_rows_limit: int | None
+  seq2seq: bool = False  # An encoder-decoder: context to the encoder (requests.pack_pairs).
+  prefix: bool = False  # A prefix LM: the context is the bidirectional prefix.
 
   @classmethod
   def create(cls, config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
@@ -107,18 +139,19 @@ class LogLikelihoodScorer:
     batch_size: rows a batch (0: data.batch_size); must split over the data axes.
 
     Raises:
-      ConfigError: not a decoder LM, or a batch size the mesh cannot split.
+      ConfigError: neither a decoder LM nor an encoder-decoder, or a batch size the
+        mesh cannot split.
     """
     # Packed requests with padding after them: the row layout the kernels are told.
     model_config = dataclasses.replace(ModelConfig.from_config(config.model),
                                        deterministic=True, rows_packed=ROWS.packed,
                                        rows_padded=ROWS.padded)
     objective = objective_lib.resolve(model_config)
-    if not objective.generates:
+    if not scores_text(objective):
       raise ConfigError(
           f"--mode={mode} scores continuations by their log-likelihood, which needs a "
-          f"decoder LM (model.arch='decoder', head='lm'); this run is a {objective.name} "
-          "model")
+          f"decoder LM (model.arch='decoder', head='lm') or an encoder-decoder "
+          f"(model.arch='encoder_decoder', head='lm'); this run is a {objective.name} model")
     rules = tuple(sharding.rules_of(config.mesh, mesh))
     ways = sharding.data_parallel_size(mesh, rules)
     batch_size = batch_size or config.data.batch_size
@@ -134,7 +167,9 @@ class LogLikelihoodScorer:
                batch_size=batch_size, step=step,
                input_shard=sharding.input_shard(mesh, rules),
                packed_rows_limit=attention_ops.mesh_packed_rows_limit(model_config, mesh,
-                                                                      rules))
+                                                                      rules),
+               seq2seq=reads_pairs(objective),
+               prefix=PREFIX in objective.model_inputs)
 
   def score(self, params: Any, requests: Sequence[requests_lib.Request],
             progress: progress_lib.Progress | None = None) -> Scores:
@@ -142,8 +177,13 @@ class LogLikelihoodScorer:
 
     `progress` counts the requests scored.
     """
-    packed = requests_lib.pack(requests, self.length, SLOTS,
-                               max_segments=self.packed_rows_limit or 0)
+    if self.seq2seq:
+      packed = requests_lib.pack_pairs(requests, self.length,
+                                       max_segments=self.packed_rows_limit or 0)
+    else:
+      packed = requests_lib.pack(requests, self.length, SLOTS,
+                                 max_segments=self.packed_rows_limit or 0,
+                                 prefix=self.prefix)
     order = np.argsort(packed.row, kind="stable")  # Requests by row: a batch's are a slice.
     bounds = np.searchsorted(packed.row[order], np.arange(0, packed.num_rows + self.batch_size,
                                                           self.batch_size))

@@ -314,7 +314,10 @@ def overlay_figures(runs: Sequence[RunSummary], log_steps: bool = False) -> dict
     lines = [(run.name, run.series[key]) for run in runs if key in run.series]
     if lines:
       title = key.replace("eval_", "eval ") if key != "loss" else "train loss"
-      figures[f"compare_{key}"] = plots.line_figure(title, key, lines, log_steps, zoom=True)
+      # A benchmark accuracy: each run's 95% interval and the chance level (plots.py).
+      intervals = [plots.interval_of(run.series, key) for run in runs if key in run.series]
+      figures[f"compare_{key}"] = plots.line_figure(title, key, lines, log_steps, zoom=True,
+                                                    intervals=intervals)
   return figures
 
 

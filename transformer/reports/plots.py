@@ -4,6 +4,11 @@ A training run also writes them when it ends (or stops on SIGINT/SIGTERM), into
 `<workdir>/plots/`: loss.png (train and eval), learning_rate.png, grad_norm.png,
 tokens_per_second.png, mfu.png (when the run knew its peak FLOP/s), and one figure
 per other eval metric (accuracy.png with the train accuracy beside it, bleu.png, ...).
+A benchmark accuracy (train.benchmarks: eval_<task>_acc_norm, eval_benchmark_acc, ...)
+is drawn with its 95% interval, a band from the `<key>_ci95_low` / `<key>_ci95_high`
+series the run logs beside it, and its chance level, a dashed line at the last
+`<key>_chance`: with the 100 documents a task is scored on by default the interval is
+about +-0.1, so a difference inside it is noise.
 A figure whose metrics the run did not log is not drawn. Matplotlib's Figure API
 draws on the Agg (PNG) canvas: no display and no pyplot state.
 
@@ -28,7 +33,7 @@ from absl import logging
 from transformer.config.errors import ConfigError
 from transformer.workdir import files
 from transformer.workdir import layout
-from transformer.workdir.metrics_file import read_rows
+from transformer.workdir.metrics_file import BESIDE, CHANCE, CI95_HIGH, CI95_LOW, read_rows
 
 # Eval metrics with no figure of their own: perplexity is exp(loss), tokens a count.
 NOT_PLOTTED = ("eval_loss", "eval_perplexity", "eval_tokens")
@@ -95,13 +100,33 @@ def read_series(workdir: str) -> dict[str, Series]:
   return series
 
 
+@dataclasses.dataclass(frozen=True)
+class Interval:
+  """A metric's 95% interval over steps, and its chance level (None: none logged)."""
+
+  low: Series
+  high: Series
+  chance: float | None = None
+
+
+def interval_of(series: dict[str, Series], key: str) -> Interval | None:
+  """The interval logged beside metric `key` (`<key>_ci95_low/high`, `<key>_chance`)."""
+  if key + CI95_LOW not in series or key + CI95_HIGH not in series:
+    return None
+  chance = series.get(key + CHANCE)
+  return Interval(series[key + CI95_LOW], series[key + CI95_HIGH],
+                  None if chance is None else float(chance.values[-1]))
+
+
 def line_figure(title: str, ylabel: str, lines: Sequence[tuple[str, Series]],
-                log_steps: bool = False, zoom: bool = False):
+                log_steps: bool = False, zoom: bool = False,
+                intervals: Sequence[Interval | None] = ()):
   """A matplotlib Figure with one line per (label, series), step on the x axis.
 
   With `zoom`, a second panel shows the last three quarters of the steps with its own
   y range, where runs that differ by a few percent are told apart (the first panel's
-  range is set by the untrained model's loss).
+  range is set by the untrained model's loss). `intervals` (one per line, or None):
+  each line's 95% interval as a band in its colour, and its chance level dashed.
   """
   from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
   figure = Figure(figsize=(11.0 if zoom else 6.4, 4.0), dpi=100)
@@ -112,25 +137,37 @@ def line_figure(title: str, ylabel: str, lines: Sequence[tuple[str, Series]],
   last_step = max(int(series.steps[-1]) for _, series in lines)
   for index, axes in enumerate(panels):
     first_step = last_step // 4 if index else 0
-    for label, series in lines:
+    chances = set()
+    for (label, series), interval in zip(lines, list(intervals) + [None] * len(lines)):
       keep = series.steps >= first_step
       sparse = len(series.steps) <= 40  # Evaluations: show each point.
-      axes.plot(series.steps[keep], series.values[keep], label=label,
-                marker="o" if sparse else None, markersize=3)
+      line, = axes.plot(series.steps[keep], series.values[keep], label=label,
+                        marker="o" if sparse else None, markersize=3)
+      if interval is not None:
+        band = interval.low.steps >= first_step
+        axes.fill_between(interval.low.steps[band], interval.low.values[band],
+                          interval.high.values[band], color=line.get_color(), alpha=0.2,
+                          label=f"{label} 95% interval")
+        if interval.chance is not None and interval.chance not in chances:
+          chances.add(interval.chance)
+          axes.axhline(interval.chance, color="grey", linestyle="--", linewidth=1,
+                       label=f"chance {interval.chance:.3f}")
     if log_steps:  # symlog keeps step 0 (the evaluation before training) on the axis.
       axes.set_xscale("symlog", linthresh=1)
     axes.set_title(f"{title}: steps >= {first_step}" if index else title)
     axes.set_xlabel("step")
     axes.grid(True, alpha=0.3)
   panels[0].set_ylabel(ylabel)
-  if len(lines) > 1:
+  if len(lines) > 1 or any(i is not None for i in intervals):
     panels[0].legend()
   return figure
 
 
 def eval_metric_names(series_keys) -> list[str]:
-  """Eval metrics that get a figure: eval_accuracy, eval_bleu, ... (not loss, perplexity)."""
-  return sorted(k for k in series_keys if k.startswith("eval_") and k not in NOT_PLOTTED)
+  """Eval metrics that get a figure: eval_accuracy, eval_bleu, ... (not loss, perplexity,
+  nor an interval or chance level, drawn on their metric's figure)."""
+  return sorted(k for k in series_keys if k.startswith("eval_") and k not in NOT_PLOTTED
+                and not k.endswith(BESIDE))
 
 
 def run_figures(series: dict[str, Series], run: str, log_steps: bool = False) -> dict[str, Any]:
@@ -152,7 +189,9 @@ def run_figures(series: dict[str, Series], run: str, log_steps: bool = False) ->
   for stem, title, ylabel, wanted in specs:
     lines = [(label, series[key]) for key, label in wanted if key in series]
     if lines:
-      figures[stem] = line_figure(f"{run}: {title}", ylabel, lines, log_steps)
+      intervals = [interval_of(series, key) for key, _ in wanted if key in series]
+      figures[stem] = line_figure(f"{run}: {title}", ylabel, lines, log_steps,
+                                  intervals=intervals)
   return figures
 
 

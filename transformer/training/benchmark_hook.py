@@ -21,10 +21,12 @@ from absl import logging
 
 from transformer.data.tokenizers import vocabularies
 from transformer.evaluation import benchmark
+from transformer.evaluation import requests as requests_lib
 from transformer.evaluation import scoring
 from transformer.evaluation import tasks as tasks_lib
 from transformer.inference import text
 from transformer.training import hooks
+from transformer.workdir import metrics_file
 
 FLAG = "config.train.benchmarks"
 
@@ -56,7 +58,8 @@ class BenchmarkAtEvaluation(hooks.Hook):
     requests = sum(r["requests"] for r in results.values())
     logging.info("benchmarks at step %d (%d requests, %.1f s): %s", step, requests,
                  time.perf_counter() - start,
-                 ", ".join(f"{k.removeprefix('eval_')} {v:.4f}" for k, v in row.items()))
+                 ", ".join(f"{k.removeprefix('eval_')} {v:.4f}" for k, v in row.items()
+                           if not k.endswith(metrics_file.BESIDE)))
 
 
 def make_hook(config: ml_collections.ConfigDict,
@@ -74,5 +77,12 @@ def make_hook(config: ml_collections.ConfigDict,
   tasks = [tasks_lib.load_task(name, config.train.benchmark_documents, FLAG)
            for name in tasks_lib.check_names(names, FLAG)]
   # Encoded once, now: a text the run's vocabulary cannot encode stops it before compiling.
-  return BenchmarkAtEvaluation(config, [
-      benchmark.task_requests(task, tokenizer, text.source_context(config)) for task in tasks])
+  encoding = requests_lib.Encoding(tokenizer, scoring.is_seq2seq(config))
+  encoded = [benchmark.task_requests(task, encoding, text.source_context(config))
+             for task in tasks]
+  logging.info("train.benchmarks: %s", encoding.sentence())
+  for task in encoded:
+    if task.excluded_documents:
+      logging.warning("train.benchmarks %s: %d documents scored%s", task.task.name,
+                      len(task.task.documents), benchmark.excluded_note(task))
+  return BenchmarkAtEvaluation(config, encoded)

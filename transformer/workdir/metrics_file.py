@@ -19,6 +19,11 @@ from transformer.workdir import layout
 # Metric name prefix of each expert's share of the assignments: moe_load_0, moe_load_1, ...
 # The writer also draws such rows as one TensorBoard histogram.
 MOE_LOAD_PREFIX = "moe_load_"
+# Series logged beside a metric <key> for its figure (train.benchmarks' accuracies):
+# <key>_ci95_low, <key>_ci95_high (its 95% interval) and <key>_chance (its chance level).
+# reports/plots.py draws them on <key>'s figure, never on figures of their own.
+CI95_LOW, CI95_HIGH, CHANCE = "_ci95_low", "_ci95_high", "_chance"
+BESIDE = (CI95_LOW, CI95_HIGH, CHANCE)
 
 
 def read_rows(path: str) -> tuple[list[dict[str, Any]], int]:

@@ -63,14 +63,39 @@ class HFTokenizer:
                         "files (tokenizer.json, or Marian's source.spm/target.spm/vocab.json), "
                         "so text cannot be encoded; import a folder that has them")
 
-  def encode(self, text: str) -> np.ndarray:
-    """Int32 internal ids of `text`, without bos/eos (no [CLS]/[SEP] either)."""
+  def encode(self, text: str, add_special_tokens: bool = False) -> np.ndarray:
+    """Int32 internal ids of `text`, without bos/eos (no [CLS]/[SEP] either).
+
+    add_special_tokens: with the tokens the source tokenizer adds to a text, as
+    transformers' `tokenizer.encode(text)` gives them (lm-evaluation-harness's default):
+    tokenizer.json's post-processor (GPT-2's adds none, T5's a final </s>), Marian's
+    final </s>.
+    """
     self._require()
     if self._fast is not None:
-      hf_ids = self._fast.encode(text, add_special_tokens=False).ids
+      hf_ids = self._fast.encode(text, add_special_tokens=add_special_tokens).ids
     else:
-      hf_ids = self._sentencepiece.encode(text)
+      hf_ids = self._sentencepiece.encode(text, add_special_tokens)
     return self.hf_to_internal[np.asarray(hf_ids, np.int64)].astype(np.int32)
+
+  def token(self, internal_id: int) -> str:
+    """The source vocabulary's string of one internal id ("<|endoftext|>"; "" if none)."""
+    self._require()
+    hf = int(self.internal_to_hf[int(internal_id)])
+    if hf < 0:
+      return ""
+    if self._fast is not None:
+      return self._fast.id_to_token(hf) or ""
+    return self._sentencepiece.token(hf)
+
+  def piece_id(self, piece: str) -> int | None:
+    """The internal id of one whole token of the source vocabulary (T5's
+    `<extra_id_0>`, say), or None when it has no such token (data/tokenizers/sentinels.py)."""
+    hf_id = self._fast.token_to_id(piece) if self._fast is not None else None
+    if hf_id is None or not 0 <= hf_id < len(self.hf_to_internal):
+      return None
+    internal = int(self.hf_to_internal[hf_id])
+    return None if internal == vocabularies.UNK_ID else internal
 
   def decode(self, ids: Iterable[int]) -> str:
     """Text of internal ids; the special roles and added rows are dropped."""
@@ -96,8 +121,13 @@ class _MarianPieces:
     self._unk = self._vocab.get("<unk>", 1)
     self._specials = {self._vocab.get(p) for p in ("</s>", "<unk>", "<pad>")}
 
-  def encode(self, text: str) -> list[int]:
-    return [self._vocab.get(p, self._unk) for p in self._source.encode(text, out_type=str)]
+  def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+    ids = [self._vocab.get(p, self._unk) for p in self._source.encode(text, out_type=str)]
+    # transformers' MarianTokenizer ends a source with </s>.
+    return ids + [self._vocab["</s>"]] if add_special_tokens and "</s>" in self._vocab else ids
+
+  def token(self, hf_id: int) -> str:
+    return self._pieces.get(hf_id, "")
 
   def decode(self, ids: list[int]) -> str:
     pieces = [self._pieces[i] for i in ids if i in self._pieces and i not in self._specials]
