@@ -16,7 +16,10 @@ all renamed; a full disk at any leaves none (a rerun is not refused as "exists")
 `complete_or_absent` does the same for a folder (what --mode=average, import and
 export write): it is filled under a temporary sibling name and renamed into place at
 the end, and removed on any failure (a full disk, Ctrl-C, an error), so the folder is
-whole or not there and a retry is never refused as "not empty".
+whole or not there and a retry is never refused as "not empty". Its writer holds the
+folder's lock (workdir/lock.py's `writing`) throughout: a second command writing the
+same folder at once is refused in one line naming the first (PID, host), and never
+removes the first one's temporary folder.
 
 `disk_errors_as_oserror` is the other half: a full disk met inside a library (Orbax,
 TFDS) becomes an OSError naming the path, which launch.py says in one line. Both
@@ -44,6 +47,9 @@ import uuid
 from typing import Any, Callable, Iterator
 
 from absl import logging
+
+from transformer.config.errors import ConfigError
+from transformer.workdir import lock
 
 _MODE = 0o644  # rw-r--r--: results and workdir files are for everyone to read.
 
@@ -204,10 +210,30 @@ def complete_or_absent(target: str, flag: str, *, writer: bool = True,
       already moved.
 
   Raises:
+    lock.OutputInUse: another command writes `target` now.
+    ConfigError: `target` was written (not empty) by another command meanwhile.
     OSError: a write refused by the machine, renamed to `target` with `.flag` set.
   """
   partial = partial_sibling(target)
   sync = barrier or (lambda name: None)
+  # The writer holds the lock beside `target` throughout: a second command writing it
+  # at once is refused before it touches the folder or `partial` (lock.OutputInUse).
+  with lock.writing(target, flag) if writer else contextlib.nullcontext():
+    if writer and os.path.exists(target) and (not os.path.isdir(target)
+                                              or os.listdir(target)):
+      # Checked by the command at its start, and again here under the lock: another
+      # command may have written it in between.
+      raise ConfigError(f"{flag}={target} exists and is not an empty directory (written "
+                        "by another command since this one started); choose a new one "
+                        "(nothing is overwritten)")
+    with _filled_then_renamed(target, partial, flag, writer, sync) as folder:
+      yield folder
+
+
+@contextlib.contextmanager
+def _filled_then_renamed(target: str, partial: str, flag: str, writer: bool,
+                         sync: Callable[[str], None]) -> Iterator[str]:
+  """`complete_or_absent`'s body, under its lock: `partial` made, yielded, renamed."""
   try:
     if writer:
       if os.path.lexists(partial):

@@ -1,0 +1,208 @@
+"""Two commands writing one folder at once: one result, whole, and one clear line.
+
+Each command that writes a shared folder holds a lock on it (workdir/lock.py) or writes
+it atomically (workdir/files.py):
+
+  - --mode=prepare of one corpus, twice at once: each source file is tokenized under its
+    own build lock; the second process waits (naming the first) or finds the file done;
+    both end 0 and the corpus is whole. "Already done" is never said over a shard that
+    is cut short or missing.
+  - --mode=import into one workdir, twice at once (average and export write through the
+    same `files.complete_or_absent`): one writes it, the other is refused in one line
+    (`OutputInUse`, naming the writer's PID and host, or "exists and is not an empty
+    directory" when it came after); the workdir loads.
+  - A folder that another process is writing is refused before its temporary sibling
+    is touched; one written by another command since the check is not overwritten.
+
+Training and sweeps hold their workdir's lock (tests/test_workdir_lock.py), dataset and
+vocabulary builds their build lock (tests/test_races_and_interrupts.py).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from test_corpus import launch_prepare, prepare, write_corpus
+from tiny import subprocess_env
+from transformer.config.errors import ConfigError
+from transformer.data.corpus import for_config
+from transformer.data.corpus import store
+from transformer.workdir import files
+from transformer.workdir import layout
+from transformer.workdir import lock
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GPT2 = os.path.join(ROOT, "tests", "fixtures", "hf", "gpt2")
+# A process that holds `lock.writing(argv[1])`, says so, then waits to be killed.
+WRITER = ("import sys, time\n"
+          "from transformer.workdir import lock\n"
+          "with lock.writing(sys.argv[1], '--output'):\n"
+          "  print('held', flush=True)\n"
+          "  time.sleep(600)\n")
+
+
+@pytest.fixture
+def config(tiny_config, tmp_path):
+  """A corpus of 16 files (bytes tokenizer), enough for two prepares to overlap."""
+  _on_own_corpus(tiny_config, tmp_path)
+  for k in range(4):
+    write_corpus(os.path.join(tiny_config.data.path, str(k)), documents=200, seed=k)
+  return tiny_config
+
+
+def _on_own_corpus(tiny_config, tmp_path) -> None:
+  """test_corpus.py's data keys: a corpus under tmp_path/src, bytes tokenizer."""
+  tiny_config.data.update(name="corpus", path=str(tmp_path / "src"), tokenizer="bytes",
+                          data_dir=str(tmp_path / "data"), prepare_workers=1,
+                          val_fraction=0.2)
+  tiny_config.model.vocab_size = 0
+
+
+def _start_prepare(config) -> subprocess.Popen:
+  data = config.data
+  return subprocess.Popen(
+      [sys.executable, "launch.py", "--mode=prepare", "--config=tests/tiny.py:" + data.data_dir,
+       "--config.data.name=corpus", f"--config.data.path={data.path}",
+       "--config.data.tokenizer=bytes", "--config.model.vocab_size=0",
+       f"--config.data.val_fraction={data.val_fraction}", "--config.data.prepare_workers=1"],
+      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _read_every_record(prepared: store.PreparedCorpus) -> int:
+  """Reads every record of both splits back (a cut-short shard fails here); the tokens."""
+  total = 0
+  for split in store.SPLITS:
+    records = prepared.split(split)
+    total += sum(len(records[i]["tokens"]) for i in range(len(records)))
+  return total
+
+
+def test_two_prepares_of_one_corpus_at_once_give_one_whole_corpus(config):
+  first, second = _start_prepare(config), _start_prepare(config)
+  outputs = [p.communicate(timeout=600) for p in (first, second)]
+  for process, (_, stderr) in zip((first, second), outputs):
+    assert process.returncode == 0, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert "Prepared corpus: 16 files" in stderr
+  # Whoever came second either waited for the other, naming it, or found files done.
+  said = [stderr for _, stderr in outputs
+          if "found done by another --mode=prepare" in stderr or "Waiting for PID" in stderr
+          or "(16 of this shard already done)" in stderr]
+  assert said, [stderr[-1500:] for _, stderr in outputs]
+  for stderr, other in zip([o[1] for o in outputs], (second, first)):
+    if "Waiting for PID" in stderr:
+      assert f"Waiting for PID {other.pid} on {socket.gethostname()}, which is building " \
+             "source file" in stderr
+  prepared, _ = for_config.open_for_training(config)
+  assert _read_every_record(prepared) == sum(
+      prepared.manifest["splits"][s]["tokens"] for s in store.SPLITS)
+  folder = prepared.folder
+  assert not [n for n in os.listdir(os.path.join(folder, store.TASKS)) if n.startswith(".")]
+  # The same bytes as one preparation alone.
+  alone = config.copy_and_resolve_references()
+  alone.data.data_dir = config.data.data_dir + "_alone"
+  job, _ = prepare(alone)
+  with open(os.path.join(folder, store.MANIFEST), encoding="utf-8") as f, \
+      open(os.path.join(job.output, store.MANIFEST), encoding="utf-8") as g:
+    assert f.read().replace(config.data.data_dir, "") == g.read().replace(
+        alone.data.data_dir, "")
+
+
+@pytest.mark.parametrize("damage", ["empty", "cut", "deleted_index"])
+def test_already_done_is_never_said_over_a_shard_cut_short(tiny_config, tmp_path, damage):
+  """A task json whose shard is 0 bytes, cut short or without its index: tokenized
+  again, and the corpus reads whole (before: 'already done', then a failed run)."""
+  _on_own_corpus(tiny_config, tmp_path)
+  write_corpus(tiny_config.data.path)
+  job, manifest = prepare(tiny_config)
+  os.remove(os.path.join(job.output, store.MANIFEST))  # As a preparation stopped midway.
+  task = manifest["splits"]["validation"]["shards"][0]["task"]
+  shard = os.path.join(job.output, "validation", task + ".array_record")
+  if damage == "empty":
+    open(shard, "wb").close()
+  elif damage == "cut":
+    os.truncate(shard, os.path.getsize(shard) // 3)
+  else:
+    os.remove(os.path.join(job.output, "validation", task + ".index.npy"))
+  result = launch_prepare(tiny_config, "--config.data.prepare_workers=1")
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert f"of this shard already done), 1 to tokenize" in result.stderr
+  assert f"is tokenized again: {os.path.join(job.output, 'validation', task)}" in result.stderr
+  prepared, _ = for_config.open_for_training(tiny_config)
+  _read_every_record(prepared)
+
+
+def test_a_folder_another_process_writes_is_refused_naming_it(tmp_path):
+  target = str(tmp_path / "out")
+  partial = files.partial_sibling(target)
+  holder = subprocess.Popen([sys.executable, "-c", WRITER, target], cwd=ROOT,
+                            stdout=subprocess.PIPE, text=True)
+  try:
+    assert holder.stdout.readline().strip() == "held"
+    os.makedirs(os.path.join(partial, "being_written"))  # The holder's work in progress.
+    with pytest.raises(lock.OutputInUse,
+                       match=rf"--output={target} is being written by PID {holder.pid} on "
+                             rf"{socket.gethostname()} .*wait for that command to finish"):
+      with files.complete_or_absent(target, "--output"):
+        pass
+    assert os.listdir(partial) == ["being_written"]  # Not removed as "a leftover".
+    assert not os.path.exists(target)
+  finally:
+    holder.kill()
+    holder.wait()
+  # Its writer gone (killed: its lock file stays, unlocked), the next command writes.
+  with files.complete_or_absent(target, "--output") as folder:
+    files.write_atomically(os.path.join(folder, "a.txt"), "a")
+  assert sorted(os.listdir(tmp_path)) == ["out"]  # No lock file, no partial folder left.
+
+
+def test_a_folder_written_since_the_command_started_is_not_overwritten(tmp_path):
+  target = str(tmp_path / "out")
+  os.makedirs(target)
+  files.write_atomically(os.path.join(target, "theirs.txt"), "another command's result")
+  with pytest.raises(ConfigError, match=r"--output=.*out exists and is not an empty "
+                     r"directory \(written by another command since this one started\)"):
+    with files.complete_or_absent(target, "--output"):
+      pass
+  assert os.listdir(target) == ["theirs.txt"]
+
+
+def _start_import(workdir: str) -> subprocess.Popen:
+  return subprocess.Popen([sys.executable, "launch.py", "--mode=import", f"--hf_dir={GPT2}",
+                           f"--workdir={workdir}"], cwd=ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, env=subprocess_env())
+
+
+def test_two_imports_into_one_workdir_at_once_give_one_workdir_and_one_line(tmp_path):
+  """Before: `OSError: Directory not empty`, a tensorstore NOT_FOUND, once no workdir."""
+  from transformer.inference import loaded  # pylint: disable=g-import-not-at-top
+  workdir = str(tmp_path / "imported")
+  processes = [_start_import(workdir), _start_import(workdir)]
+  outputs = [p.communicate(timeout=600) for p in processes]
+  codes = sorted(p.returncode for p in processes)
+  assert codes == [0, 2], [o[1][-2000:] for o in outputs]
+  refused = outputs[[p.returncode for p in processes].index(2)][1]
+  assert "Traceback" not in refused, refused[-3000:]
+  last = refused.strip().splitlines()[-1]
+  winner = processes[[p.returncode for p in processes].index(0)]
+  assert last in (
+      f"OutputInUse: --workdir={workdir} is being written by PID {winner.pid} on "
+      f"{socket.gethostname()} ({os.path.join(str(tmp_path), '.imported.lock')} is locked); "
+      "wait for that command to finish (the folder is then complete, and this command "
+      "refuses to overwrite it) or stop it, or choose another --workdir",
+      f"ConfigError: --workdir={workdir!r} exists and is not an empty directory; choose a "
+      "new one (nothing is overwritten)",
+      f"ConfigError: --workdir={workdir} exists and is not an empty directory (written by "
+      "another command since this one started); choose a new one (nothing is "
+      "overwritten)"), last
+  assert sorted(os.listdir(tmp_path)) == ["imported"]
+  run = loaded.load_run(workdir)
+  assert np.isfinite(np.asarray(next(iter(
+      __import__("jax").tree.leaves(run.params))), np.float32)).all()
+  assert os.path.exists(os.path.join(workdir, layout.CONFIG))
