@@ -28,7 +28,7 @@ import sys
 import numpy as np
 import pytest
 
-from test_corpus import launch_prepare, prepare, write_corpus
+from test_corpus import launch_prepare, on_own_corpus, prepare, write_corpus
 from tiny import subprocess_env
 from transformer.config.errors import ConfigError
 from transformer.data.corpus import for_config
@@ -50,18 +50,10 @@ WRITER = ("import sys, time\n"
 @pytest.fixture
 def config(tiny_config, tmp_path):
   """A corpus of 16 files (bytes tokenizer), enough for two prepares to overlap."""
-  _on_own_corpus(tiny_config, tmp_path)
+  on_own_corpus(tiny_config, tmp_path)
   for k in range(4):
     write_corpus(os.path.join(tiny_config.data.path, str(k)), documents=200, seed=k)
   return tiny_config
-
-
-def _on_own_corpus(tiny_config, tmp_path) -> None:
-  """test_corpus.py's data keys: a corpus under tmp_path/src, bytes tokenizer."""
-  tiny_config.data.update(name="corpus", path=str(tmp_path / "src"), tokenizer="bytes",
-                          data_dir=str(tmp_path / "data"), prepare_workers=1,
-                          val_fraction=0.2)
-  tiny_config.model.vocab_size = 0
 
 
 def _start_prepare(config) -> subprocess.Popen:
@@ -118,7 +110,7 @@ def test_two_prepares_of_one_corpus_at_once_give_one_whole_corpus(config):
 def test_already_done_is_never_said_over_a_shard_cut_short(tiny_config, tmp_path, damage):
   """A task json whose shard is 0 bytes, cut short or without its index: tokenized
   again, and the corpus reads whole (before: 'already done', then a failed run)."""
-  _on_own_corpus(tiny_config, tmp_path)
+  on_own_corpus(tiny_config, tmp_path)
   write_corpus(tiny_config.data.path)
   job, manifest = prepare(tiny_config)
   os.remove(os.path.join(job.output, store.MANIFEST))  # As a preparation stopped midway.

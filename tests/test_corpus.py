@@ -59,13 +59,18 @@ def write_corpus(folder: str, documents: int = 120, seed: int = 0) -> list[str]:
   return texts["a.jsonl.gz"] + texts["b.jsonl.zst"] + texts["c.parquet"] + [txt]
 
 
+def on_own_corpus(tiny_config, tmp_path, val_fraction: float = 0.2) -> None:
+  """The tiny config's data keys for a corpus under tmp_path/src (bytes tokenizer)."""
+  tiny_config.data.update(name="corpus", path=str(tmp_path / "src"), tokenizer="bytes",
+                          data_dir=str(tmp_path / "data"), prepare_workers=1,
+                          val_fraction=val_fraction)
+  tiny_config.model.vocab_size = 0
+
+
 @pytest.fixture
 def config(tiny_config, tmp_path):
   """The tiny config on a prepared-corpus dataset of its own (bytes tokenizer)."""
-  tiny_config.data.update(name="corpus", path=str(tmp_path / "src"), tokenizer="bytes",
-                          data_dir=str(tmp_path / "data"), prepare_workers=1,
-                          val_fraction=0.2)
-  tiny_config.model.vocab_size = 0
+  on_own_corpus(tiny_config, tmp_path)
   write_corpus(tiny_config.data.path)
   return tiny_config
 
