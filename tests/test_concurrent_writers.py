@@ -24,6 +24,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -198,3 +199,39 @@ def test_two_imports_into_one_workdir_at_once_give_one_workdir_and_one_line(tmp_
   assert np.isfinite(np.asarray(next(iter(
       __import__("jax").tree.leaves(run.params))), np.float32)).all()
   assert os.path.exists(os.path.join(workdir, layout.CONFIG))
+
+
+def test_results_written_at_once_without_overwrite_give_one_file_and_refusals(tmp_path):
+  """--output of benchmark, translate, generate, classify (files.write_atomically with
+  keep_existing): two commands past their 'exists' check at once each write their whole
+  file; one is linked into place, the others are refused in one line (before: the last
+  one silently replaced the first)."""
+  path = str(tmp_path / "result.json")
+  start = threading.Barrier(6)
+  outcomes = []
+
+  def write(k: int) -> None:
+    start.wait()
+    try:
+      files.write_atomically(path, f"result {k}\n" * 1000, flag="--output", keep_existing=True)
+      outcomes.append(("written", k))
+    except ConfigError as e:
+      outcomes.append(("refused", str(e)))
+
+  threads = [threading.Thread(target=write, args=(k,)) for k in range(6)]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join()
+  written = [k for what, k in outcomes if what == "written"]
+  refused = [line for what, line in outcomes if what == "refused"]
+  assert len(written) == 1 and len(refused) == 5, outcomes
+  assert all(line == f"{path} was written by another command while this one ran (it exists "
+             "now, whole, and is kept); read it, or pass --overwrite to replace it, or "
+             "choose another --output" for line in refused)
+  with open(path, encoding="utf-8") as f:
+    assert f.read() == f"result {written[0]}\n" * 1000
+  assert os.listdir(tmp_path) == ["result.json"]  # No temporary file left.
+  files.write_atomically(path, "replaced\n", flag="--output")  # --overwrite: replaced.
+  with open(path, encoding="utf-8") as f:
+    assert f.read() == "replaced\n"

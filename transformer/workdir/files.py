@@ -54,7 +54,8 @@ from transformer.workdir import lock
 _MODE = 0o644  # rw-r--r--: results and workdir files are for everyone to read.
 
 
-def write_atomically(path: str, content: str | bytes, flag: str = "") -> bool:
+def write_atomically(path: str, content: str | bytes, flag: str = "", *,
+                     keep_existing: bool = False) -> bool:
   """Makes `path` hold `content`; returns whether it was written (False: it already did).
 
   Creates the parent directory if needed.
@@ -64,14 +65,19 @@ def write_atomically(path: str, content: str | bytes, flag: str = "") -> bool:
     content: text (written as UTF-8) or bytes.
     flag: for a command's result, the flag that chose `path` (--output): a refusal
       names it, and the file is noted as finished (`finished_outputs`) once whole.
+    keep_existing: never replace a file that is there (a command's result without
+      --overwrite): the whole file is linked into place, which fails if another command
+      wrote `path` since the command checked it, so two commands writing one result at
+      once give one file and one refusal, never a silent replacement.
 
   Raises:
+    ConfigError: `keep_existing`, and `path` exists (another command wrote it meanwhile).
     OSError: the write failed (e.g. ENOSPC); `path` is then as it was before.
   """
   if flag:
     try:
       with signals_deferred():  # Replaced whole, then noted: a signal sees both or neither.
-        written = write_atomically(path, content)
+        written = write_atomically(path, content, keep_existing=keep_existing)
         note_finished(path, flag)
     except OSError as e:
       if e.errno in DISK_FULL_ERRNOS + _REFUSALS and not getattr(e, "flag", ""):
@@ -81,19 +87,45 @@ def write_atomically(path: str, content: str | bytes, flag: str = "") -> bool:
       raise
     return written
   data = content.encode("utf-8") if isinstance(content, str) else content
-  try:
-    with open(path, "rb") as f:
-      if f.read() == data:
-        return False
-  except (FileNotFoundError, NotADirectoryError):
-    pass
+  if not keep_existing:
+    try:
+      with open(path, "rb") as f:
+        if f.read() == data:
+          return False
+    except (FileNotFoundError, NotADirectoryError):
+      pass
   temporary = _temporary_copy(path, data)
   try:
-    os.replace(temporary, path)
+    if keep_existing and _linked(temporary, path):
+      os.remove(temporary)
+    else:
+      os.replace(temporary, path)
   except BaseException:
     _remove(temporary)
     raise
   _fsync_directory(os.path.dirname(os.path.abspath(path)))
+  return True
+
+
+def _written_meanwhile(path: str) -> ConfigError:
+  return ConfigError(f"{path} was written by another command while this one ran (it exists "
+                     "now, whole, and is kept); read it, or pass --overwrite to replace it, "
+                     "or choose another --output")
+
+
+def _linked(temporary: str, path: str) -> bool:
+  """Links the whole `temporary` at `path` unless a file is there (one atomic step);
+  False where the file system has no hard links (then the caller replaces)."""
+  try:
+    os.link(temporary, path)
+  except FileExistsError:
+    raise _written_meanwhile(path) from None
+  except OSError as e:
+    if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV):
+      raise
+    if os.path.lexists(path):  # No links here: checked, then replaced (a narrow window).
+      raise _written_meanwhile(path) from None
+    return False
   return True
 
 
