@@ -29,7 +29,7 @@ import threading
 import numpy as np
 import pytest
 
-from test_corpus import launch_prepare, on_own_corpus, prepare, write_corpus
+from test_corpus import on_own_corpus, prepare, write_corpus
 from tiny import subprocess_env
 from transformer.config.errors import ConfigError
 from transformer.data.corpus import for_config
@@ -89,9 +89,10 @@ def test_two_prepares_of_one_corpus_at_once_give_one_whole_corpus(config):
           or "(16 of this shard already done)" in stderr]
   assert said, [stderr[-1500:] for _, stderr in outputs]
   for stderr, other in zip([o[1] for o in outputs], (second, first)):
-    if "Waiting for PID" in stderr:
-      assert f"Waiting for PID {other.pid} on {socket.gethostname()}, which is building " \
-             "source file" in stderr
+    if "Waiting for PID" in stderr:  # One line, however many files it waited for.
+      assert stderr.count("Waiting for PID") == 1, stderr[-3000:]
+      assert f"Waiting for PID {other.pid} on {socket.gethostname()}, which is preparing " \
+             "this corpus too" in stderr
   prepared, _ = for_config.open_for_training(config)
   assert _read_every_record(prepared) == sum(
       prepared.manifest["splits"][s]["tokens"] for s in store.SPLITS)
@@ -108,7 +109,8 @@ def test_two_prepares_of_one_corpus_at_once_give_one_whole_corpus(config):
 
 
 @pytest.mark.parametrize("damage", ["empty", "cut", "deleted_index"])
-def test_already_done_is_never_said_over_a_shard_cut_short(tiny_config, tmp_path, damage):
+def test_already_done_is_never_said_over_a_shard_cut_short(tiny_config, tmp_path, damage,
+                                                           caplog):
   """A task json whose shard is 0 bytes, cut short or without its index: tokenized
   again, and the corpus reads whole (before: 'already done', then a failed run)."""
   on_own_corpus(tiny_config, tmp_path)
@@ -123,10 +125,10 @@ def test_already_done_is_never_said_over_a_shard_cut_short(tiny_config, tmp_path
     os.truncate(shard, os.path.getsize(shard) // 3)
   else:
     os.remove(os.path.join(job.output, "validation", task + ".index.npy"))
-  result = launch_prepare(tiny_config, "--config.data.prepare_workers=1")
-  assert result.returncode == 0, result.stderr[-2000:]
-  assert f"of this shard already done), 1 to tokenize" in result.stderr
-  assert f"is tokenized again: {os.path.join(job.output, 'validation', task)}" in result.stderr
+  caplog.set_level("INFO")
+  prepare(tiny_config)
+  assert "of this shard already done), 1 to tokenize" in caplog.text
+  assert f"is tokenized again: {os.path.join(job.output, 'validation', task)}" in caplog.text
   prepared, _ = for_config.open_for_training(tiny_config)
   _read_every_record(prepared)
 
@@ -235,3 +237,48 @@ def test_results_written_at_once_without_overwrite_give_one_file_and_refusals(tm
   files.write_atomically(path, "replaced\n", flag="--output")  # --overwrite: replaced.
   with open(path, encoding="utf-8") as f:
     assert f.read() == "replaced\n"
+
+
+# Builds the local_text dataset of argv[2] and its character vocabulary in data_dir
+# argv[1], as a training run's start does; prints what it got.
+BUILDER = ("import logging, sys\n"
+           "sys.path.insert(0, 'tests')\n"
+           "from absl import logging as absl_logging\n"
+           "logging.basicConfig(level=logging.INFO, format='%(message)s')\n"
+           "absl_logging.set_verbosity('info')\n"
+           "from tiny import make_tiny_config\n"
+           "from transformer.data import sources\n"
+           "from transformer.data.datasets import catalog\n"
+           "config = make_tiny_config(sys.argv[1])\n"
+           "config.data.update(name='local_text', path=sys.argv[2], tokenizer='char')\n"
+           "builder = catalog.load_builder(config.data)\n"
+           "tokenizer = sources.load_tokenizer(config, builder, ('text',))\n"
+           "print('built', builder.data_dir, tokenizer.vocab_size, flush=True)\n")
+
+
+@pytest.mark.slow  # 23 s; threads check the same lock in the default run (test_races_...).
+def test_two_processes_build_one_dataset_and_vocabulary_once(tmp_path):
+  """Two processes (not threads) starting on one new file and data_dir: one builds the
+  TFDS dataset and the vocabulary, the other waits (one line naming it) or finds them;
+  both get the same; nothing of the build's locks is left."""
+  path = tmp_path / "c.txt"
+  path.write_text("".join(f"{i} the quick brown fox jumps over the lazy dog\n"
+                          for i in range(300)), encoding="utf-8")
+  data_dir = str(tmp_path / "data")
+  processes = [subprocess.Popen([sys.executable, "-c", BUILDER, data_dir, str(path)], cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=subprocess_env()) for _ in range(2)]
+  outputs = [p.communicate(timeout=600) for p in processes]
+  for process, (stdout, stderr) in zip(processes, outputs):
+    assert process.returncode == 0, stderr[-3000:]
+  built = [stdout.split("built ", 1)[1].strip() for stdout, _ in outputs]
+  assert built[0] == built[1], built
+  logs = "".join(stderr for _, stderr in outputs)
+  assert logs.count("Preparing TFDS dataset") == 1, logs[-3000:]
+  pids = [p.pid for p in processes]
+  for line in (l for l in logs.splitlines() if l.startswith("Waiting for PID")):
+    assert any(f"Waiting for PID {pid} on {socket.gethostname()}, which is building " in line
+               for pid in pids), line
+  leftovers = [os.path.join(d, n) for d, _, names in os.walk(data_dir) for n in names
+               if n.endswith(".lock")]
+  assert not leftovers, leftovers

@@ -185,7 +185,8 @@ def in_use_by(workdir: str) -> str | None:
 
 
 @contextlib.contextmanager
-def building(lock_path: str, what: str) -> Iterator[None]:
+def building(lock_path: str, what: str,
+             waiting: Callable[[str], None] | None = None) -> Iterator[None]:
   """Holds the build lock `lock_path` for the block, waiting for another builder first.
 
   The caller checks again inside the block whether `what` is there already (built by
@@ -194,14 +195,16 @@ def building(lock_path: str, what: str) -> Iterator[None]:
   Args:
     lock_path: the lock file (created if needed, deleted when the block ends).
     what: what is built, for the waiting line ("the dataset local_text/...").
+    waiting: says the wait instead of the line below, given "PID N on HOST" (a caller
+      that waits for many builds of one holder says it once).
 
   Raises:
     OSError: the lock file cannot be created (a full disk, no permission).
   """
   os.makedirs(os.path.dirname(os.path.abspath(lock_path)), exist_ok=True)
-  with _exclusive(lock_path, what, remove=True, waiting=lambda holder: logging.info(
+  with _exclusive(lock_path, what, remove=True, waiting=waiting or (lambda holder: logging.info(
       "Waiting for %s, which is building %s (%s is locked); it is reused when ready",
-      holder, what, lock_path)):
+      holder, what, lock_path))):
     yield
 
 

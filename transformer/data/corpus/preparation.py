@@ -17,7 +17,8 @@ store.file_change) and its shard files are whole (store.shard_problem).
 Two preparations of one corpus at once (two commands, two hosts' data.prepare_shard over
 a shared folder): each source file is tokenized under its own build lock
 (`tasks/.<task>.lock`, workdir/lock.py), so one process writes it while the other waits,
-saying for whom, and then takes it as done; both write the same manifest.
+saying for whom (once per other process), and then takes it as done; both write the
+same manifest.
 """
 
 from __future__ import annotations
@@ -200,7 +201,8 @@ def run_task(job: Job, index: int) -> dict[str, Any]:
   """
   task = task_name(index)
   with lock.building(os.path.join(job.output, store.TASKS, f".{task}.lock"),
-                     f"source file {job.names[index]} of the corpus {job.output}"):
+                     f"source file {job.names[index]} of the corpus {job.output}",
+                     waiting=lambda holder: _say_waiting(holder, job, index)):
     done = done_task(job, index, say=False)  # prepare() said why it is not done.
     if done is not None:
       return {**done, "found_done": True}
@@ -209,6 +211,19 @@ def run_task(job: Job, index: int) -> dict[str, Any]:
       if os.path.exists(leftover):
         os.remove(leftover)  # A killed attempt's shard: never part of the corpus.
     return _tokenize(job, index)
+
+
+_WAITED_FOR: set[str] = set()  # Holders this process said it waits for (once each).
+
+
+def _say_waiting(holder: str, job: Job, index: int) -> None:
+  """One line per other preparation of this corpus, not one per file it holds."""
+  if holder in _WAITED_FOR:
+    return
+  _WAITED_FOR.add(holder)
+  logging.info("Waiting for %s, which is preparing this corpus too (%s; it holds source "
+               "file %s now): each file it tokenizes is waited for, then taken as done",
+               holder, job.output, job.names[index])
 
 
 def _tokenize(job: Job, index: int) -> dict[str, Any]:
