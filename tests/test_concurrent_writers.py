@@ -1,21 +1,23 @@
 """Two commands writing one folder at once: one result, whole, and one clear line.
 
 Each command that writes a shared folder holds a lock on it (workdir/lock.py) or writes
-it atomically (workdir/files.py):
+it atomically (workdir/files.py); each test starts real processes on one folder:
 
   - --mode=prepare of one corpus, twice at once: each source file is tokenized under its
-    own build lock; the second process waits (naming the first) or finds the file done;
-    both end 0 and the corpus is whole. "Already done" is never said over a shard that
-    is cut short or missing.
-  - --mode=import into one workdir, twice at once (average and export write through the
-    same `files.complete_or_absent`): one writes it, the other is refused in one line
-    (`OutputInUse`, naming the writer's PID and host, or "exists and is not an empty
-    directory" when it came after); the workdir loads.
-  - A folder that another process is writing is refused before its temporary sibling
-    is touched; one written by another command since the check is not overwritten.
-
-Training and sweeps hold their workdir's lock (tests/test_workdir_lock.py), dataset and
-vocabulary builds their build lock (tests/test_races_and_interrupts.py).
+    own build lock; the second process waits (one line naming the first) or finds the
+    files done; both end 0 and the corpus is whole, as one prepare writes it.
+    "Already done" is never said over a shard that is cut short or missing.
+  - --mode=import into one workdir, twice at once (and, marked slow, two averages into
+    one --output and two exports into one --hf_dir: the same `files.complete_or_absent`):
+    one writes it, the other is refused in one line (`OutputInUse`, naming the writer's
+    PID and host, or "exists and is not an empty directory" when it came after); the
+    folder loads. A folder another process holds is refused before its temporary
+    sibling is touched; one written since the command's check is not overwritten.
+  - Results without --overwrite (benchmark, translate, generate, classify --output) are
+    linked into place whole: one file, and a refusal for the others.
+  - Slow: a sweep on a folder another sweep holds (the workdir lock), and two processes
+    building one local dataset and its vocabulary (the build lock; threads check it in
+    the default run, tests/test_races_and_interrupts.py).
 """
 
 from __future__ import annotations
@@ -180,10 +182,8 @@ def test_two_imports_into_one_workdir_at_once_give_one_workdir_and_one_line(tmp_
   workdir = str(tmp_path / "imported")
   processes = [_start_import(workdir), _start_import(workdir)]
   outputs = [p.communicate(timeout=600) for p in processes]
-  codes = sorted(p.returncode for p in processes)
-  assert codes == [0, 2], [o[1][-2000:] for o in outputs]
+  _refused_or_written(processes, outputs, "--workdir", workdir)
   refused = outputs[[p.returncode for p in processes].index(2)][1]
-  assert "Traceback" not in refused, refused[-3000:]
   last = refused.strip().splitlines()[-1]
   winner = processes[[p.returncode for p in processes].index(0)]
   assert last in (
@@ -282,3 +282,63 @@ def test_two_processes_build_one_dataset_and_vocabulary_once(tmp_path):
   leftovers = [os.path.join(d, n) for d, _, names in os.walk(data_dir) for n in names
                if n.endswith(".lock")]
   assert not leftovers, leftovers
+
+
+@pytest.mark.slow  # 15 s; train's refusal by the same lock is a default test_bad_inputs case.
+def test_a_sweep_on_a_folder_another_sweep_holds_is_refused_in_one_line(tmp_path):
+  """The sweep folder's lock (launch.py holds it for --mode=sweep): a second sweep on it
+  stops before it starts a run, naming the first; nothing of the folder is changed."""
+  from test_workdir_lock import _start_holder  # pylint: disable=g-import-not-at-top
+  sweep_dir = str(tmp_path / "sweep")
+  holder = _start_holder(sweep_dir)
+  try:
+    result = subprocess.run(
+        [sys.executable, "launch.py", "--mode=sweep", "--config=tests/tiny.py:" +
+         str(tmp_path / "data"), f"--workdir={sweep_dir}", "--sweep=seed=0,1"], cwd=ROOT,
+        capture_output=True, text=True, timeout=600, env=subprocess_env())
+  finally:
+    holder.kill()
+    holder.wait()
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert result.stderr.strip().splitlines()[-1] == (
+      f"WorkdirInUse: workdir {sweep_dir} in use by PID {holder.pid} on "
+      f"{socket.gethostname()} ({os.path.join(sweep_dir, layout.LOCK)} is locked); wait for "
+      "that command to finish or stop it, or use another --workdir")
+  assert os.listdir(sweep_dir) == [layout.LOCK]
+
+
+def _refused_or_written(processes, outputs, flag: str, target: str) -> None:
+  """One of two commands on `target` wrote it (0); the other ended in one line (2)."""
+  codes = [p.returncode for p in processes]
+  assert sorted(codes) == [0, 2], [o[1][-2000:] for o in outputs]
+  refused = outputs[codes.index(2)][1]
+  assert "Traceback" not in refused, refused[-3000:]
+  last = refused.strip().splitlines()[-1]
+  assert last.startswith((f"OutputInUse: {flag}={target} is being written by PID "
+                          f"{processes[codes.index(0)].pid} on ",
+                          f"ConfigError: {flag}={target!r} exists and is not an empty",
+                          f"ConfigError: {flag}={target} exists and is not an empty")), last
+
+
+@pytest.mark.slow  # 4 processes that load a model: about a minute here.
+def test_two_averages_and_two_exports_into_one_folder_at_once(tmp_path):
+  """--mode=average --output and --mode=export --hf_dir, two at once each: one folder,
+  whole (it loads), and one line."""
+  from transformer.interop.hf import importer  # pylint: disable=g-import-not-at-top
+  from transformer.inference import loaded  # pylint: disable=g-import-not-at-top
+  source = str(tmp_path / "imported")
+  importer.import_folder(GPT2, source)
+  for mode, flag, name in (("average", "--output", "averaged"), ("export", "--hf_dir", "hf")):
+    target = str(tmp_path / name)
+    extra = ["--average_last=1"] if mode == "average" else []
+    processes = [subprocess.Popen(
+        [sys.executable, "launch.py", f"--mode={mode}", f"--workdir={source}",
+         f"{flag}={target}", *extra], cwd=ROOT, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env=subprocess_env()) for _ in range(2)]
+    outputs = [p.communicate(timeout=600) for p in processes]
+    _refused_or_written(processes, outputs, flag, target)
+    if mode == "average":
+      loaded.load_run(target)
+    else:
+      assert sorted(os.listdir(target))[:2] == ["config.json", "generation_config.json"]
+  assert sorted(os.listdir(tmp_path)) == ["averaged", "hf", "imported"]
