@@ -413,8 +413,15 @@ def prepare(job: Job, *, workers: int, shard: tuple[int, int]) -> dict[str, Any]
                time.monotonic() - started,
                f"; {found} found done by another --mode=prepare of this corpus, waited "
                "for (already done)" if found else "")
-  every = {i: results.get(i) or done_task(job, i) for i in range(len(job.names))}
-  missing = [job.names[i] for i, r in every.items() if r is None]
+  # Other shards' tasks without their json first (a stat each): only when every one is
+  # there are they checked whole, by content (a shard's host does not hash the others'
+  # files at the end of each shard).
+  missing = [job.names[i] for i in range(len(job.names)) if results.get(i) is None
+             and not os.path.exists(os.path.join(job.output, store.TASKS,
+                                                 task_name(i) + ".json"))]
+  every = {} if missing else {i: results.get(i) or done_task(job, i)
+                              for i in range(len(job.names))}
+  missing = missing or [job.names[i] for i, r in every.items() if r is None]
   if missing:
     logging.info("prepare: shard %d/%d done; %d source files of other shards are not "
                  "prepared yet (e.g. %s): run them, then --mode=prepare once more (without "
