@@ -6,9 +6,9 @@ and writes "PID HOST" into it. A second command on the same workdir fails at onc
 
   - Released on any exit: the kernel drops a flock when the process ends, however it
     ends (an exception, Ctrl-C, SIGKILL, a crash), so a dead process never leaves a
-    stale lock behind. The file itself stays (deleting it would let a third process
-    lock a new file while a second still holds the old one); its content is only read
-    while someone holds the lock, to say who.
+    stale lock behind. The file itself stays (it is part of the workdir, and
+    `in_use_by` probes it); its content is only read while someone holds the lock, to
+    say who.
   - On one machine (local disks, tmpfs): exclusive.
   - On shared file systems, as far as the file system implements flock: NFSv4 and
     Linux NFS clients map it to NFS byte-range locks, which hold across hosts;
