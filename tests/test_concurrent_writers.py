@@ -342,3 +342,19 @@ def test_two_averages_and_two_exports_into_one_folder_at_once(tmp_path):
     else:
       assert sorted(os.listdir(target))[:2] == ["config.json", "generation_config.json"]
   assert sorted(os.listdir(tmp_path)) == ["averaged", "hf", "imported"]
+
+
+def test_a_result_with_its_plot_is_not_written_beside_another_commands_result(tmp_path):
+  """evaluate --by_position / passkey (files.write_together): the JSON written by another
+  command meanwhile is kept, and this command leaves neither its JSON nor its PNG."""
+  result, plot = str(tmp_path / "r.json"), str(tmp_path / "r.png")
+  files.write_atomically(result, "theirs\n")
+  with pytest.raises(ConfigError, match=r"r\.json was written by another command"):
+    files.write_together([(plot, b"png"), (result, "mine\n")], flag="--output",
+                         keep_existing=(result,))
+  assert sorted(os.listdir(tmp_path)) == ["r.json"]
+  with open(result, encoding="utf-8") as f:
+    assert f.read() == "theirs\n"
+  files.write_together([(plot, b"png"), (str(tmp_path / "s.json"), "mine\n")],
+                       flag="--output", keep_existing=(str(tmp_path / "s.json"),))
+  assert sorted(os.listdir(tmp_path)) == ["r.json", "r.png", "s.json"]

@@ -129,28 +129,46 @@ def _linked(temporary: str, path: str) -> bool:
   return True
 
 
-def write_together(contents: list[tuple[str, str | bytes]], flag: str) -> None:
+def write_together(contents: list[tuple[str, str | bytes]], flag: str, *,
+                   keep_existing: tuple[str, ...] = ()) -> None:
   """Writes several files of one result (a JSON and its PNG) all or none.
 
   Each is written in full to its temporary file first; only when every one is whole
   are they renamed into place, one after the other, with signals held back. A full
   disk (or any failure) on any of them leaves none of them changed, so a rerun is
   not refused because the first one "exists". Each is noted finished (`flag`).
+  `keep_existing`: the files of them (the result, not a plot beside it) never replaced,
+  as for `write_atomically`: linked into place; when one is there already (another
+  command's), nothing of this result is left (what this call linked is removed again).
 
   Raises:
+    ConfigError: `keep_existing`, and one of the files exists (another command's).
     OSError: a write refused by the machine, named after its file and `flag`.
   """
   temporaries: list[str] = []
+  linked: list[str] = []
   current = contents[0][0]  # The file being written: the one an error names.
   try:
     with signals_deferred():
       for current, content in contents:
         data = content.encode("utf-8") if isinstance(content, str) else content
         temporaries.append(_temporary_copy(current, data))
-      for (current, _), temporary in zip(contents, temporaries):
-        os.replace(temporary, current)
+      # The kept ones first: another command's file refuses the result before any
+      # other file of it has replaced anything.
+      order = sorted(zip(contents, temporaries), key=lambda c: c[0][0] not in keep_existing)
+      for (current, _), temporary in order:
+        if current in keep_existing and _linked(temporary, current):
+          linked.append(current)
+          os.remove(temporary)
+        else:
+          os.replace(temporary, current)
         _fsync_directory(os.path.dirname(os.path.abspath(current)))
+      for current, _ in contents:
         note_finished(current, flag)
+  except ConfigError:  # Another command's file is there: this result is not written.
+    for path in linked + temporaries:
+      _remove(path)
+    raise
   except OSError as e:
     for temporary in temporaries:
       _remove(temporary)
