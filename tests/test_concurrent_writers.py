@@ -13,8 +13,9 @@ it atomically (workdir/files.py); each test starts real processes on one folder:
     PID and host, or "exists and is not an empty directory" when it came after); the
     folder loads. A folder another process holds is refused before its temporary
     sibling is touched; one written since the command's check is not overwritten.
-  - Results without --overwrite (benchmark, translate, generate, classify --output) are
-    linked into place whole: one file, and a refusal for the others.
+  - Results without --overwrite (benchmark, translate, generate, classify --output; the
+    JSON of evaluate and passkey beside its PNG) are linked into place whole: one
+    file, and a refusal for the others.
   - Slow: a sweep on a folder another sweep holds (the workdir lock), and two processes
     building one local dataset and its vocabulary (the build lock; threads check it in
     the default run, tests/test_races_and_interrupts.py).
