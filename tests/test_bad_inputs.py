@@ -18,6 +18,7 @@ import errno
 import hashlib
 import io
 import json
+import gzip
 import logging as std_logging
 import os
 import shutil
@@ -542,9 +543,22 @@ CASES = [
          setup=lambda p: _write(os.path.join(p.files, "empty.txt"), "")),
     Case("undecodable_text",
          (TINY, WORKDIR, "--config.data.name=local_text", "--config.data.path={files}/bad.txt"),
-         2, ("{files}/bad.txt:3: undecodable UTF-8", "config.data.decode_errors='replace'"),
+         2, ("{files}/bad.txt:3: undecodable UTF-8", "likely an 8-bit encoding such as Latin-1",
+             "iconv -f WINDOWS-1252 -t UTF-8", "config.data.decode_errors='replace'"),
          setup=lambda p: _write(os.path.join(p.files, "bad.txt"),
                                 _lines(2).encode() + b"caf\xe9\n" + _lines(50).encode())),
+    Case("utf16_text_without_bom",
+         (TINY, WORKDIR, "--config.data.name=local_text", "--config.data.path={files}/u16.txt"),
+         2, ("DataError: {files}/u16.txt is UTF-16LE text without a byte-order mark",
+             "convert it: `iconv -f UTF-16LE -t UTF-8 {files}/u16.txt > u16.utf8.txt`"),
+         setup=lambda p: _write(os.path.join(p.files, "u16.txt"),
+                                _lines(50).encode("utf-16-le"))),
+    Case("gzip_named_txt",
+         (TINY, WORKDIR, "--config.data.name=local_text", "--config.data.path={files}/z.txt"),
+         2, ("DataError: {files}/z.txt holds gzip-compressed data, not UTF-8 text: "
+             "decompress it",),
+         setup=lambda p: _write(os.path.join(p.files, "z.txt"),
+                                gzip.compress(_lines(50).encode()))),
     Case("ragged_tsv_row",
          (TINY, WORKDIR, "--config.data.name=local_tsv", "--config.data.path={files}/tsv",
           "--config.model.head=classification", "--config.model.pooling=last",

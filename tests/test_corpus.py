@@ -59,13 +59,18 @@ def write_corpus(folder: str, documents: int = 120, seed: int = 0) -> list[str]:
   return texts["a.jsonl.gz"] + texts["b.jsonl.zst"] + texts["c.parquet"] + [txt]
 
 
+def on_own_corpus(tiny_config, tmp_path, val_fraction: float = 0.2) -> None:
+  """The tiny config's data keys for a corpus under tmp_path/src (bytes tokenizer)."""
+  tiny_config.data.update(name="corpus", path=str(tmp_path / "src"), tokenizer="bytes",
+                          data_dir=str(tmp_path / "data"), prepare_workers=1,
+                          val_fraction=val_fraction)
+  tiny_config.model.vocab_size = 0
+
+
 @pytest.fixture
 def config(tiny_config, tmp_path):
   """The tiny config on a prepared-corpus dataset of its own (bytes tokenizer)."""
-  tiny_config.data.update(name="corpus", path=str(tmp_path / "src"), tokenizer="bytes",
-                          data_dir=str(tmp_path / "data"), prepare_workers=1,
-                          val_fraction=0.2)
-  tiny_config.model.vocab_size = 0
+  on_own_corpus(tiny_config, tmp_path)
   write_corpus(tiny_config.data.path)
   return tiny_config
 
@@ -164,7 +169,8 @@ def test_a_killed_preparation_resumes_and_never_uses_a_half_written_shard(config
   assert not os.path.exists(os.path.join(output, store.MANIFEST))
   with pytest.raises(ConfigError, match="not prepared.*--mode=prepare"):
     for_config.open_for_training(config)
-  done = sorted(os.listdir(os.path.join(output, store.TASKS)))
+  # The killed task's lock file may stay (a SIGKILL deletes nothing); the rerun's goes.
+  done = sorted(n for n in os.listdir(os.path.join(output, store.TASKS)) if n.endswith(".json"))
   assert done == [f"{i:05d}.json" for i in range(int(point[-1]))]
   result = launch_prepare(config, "--config.data.prepare_workers=1")
   assert result.returncode == 0, result.stderr[-2000:]
@@ -189,6 +195,31 @@ def test_a_changed_source_or_another_tokenizer_is_refused_by_identity(config):
   os.remove(path)
   with pytest.raises(ConfigError, match=r"removed: \['d.txt'\]"):
     for_config.open_for_training(config)
+
+
+def test_prepare_sees_bytes_changed_under_a_kept_size_and_mtime(config, caplog):
+  """`touch -d` back after an edit of the same size: prepare checks by content (never
+  "already done" over it); training's start check says it read size and mtime only."""
+  job, before = prepare(config)
+  path = os.path.join(config.data.path, "d.txt")
+  stat = os.stat(path)
+  with open(path, "r+", encoding="utf-8") as f:
+    text = f.read()
+    f.seek(0)
+    f.write(text.replace("the", "THE", 1))
+  os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+  assert os.stat(path).st_size == stat.st_size
+  caplog.set_level("INFO")
+  for_config.open_for_training(config)
+  assert "are as prepared by size and mtime (content not read here: --mode=prepare " \
+         "checks it by sha256)" in caplog.text
+  caplog.clear()
+  _, after = prepare(config)
+  assert "d.txt is tokenized again: d.txt changed: its content (sha256) differs" in caplog.text
+  assert "(3 of this shard already done), 1 to tokenize" in caplog.text
+  recorded = {f["path"]: f["sha256"] for f in after["sources"]["files"]}
+  assert recorded["d.txt"] == store.file_digest(path) != {
+      f["path"]: f["sha256"] for f in before["sources"]["files"]}["d.txt"]
 
 
 def test_the_combining_run_keeps_other_hosts_files_whose_bytes_are_the_same(config,
@@ -384,8 +415,15 @@ def test_a_shard_missing_from_a_prepared_corpus_is_refused_and_prepare_redoes_it
   job, manifest = prepare(config)
   shard = manifest["splits"]["train"]["shards"][1]["task"]
   os.remove(os.path.join(job.output, "train", shard + ".array_record"))
-  with pytest.raises(ConfigError, match=rf"lacks .*train/{shard}.array_record that its "
-                     r"manifest lists .*redoes the missing files"):
+  with pytest.raises(ConfigError, match=rf"lacks a whole shard that its manifest lists: "
+                     rf".*train/{shard}.array_record is missing .*redoes the missing files"):
+    for_config.open_for_training(config)
+  prepare(config)
+  for_config.open_for_training(config)
+  # Cut short (here: 0 bytes, as two prepares racing once left one): refused, redone.
+  open(os.path.join(job.output, "train", shard + ".array_record"), "wb").close()
+  with pytest.raises(ConfigError, match=rf"train/{shard}.array_record is 0 bytes, under "
+                     r"array_record's minimum"):
     for_config.open_for_training(config)
   prepare(config)
   for_config.open_for_training(config)

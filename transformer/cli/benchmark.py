@@ -138,7 +138,8 @@ def run_benchmark(workdir: str, task_names: Sequence[str], *, limit: int = 0,
             "tasks": results}
   if jax.process_index() == 0:
     common.check_output(path, overwrite, given=bool(output))
-    files.write_atomically(path, json.dumps(record, indent=2) + "\n", flag="--output")
+    files.write_atomically(path, json.dumps(record, indent=2) + "\n", flag="--output",
+                           keep_existing=not overwrite)  # Another benchmark's: kept.
     out = stdout or sys.stdout
     out.write(f"{len(tasks)} tasks, {run.checkpoint_label()} of {record['workdir']}, "
               f"{scorer.length} tokens of context; {encoding.sentence()}:\n")

@@ -235,7 +235,7 @@ def write_result(text: str, count: int, what: str, output_path: str | None,
   stdout; process 0 only, the caller checks."""
   if output_path:
     check_output(output_path, overwrite, [input_path])  # None appeared meanwhile.
-    files.write_atomically(output_path, text, flag="--output")
+    files.write_atomically(output_path, text, flag="--output", keep_existing=not overwrite)
     logging.info("Wrote %d %s to %s", count, what, output_path)
   else:
     out = stdout or sys.stdout

@@ -190,7 +190,7 @@ def evaluate(workdir: str, *, config: ml_collections.ConfigDict | None = None,
       record["averaged"] = json.load(f)
   if jax.process_index() == 0:
     common.check_output(path, overwrite, given=bool(output))
-    _write_result(record, run, path, workdir)
+    _write_result(record, run, path, workdir, overwrite)
     _print_result(record, run, path, stdout or sys.stdout)
   return record
 
@@ -264,14 +264,14 @@ def _translation_scores(run: loaded.LoadedRun, source: Any, split: str, seed: in
 
 
 def _write_result(record: dict[str, Any], run: loaded.LoadedRun, path: str,
-                  workdir: str) -> None:
+                  workdir: str, overwrite: bool) -> None:
   """The JSON record, and with by_position its PNG: both or neither (files.write_together)."""
   written = [(path, json.dumps(record, indent=2) + "\n")]
   if "by_position" in record:
     written.insert(0, (record["by_position"]["plot"], long_context.position_plot_png(
         record["by_position"]["rows"], _plot_title(record, run),
         trained_len=loaded.load_config(workdir).data.seq_len)))
-  files.write_together(written, flag="--output")
+  files.write_together(written, flag="--output", keep_existing=() if overwrite else (path,))
 
 
 def position_plot_path(path: str) -> str:

@@ -154,7 +154,8 @@ def run_passkey(workdir: str, *, lengths: Sequence[int], depths: Sequence[float]
         f"step {run.step}" + (f" ({changed})" if changed else ""))
     # Both or neither: a full disk at the PNG left the JSON, and the rerun "exists".
     files.write_together([(record["heatmap"], heatmap),
-                          (path, json.dumps(record, indent=2) + "\n")], flag="--output")
+                          (path, json.dumps(record, indent=2) + "\n")], flag="--output",
+                         keep_existing=() if overwrite else (path,))
     _print_result(record, run, path, stdout or sys.stdout)
   return record
 

@@ -11,6 +11,8 @@ are parts, by concern:
   classification.py  one labelled example per row
   packing.py         reading (in blocks), shuffling, length policy, padding, eval batches
   run_data.py        a run's data identity (dataset.json) by content; relative paths
+  text_encoding.py   bytes that are plainly not UTF-8 text (UTF-16/32, gzip, NULs): one
+                     line naming the file, the likely encoding and how to convert it
   datasets/          data.name -> a prepared TFDS builder: the catalog, the offline corpus,
                      the builders over local files
   corpus/            prepared corpora (data.name="corpus", --mode=prepare): token-id shards,
@@ -19,7 +21,8 @@ are parts, by concern:
                      model's tokenizer, and a run's vocabulary saved in its workdir
 
 Imports run downwards: sources.py and pipeline.py use the parts; corpus/ uses
-tokenizers/ and run_data.py; datasets/ and tokenizers/ use neither (tests/test_layout.py
+tokenizers/ and run_data.py; corpus/ and datasets/ use text_encoding.py, which imports
+nothing; datasets/ and tokenizers/ use neither of the others (tests/test_layout.py
 checks that no module reaches one that reaches it back, lazy imports included).
 May import: config, distributed, workdir.
 """

@@ -16,7 +16,10 @@ all renamed; a full disk at any leaves none (a rerun is not refused as "exists")
 `complete_or_absent` does the same for a folder (what --mode=average, import and
 export write): it is filled under a temporary sibling name and renamed into place at
 the end, and removed on any failure (a full disk, Ctrl-C, an error), so the folder is
-whole or not there and a retry is never refused as "not empty".
+whole or not there and a retry is never refused as "not empty". Its writer holds the
+folder's lock (workdir/lock.py's `writing`) throughout: a second command writing the
+same folder at once is refused in one line naming the first (PID, host), and never
+removes the first one's temporary folder.
 
 `disk_errors_as_oserror` is the other half: a full disk met inside a library (Orbax,
 TFDS) becomes an OSError naming the path, which launch.py says in one line. Both
@@ -45,10 +48,14 @@ from typing import Any, Callable, Iterator
 
 from absl import logging
 
+from transformer.config.errors import ConfigError
+from transformer.workdir import lock
+
 _MODE = 0o644  # rw-r--r--: results and workdir files are for everyone to read.
 
 
-def write_atomically(path: str, content: str | bytes, flag: str = "") -> bool:
+def write_atomically(path: str, content: str | bytes, flag: str = "", *,
+                     keep_existing: bool = False) -> bool:
   """Makes `path` hold `content`; returns whether it was written (False: it already did).
 
   Creates the parent directory if needed.
@@ -58,14 +65,19 @@ def write_atomically(path: str, content: str | bytes, flag: str = "") -> bool:
     content: text (written as UTF-8) or bytes.
     flag: for a command's result, the flag that chose `path` (--output): a refusal
       names it, and the file is noted as finished (`finished_outputs`) once whole.
+    keep_existing: never replace a file that is there (a command's result without
+      --overwrite): the whole file is linked into place, which fails if another command
+      wrote `path` since the command checked it, so two commands writing one result at
+      once give one file and one refusal, never a silent replacement.
 
   Raises:
+    ConfigError: `keep_existing`, and `path` exists (another command wrote it meanwhile).
     OSError: the write failed (e.g. ENOSPC); `path` is then as it was before.
   """
   if flag:
     try:
       with signals_deferred():  # Replaced whole, then noted: a signal sees both or neither.
-        written = write_atomically(path, content)
+        written = write_atomically(path, content, keep_existing=keep_existing)
         note_finished(path, flag)
     except OSError as e:
       if e.errno in DISK_FULL_ERRNOS + _REFUSALS and not getattr(e, "flag", ""):
@@ -75,15 +87,19 @@ def write_atomically(path: str, content: str | bytes, flag: str = "") -> bool:
       raise
     return written
   data = content.encode("utf-8") if isinstance(content, str) else content
-  try:
-    with open(path, "rb") as f:
-      if f.read() == data:
-        return False
-  except (FileNotFoundError, NotADirectoryError):
-    pass
+  if not keep_existing:
+    try:
+      with open(path, "rb") as f:
+        if f.read() == data:
+          return False
+    except (FileNotFoundError, NotADirectoryError):
+      pass
   temporary = _temporary_copy(path, data)
   try:
-    os.replace(temporary, path)
+    if keep_existing and _linked(temporary, path):
+      os.remove(temporary)
+    else:
+      os.replace(temporary, path)
   except BaseException:
     _remove(temporary)
     raise
@@ -91,28 +107,68 @@ def write_atomically(path: str, content: str | bytes, flag: str = "") -> bool:
   return True
 
 
-def write_together(contents: list[tuple[str, str | bytes]], flag: str) -> None:
+def _written_meanwhile(path: str) -> ConfigError:
+  return ConfigError(f"{path} was written by another command while this one ran (it exists "
+                     "now, whole, and is kept); read it, or pass --overwrite to replace it, "
+                     "or choose another --output")
+
+
+def _linked(temporary: str, path: str) -> bool:
+  """Links the whole `temporary` at `path` unless a file is there (one atomic step);
+  False where the file system has no hard links (then the caller replaces)."""
+  try:
+    os.link(temporary, path)
+  except FileExistsError:
+    raise _written_meanwhile(path) from None
+  except OSError as e:
+    if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV):
+      raise
+    if os.path.lexists(path):  # No links here: checked, then replaced (a narrow window).
+      raise _written_meanwhile(path) from None
+    return False
+  return True
+
+
+def write_together(contents: list[tuple[str, str | bytes]], flag: str, *,
+                   keep_existing: tuple[str, ...] = ()) -> None:
   """Writes several files of one result (a JSON and its PNG) all or none.
 
   Each is written in full to its temporary file first; only when every one is whole
   are they renamed into place, one after the other, with signals held back. A full
   disk (or any failure) on any of them leaves none of them changed, so a rerun is
   not refused because the first one "exists". Each is noted finished (`flag`).
+  `keep_existing`: the files of them (the result, not a plot beside it) never replaced,
+  as for `write_atomically`: linked into place; when one is there already (another
+  command's), nothing of this result is left (what this call linked is removed again).
 
   Raises:
+    ConfigError: `keep_existing`, and one of the files exists (another command's).
     OSError: a write refused by the machine, named after its file and `flag`.
   """
   temporaries: list[str] = []
+  linked: list[str] = []
   current = contents[0][0]  # The file being written: the one an error names.
   try:
     with signals_deferred():
       for current, content in contents:
         data = content.encode("utf-8") if isinstance(content, str) else content
         temporaries.append(_temporary_copy(current, data))
-      for (current, _), temporary in zip(contents, temporaries):
-        os.replace(temporary, current)
+      # The kept ones first: another command's file refuses the result before any
+      # other file of it has replaced anything.
+      order = sorted(zip(contents, temporaries), key=lambda c: c[0][0] not in keep_existing)
+      for (current, _), temporary in order:
+        if current in keep_existing and _linked(temporary, current):
+          linked.append(current)
+          os.remove(temporary)
+        else:
+          os.replace(temporary, current)
         _fsync_directory(os.path.dirname(os.path.abspath(current)))
+      for current, _ in contents:
         note_finished(current, flag)
+  except ConfigError:  # Another command's file is there: this result is not written.
+    for path in linked + temporaries:
+      _remove(path)
+    raise
   except OSError as e:
     for temporary in temporaries:
       _remove(temporary)
@@ -204,10 +260,30 @@ def complete_or_absent(target: str, flag: str, *, writer: bool = True,
       already moved.
 
   Raises:
+    lock.OutputInUse: another command writes `target` now.
+    ConfigError: `target` was written (not empty) by another command meanwhile.
     OSError: a write refused by the machine, renamed to `target` with `.flag` set.
   """
   partial = partial_sibling(target)
   sync = barrier or (lambda name: None)
+  # The writer holds the lock beside `target` throughout: a second command writing it
+  # at once is refused before it touches the folder or `partial` (lock.OutputInUse).
+  with lock.writing(target, flag) if writer else contextlib.nullcontext():
+    if writer and os.path.exists(target) and (not os.path.isdir(target)
+                                              or os.listdir(target)):
+      # Checked by the command at its start, and again here under the lock: another
+      # command may have written it in between.
+      raise ConfigError(f"{flag}={target} exists and is not an empty directory (written "
+                        "by another command since this one started); choose a new one "
+                        "(nothing is overwritten)")
+    with _filled_then_renamed(target, partial, flag, writer, sync) as folder:
+      yield folder
+
+
+@contextlib.contextmanager
+def _filled_then_renamed(target: str, partial: str, flag: str, writer: bool,
+                         sync: Callable[[str], None]) -> Iterator[str]:
+  """`complete_or_absent`'s body, under its lock: `partial` made, yielded, renamed."""
   try:
     if writer:
       if os.path.lexists(partial):

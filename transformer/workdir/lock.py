@@ -6,9 +6,9 @@ and writes "PID HOST" into it. A second command on the same workdir fails at onc
 
   - Released on any exit: the kernel drops a flock when the process ends, however it
     ends (an exception, Ctrl-C, SIGKILL, a crash), so a dead process never leaves a
-    stale lock behind. The file itself stays (deleting it would let a third process
-    lock a new file while a second still holds the old one); its content is only read
-    while someone holds the lock, to say who.
+    stale lock behind. The file itself stays (it is part of the workdir, and
+    `in_use_by` probes it); its content is only read while someone holds the lock, to
+    say who.
   - On one machine (local disks, tmpfs): exclusive.
   - On shared file systems, as far as the file system implements flock: NFSv4 and
     Linux NFS clients map it to NFS byte-range locks, which hold across hosts;
@@ -19,9 +19,17 @@ and writes "PID HOST" into it. A second command on the same workdir fails at onc
 Only process 0 of a multi-process run takes it (the run's processes share one workdir).
 
 `building(lock_path, what)` is the same lock for a shared cache (a prepared dataset, a
-trained vocabulary in data_dir): commands that would build the same thing at once take
-it in turn. The first builds; the others log one line saying whom they wait for, then
-find the result there and reuse it.
+trained vocabulary in data_dir, one source file of a prepared corpus): commands that
+would build the same thing at once take it in turn. The first builds; the others log
+one line saying whom they wait for, then find the result there and reuse it.
+
+`writing(target, flag)` is the same lock for a command's new output folder (what
+--mode=average, import and export write, through files.complete_or_absent): taken
+without waiting on `.<name>.lock` beside it, so a second command writing the same
+folder at once is refused in one line naming the first (`OutputInUse`), before it
+touches the folder or its temporary sibling. These two delete their lock file when the
+block ends (safely: see `_exclusive`), so nothing is left beside what they wrote; a
+workdir's `lock` stays (see `hold`).
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ import errno
 import fcntl
 import os
 import socket
-from typing import Iterator
+from typing import Callable, Iterator
 
 from absl import logging
 
@@ -44,6 +52,10 @@ _NO_LOCKING = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)
 
 class WorkdirInUse(ConfigError):
   """Another live process holds the workdir's lock."""
+
+
+class OutputInUse(WorkdirInUse):
+  """Another live process is writing the output folder a command was asked to write."""
 
 
 def _holder(fd: int) -> str:
@@ -69,25 +81,82 @@ def hold(workdir: str) -> Iterator[None]:
   """
   os.makedirs(workdir, exist_ok=True)
   path = os.path.join(workdir, layout.LOCK)
-  fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-  try:
+  with _exclusive(path, f"this workdir {workdir}", refusal=lambda holder: WorkdirInUse(
+      f"workdir {workdir} in use by {holder} ({path} is locked); wait for that command to "
+      "finish or stop it, or use another --workdir")):
+    yield
+
+
+@contextlib.contextmanager
+def _exclusive(path: str, what: str, *, refusal: Callable[[str], ConfigError] | None = None,
+               waiting: Callable[[str], None] | None = None,
+               remove: bool = False) -> Iterator[None]:
+  """Holds the lock file `path` for the block, signed with this PID and host.
+
+  When another live process holds it: `refusal(holder)` ("PID N on HOST") is raised,
+  or (no refusal) `waiting(holder)` is called once and the lock waited for. A file
+  system that cannot lock is warned about (`what`: what is then unprotected). With
+  `remove`, the file is deleted when the block ends, still locked; whoever locked the
+  deleted file meanwhile (it had opened it before) sees that the path is no longer that
+  file and tries again on the new one, so two never hold the lock at once and no lock
+  file is left behind.
+  """
+  said = False
+  while True:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
       if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-        raise WorkdirInUse(
-            f"workdir {workdir} in use by {_holder(fd)} ({path} is locked); wait for that "
-            "command to finish or stop it, or use another --workdir") from None
-      if e.errno not in _NO_LOCKING:
+        holder = _holder(fd)
+        if refusal is not None:
+          os.close(fd)
+          raise refusal(holder) from None
+        if not said and waiting is not None:
+          waiting(holder)
+          said = True
+        try:
+          fcntl.flock(fd, fcntl.LOCK_EX)  # Blocks until that process finishes or dies.
+        except BaseException:
+          os.close(fd)
+          raise
+      elif e.errno in _NO_LOCKING:
+        logging.warning("The file system of %s cannot lock %s (%s): nothing stops a second "
+                        "command from writing %s at the same time", os.path.dirname(path),
+                        path, os.strerror(e.errno), what)
+        remove = False  # Unlocked: never delete a file another command may be using.
+      else:
+        os.close(fd)
         raise
-      logging.warning("The file system of %s cannot lock %s (%s): nothing stops a second "
-                      "command from writing into this workdir at the same time", workdir,
-                      path, os.strerror(e.errno))
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode("utf-8"))
+    if not remove or _is_file_at(fd, path):
+      break
+    os.close(fd)  # Locked a file its holder has just deleted: lock the new one.
+  try:
+    _sign(fd)
     yield
   finally:
+    if remove:
+      try:
+        os.unlink(path)  # Before the lock is released: see the docstring.
+      except FileNotFoundError:
+        pass
     os.close(fd)  # Releases the lock (also done by the kernel on any exit).
+
+
+def _is_file_at(fd: int, path: str) -> bool:
+  """Whether the open file `fd` is the file at `path` now (not deleted or replaced)."""
+  try:
+    there = os.stat(path)
+  except FileNotFoundError:
+    return False
+  mine = os.fstat(fd)
+  return (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino)
+
+
+def _sign(fd: int) -> None:
+  """Writes "PID HOST" into the held lock file, for whoever is refused or waits."""
+  os.ftruncate(fd, 0)
+  os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode("utf-8"))
 
 
 def in_use_by(workdir: str) -> str | None:
@@ -116,39 +185,48 @@ def in_use_by(workdir: str) -> str | None:
 
 
 @contextlib.contextmanager
-def building(lock_path: str, what: str) -> Iterator[None]:
+def building(lock_path: str, what: str,
+             waiting: Callable[[str], None] | None = None) -> Iterator[None]:
   """Holds the build lock `lock_path` for the block, waiting for another builder first.
 
   The caller checks again inside the block whether `what` is there already (built by
   the process it waited for), and builds it only if not.
 
   Args:
-    lock_path: the lock file (created if needed, never removed: see `hold`).
+    lock_path: the lock file (created if needed, deleted when the block ends).
     what: what is built, for the waiting line ("the dataset local_text/...").
+    waiting: says the wait instead of the line below, given "PID N on HOST" (a caller
+      that waits for many builds of one holder says it once).
 
   Raises:
     OSError: the lock file cannot be created (a full disk, no permission).
   """
   os.makedirs(os.path.dirname(os.path.abspath(lock_path)), exist_ok=True)
-  fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-  try:
-    try:
-      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-      if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-        logging.info("Waiting for %s, which is building %s (%s is locked); it is reused "
-                     "when ready", _holder(fd), what, lock_path)
-        fcntl.flock(fd, fcntl.LOCK_EX)  # Blocks until that process finishes or dies.
-      elif e.errno in _NO_LOCKING:
-        logging.warning("The file system of %s cannot lock it (%s): commands started at "
-                        "once may build %s twice", lock_path, os.strerror(e.errno), what)
-      else:
-        raise
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode("utf-8"))
+  with _exclusive(lock_path, what, remove=True, waiting=waiting or (lambda holder: logging.info(
+      "Waiting for %s, which is building %s (%s is locked); it is reused when ready",
+      holder, what, lock_path))):
     yield
-  finally:
-    os.close(fd)
+
+
+@contextlib.contextmanager
+def writing(target: str, flag: str) -> Iterator[None]:
+  """Holds the lock beside the folder `target` while a command writes it; never waits.
+
+  Args:
+    target: the output folder (it need not exist; its parent is created).
+    flag: the flag that chose it (--output, --workdir, --hf_dir), for the refusal.
+
+  Raises:
+    OutputInUse: another live process writes `target` now (exit 2 in launch.py).
+    OSError: the lock file cannot be created (no permission, a full disk).
+  """
+  path = lock_path_beside(target)
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with _exclusive(path, target, refusal=lambda holder: OutputInUse(
+      f"{flag}={target} is being written by {holder} ({path} is locked); wait for that "
+      "command to finish (the folder is then complete, and this command refuses to "
+      f"overwrite it) or stop it, or choose another {flag}"), remove=True):
+    yield
 
 
 def lock_path_beside(path: str) -> str:

@@ -125,8 +125,10 @@ def open_for_training(config: ml_collections.ConfigDict, tokenizer_workdir: str 
     parent = os.path.dirname(folder)
     others = sorted(d for d in (os.listdir(parent) if os.path.isdir(parent) else [])
                     if os.path.exists(os.path.join(parent, d, store.MANIFEST)))
-    done = len(os.listdir(os.path.join(folder, store.TASKS))) if os.path.isdir(
-        os.path.join(folder, store.TASKS)) else 0
+    tasks = os.path.join(folder, store.TASKS)
+    # *.json: a task's lock file (.<task>.lock) beside them is not a task done.
+    done = len([n for n in os.listdir(tasks) if n.endswith(".json")]) if os.path.isdir(
+        tasks) else 0
     what = (f"prepared for another tokenizer ({', '.join(others)}), not for this "
             f"{record['kind']} one ({store.tokenizer_key(record)})" if others else
             f"not prepared in {folder} ({done} of {len(names)} files done)")
@@ -148,11 +150,14 @@ def open_for_training(config: ml_collections.ConfigDict, tokenizer_workdir: str 
   missing = store.missing_shards(prepared.manifest, folder)
   if missing:
     raise ConfigError(f"config.data.path={data.path!r}: the prepared corpus {folder} lacks "
-                      f"{missing[0]}" + (f" and {len(missing) - 1} more shard files" if
-                                         len(missing) > 1 else "")
-                      + " that its manifest lists (deleted, or not copied whole); run "
+                      f"a whole shard that its manifest lists: {missing[0]}"
+                      + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+                      + " (deleted, not copied whole, or cut short); run "
                       f"`{store.prepare_command()}` again: it redoes the missing files")
-  logging.info("Corpus: %s (%s ids; train %d tokens, validation %d tokens)", folder,
-               prepared.dtype.name, prepared.manifest["splits"]["train"]["tokens"],
-               prepared.manifest["splits"]["validation"]["tokens"])
+  # Says what was checked: size and mtime, not the content (store.file_change).
+  logging.info("Corpus: %s (%s ids; train %d tokens, validation %d tokens); its %d source "
+               "files are as prepared by size and mtime (content not read here: "
+               "--mode=prepare checks it by sha256)", folder, prepared.dtype.name,
+               prepared.manifest["splits"]["train"]["tokens"],
+               prepared.manifest["splits"]["validation"]["tokens"], len(names))
   return prepared, tokenizer

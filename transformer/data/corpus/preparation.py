@@ -10,7 +10,15 @@ split (`data.prepare_shard="i/N"`: the tasks with index % N == i).
 Crash safety: shards are written under temporary names and renamed; `tasks/<task>.json`
 is written atomically (workdir/files.py) after them, and only a task with its json is
 done; `manifest.json`, written last, is what a training run reads. A rerun after a kill
-keeps the done tasks and redoes the others; a half-written file is never read.
+keeps the done tasks and redoes the others; a half-written file is never read. A task
+is done only when its json is there, its source file is the one it records (by content:
+store.file_change) and its shard files are whole (store.shard_problem).
+
+Two preparations of one corpus at once (two commands, two hosts' data.prepare_shard over
+a shared folder): each source file is tokenized under its own build lock
+(`tasks/.<task>.lock`, workdir/lock.py), so one process writes it while the other waits,
+saying for whom (once per other process), and then takes it as done; both write the
+same manifest.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from transformer.data.corpus import store
 from transformer.data.tokenizers import vocabularies
 from transformer.workdir import files
 from transformer.workdir import kill_points
+from transformer.workdir import lock
 
 _PROGRESS_SECONDS = 10.0
 
@@ -183,7 +192,42 @@ def _encode(tokenizer: vocabularies.Tokenizer, text: str, dtype: np.dtype, limit
 
 
 def run_task(job: Job, index: int) -> dict[str, Any]:
-  """Tokenizes source file `index` into its shards and writes its task json; returns it."""
+  """Tokenizes source file `index` into its shards and writes its task json; returns it.
+
+  Holds the task's build lock (workdir/lock.py's `building`) throughout: another
+  --mode=prepare of the same corpus doing this file now is waited for (one line naming
+  it), and its result is then taken as done (`found_done` set in the result) instead of
+  both writing the same shard files.
+  """
+  task = task_name(index)
+  with lock.building(os.path.join(job.output, store.TASKS, f".{task}.lock"),
+                     f"source file {job.names[index]} of the corpus {job.output}",
+                     waiting=lambda holder: _say_waiting(holder, job, index)):
+    done = done_task(job, index, say=False)  # prepare() said why it is not done.
+    if done is not None:
+      return {**done, "found_done": True}
+    for split in store.SPLITS:
+      leftover = os.path.join(job.output, split, f".{task}.array_record.partial")
+      if os.path.exists(leftover):
+        os.remove(leftover)  # A killed attempt's shard: never part of the corpus.
+    return _tokenize(job, index)
+
+
+_WAITED_FOR: set[str] = set()  # Holders this process said it waits for (once each).
+
+
+def _say_waiting(holder: str, job: Job, index: int) -> None:
+  """One line per other preparation of this corpus, not one per file it holds."""
+  if holder in _WAITED_FOR:
+    return
+  _WAITED_FOR.add(holder)
+  logging.info("Waiting for %s, which is preparing this corpus too (%s; it holds source "
+               "file %s now): each file it tokenizes is waited for, then taken as done",
+               holder, job.output, job.names[index])
+
+
+def _tokenize(job: Job, index: int) -> dict[str, Any]:
+  """`run_task`'s work, under its lock: the shards, then the task json."""
   name, task = job.names[index], task_name(index)
   path = os.path.join(job.root, name)
   stat = os.stat(path)
@@ -223,8 +267,9 @@ def run_task(job: Job, index: int) -> dict[str, Any]:
   return result
 
 
-def done_task(job: Job, index: int) -> dict[str, Any] | None:
-  """Task `index`'s json if it is done and still matches its file and the tokenizer."""
+def done_task(job: Job, index: int, say: bool = True) -> dict[str, Any] | None:
+  """Task `index`'s json if it is done and still matches its file and the tokenizer;
+  with `say`, a task found not done any more is logged with the reason."""
   task = task_name(index)
   path = os.path.join(job.output, store.TASKS, task + ".json")
   if not os.path.exists(path):
@@ -232,7 +277,13 @@ def done_task(job: Job, index: int) -> dict[str, Any] | None:
   with open(path, encoding="utf-8") as f:
     result = json.load(f)
   source = result["source"]
-  if source["path"] != job.names[index] or store.file_change(source, job.root):
+  # By content (sha256 of the whole file, whatever its mtime): never "done" over bytes
+  # changed under a kept size and mtime.
+  change = source["path"] != job.names[index] or store.file_change(source, job.root,
+                                                                    by_content=True)
+  if change:
+    if say and isinstance(change, str):
+      logging.info("prepare: %s is tokenized again: %s", job.names[index], change)
     return None  # The file changed (or another file has this index now): redo it.
   # The same bytes (another host's copy, or touched): this host's mtime goes into the
   # manifest, so that training here finds it unchanged without hashing it again.
@@ -242,8 +293,11 @@ def done_task(job: Job, index: int) -> dict[str, Any] | None:
                       f"{store.tokenizer_change(result, job.tokenizer_record)}): every "
                       "shard of a corpus needs the same one; copy the first host's vocabulary "
                       f"file into {os.path.dirname(job.output)} before data.prepare_shard runs")
-  if not all(os.path.exists(os.path.join(job.output, split, task + suffix))
-             for split in store.SPLITS for suffix in (".array_record", ".index.npy")):
+  problem = next((p for split in store.SPLITS for p in [store.shard_problem(
+      job.output, split, task, result["splits"][split]["records"])] if p), None)
+  if problem:
+    if say:
+      logging.info("prepare: %s is tokenized again: %s", job.names[index], problem)
     return None
   return result
 
@@ -330,11 +384,8 @@ def prepare(job: Job, *, workers: int, shard: tuple[int, int]) -> dict[str, Any]
   """
   os.makedirs(job.output, exist_ok=True)
   mine = [i for i in range(len(job.names)) if i % shard[1] == shard[0]]
-  for i in mine:  # Only this shard's: other hosts may be writing theirs into this folder.
-    for split in store.SPLITS:
-      leftover = os.path.join(job.output, split, f".{task_name(i)}.array_record.partial")
-      if os.path.exists(leftover):
-        os.remove(leftover)  # A killed attempt's shard: never part of the corpus.
+  # A killed attempt's partial shards are removed by run_task, under the file's lock:
+  # another prepare of this corpus (another shard, another host) may be writing them.
   results = {i: done_task(job, i) for i in mine}
   pending = [i for i in mine if results[i] is None]
   sizes = {i: os.path.getsize(os.path.join(job.root, job.names[i])) for i in pending}
@@ -357,9 +408,20 @@ def prepare(job: Job, *, workers: int, shard: tuple[int, int]) -> dict[str, Any]
       _run_pool(job, pending, workers, context, counters, results, progress)
     if pending:
       logging.info("%s", progress.line())
-  logging.info("prepare: %d files tokenized in %.1f s", len(pending), time.monotonic() - started)
-  every = {i: results.get(i) or done_task(job, i) for i in range(len(job.names))}
-  missing = [job.names[i] for i, r in every.items() if r is None]
+  found = sum(bool(results[i].pop("found_done", False)) for i in pending)
+  logging.info("prepare: %d files tokenized in %.1f s%s", len(pending) - found,
+               time.monotonic() - started,
+               f"; {found} found done by another --mode=prepare of this corpus, waited "
+               "for (already done)" if found else "")
+  # Other shards' tasks without their json first (a stat each): only when every one is
+  # there are they checked whole, by content (a shard's host does not hash the others'
+  # files at the end of each shard).
+  missing = [job.names[i] for i in range(len(job.names)) if results.get(i) is None
+             and not os.path.exists(os.path.join(job.output, store.TASKS,
+                                                 task_name(i) + ".json"))]
+  every = {} if missing else {i: results.get(i) or done_task(job, i)
+                              for i in range(len(job.names))}
+  missing = missing or [job.names[i] for i, r in every.items() if r is None]
   if missing:
     logging.info("prepare: shard %d/%d done; %d source files of other shards are not "
                  "prepared yet (e.g. %s): run them, then --mode=prepare once more (without "

@@ -18,6 +18,8 @@ JSON object with a string `text_key`, a null parquet value, a parquet file witho
 column, an empty file) stops with a DataError naming the file and the line or row group,
 or is skipped and counted with `bad_records="skip"`. Undecodable UTF-8 follows
 `data.decode_errors` as the local datasets do: stop saying where, or U+FFFD (counted).
+Bytes that are plainly not UTF-8 text (UTF-16 / UTF-32 with or without a byte-order
+mark, gzip under a .txt name, NUL bytes) stop whatever it says (data/text_encoding.py).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import IO, Callable, Iterator
 from absl import logging
 
 from transformer.config.errors import ConfigError, DataError
+from transformer.data import text_encoding
 from transformer.data.corpus import store
 
 _SKIP_HINT = "set config.data.bad_records='skip' to skip such records (counted)"
@@ -69,6 +72,7 @@ class _Reader:
     self.path, self.name, self.text_key = path, name, text_key
     self.decode_errors, self.bad_records, self.stats = decode_errors, bad_records, stats
     self._raw: IO[bytes] | None = None  # The file as stored, for the bytes read so far.
+    self._decoded = False  # Whether decode() has seen the file's first bytes.
     self._parquet_done = 0
 
   def position(self) -> int:
@@ -84,13 +88,21 @@ class _Reader:
     self.stats.skipped_records += 1
 
   def decode(self, data: bytes, where: str) -> str:
+    # UTF-16 / UTF-32, compressed or binary data: refused whatever data.decode_errors says
+    # (read as UTF-8 it would be a NUL every other token, or noise).
+    wrong = text_encoding.problem(data, self.path, first=not self._decoded)
+    self._decoded = True
+    if wrong:
+      raise DataError(wrong)
     try:
       return data.decode("utf-8")
     except UnicodeDecodeError as e:
       if self.decode_errors == "strict":
         raise DataError(f"{self.path}, {where}: undecodable UTF-8 at byte {e.start} "
-                        f"({data[e.start:e.start + 4]!r}); set config.data.decode_errors="
-                        "'replace' to read it as U+FFFD (counted)") from None
+                        f"({data[e.start:e.start + 4]!r}); "
+                        f"{text_encoding.legacy_hint(self.path)}, or set "
+                        "config.data.decode_errors='replace' to read such bytes as U+FFFD "
+                        "(counted)") from None
       text = data.decode("utf-8", errors="replace")
       self.stats.replaced_characters += text.count("\ufffd") - data.count(
           "\ufffd".encode())

@@ -86,19 +86,24 @@ def prepare_command() -> str:
   return "python launch.py --mode=prepare --config=<this config, with the same overrides>"
 
 
-def file_change(saved: dict[str, Any], root: str) -> str | None:
+def file_change(saved: dict[str, Any], root: str, *, by_content: bool = False) -> str | None:
   """How source file `saved["path"]` under `root` differs from `saved` (its entry in a
   task json or the manifest: bytes, mtime_ns, sha256), or None: the one rule of every
   check of a prepared file.
 
-  The size first; a file whose mtime alone differs is hashed again, so a copy, a
-  `touch` or another host's copy of the same bytes is no change. Reads no file otherwise.
+  The size first. Then, `by_content` (--mode=prepare, before it calls a file done): the
+  sha256 of the whole file, always (on an AMD EPYC, 2 cores shared with other jobs,
+  3.5-4.4 s a GB: docs/corpus.md), so bytes changed under a kept size and mtime
+  (`touch -d` back) are seen. Otherwise (training's check at start): the mtime, and a
+  file whose mtime alone differs is hashed again, so a copy, a `touch` or another
+  host's copy of the same bytes is no change; it reads no file when size and mtime are
+  as recorded, so it cannot see an edit that restored both.
   """
   name = saved["path"]
   stat = os.stat(os.path.join(root, name))
   if stat.st_size != saved["bytes"]:
     return f"{name} changed: {saved['bytes']} bytes when prepared, {stat.st_size} now"
-  if stat.st_mtime_ns != saved["mtime_ns"] and \
+  if (by_content or stat.st_mtime_ns != saved["mtime_ns"]) and \
       file_digest(os.path.join(root, name)) != saved["sha256"]:
     return f"{name} changed: its content (sha256) differs from when it was prepared"
   return None
@@ -151,14 +156,40 @@ def empty_split(manifest: dict[str, Any], folder: str) -> str | None:
           "one document: split it into several files or .jsonl records)")
 
 
+# array_record's own minimum: a complete file (even one of 0 records) is at least this
+# big; a smaller one is cut short, and reading it fails ("should be at least 64KB big").
+_MIN_SHARD_BYTES = 1 << 16
+
+
+def shard_problem(folder: str, split: str, task: str, records: int) -> str | None:
+  """Why `<split>/<task>`'s shard files in `folder` are not the complete shard of
+  `records` records a task json or the manifest lists, or None: a file missing, an
+  .array_record under array_record's 64 KiB minimum (cut short, or 0 bytes), an index
+  whose rows are not records + 1. Stats and the index's header; no record is read."""
+  base = os.path.join(folder, split, task)
+  for suffix in (".array_record", ".index.npy"):
+    if not os.path.exists(base + suffix):
+      return f"{base + suffix} is missing"
+  size = os.path.getsize(base + ".array_record")
+  if size < _MIN_SHARD_BYTES:
+    return (f"{base}.array_record is {size} bytes, under array_record's minimum of "
+            f"{_MIN_SHARD_BYTES} (cut short)")
+  try:
+    rows = np.load(base + ".index.npy", mmap_mode="r").shape[0]
+  except (ValueError, OSError) as e:
+    return f"{base}.index.npy does not read ({e})"
+  if rows != records + 1:
+    return f"{base}.index.npy has {rows} rows, {records + 1} expected"
+  return None
+
+
 def missing_shards(manifest: dict[str, Any], folder: str) -> list[str]:
-  """The shard files the manifest lists that are not in `folder` (deleted, or not copied
-  whole); a stat each, no file read."""
-  return [path for split in SPLITS for shard in manifest["splits"][split]["shards"]
+  """Why each shard the manifest lists is not complete in `folder` (deleted, not copied
+  whole, cut short): `shard_problem`'s line for each; empty when all are whole."""
+  return [problem for split in SPLITS for shard in manifest["splits"][split]["shards"]
           if shard["records"]
-          for path in (os.path.join(folder, split, shard["task"] + suffix)
-                       for suffix in (".array_record", ".index.npy"))
-          if not os.path.exists(path)]
+          for problem in [shard_problem(folder, split, shard["task"], shard["records"])]
+          if problem]
 
 
 class CorpusSplit:

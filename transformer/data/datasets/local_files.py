@@ -23,6 +23,7 @@ from absl import logging
 
 from transformer.config.errors import ConfigError
 from transformer.config.errors import DataError
+from transformer.data import text_encoding
 
 DECODE_ERRORS = ("strict", "replace")
 # TFDS split names are used as file and proto names: keep them to word characters.
@@ -259,6 +260,10 @@ def read_text(source: SourceFile, decode_errors: str) -> str:
     raise DataError(f"{source.path}: the file changed while the dataset was being "
                     "built; build again once it no longer changes.")
   key = (source.path, source.sha256)
+  # UTF-16 / UTF-32, compressed or binary data: refused whatever decode_errors says.
+  wrong = text_encoding.problem(raw, source.path, first=True)
+  if wrong:
+    raise DataError(wrong)
   try:
     return strip_bom(raw.decode("utf-8"), source.path, _BOMS_LOGGED, key)
   except UnicodeDecodeError:
@@ -270,8 +275,8 @@ def read_text(source: SourceFile, decode_errors: str) -> str:
     raise DataError(
         f"{source.path}:{line}: undecodable UTF-8 at byte offset {first} (0-based, from "
         f"the start of the file); the file has {num_bad} undecodable bytes in total. "
-        "Valid is UTF-8 text: re-encode the file, or set config.data.decode_errors="
-        "'replace' to read them as U+FFFD.")
+        f"Valid is UTF-8 text: {text_encoding.legacy_hint(source.path)}, or set "
+        "config.data.decode_errors='replace' to read them as U+FFFD (counted).")
   if key not in _REPLACEMENTS_LOGGED:
     _REPLACEMENTS_LOGGED.add(key)
     logging.warning("%s: %d undecodable bytes decoded as U+FFFD (first at line %d, byte "
