@@ -62,6 +62,11 @@ NOT_RUN = {
     "pip install libtpu": _OPTIONAL + "in requirements-test.txt for --mode=compile",
     "pip install jax-cuda12-plugin==": _OPTIONAL + "in requirements-test.txt for --mode=compile",
     "pip install tensorboard": _OPTIONAL + "README says it is not in the requirements",
+    "pip install -e ": _OPTIONAL + ("installs this package (pyproject.toml); tests/test_"
+                                    "packaging.py installs it into a fresh folder (slow)"),
+    "pip install .": _OPTIONAL + ("installs this package (pyproject.toml); tests/test_"
+                                  "packaging.py installs it into a fresh folder (slow)"),
+    "pip install wandb": _OPTIONAL + "in requirements-test.txt for tests/test_wandb.py",
     "pip install --dry-run apache-beam": "needs network: asks PyPI",
     "tensorboard --logdir runs": _OPTIONAL + "tensorboard is not installed by any requirements",
     "python -m pytest tests": _SUITE,

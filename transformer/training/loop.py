@@ -176,7 +176,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   if benchmarks is not None:
     benchmarks.start(trainer)
   checkpointer = checkpointing.Checkpointer(workdir, config.checkpoint)
-  writer = metrics_file.MetricWriter(workdir, enabled=is_chief)
+  writer = metrics_file.MetricWriter(workdir, enabled=is_chief, config=config)
   run = _Run(config=config, workdir=workdir, trainer=trainer, checkpointer=checkpointer,
              writer=writer, train_iter=train_iter, eval_data=eval_data, objective=objective,
              local_batch_size=local_batch_size, write_run_files=write_run_files, stop=stop,
