@@ -259,8 +259,19 @@ def _train_loop(run: _Run) -> dict[str, float]:
         run.writer.write(0, eval_metrics)
 
       loop = LoopState(dispatched=start_step)
+      saved = start_step if restored else None  # The step of the newest checkpoint.
+      stopping = False
       while loop.dispatched < num_steps:
+        before = batches.get_state()
         call = progress.next_batch(batches)  # Its wait: data_wait_fraction.
+        if loop.calls and _stop_requested(run, state, loop.dispatched):
+          # A signal during the call that just ended: none other is dispatched (Ctrl-C
+          # stops within the compiled call it came in), and its rows stay untrained.
+          batches.untake(call, before)
+          stopping = True
+          break
+        run.stop.running(loop.dispatched + 1, loop.dispatched + call.steps,
+                         config.train.steps_per_call, config.train.log_every, num_steps)
         state, call_metrics = _dispatch(run, state, call)
         loop.dispatched += call.steps
         loop.calls += 1
@@ -270,19 +281,27 @@ def _train_loop(run: _Run) -> dict[str, float]:
         loop.unreported = reporting.DispatchedCall(step, call.steps, call_metrics,
                                                    loop.calls <= 2)
         if step % config.train.eval_every == 0 or step == num_steps:
+          if step < num_steps and _stop_requested(run, state, step):
+            logging.warning("Skipping the evaluation due at step %d: the run stops there",
+                            step)
+            stopping = True
+            break
           loop.report(reporter)  # Checked first: a non-finite state is never evaluated.
           loop.metrics = {**loop.metrics, **_evaluate(run, state, step)}
           progress.restart_clock()  # Throughput and MFU are of training alone.
-        stopping = run.stop.should_stop(step, config.train.log_every)
-        if step % config.checkpoint.every == 0 or step == num_steps or stopping:
+        if step % config.checkpoint.every == 0 or step == num_steps:
           loop.report(reporter)  # Checked first: a non-finite step is never saved.
           _save(run, state, step, record, batches)
-        if stopping and step < num_steps:
-          logging.warning("Stopped at step %d; rerun the same command to resume.", step)
-          interrupted = signals.Interrupted(step, run.stop.signum)
-          break
+          saved = step
         for hook in run.hooks:
           hook.after_call(step, state)
+      if stopping:
+        loop.report(reporter)  # Checked first: a non-finite step is never saved.
+        if saved != loop.dispatched:
+          _save(run, state, loop.dispatched, record, batches)
+        logging.warning("Stopped at step %d; rerun the same command to resume.",
+                        loop.dispatched)
+        interrupted = signals.Interrupted(loop.dispatched, run.stop.signum)
       loop.report(reporter, final=True)  # The last step is always shown.
       if interrupted is None and run.stop.requested:
         # A signal during the last call or its save: nothing is left to resume, and
@@ -295,6 +314,14 @@ def _train_loop(run: _Run) -> dict[str, float]:
   if interrupted is not None:
     raise interrupted
   return loop.metrics
+
+
+def _stop_requested(run: _Run, state: TrainState, step: int) -> bool:
+  """Whether to stop at `step`, the end of the call that produced `state`: waits for the
+  call to end (so a signal during it is seen before anything else is dispatched), then
+  asks the stop request (several processes decide together: signals.py)."""
+  jax.block_until_ready(state)
+  return run.stop.should_stop(step, run.config.train.log_every)
 
 
 def _restore_or_init(run: _Run) -> tuple[TrainState, bool]:
