@@ -148,3 +148,44 @@ def test_no_start_up_noise_with_the_optional_wheels_installed(command):
   with open(os.path.join(root, "docs", "troubleshooting.md"), encoding="utf-8") as f:
     said = " ".join(f.read().split())
   assert "Could not find cuda drivers on your machine" in said and "do not appear" in said
+
+
+@pytest.mark.slow  # Ten launch.py processes, each starting JAX: a few minutes.
+def test_every_mode_starts_quietly_with_the_optional_wheels_installed(finished_tiny_run,
+                                                                      tfds_data_dir, tmp_path):
+  """Each mode of launch.py as a user's shell runs it (no JAX_PLATFORMS), with libtpu and
+  the CUDA plugin installed: none prints a start-up line troubleshooting.md says does
+  not appear (a sweep's runs and compile's XLA compile for a TPU slice included)."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  import shutil  # pylint: disable=g-import-not-at-top
+  from transformer import accelerator  # pylint: disable=g-import-not-at-top
+  if accelerator.attached_accelerators():
+    pytest.skip("an accelerator is attached: its libraries' lines are real")
+  if not (importlib.util.find_spec("libtpu") and importlib.util.find_spec("jax_plugins")):
+    pytest.skip("libtpu and jax's CUDA plugin (requirements-test.txt) are not installed")
+  run = str(tmp_path / "run")
+  shutil.copytree(finished_tiny_run, run)
+  tiny = f"--config=tests/tiny.py:{tfds_data_dir}"
+  one_step = ["--config.train.num_steps=1", "--config.train.eval_every=1",
+              "--config.checkpoint.every=1", "--config.train.eval_at_start=False"]
+  commands = {
+      "train": [tiny, f"--workdir={tmp_path / 'new'}", *one_step],
+      "evaluate": [f"--workdir={run}"],
+      "generate": [f"--workdir={run}", "--prompt=def ", "--max_new_tokens=4"],
+      "average": [f"--workdir={run}", "--average_last=2", f"--output={tmp_path / 'avg'}"],
+      "plot": [f"--workdir={run}"],
+      "keys": [tiny],
+      "sweep": [tiny, f"--workdir={tmp_path / 'sweep'}", "--sweep=seed=0,1", *one_step],
+      "compile": [tiny, "--topology=v5e:2x2", "--compile_steps=train", "--notry_levers"],
+  }
+  noisy = {}
+  for mode, argv in commands.items():
+    result = subprocess.run([sys.executable, "launch.py", f"--mode={mode}", *argv], cwd=ROOT,
+                            env=_quiet_host_env(), capture_output=True, text=True,
+                            timeout=900)
+    assert result.returncode == 0, (mode, result.stderr[-3000:])
+    noise = [line for line in result.stderr.splitlines()
+             if any(mark in line for mark in _START_UP_NOISE)]
+    if noise:
+      noisy[mode] = noise
+  assert not noisy, noisy

@@ -114,3 +114,21 @@ def test_pip_install_gives_an_importable_package_and_the_transformer_command(tmp
                         capture_output=True, text=True, timeout=600)
   assert keys.returncode == 0, keys.stderr[-3000:]
   assert "model.d_model = 256  # Width of the residual stream." in keys.stdout, keys.stdout[:2000]
+
+
+def test_a_preset_is_named_as_the_docs_name_it_from_any_folder(tmp_path, monkeypatch):
+  """Outside the repository `--config=configs/gpt_small.py:local` (or `gpt_small.py:local`)
+  is the shipped preset; a file at that path in the current folder wins; other
+  arguments and unknown names are left for absl to judge."""
+  from transformer.cli import usage  # pylint: disable=g-import-not-at-top
+  shipped = os.path.join(ROOT, "configs", "gpt_small.py")
+  monkeypatch.chdir(tmp_path)
+  assert usage.preset_path("--config=configs/gpt_small.py:local") == f"--config={shipped}:local"
+  assert usage.preset_path("--config=gpt_small.py") == f"--config={shipped}"
+  for kept in ("--config=configs/no_such.py:local", "--workdir=configs/gpt_small.py",
+               "--config=other/gpt_small.py"):
+    assert usage.preset_path(kept) == kept
+  (tmp_path / "configs").mkdir()
+  (tmp_path / "configs" / "gpt_small.py").write_text("def get_config(arg=None): ...\n")
+  assert usage.preset_path("--config=configs/gpt_small.py:local") == (
+      "--config=configs/gpt_small.py:local")  # The user's own file wins.

@@ -153,3 +153,16 @@ def test_a_missing_wandb_package_is_one_line_naming_the_install(tiny_config, mon
   with pytest.raises(ConfigError, match="config.train.wandb_mode='cloud' is invalid: valid "
                      "values are '', 'online', 'offline'"):
     validate(tiny_config)
+
+
+def test_only_process_0_logs(tmp_path, offline):
+  """A writer of another process (enabled=False) starts no W&B run, whatever the config."""
+  from configs import base  # pylint: disable=g-import-not-at-top
+  config = base.get_config()
+  config.train.wandb_project = "p"
+  writer = metrics_file.MetricWriter(str(tmp_path), enabled=False, config=config)
+  writer.resume(-1)
+  writer.write(1, {"loss": 1.0})
+  writer.close()
+  assert not os.path.exists(tmp_path / layout.WANDB_RUN)
+  assert not os.path.exists(offline)

@@ -6,7 +6,8 @@ A training run's workdir (launch.py --mode=train):
   tokenizer.json         which vocabulary the run uses (TOKENIZER_RECORD), beside the
                          vocabulary file it names; hf_tokenizer.json for an imported model
   dataset.json           which prepared dataset the run trains on (DATASET_RECORD): its
-                         TFDS name, which for local files hashes their content
+                         TFDS name, which for local files hashes their content, and
+                         the tokenizer's identity (an import's holds that alone)
   checkpoints/<step>/    Orbax checkpoints: state/ (TrainState) and data/ (iterator)
   checkpoints_bad/       checkpoints found damaged, moved aside on restore
   metrics.jsonl          one JSON row per logged step (METRICS)
