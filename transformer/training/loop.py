@@ -6,11 +6,14 @@ saved position -> start building batches from there (prefetch.CallBatches, whose
 position later checkpoints save) -> continue with range(state.step, num_steps). A
 checkpoint saved after step s holds the post-update state with state.step == s.
 
-One iteration of the loop, as a story (nanodo's train.py shape): dispatch a call
-of train.steps_per_call steps (its batch built and placed ahead, while the previous
-calls ran: prefetch.py) -> report the previous call's metrics, fetched while
-this one runs -> evaluate if due -> save if due (or stopping) -> the hooks'
-after_call. What it reads between iterations is one `LoopState`. Beside it:
+One iteration of the loop, as a story (nanodo's train.py shape): take the next
+call's batch (built and placed ahead, while the previous calls ran: prefetch.py) ->
+the previous call ended: stop there if a signal asked (signals.py; so Ctrl-C stops
+within the call it came in, at the cost of the host's dispatch of each call after the
+previous one ends rather than queued behind it) -> dispatch a call of
+train.steps_per_call steps -> report the previous call's metrics, fetched while this
+one runs -> evaluate if due (skipped when stopping) -> save if due (or stopping) ->
+the hooks' after_call. What it reads between iterations is one `LoopState`. Beside it:
 signals.py (stop requests), resume.py (the run's vocabulary and config checks),
 reporting.py (rows, the progress line, the non-finite guard) and hooks.py (what runs
 at known points: decoding at an evaluation, the tests' crash points).
