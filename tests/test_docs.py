@@ -440,7 +440,8 @@ _WRITING_MODES = ("train", "sweep", "import")
 _NO_WORKDIR_MODES = ("compile", "keys", "prepare")
 # Workdirs a doc command reads before the page that trains them: {workdir: that page}.
 # The reading page shows a transcript of a run it names as another page's (modes.md:
-# "The :multi30k run of the Results table"); the test checks that page makes it.
+# "The :multi30k run of the Results table"); the test checks that page makes it, and
+# tests/test_docs_run.py's FIRST_PAGES runs it first.
 MADE_ON_ANOTHER_PAGE = {
     "runs/transformer_base_multi30k": "docs/results.md",
     "runs/shakespeare_rope256": "docs/results.md",
@@ -515,6 +516,9 @@ def test_every_workdir_a_doc_command_reads_is_made_by_an_earlier_one():
                for _, _, kind, w, where in events), f"{page} makes no {workdir}"
     assert any(kind == "reads" and w == workdir for _, _, kind, w, _ in events), (
         f"MADE_ON_ANOTHER_PAGE: no doc reads {workdir} any more")
+    with open(os.path.join(ROOT, "tests", "test_docs_run.py"), encoding="utf-8") as f:
+      assert re.search(r"FIRST_PAGES = \([^)]*" + re.escape(f'"{page}"'), f.read()), (
+          f"{page} makes a run another page reads: list it in test_docs_run.FIRST_PAGES")
 
 
 def test_the_workdir_check_catches_the_commands_it_was_written_for():
