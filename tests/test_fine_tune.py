@@ -289,3 +289,16 @@ def test_a_fine_tune_of_an_import_says_only_what_applies(gpt2_run, tfds_data_dir
       f"config.data.tokenizer='bytes' is not used: the run keeps the huggingface "
       f"vocabulary of {gpt2_run}"]
   assert not [m for m in said if "identity" in m], said
+
+
+def test_a_reading_mode_names_the_imports_real_vocabulary(gpt2_run, caplog):
+  """--mode=evaluate on an import with a preset's --config: the warning names the run's
+  real vocabulary (Hugging Face), not config.json's 'sentencepiece' field, and says
+  nothing of data.spm_* (which only a SentencePiece vocabulary has)."""
+  config = gpt_small.get_config("local")
+  config.data.seq_len = 32  # The import's context.
+  with caplog.at_level("WARNING"):
+    loaded.load_config(gpt2_run, config)
+  said = [r.getMessage() for r in caplog.records if "is not used" in r.getMessage()]
+  assert said == ["config.data.tokenizer='bytes' (the given --config's) is not used: the "
+                  "run's own huggingface vocabulary (tokenizer.json) is"], said
