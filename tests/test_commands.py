@@ -649,12 +649,13 @@ def test_the_decoding_snippet_in_docs_modes_runs_as_written(lm_run, capsys):
 
 
 def test_the_python_api_snippet_in_docs_python_runs_as_written(lm_run, capsys):
-  """docs/python.md's first example on a trained run (its "runs/quick")."""
+  """docs/python.md's first example on a trained run (its "runs/gpt_small_local", the
+  quick start's)."""
   workdir, _, _ = lm_run
   snippet = snippet_of("docs/python.md", 0)
-  assert 'api.load("runs/quick")' in snippet.code
+  assert 'api.load("runs/gpt_small_local")' in snippet.code
   namespace = {"__name__": "docs_snippet"}
-  exec(compile(snippet.code.replace("runs/quick", workdir), snippet.where, "exec"),  # pylint: disable=exec-used
+  exec(compile(snippet.code.replace("runs/gpt_small_local", workdir), snippet.where, "exec"),  # pylint: disable=exec-used
        namespace)
   assert namespace["record"]["metrics"]["loss"] > 0
   assert capsys.readouterr().out.strip()  # evaluate printed its table.

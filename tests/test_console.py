@@ -6,6 +6,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from transformer.workdir import console
 from transformer.workdir import layout
 from tiny import subprocess_env
@@ -97,3 +99,93 @@ def test_launch_console_has_no_prefix_or_library_noise(tmp_path):
   assert "Downloading and preparing dataset" in log
   assert "block_*/mlp/wi/kernel" in log  # The sharding table.
   assert re.search(r"^I\d{4} .* checkpoint_manager\.py:\d+\] ", log, re.M)  # Library INFO.
+
+
+# The library start-up lines docs/troubleshooting.md says a CPU-only host does not show.
+_START_UP_NOISE = ("Could not find cuda drivers", "Jax plugin configuration error",
+                   "unexpected worker hostname", "Unable to load CUDA", "E0000",
+                   "overriding jax.Array", "an error in the calculation")
+
+
+def _quiet_host_env() -> dict[str, str]:
+  """The environment a user's shell has: no JAX_PLATFORMS (conftest sets one), nothing
+  a parent process of ours set."""
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("JAX_PLATFORMS", "TRANSFORMER_JAX_PLATFORMS_SET")}
+  return env
+
+
+@pytest.mark.parametrize("command", [
+    ["launch.py", "--mode=keys", "--config=configs/gpt_small.py:local"],
+    ["-m", "transformer.evaluation.harness", "--help"],
+    # A sweep's run: a launch.py process whose parent chose JAX_PLATFORMS=cpu (inherited).
+    ["-c", "import subprocess, sys\n"
+           "from transformer.workdir import console\n"
+           "assert console.quiet_absent_accelerators()\n"
+           "subprocess.run([sys.executable, '-c', 'from transformer.workdir import console\\n"
+           "assert console.quiet_absent_accelerators()\\nimport jax\\n"
+           "with console.backends_starting(): jax.devices()'], check=True)\n"],
+], ids=["keys", "harness", "child_process"])
+def test_no_start_up_noise_with_the_optional_wheels_installed(command):
+  """libtpu and the CUDA plugin installed, no accelerator: the lines troubleshooting.md
+  says do not appear, in a mode, lm-eval's entry point and a child process."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  from transformer import accelerator  # pylint: disable=g-import-not-at-top
+  if accelerator.attached_accelerators():
+    pytest.skip("an accelerator is attached: its libraries' lines are real")
+  if not (importlib.util.find_spec("libtpu") and importlib.util.find_spec("jax_plugins")):
+    pytest.skip("libtpu and jax's CUDA plugin (requirements-test.txt) are not installed")
+  if command[:2] == ["-m", "transformer.evaluation.harness"] and not importlib.util.find_spec(
+      "lm_eval"):
+    pytest.skip("lm-eval (requirements-test.txt) is not installed")
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  result = subprocess.run([sys.executable, *command], cwd=root, env=_quiet_host_env(),
+                          capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  noise = [line for line in result.stderr.splitlines()
+           if any(mark in line for mark in _START_UP_NOISE)]
+  assert not noise, noise
+  with open(os.path.join(root, "docs", "troubleshooting.md"), encoding="utf-8") as f:
+    said = " ".join(f.read().split())
+  assert "Could not find cuda drivers on your machine" in said and "do not appear" in said
+
+
+@pytest.mark.slow  # Ten launch.py processes, each starting JAX: a few minutes.
+def test_every_mode_starts_quietly_with_the_optional_wheels_installed(finished_tiny_run,
+                                                                      tfds_data_dir, tmp_path):
+  """Each mode of launch.py as a user's shell runs it (no JAX_PLATFORMS), with libtpu and
+  the CUDA plugin installed: none prints a start-up line troubleshooting.md says does
+  not appear (a sweep's runs and compile's XLA compile for a TPU slice included)."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  import shutil  # pylint: disable=g-import-not-at-top
+  from transformer import accelerator  # pylint: disable=g-import-not-at-top
+  if accelerator.attached_accelerators():
+    pytest.skip("an accelerator is attached: its libraries' lines are real")
+  if not (importlib.util.find_spec("libtpu") and importlib.util.find_spec("jax_plugins")):
+    pytest.skip("libtpu and jax's CUDA plugin (requirements-test.txt) are not installed")
+  run = str(tmp_path / "run")
+  shutil.copytree(finished_tiny_run, run)
+  tiny = f"--config=tests/tiny.py:{tfds_data_dir}"
+  one_step = ["--config.train.num_steps=1", "--config.train.eval_every=1",
+              "--config.checkpoint.every=1", "--config.train.eval_at_start=False"]
+  commands = {
+      "train": [tiny, f"--workdir={tmp_path / 'new'}", *one_step],
+      "evaluate": [f"--workdir={run}"],
+      "generate": [f"--workdir={run}", "--prompt=def ", "--max_new_tokens=4"],
+      "average": [f"--workdir={run}", "--average_last=2", f"--output={tmp_path / 'avg'}"],
+      "plot": [f"--workdir={run}"],
+      "keys": [tiny],
+      "sweep": [tiny, f"--workdir={tmp_path / 'sweep'}", "--sweep=seed=0,1", *one_step],
+      "compile": [tiny, "--topology=v5e:2x2", "--compile_steps=train", "--notry_levers"],
+  }
+  noisy = {}
+  for mode, argv in commands.items():
+    result = subprocess.run([sys.executable, "launch.py", f"--mode={mode}", *argv], cwd=ROOT,
+                            env=_quiet_host_env(), capture_output=True, text=True,
+                            timeout=900)
+    assert result.returncode == 0, (mode, result.stderr[-3000:])
+    noise = [line for line in result.stderr.splitlines()
+             if any(mark in line for mark in _START_UP_NOISE)]
+    if noise:
+      noisy[mode] = noise
+  assert not noisy, noisy

@@ -698,10 +698,19 @@ def test_a_signal_during_the_last_save_says_the_run_finished(tiny_config, tmp_pa
           "6); nothing was cut short, nothing to resume") in caplog.text
 
 
-def test_a_signal_during_the_last_call_says_the_run_finished(tiny_config, tmp_path, caplog):
-  """The same for a signal while the last call trains: the stop request finds nothing left."""
+def test_a_signal_during_the_last_call_says_the_run_finished(tiny_config, tmp_path, caplog,
+                                                             monkeypatch):
+  """The same for a signal while the last call trains (sent once it is dispatched: a
+  signal before it stops the run at step 5, test_train.py): nothing is left to stop."""
+  dispatch = loop._dispatch  # pylint: disable=protected-access
+
+  def dispatch_then_signal(run, state, call):
+    result = dispatch(run, state, call)
+    if run.stop._call == (6, 6):  # pylint: disable=protected-access
+      os.kill(os.getpid(), signal.SIGTERM)
+    return result
+  monkeypatch.setattr(loop, "_dispatch", dispatch_then_signal)
   with caplog.at_level("WARNING"):
-    loop.train_and_evaluate(tiny_config, str(tmp_path / "run"),
-                            hooks=[_SendSignals(5, signal.SIGTERM)])
+    loop.train_and_evaluate(tiny_config, str(tmp_path / "run"))
   assert "rerun the same command" not in caplog.text
   assert "SIGTERM came as the run finished: all 6 steps" in caplog.text

@@ -62,6 +62,11 @@ NOT_RUN = {
     "pip install libtpu": _OPTIONAL + "in requirements-test.txt for --mode=compile",
     "pip install jax-cuda12-plugin==": _OPTIONAL + "in requirements-test.txt for --mode=compile",
     "pip install tensorboard": _OPTIONAL + "README says it is not in the requirements",
+    "pip install -e ": _OPTIONAL + ("installs this package (pyproject.toml); tests/test_"
+                                    "packaging.py installs it into a fresh folder (slow)"),
+    "pip install .": _OPTIONAL + ("installs this package (pyproject.toml); tests/test_"
+                                  "packaging.py installs it into a fresh folder (slow)"),
+    "pip install wandb": _OPTIONAL + "in requirements-test.txt for tests/test_wandb.py",
     "pip install --dry-run apache-beam": "needs network: asks PyPI",
     "tensorboard --logdir runs": _OPTIONAL + "tensorboard is not installed by any requirements",
     "python -m pytest tests": _SUITE,
@@ -424,3 +429,123 @@ def test_the_corpus_reader_snippet_runs_as_written(config):
   namespace = {"__name__": "docs_snippet", "folder": job.output}
   exec(compile(snippet.code, snippet.where, "exec"), namespace)  # pylint: disable=exec-used
   assert namespace["tokens"].shape == namespace["doc_ids"].shape
+
+
+# ---------------------------------------------------------------- workdirs read
+
+
+# Modes whose --workdir is written, not read (a new run, a new folder).
+_WRITING_MODES = ("train", "sweep", "import")
+# Modes that read no workdir.
+_NO_WORKDIR_MODES = ("compile", "keys", "prepare")
+# Workdirs a doc command reads before the page that trains them: {workdir: that page}.
+# The reading page shows a transcript of a run it names as another page's (modes.md:
+# "The :multi30k run of the Results table"); the test checks that page makes it, and
+# tests/test_docs_run.py's FIRST_PAGES runs it first.
+MADE_ON_ANOTHER_PAGE = {
+    "runs/transformer_base_multi30k": "docs/results.md",
+    "runs/shakespeare_rope256": "docs/results.md",
+}
+_LOADS = re.compile(r"""(?:api\.load|load_run)\(\s*["']([^"']+)["']""")
+
+
+def _flag_value(argv: tuple[str, ...], name: str) -> str | None:
+  return next((a.split("=", 1)[1] for a in argv if a.startswith(f"--{name}=")), None)
+
+
+def _workdir_events() -> list[tuple[int, int, str, str, str]]:
+  """(page order, line, "makes" / "reads", workdir, where) of every launch.py command
+  and Python snippet, in the order a reader meets them (README first, then docs/)."""
+  order = {path: k for k, path in enumerate(doc_commands.doc_files())}
+  events = []
+  for command in _launch_commands():
+    argv = tuple(_filled(a) for a in command.argv)
+    mode = _flag_value(argv, "mode") or "train"
+    workdir = _flag_value(argv, "workdir")
+    if mode in _NO_WORKDIR_MODES:
+      continue
+    if mode in _WRITING_MODES:
+      config = _flag_value(argv, "config")
+      workdir = workdir or (launch.default_workdir(config) if config else None)
+      kind = "makes"
+    else:
+      kind = "reads"
+    if mode == "average":  # Reads --workdir, makes --output.
+      events.append((order[command.path], command.line, "makes",
+                     _flag_value(argv, "output") or "", command.where))
+    if mode == "compare" and _flag_value(argv, "compare_dirs"):  # Writes compare.md there.
+      for read in _flag_value(argv, "compare_dirs").split(","):
+        events.append((order[command.path], command.line, "reads", read, command.where))
+      kind = "makes"
+    if workdir:
+      events.append((order[command.path], command.line, kind, workdir, command.where))
+  for snippet in SNIPPETS:
+    for match in _LOADS.finditer(snippet.code):
+      events.append((order[snippet.path], snippet.line, "reads", match.group(1),
+                     snippet.where))
+  return sorted(events)
+
+
+def _made_by(workdir: str, made: set[str]) -> bool:
+  """Whether a workdir made earlier is `workdir`, or holds it (a sweep's run folder)."""
+  norm = os.path.normpath(workdir)
+  return any(norm == m or norm.startswith(m + os.sep) for m in made)
+
+
+def _orphans(events: list[tuple[int, int, str, str, str]]) -> list[str]:
+  """The reads of `events` (in order) that no earlier make covers."""
+  made: set[str] = set()
+  orphans = []
+  for _, _, kind, workdir, where in events:
+    if kind == "makes":
+      made.add(os.path.normpath(workdir))
+    elif not _made_by(workdir, made) and workdir not in MADE_ON_ANOTHER_PAGE:
+      orphans.append(f"{where}: {workdir}")
+  return orphans
+
+
+def test_every_workdir_a_doc_command_reads_is_made_by_an_earlier_one():
+  """A reader who runs the docs' commands in order never meets a workdir nothing made."""
+  events = _workdir_events()
+  orphans = _orphans(events)
+  assert not orphans, (
+      "workdirs read before any doc command makes them (make them in an earlier command, "
+      f"or name the page that does in MADE_ON_ANOTHER_PAGE): {orphans}")
+  for workdir, page in MADE_ON_ANOTHER_PAGE.items():
+    assert any(kind == "makes" and os.path.normpath(w) == workdir and where.startswith(page)
+               for _, _, kind, w, where in events), f"{page} makes no {workdir}"
+    assert any(kind == "reads" and w == workdir for _, _, kind, w, _ in events), (
+        f"MADE_ON_ANOTHER_PAGE: no doc reads {workdir} any more")
+    with open(os.path.join(ROOT, "tests", "test_docs_run.py"), encoding="utf-8") as f:
+      assert re.search(r"FIRST_PAGES = \([^)]*" + re.escape(f'"{page}"'), f.read()), (
+          f"{page} makes a run another page reads: list it in test_docs_run.FIRST_PAGES")
+
+
+def test_the_workdir_check_catches_the_commands_it_was_written_for():
+  """The two doc commands of issue 57 that read a workdir nothing before them made, as
+  they were written (modes.md's plot of runs/shakespeare_char_cpu, which only
+  results.md, a later page, makes; python.md's runs/quick, made by none)."""
+  order = {path: k for k, path in enumerate(doc_commands.doc_files())}
+  events = _workdir_events()
+  events += [(order["docs/modes.md"], 392, "reads", "runs/shakespeare_char_cpu", "modes"),
+             (order["docs/python.md"], 11, "reads", "runs/quick", "python")]
+  assert _orphans(sorted(events)) == ["modes: runs/shakespeare_char_cpu",
+                                      "python: runs/quick"]
+
+
+def test_every_mode_the_docs_and_docstrings_name_exists():
+  """`--mode=X` anywhere in the docs, the configs' docstrings and the package is a mode
+  (a docstring once said --mode=hf_import); troubleshooting.md's refused example aside."""
+  import glob  # pylint: disable=g-import-not-at-top
+  files = ["README.md", "launch.py"] + [
+      p for pattern in ("docs/*.md", "configs/*.py", "transformer/**/*.py", "benchmarks/*")
+      for p in glob.glob(os.path.join(ROOT, pattern), recursive=True)]
+  unknown = []
+  for path in files:
+    with open(os.path.join(ROOT, path), encoding="utf-8", errors="replace") as f:
+      for number, line in enumerate(f, 1):
+        for mode in re.findall(r"--mode=([a-z_]+)", line):
+          if mode not in launch.MODES and "value should be one of" not in line:
+            unknown.append(f"{os.path.relpath(os.path.join(ROOT, path), ROOT)}:{number}: "
+                           f"--mode={mode}")
+  assert not unknown, unknown

@@ -29,8 +29,9 @@ from test_docs import COMMANDS, not_run_reason, runnable
 ROOT = doc_commands.ROOT
 pytestmark = pytest.mark.slow
 
-# Pages whose runs other pages read go first (results.md trains runs/shakespeare_char_cpu,
-# which modes.md plots, and runs/transformer_base_multi30k, which modes.md evaluates);
+# Pages whose runs other pages read go first (README.md trains runs/gpt_small_local, which
+# modes.md plots and python.md loads; results.md trains runs/transformer_base_multi30k
+# and runs/shakespeare_rope256, which modes.md reads: test_docs.py's MADE_ON_ANOTHER_PAGE);
 # the other pages follow in doc_commands.doc_files() order.
 FIRST_PAGES = ("README.md", "docs/results.md")
 # The docs' absolute paths, moved into the sandbox.

@@ -265,3 +265,40 @@ def test_a_sweeps_runs_take_the_source_model_and_keep_their_swept_keys(gpt2_run)
   runs = sweep.build_runs(config, "model.embed_dropout=0.0,0.2")
   assert [r.config.model.embed_dropout for r in runs] == [0.0, 0.2]
   assert all(r.config.model.d_model == 32 and r.config.data.seq_len == 32 for r in runs)
+
+
+def test_a_fine_tune_of_an_import_says_only_what_applies(gpt2_run, tfds_data_dir, caplog):
+  """A fresh import records its tokenizer's identity (no "used unchecked" line on any use),
+  and "config.data.tokenizer=... is not used" comes only for a value the command line
+  set, naming it (an import's config.json holds the base's 'sentencepiece' beside its
+  Hugging Face vocabulary: no user chose it)."""
+  from transformer.data import sources  # pylint: disable=g-import-not-at-top
+  def messages(explicit, **data):
+    config = make_tiny_config(tfds_data_dir)
+    config.init_from = gpt2_run
+    config.data.update(data)
+    fine_tune.take_source_model(config, explicit)
+    caplog.clear()
+    with caplog.at_level("INFO"):
+      sources.load_sources(config, gpt2_run)
+    return [r.getMessage() for r in caplog.records]
+  said = messages(set())
+  assert not [m for m in said if "is not used" in m or "identity" in m], said
+  said = messages({"data.tokenizer"}, tokenizer="bytes")
+  assert [m for m in said if "is not used" in m] == [
+      f"config.data.tokenizer='bytes' is not used: the run keeps the huggingface "
+      f"vocabulary of {gpt2_run}"]
+  assert not [m for m in said if "identity" in m], said
+
+
+def test_a_reading_mode_names_the_imports_real_vocabulary(gpt2_run, caplog):
+  """--mode=evaluate on an import with a preset's --config: the warning names the run's
+  real vocabulary (Hugging Face), not config.json's 'sentencepiece' field, and says
+  nothing of data.spm_* (which only a SentencePiece vocabulary has)."""
+  config = gpt_small.get_config("local")
+  config.data.seq_len = 32  # The import's context.
+  with caplog.at_level("WARNING"):
+    loaded.load_config(gpt2_run, config)
+  said = [r.getMessage() for r in caplog.records if "is not used" in r.getMessage()]
+  assert said == ["config.data.tokenizer='bytes' (the given --config's) is not used: the "
+                  "run's own huggingface vocabulary (tokenizer.json) is"], said

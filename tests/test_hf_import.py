@@ -454,8 +454,9 @@ def test_import_writes_a_workdir_the_commands_load_and_export_round_trips(tmp_pa
                f"import: reading {folder}: 1 safetensors files in ",
                f"import: writing {workdir}: "):
     assert line in caplog.text, caplog.text
-  assert sorted(os.listdir(workdir)) == ["checkpoints", "config.json", "hf_tokenizer.json",
-                                         "tokenizer.json"]
+  # dataset.json: the tokenizer's identity alone (no data), which every use checks.
+  assert sorted(os.listdir(workdir)) == ["checkpoints", "config.json", "dataset.json",
+                                         "hf_tokenizer.json", "tokenizer.json"]
   run = loaded.load_run(workdir)
   assert run.config.model.scan_layers and run_vocabulary.tokenizer_kind(run.tokenizer) == "huggingface"
   original = importer.convert_folder(folder)

@@ -66,7 +66,8 @@ def test_train_and_evaluate_writes_everything(tiny_config, tmp_path):
 
 class _SigtermAfter(hooks_lib.Hook):
   """A preemption: SIGTERM after the call that ends at `step`, once the prefetch thread
-  has had time to build the next calls' batches (the run stops after the next call)."""
+  has had time to build the next calls' batches (the run stops there: no other call is
+  dispatched, and the batch taken for the next one is given back)."""
 
   def __init__(self, step):
     self.step = step
@@ -86,8 +87,8 @@ def test_resume_is_exact(tiny_config, tmp_path):
 
   The straight run builds each batch when it is needed (data.prefetch=0); the others
   build two calls ahead (the default), and a checkpoint saves the position of the
-  batches trained on: a run preempted at step 2, when the thread had built the rows of
-  steps 3 and 4, resumes with step 3's rows.
+  batches trained on: a run preempted at step 1, when the thread had built the rows of
+  steps 2 and 3 (and the loop had taken step 2's), resumes with step 2's rows.
   """
   assert tiny_config.data.prefetch == 2
   straight = str(tmp_path / "straight")
@@ -104,9 +105,9 @@ def test_resume_is_exact(tiny_config, tmp_path):
   preempted = str(tmp_path / "preempted")
   with pytest.raises(signals.Interrupted) as stopped:
     loop.train_and_evaluate(tiny_config, preempted, hooks=[_SigtermAfter(1)])
-  assert (stopped.value.step, stopped.value.exit_status) == (2, 143)
+  assert (stopped.value.step, stopped.value.exit_status) == (1, 143)
   assert not _prefetch_threads()  # Stopped with the run, not left building.
-  loop.train_and_evaluate(tiny_config, preempted)  # The same command resumes from 2.
+  loop.train_and_evaluate(tiny_config, preempted)  # The same command resumes from 1.
 
   losses = lambda w: {r["step"]: r["loss"] for r in _read_metrics(w) if "loss" in r}
   for run in (resumed, preempted):
@@ -125,6 +126,36 @@ def test_resume_is_exact(tiny_config, tmp_path):
          open(os.path.join(run, data), encoding="utf-8") as g:
       assert json.load(f) == json.load(g), run
   assert not _prefetch_threads()
+
+
+def test_ctrl_c_stops_within_the_compiled_call_and_says_how_many_steps(
+    tiny_config, tmp_path, monkeypatch, caplog):
+  """SIGINT while the call of steps 4-6 runs (3 steps a call): the line names step 6 and
+  the 3 steps, the run stops there, and the evaluation due at 6 is skipped (said)."""
+  tiny_config.train.update(num_steps=12, steps_per_call=3, log_every=3, eval_every=6)
+  tiny_config.checkpoint.every = 12
+  dispatch = loop._dispatch  # pylint: disable=protected-access
+
+  def dispatch_then_signal(run, state, call):
+    result = dispatch(run, state, call)  # Asynchronous: the call runs on.
+    if run.stop._call == (4, 6):  # pylint: disable=protected-access
+      os.kill(os.getpid(), signal.SIGINT)
+    return result
+  monkeypatch.setattr(loop, "_dispatch", dispatch_then_signal)
+  workdir = str(tmp_path / "run")
+  with caplog.at_level("INFO"), pytest.raises(signals.Interrupted) as stopped:
+    loop.train_and_evaluate(tiny_config, workdir)
+  assert (stopped.value.step, stopped.value.exit_status) == (6, 130)
+  said = [r.getMessage() for r in caplog.records]
+  assert ("Signal 2: stopping at step 6, where the compiled call running now ends (steps "
+          "4-6: 3 steps; train.steps_per_call=3 steps a call), and saving a checkpoint "
+          "there; an evaluation not started yet is skipped (again to stop at once, without "
+          "saving it).") in said
+  assert "Skipping the evaluation due at step 6: the run stops there" in said
+  rows = _read_metrics(workdir)
+  assert [r["step"] for r in rows if "eval_loss" in r] == [0]  # None at 6.
+  assert max(r["step"] for r in rows) == 6
+  assert os.listdir(os.path.join(workdir, "checkpoints")) == ["6"]
 
 
 def _final_state_leaves(workdir, step):

@@ -68,6 +68,27 @@ def _without_traceback(message: str) -> str:
   return head + last
 
 
+def preset_path(arg: str) -> str:
+  """`--config=configs/gpt_small.py:local` (or `gpt_small.py:local`) with the path of the
+  preset shipped with the package when no such file is in the current folder.
+
+  So the installed `transformer` command (pyproject.toml) names a preset as the docs do
+  from any folder; a file at that path here wins. Any other argument is returned as is.
+  """
+  if not arg.startswith("--config=") and not arg.startswith("-config="):
+    return arg
+  flag, _, value = arg.partition("=")
+  path, colon, config_arg = value.partition(":")
+  relative = path[len("configs/"):] if path.startswith("configs/") else path
+  if os.path.exists(path) or os.sep in relative or not relative.endswith(".py"):
+    return arg
+  import configs  # pylint: disable=g-import-not-at-top  (the presets' package)
+  shipped = os.path.join(os.path.dirname(os.path.abspath(configs.__file__)), relative)
+  if not os.path.isfile(shipped):
+    return arg  # Not a preset: absl's own "not found" error names the path given.
+  return f"{flag}={shipped}{colon}{config_arg}"
+
+
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing (the `flags_parser` of `app.run`), every mistake in one line.
 
@@ -77,6 +98,7 @@ def parse_flags(argv: list[str]) -> list[str]:
   Returns:
     The arguments left after the flags (the program name first).
   """
+  argv = [preset_path(arg) for arg in argv]
   try:
     remaining = flags.FLAGS(argv)
   except SystemExit as e:

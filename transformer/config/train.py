@@ -6,6 +6,8 @@ names SCHEDULES lists (tests/test_config_registries.py holds them equal).
 
 from __future__ import annotations
 
+import importlib.util
+
 import ml_collections
 
 from transformer.config import objective as objective_lib
@@ -17,6 +19,9 @@ from transformer.config.errors import fail
 LOGITS_DTYPES = ("auto", "float32", "bfloat16")
 
 SCHEDULES = ("warmup_rsqrt", "noam", "cosine", "constant")
+# train.wandb_mode: W&B's own modes ("" = W&B's default: WANDB_MODE, else online).
+WANDB_MODES = ("", "online", "offline")
+
 # config.init_from_optimizer: fine-tuning values (training/fine_tune.py) or the preset's.
 INIT_FROM_OPTIMIZERS = ("fine_tune", "preset")
 
@@ -134,3 +139,18 @@ def validate_evaluation_hooks(config: ml_collections.ConfigDict) -> None:
   if every % eval_every:
     fail(t + "benchmark_every", every, f"benchmarks run at evaluations: use a multiple of "
           f"train.eval_every={eval_every} (0: every evaluation)")
+  validate_wandb(config)
+
+
+def validate_wandb(config: ml_collections.ConfigDict) -> None:
+  """train.wandb_*: strings, a W&B mode, and the wandb package present when a project is
+  named (found without importing it: workdir/wandb_run.py imports it when the run starts)."""
+  t = "train."
+  for key in ("wandb_project", "wandb_entity"):
+    if not isinstance(config.train[key], str):
+      fail(t + key, config.train[key], "expected a string (\"\" = none)")
+  check_choice(config, t + "wandb_mode", WANDB_MODES)
+  if config.train.wandb_project and importlib.util.find_spec("wandb") is None:
+    fail(t + "wandb_project", config.train.wandb_project, "logging to Weights & Biases "
+         "needs the wandb package, which is not installed: pip install wandb (or pip "
+         "install -e '.[wandb]'), or leave train.wandb_project empty")

@@ -35,7 +35,10 @@ TOKENIZER = "tokenizer"  # dataset.json's key of the tokenizer's identity (kind,
 
 
 def read_record(workdir: str) -> dict[str, Any] | None:
-  """The run's dataset.json, or None when it has none (a run from before it was kept)."""
+  """The run's dataset.json, or None when it has none (a run from before it was kept).
+
+  A --mode=import workdir's holds the tokenizer's identity alone (no "name": no data).
+  """
   path = os.path.join(workdir, layout.DATASET_RECORD)
   if not os.path.exists(path):
     return None
@@ -88,7 +91,7 @@ def identity(record: dict[str, Any]) -> dict[str, Any]:
 def same_as_run(workdir: str, record: dict[str, Any]) -> bool:
   """Whether the run in `workdir` recorded its data and `record` has the same content."""
   saved = read_record(workdir)
-  return saved is not None and same_content(saved, record)
+  return saved is not None and "name" in saved and same_content(saved, record)
 
 
 def change(workdir: str, record: dict[str, Any]) -> str | None:
@@ -98,7 +101,7 @@ def change(workdir: str, record: dict[str, Any]) -> str | None:
   content read from another path is no change; it is logged in one line.
   """
   saved = read_record(workdir)
-  if saved is None:
+  if saved is None or "name" not in saved:  # No data recorded (an import's tokenizer alone).
     return None
   if same_content(saved, record):
     before, now = saved.get("source_path"), record.get("source_path")

@@ -194,10 +194,13 @@ def load_sources(config: ml_collections.ConfigDict, tokenizer_workdir: str = "")
     tokenizer = run_vocabulary.load_workdir_tokenizer(tokenizer_workdir)
     logging.info("Tokenizer: the vocabulary of %s (%s, %d ids)", tokenizer_workdir,
                  run_vocabulary.tokenizer_kind(tokenizer), tokenizer.vocab_size)
-    if run_vocabulary.tokenizer_kind(tokenizer) != config.data.tokenizer:
+    kind = run_vocabulary.tokenizer_kind(tokenizer)
+    if kind != config.data.tokenizer != _recorded_tokenizer(tokenizer_workdir):
+      # Said only for a value this command chose: fine_tune.py gives a run the source's
+      # own data.tokenizer unless the command line sets it (an import records the
+      # base's "sentencepiece" beside its Hugging Face vocabulary, which no user set).
       logging.warning("config.data.tokenizer=%r is not used: the run keeps the %s "
-                      "vocabulary of %s", config.data.tokenizer, run_vocabulary.tokenizer_kind(tokenizer),
-                      tokenizer_workdir)
+                      "vocabulary of %s", config.data.tokenizer, kind, tokenizer_workdir)
   else:
     if tokenizer_workdir:
       logging.warning("%s has no %s (a run from before vocabularies were saved): using "
@@ -208,6 +211,15 @@ def load_sources(config: ml_collections.ConfigDict, tokenizer_workdir: str = "")
     distributed.barrier("data_prepared")
   run_vocabulary.check_vocab_size(config, tokenizer)
   return DataSources(builder=builder, tokenizer=tokenizer, text_keys=keys)
+
+
+def _recorded_tokenizer(workdir: str) -> str | None:
+  """data.tokenizer as the run in `workdir` recorded it in its config.json (None: none)."""
+  try:
+    with open(os.path.join(workdir, layout.CONFIG), encoding="utf-8") as f:
+      return json.load(f)["data"]["tokenizer"]
+  except (OSError, ValueError, KeyError, TypeError):
+    return None
 
 
 def unbuilt(config: ml_collections.ConfigDict, tokenizer_workdir: str = "") -> str | None:

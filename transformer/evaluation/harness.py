@@ -33,6 +33,19 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from transformer.workdir import console
+
+# Before lm-eval and the run's loading import JAX: on a host with no TPU or GPU, JAX's
+# CPU backend only, the CUDA plugin's and libtpu's start-up lines kept off the console
+# (the same call launch.py and api.py make).
+console.quiet_absent_accelerators()
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+import jax
+
+with console.backends_starting():  # The plugin's line as the backends start: log only.
+  jax.devices()
+
 import numpy as np
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model

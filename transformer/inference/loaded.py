@@ -86,6 +86,15 @@ def _as_tuples(value: Any, like: Any) -> Any:
   return value
 
 
+def _vocabulary_kind(workdir: str) -> str | None:
+  """The kind of the run's vocabulary as its tokenizer.json records it (None: unreadable)."""
+  try:
+    with open(os.path.join(workdir, layout.TOKENIZER_RECORD), encoding="utf-8") as f:
+      return json.load(f).get("kind")
+  except (OSError, ValueError, AttributeError):
+    return None
+
+
 def load_config(workdir: str, config: ml_collections.ConfigDict | None = None,
                 model_overrides: Mapping[str, Any] | None = None) -> ml_collections.ConfigDict:
   """The run's config from `<workdir>/config.json`, with `config`'s data.* and decode.*.
@@ -139,10 +148,15 @@ def load_config(workdir: str, config: ml_collections.ConfigDict | None = None,
     run_tokenizer = {k: result.data[k] for k in TOKENIZER_FIELDS}
     result.data.update(config.data.to_dict())
     result.decode.update(config.decode.to_dict())
+    kind = _vocabulary_kind(workdir)
     for key, value in run_tokenizer.items():
-      if result.data[key] != value:
-        logging.warning("config.data.%s=%r ignored: the run's vocabulary (%r) is used",
-                        key, result.data[key], value)
+      # Said of what the run's vocabulary really is (its tokenizer.json), not of its
+      # config.json's field: an import records the base's 'sentencepiece' beside its
+      # Hugging Face vocabulary, and data.spm_* concern a SentencePiece one only.
+      if result.data[key] != value and (key == "tokenizer" or kind == "sentencepiece"):
+        logging.warning("config.data.%s=%r (the given --config's) is not used: the run's "
+                        "own %s vocabulary (%s) is", key, result.data[key],
+                        kind or "recorded", layout.TOKENIZER_RECORD)
       result.data[key] = value
   if (result.data.name, result.data.path) == stored_data:  # The run's own data.
     result.data.path = run_data.resolve_path(workdir, result.data.path)

@@ -6,11 +6,14 @@ saved position -> start building batches from there (prefetch.CallBatches, whose
 position later checkpoints save) -> continue with range(state.step, num_steps). A
 checkpoint saved after step s holds the post-update state with state.step == s.
 
-One iteration of the loop, as a story (nanodo's train.py shape): dispatch a call
-of train.steps_per_call steps (its batch built and placed ahead, while the previous
-calls ran: prefetch.py) -> report the previous call's metrics, fetched while
-this one runs -> evaluate if due -> save if due (or stopping) -> the hooks'
-after_call. What it reads between iterations is one `LoopState`. Beside it:
+One iteration of the loop, as a story (nanodo's train.py shape): take the next
+call's batch (built and placed ahead, while the previous calls ran: prefetch.py) ->
+the previous call ended: stop there if a signal asked (signals.py; so Ctrl-C stops
+within the call it came in, at the cost of the host's dispatch of each call after the
+previous one ends rather than queued behind it) -> dispatch a call of
+train.steps_per_call steps -> report the previous call's metrics, fetched while this
+one runs -> evaluate if due (skipped when stopping) -> save if due (or stopping) ->
+the hooks' after_call. What it reads between iterations is one `LoopState`. Beside it:
 signals.py (stop requests), resume.py (the run's vocabulary and config checks),
 reporting.py (rows, the progress line, the non-finite guard) and hooks.py (what runs
 at known points: decoding at an evaluation, the tests' crash points).
@@ -176,7 +179,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   if benchmarks is not None:
     benchmarks.start(trainer)
   checkpointer = checkpointing.Checkpointer(workdir, config.checkpoint)
-  writer = metrics_file.MetricWriter(workdir, enabled=is_chief)
+  writer = metrics_file.MetricWriter(workdir, enabled=is_chief, config=config)
   run = _Run(config=config, workdir=workdir, trainer=trainer, checkpointer=checkpointer,
              writer=writer, train_iter=train_iter, eval_data=eval_data, objective=objective,
              local_batch_size=local_batch_size, write_run_files=write_run_files, stop=stop,
@@ -259,8 +262,19 @@ def _train_loop(run: _Run) -> dict[str, float]:
         run.writer.write(0, eval_metrics)
 
       loop = LoopState(dispatched=start_step)
+      saved = start_step if restored else None  # The step of the newest checkpoint.
+      stopping = False
       while loop.dispatched < num_steps:
+        before = batches.get_state()
         call = progress.next_batch(batches)  # Its wait: data_wait_fraction.
+        if loop.calls and _stop_requested(run, state, loop.dispatched):
+          # A signal during the call that just ended: none other is dispatched (Ctrl-C
+          # stops within the compiled call it came in), and its rows stay untrained.
+          batches.untake(call, before)
+          stopping = True
+          break
+        run.stop.running(loop.dispatched + 1, loop.dispatched + call.steps,
+                         config.train.steps_per_call, config.train.log_every, num_steps)
         state, call_metrics = _dispatch(run, state, call)
         loop.dispatched += call.steps
         loop.calls += 1
@@ -270,19 +284,27 @@ def _train_loop(run: _Run) -> dict[str, float]:
         loop.unreported = reporting.DispatchedCall(step, call.steps, call_metrics,
                                                    loop.calls <= 2)
         if step % config.train.eval_every == 0 or step == num_steps:
+          if step < num_steps and _stop_requested(run, state, step):
+            logging.warning("Skipping the evaluation due at step %d: the run stops there",
+                            step)
+            stopping = True
+            break
           loop.report(reporter)  # Checked first: a non-finite state is never evaluated.
           loop.metrics = {**loop.metrics, **_evaluate(run, state, step)}
           progress.restart_clock()  # Throughput and MFU are of training alone.
-        stopping = run.stop.should_stop(step, config.train.log_every)
-        if step % config.checkpoint.every == 0 or step == num_steps or stopping:
+        if step % config.checkpoint.every == 0 or step == num_steps:
           loop.report(reporter)  # Checked first: a non-finite step is never saved.
           _save(run, state, step, record, batches)
-        if stopping and step < num_steps:
-          logging.warning("Stopped at step %d; rerun the same command to resume.", step)
-          interrupted = signals.Interrupted(step, run.stop.signum)
-          break
+          saved = step
         for hook in run.hooks:
           hook.after_call(step, state)
+      if stopping:
+        loop.report(reporter)  # Checked first: a non-finite step is never saved.
+        if saved != loop.dispatched:
+          _save(run, state, loop.dispatched, record, batches)
+        logging.warning("Stopped at step %d; rerun the same command to resume.",
+                        loop.dispatched)
+        interrupted = signals.Interrupted(loop.dispatched, run.stop.signum)
       loop.report(reporter, final=True)  # The last step is always shown.
       if interrupted is None and run.stop.requested:
         # A signal during the last call or its save: nothing is left to resume, and
@@ -295,6 +317,14 @@ def _train_loop(run: _Run) -> dict[str, float]:
   if interrupted is not None:
     raise interrupted
   return loop.metrics
+
+
+def _stop_requested(run: _Run, state: TrainState, step: int) -> bool:
+  """Whether to stop at `step`, the end of the call that produced `state`: waits for the
+  call to end (so a signal during it is seen before anything else is dispatched), then
+  asks the stop request (several processes decide together: signals.py)."""
+  jax.block_until_ready(state)
+  return run.stop.should_stop(step, run.config.train.log_every)
 
 
 def _restore_or_init(run: _Run) -> tuple[TrainState, bool]:

@@ -190,6 +190,13 @@ class CallBatches(grain.DatasetIterator):
     self._next_step += call.steps
     return call
 
+  def untake(self, call: Call, position: dict[str, Any]) -> None:
+    """The call taken last will not run (the loop stops): the position goes back to
+    `position` (get_state() before it was taken), so a checkpoint saves its rows as
+    not trained on."""
+    self._position = copy.deepcopy(position)
+    self._next_step -= call.steps
+
   def get_state(self) -> dict[str, Any]:
     """The row iterator's position after the calls taken (not those built ahead)."""
     return copy.deepcopy(self._position)

@@ -74,7 +74,8 @@ RESUME_SAFE_KEYS = ("train.num_steps", "train.log_every", "train.eval_every",
                     "train.sample_prompt", "train.benchmarks", "train.benchmark_documents",
                     "train.benchmark_every", "checkpoint.every", "checkpoint.keep",
                     "checkpoint.async_save", "checkpoint.on_config_change", "data.num_threads",
-                    "data.prefetch",
+                    "data.prefetch", "train.wandb_project", "train.wandb_entity",
+                    "train.wandb_mode",
                     # Which kernel computes attention: the same function, no parameter moves.
                     "model.attention_impl")
 RESUME_SAFE_PREFIXES = ("decode.", "mesh.")

@@ -1,7 +1,9 @@
 """SIGINT / SIGTERM during training: stop after a complete step, save it, exit 128 + signal.
 
-The first signal is a request: the loop finishes its call, saves a checkpoint and
-raises `Interrupted` (launch.py exits 130 for Ctrl-C, 143 for SIGTERM). A second
+The first signal is a request: the loop finishes the compiled call running now (at
+most train.steps_per_call steps; it dispatches no other and skips an evaluation due
+at its end; with several processes, they stop together at the first multiple of
+train.log_every from there), saves a checkpoint and raises `Interrupted` (launch.py exits 130 for Ctrl-C, 143 for SIGTERM). A second
 signal stops at once, without waiting for the step: it raises `Aborted` where the
 program is, except inside `StopRequest.deferred()` (a checkpoint being written, the
 run's files, the closing of the writers), which ends first, so that nothing half
@@ -79,6 +81,31 @@ class StopRequest:
     self._deferring = 0  # Depth of deferred() sections.
     self._abort_pending = False
     self.abandoned = False  # A third signal gave up a write: close nothing that waits on it.
+    # What the first signal's line says (the loop's `running`): the compiled call running
+    # (its first step, its last), the steps a call, the agreement cadence, the run's end.
+    self._call: tuple[int, int] | None = None
+    self._steps_per_call, self._every, self._num_steps = 1, 1, None
+
+  def running(self, first: int, last: int, steps_per_call: int, every: int,
+              num_steps: int) -> None:
+    """The loop dispatches the call of steps `first`..`last`: where a stop would end."""
+    self._call = (first, last)
+    self._steps_per_call, self._every, self._num_steps = steps_per_call, every, num_steps
+
+  def _where(self) -> str:
+    """Where the first signal stops the run, in words (with the steps that is)."""
+    per_call = f"train.steps_per_call={self._steps_per_call} steps a call"
+    if self._call is None:
+      return f"after the first compiled call ({per_call})"
+    first, last = self._call
+    if jax.process_count() > 1 and last % self._every:  # The processes agree there.
+      stop = min(-(-last // self._every) * self._every, self._num_steps)
+      return (f"at step {stop}, the first multiple of train.log_every={self._every} from "
+              f"the compiled call running now (steps {first}-{last}; {per_call}), where "
+              "the processes agree to stop")
+    return (f"at step {last}, where the compiled call running now ends (steps "
+            f"{first}-{last}: {last - first + 1} step{'s' if last > first else ''}; "
+            f"{per_call})")
 
   def __enter__(self) -> "StopRequest":
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -137,7 +164,8 @@ class StopRequest:
                         layout.BAD_CHECKPOINTS)
         self._abort_pending = False  # Raised now, not again as the sections end.
       raise Aborted(signum)
-    logging.warning("Signal %d: stopping after this step and saving a checkpoint "
-                    "(again to stop at once, without saving it).", signum)
+    logging.warning("Signal %d: stopping %s, and saving a checkpoint there; an "
+                    "evaluation not started yet is skipped (again to stop at once, "
+                    "without saving it).", signum, self._where())
     self.requested = True
     self.signum = signum

@@ -10,6 +10,7 @@
   init_from.py      config.init_from: parameters matched by path, read into a new model
   averaging.py      the mean of several checkpoints' parameters
   metrics_file.py   metrics.jsonl rows (MetricWriter, read_rows) and TensorBoard events
+  wandb_run.py      train.wandb_project: the writer's rows also to a Weights & Biases run
   lock.py           one writer per workdir: an flock held while a command writes
   run_record.py     run.json: parameter count, wall time of each session
   console.py        what the console shows (durations too); the full log in

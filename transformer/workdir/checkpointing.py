@@ -17,6 +17,7 @@ Parameter matching for `config.init_from` is in init_from.py, averaging in avera
 from __future__ import annotations
 
 import json
+import logging as std_logging
 import os
 import re
 from typing import Any
@@ -50,10 +51,22 @@ orbax_patch.install()
 # one, its per-array metadata store (state/array_metadatas/) included: that argument has
 # no public constructor, hence the _src import.
 MIN_REPLICA_SLICE_BYTES = 1 << 20
-ocp.type_handlers.register_type_handler(
-    jax.Array, ocp.type_handlers.ArrayHandler(
-        min_slice_bytes_for_replica_parallel=MIN_REPLICA_SLICE_BYTES,
-        array_metadata_store=array_metadata_store.Store()), override=True)
+
+
+def _not_the_override_warning(record: std_logging.LogRecord) -> bool:
+  """Orbax warns 'Type handler registry type ... overriding jax.Array' on every import
+  (before the console is set up, so on every mode's console): the override is ours."""
+  return "Type handler registry type" not in record.getMessage()
+
+
+std_logging.getLogger("absl").addFilter(_not_the_override_warning)
+try:
+  ocp.type_handlers.register_type_handler(
+      jax.Array, ocp.type_handlers.ArrayHandler(
+          min_slice_bytes_for_replica_parallel=MIN_REPLICA_SLICE_BYTES,
+          array_metadata_store=array_metadata_store.Store()), override=True)
+finally:
+  std_logging.getLogger("absl").removeFilter(_not_the_override_warning)
 
 
 class Checkpointer:

@@ -133,6 +133,8 @@ _startup_lines: list[str] = []  # Captured while JAX loaded; logged by setup_con
 
 
 _cpu_only = False  # Whether quiet_absent_accelerators took this host for CPU-only.
+# Set beside JAX_PLATFORMS=cpu when quiet_absent_accelerators chose it (child processes see it).
+_SET_BY_US = "TRANSFORMER_JAX_PLATFORMS_SET"
 _console_ready = False  # Whether setup_console has run.
 
 
@@ -151,9 +153,15 @@ def quiet_absent_accelerators(root: str = "") -> bool:
     Whether the host was taken for CPU-only (JAX_PLATFORMS set to "cpu").
   """
   global _cpu_only
-  if "JAX_PLATFORMS" in os.environ or accelerator.attached_accelerators(root) or "jax" in sys.modules:
+  # A JAX_PLATFORMS this function set in a parent process (a sweep's runs, launch.py
+  # processes of their own, inherit it) is not the user's: the child quiets its start
+  # as the parent did (else every sweep child printed the plugin's lines).
+  ours = os.environ.get(_SET_BY_US) == os.environ.get("JAX_PLATFORMS") == "cpu"
+  if (("JAX_PLATFORMS" in os.environ and not ours) or accelerator.attached_accelerators(root)
+      or "jax" in sys.modules):
     return False  # The user's choice, a real TPU/GPU host, or too late to choose.
   os.environ["JAX_PLATFORMS"] = "cpu"
+  os.environ[_SET_BY_US] = "cpu"
   _cpu_only = True
   with _startup_lines_kept():
     import jax  # pylint: disable=g-import-not-at-top,unused-import

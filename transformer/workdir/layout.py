@@ -6,7 +6,8 @@ A training run's workdir (launch.py --mode=train):
   tokenizer.json         which vocabulary the run uses (TOKENIZER_RECORD), beside the
                          vocabulary file it names; hf_tokenizer.json for an imported model
   dataset.json           which prepared dataset the run trains on (DATASET_RECORD): its
-                         TFDS name, which for local files hashes their content
+                         TFDS name, which for local files hashes their content, and
+                         the tokenizer's identity (an import's holds that alone)
   checkpoints/<step>/    Orbax checkpoints: state/ (TrainState) and data/ (iterator)
   checkpoints_bad/       checkpoints found damaged, moved aside on restore
   metrics.jsonl          one JSON row per logged step (METRICS)
@@ -15,6 +16,8 @@ A training run's workdir (launch.py --mode=train):
   plots/*.png            curves of metrics.jsonl
   peak_flops.json        the measured matmul rate MFU divides by (CPU)
   log.txt                every log line of every (re)start
+  wandb_run.json         with train.wandb_project: the W&B run's id, so that a resume
+                         continues the same W&B run (WANDB_RUN); wandb/ its local files
   lock                   "PID HOST" of the command writing into the workdir, flock-ed
                          while it runs (LOCK; workdir/lock.py)
   averaged.json          in a workdir written by --mode=average: its source and steps
@@ -38,6 +41,8 @@ RUN_RECORD = "run.json"
 PLOTS = "plots"
 PEAK_FLOPS = "peak_flops.json"
 LOG = "log.txt"
+WANDB_RUN = "wandb_run.json"
+WANDB = "wandb"  # W&B's own folder (its offline runs, logs), unless WANDB_DIR is set.
 LOCK = "lock"
 AVERAGED = "averaged.json"
 SWEEP_RECORD = "sweep.json"

@@ -2,7 +2,9 @@
 
 `MetricWriter` appends rows and scalars (process 0 only), makes them durable before a
 checkpoint, and on resume drops what a stopped run wrote past its checkpoint;
-`read_rows` reads the file back (reports, sweeps, a finished run's result).
+`read_rows` reads the file back (reports, sweeps, a finished run's result). With
+train.wandb_project set, each row it writes also goes to a Weights & Biases run
+(wandb_run.py), started once the run's restore succeeded (`resume`).
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ import os
 import time
 from typing import Any, Mapping
 
+import ml_collections
 from absl import logging
 
 from transformer.workdir import layout
+from transformer.workdir import wandb_run
 
 # Metric name prefix of each expert's share of the assignments: moe_load_0, moe_load_1, ...
 # The writer also draws such rows as one TensorBoard histogram.
@@ -48,8 +52,12 @@ def read_rows(path: str) -> tuple[list[dict[str, Any]], int]:
 class MetricWriter:
   """Writes metrics to `<workdir>/metrics.jsonl` and TensorBoard (process 0 only)."""
 
-  def __init__(self, workdir: str, enabled: bool = True):
+  def __init__(self, workdir: str, enabled: bool = True,
+               config: ml_collections.ConfigDict | None = None):
+    """`config`: the run's, whose train.wandb_* say whether rows also go to W&B."""
     self.enabled = enabled
+    self._wandb_config, self._wandb = config, None
+    self._workdir = workdir
     if not enabled:
       return
     self._path = os.path.join(workdir, layout.METRICS)
@@ -128,6 +136,8 @@ class MetricWriter:
     # A TensorBoard events file that starts with purge step s hides events of steps >= s
     # from earlier files. Only needed when another run wrote here before.
     self._purge_step = step + 1 if os.path.isdir(self._logdir) else None
+    if self._wandb is None and self._wandb_config is not None:
+      self._wandb = wandb_run.start(self._wandb_config, self._workdir, self.enabled)
     return kept
 
   def write(self, step: int, metrics: Mapping[str, float]) -> None:
@@ -136,6 +146,8 @@ class MetricWriter:
       return
     self._jsonl.write(json.dumps({"step": int(step), **metrics}) + "\n")
     self._jsonl.flush()
+    if self._wandb is not None:
+      self._wandb.log(step, metrics)
     for name, value in metrics.items():
       self._tb.add_scalar(name, value, int(step))
     self._expert_load_histogram(step, metrics)
@@ -170,6 +182,9 @@ class MetricWriter:
       self._jsonl.close()
       if self._tb_writer is not None:
         self._tb_writer.close()
+      if self._wandb is not None:
+        self._wandb.finish()
+        self._wandb = None
 
 
 def latest_values(workdir: str) -> dict[str, float]:

@@ -27,6 +27,8 @@ from transformer import sharding
 from transformer.config import model as model_config
 from transformer.config.errors import ConfigError
 from transformer.config.validation import validate
+from transformer.data import run_data
+from transformer.data import sources
 from transformer.data.tokenizers import hf_vocab
 from transformer.data.tokenizers import run_vocabulary
 from transformer.inference import loaded
@@ -160,8 +162,12 @@ def import_folder(hf_dir: str, workdir: str,
                              run_config.to_json_best_effort(indent=2))
       files.write_atomically(os.path.join(partial, layout.HF_TOKENIZER),
                              json.dumps(tokenizer_bundle(converted, hf_dir)))
-      run_vocabulary.save_tokenizer(partial, hf_vocab.HFTokenizer(
-          os.path.join(partial, layout.HF_TOKENIZER)))
+      tokenizer = hf_vocab.HFTokenizer(os.path.join(partial, layout.HF_TOKENIZER))
+      run_vocabulary.save_tokenizer(partial, tokenizer)
+      # No data, but the tokenizer's identity: every later use of the import checks
+      # tokenizer.json against it (run_vocabulary._check_against_run).
+      sources.save_dataset_record(partial, {run_data.TOKENIZER:
+                                            run_vocabulary.tokenizer_identity(tokenizer)})
     checkpoints = os.path.join(partial, layout.CHECKPOINTS)
     with files.disk_errors_as_oserror(checkpoints, "--workdir"):
       checkpointing.save_params(checkpoints, 0, placed)
