@@ -18,8 +18,9 @@ def get_config() -> ml_collections.ConfigDict:
   # Start from another run's parameters: its workdir or one of its checkpoints/<step> dirs.
   # Matched by path (scanned and per-layer layouts convert); optimizer state and step start
   # fresh. Its model.* and tokenizer keys replace the preset's, except the command line's,
-  # the task (model.head / pooling / num_classes / lora_*) and how this run computes and
-  # regularises (config/model.py RUN_FIELDS) (training/fine_tune.py; docs/resume.md).
+  # the task (model.head / pooling / num_classes / objective / prefix_attention / lora_*)
+  # and how this run computes and regularises (config/model.py RUN_FIELDS)
+  # (training/fine_tune.py; docs/resume.md).
   config.init_from = ""
   # init_from: also start parameters the source lacks (or has in another shape) from their initialisation and drop those only it has, beyond a new head and LoRA adapters (e.g. another num_layers); False refuses them, naming the keys.
   config.init_from_partial = False

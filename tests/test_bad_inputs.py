@@ -529,6 +529,34 @@ CASES = [
              "'allow'",), trained_workdir=True),
     Case("model_vocabulary_smaller_than_tokenizer", (TINY, WORKDIR, "--config.model.vocab_size=100"),
          2, ("config.model.vocab_size=100 is smaller than the bytes tokenizer's vocabulary",)),
+    # -- objectives (docs/objectives.md)
+    Case("objective_the_topology_cannot_train",
+         (TINY, WORKDIR, "--config.model.arch=encoder", "--config.model.head=mlm",
+          "--config.model.objective=span_corruption"), 2,
+         ("config.model.objective='span_corruption' is invalid: model.arch='encoder' cannot "
+          "train it (it trains ['masked_lm', 'classification']); span_corruption trains on "
+          "model.arch ['decoder', 'encoder_decoder']",), creates_nothing=True),
+    Case("no_room_for_sentinels",
+         (TINY, WORKDIR, "--config.model.objective=span_corruption",
+          "--config.model.vocab_size=300"), 2,
+         ("config.model.vocab_size=300 has no room for model.objective='span_corruption''s "
+          "100 sentinels (train.num_sentinels) after the bytes tokenizer's 261 ids: it "
+          "needs >= 361",)),
+    Case("noise_density_out_of_range",
+         (TINY, WORKDIR, "--config.model.objective=span_corruption",
+          "--config.train.noise_density=1.5"), 2,
+         ("config.train.noise_density=1.5 is invalid: expected a fraction of the tokens in "
+          "(0, 1)",), creates_nothing=True),
+    Case("mean_noise_span_length_out_of_range",
+         (TINY, WORKDIR, "--config.model.objective=ul2",
+          "--config.train.mean_noise_span_length=0.5"), 2,
+         ("config.train.mean_noise_span_length=0.5 is invalid: expected a number of tokens "
+          ">= 1",), creates_nothing=True),
+    Case("prefix_lm_on_a_kernel_without_its_mask",
+         (TINY, WORKDIR, "--config.model.objective=prefix_lm",
+          "--config.model.attention_impl=splash"), 2,
+         ("config.model.attention_impl='splash' is invalid: splash attention cannot express "
+          "a prefix LM's mask", "use 'xla', 'einsum' or 'auto'"), creates_nothing=True),
     Case("init_from_missing", (TINY, WORKDIR, "--config.init_from={files}/nowhere"), 2,
          ("config.init_from='{files}/nowhere' is invalid", "is not a directory"),
          creates_nothing=True),

@@ -13,6 +13,7 @@ import pytest
 from transformer import sharding
 from transformer.model import objectives
 from transformer.config.errors import ConfigError
+from transformer.config import objective as objective_lib
 from transformer.config.model import ModelConfig, objective_of
 from transformer.config.validation import validate
 from transformer.model import moe
@@ -30,6 +31,7 @@ PRESET_ARGS = {
     "shakespeare_char": ["", "cpu", "cpu15", "cpu_2024", "cpu_moe"],
     "llama": ["1b", "1b_fineweb", "7b", "local"],
     "maxtext": ["v5e_16b", "v5p_32b"],
+    "t5": ["small", "base", "local"],
 }
 # Presets whose dataset is read from data.path: validation needs a path to be set.
 NEEDS_PATH = ("local_text", "local_parallel", "local_tsv")
@@ -54,7 +56,7 @@ def test_every_config_builds_and_validates(path):
     if config.model.vocab_size == 0:  # Taken from the tokenizer at run time.
       config.model.vocab_size = 128
     model_config = ModelConfig.from_config(config.model)
-    objective = objective_of(model_config.arch, model_config.head)
+    objective = objective_lib.resolve(model_config)
     batch = objectives.init_batch(objective, 1, config.data.seq_len)
     shapes = jax.eval_shape(make_model(model_config).init, jax.random.PRNGKey(0),
                             *objectives.model_inputs(objective, batch))

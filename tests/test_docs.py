@@ -42,6 +42,8 @@ _COMPILE = ("--mode=compile of a preset for a TPU slice or GPU host: minutes of 
 COMPILE_RUN = {
     "docs/compile.md": "--config=configs/gpt_small.py --topology=h100:1",
     "docs/compile-results.md": "--config=configs/llama.py:1b --config.model.scan_layers=True",
+    "docs/objectives.md": "--config.model.objective=prefix_lm --config.model.num_layers=2 "
+                          "--topology=v5p:2x2x1",
     "docs/configuration.md": "--config=configs/llama.py:7b --topology=h100:1",
     "docs/performance.md": ("--config=configs/gpt_small.py --topology=h100:1 "
                             "--config.data.batch_size=32 --config.train.microbatches=1"),
@@ -393,6 +395,8 @@ SNIPPET_TESTS = {
     ("docs/python.md", 1): "test_docs.py::test_the_build_model_snippet_runs_as_written",
     ("docs/modes.md", 0): "test_commands.py::test_the_decoding_snippet_in_docs_modes_runs_as_written",
     ("docs/corpus.md", 0): "test_docs.py::test_the_corpus_reader_snippet_runs_as_written",
+    ("docs/objectives.md", 0):
+        "test_text_to_text.py::test_the_objectives_example_prints_what_the_page_shows",
 }
 
 

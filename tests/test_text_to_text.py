@@ -8,8 +8,11 @@ objective) pair training a few steps with the loss falling.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -285,3 +288,16 @@ def test_a_decoder_learns_span_corruption_and_resumes_exactly(tiny_config, tmp_p
   assert metric_rows(straight, "loss") == metric_rows(resumed, "loss")
   evals = metric_rows(straight, "eval_loss")
   assert evals[-1][1] < evals[0][1] - 0.5, evals
+
+
+def test_the_objectives_example_prints_what_the_page_shows():
+  """docs/objectives.md's snippet, run as written: its output is the text block after it."""
+  import doc_commands  # pylint: disable=g-import-not-at-top
+  snippet = [s for s in doc_commands.extract("docs/objectives.md")[1]][0]
+  with open(os.path.join(doc_commands.ROOT, "docs", "objectives.md"), encoding="utf-8") as f:
+    page = f.read()
+  shown = re.search(r"```text\n(.*?)```", page[page.index(snippet.code):], re.S).group(1)
+  printed = io.StringIO()
+  with contextlib.redirect_stdout(printed):
+    exec(compile(snippet.code, snippet.where, "exec"), {"__name__": "docs_snippet"})  # pylint: disable=exec-used
+  assert printed.getvalue() == shown

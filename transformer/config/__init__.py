@@ -12,7 +12,9 @@ Cut by concern, from the ground up:
   moe.py         the mixture-of-experts fields and their split over the mesh
   lora.py        the LoRA fields (model.lora_*): LORA_TARGETS, the projections adapted
   objective.py   the training objectives, one Objective each, resolved once from
-                 (model.arch, model.head): inputs, targets, sides, pipeline, modes
+                 (model.arch, model.head, model.objective): inputs, targets, sides,
+                 pipeline, modes; text-to-text ones converted onto a topology
+  denoisers.py   the text-to-text denoisers (MIXTURES), their window lengths, checks
   model.py       validate_model, the model choice registries (REMAT_POLICIES, ...),
                  objective_of, and ModelConfig generated from base.py's model block
   data.py        the data.* fields

@@ -159,6 +159,14 @@ def validate_model(config: ml_collections.ConfigDict) -> None:
     fail(m + "num_kv_heads", model.num_kv_heads,
           f"must divide model.num_heads={model.num_heads} (0 means num_heads)")
   kernel = attention.KERNELS.get(model.attention_impl)
+  if kernel and not kernel.prefix and "prefix" in objective_lib.resolve(model).model_inputs:
+    fail(m + "attention_impl", model.attention_impl,
+         f"{model.attention_impl} attention cannot express a prefix LM's mask (a "
+         "bidirectional prefix per row and packed segment; config/attention.py says why), "
+         f"which model.objective={model.objective!r} with model.prefix_attention="
+         "'bidirectional' attends through; use "
+         + ", ".join(repr(n) for n, k in attention.KERNELS.items() if k.prefix)
+         + " or 'auto' (xla for it), or model.prefix_attention='causal'")
   if model.attention_dropout > 0 and kernel and not kernel.dropout:
     fail(m + "attention_dropout", model.attention_dropout,
           f"model.attention_impl={model.attention_impl!r} has no dropout on attention "

@@ -9,6 +9,8 @@ are parts, by concern:
   lm.py              causal and masked LM rows
   seq2seq.py         translation / continuation pairs, packed or padded
   classification.py  one labelled example per row
+  denoise.py         text-to-text rows (span corruption, prefix LM, UL2): windows or pairs
+                     denoised, then converted onto an encoder-decoder or a decoder
   packing.py         reading (in blocks), shuffling, length policy, padding, eval batches
   run_data.py        a run's data identity (dataset.json) by content; relative paths
   text_encoding.py   bytes that are plainly not UTF-8 text (UTF-16/32, gzip, NULs): one

@@ -55,8 +55,12 @@ def resolve_vocab_size(config: ml_collections.ConfigDict,
   vocab_size = run_vocabulary.resolved_vocab_size(config, tokenizer)
   if vocab_size == config.model.vocab_size:
     return config
-  logging.info("model.vocab_size=0: using %d (the tokenizer's %d rounded up to a multiple "
-               "of %d)", vocab_size, tokenizer.vocab_size, run_vocabulary.VOCAB_MULTIPLE)
+  needed = run_vocabulary.needed_vocab_size(config, tokenizer)
+  extra = (f" and {needed - tokenizer.vocab_size} sentinel/paradigm ids of model.objective"
+           if needed > tokenizer.vocab_size else "")
+  logging.info("model.vocab_size=0: using %d (the tokenizer's %d%s rounded up to a "
+               "multiple of %d)", vocab_size, tokenizer.vocab_size, extra,
+               run_vocabulary.VOCAB_MULTIPLE)
   config = copy.deepcopy(config)  # The caller's config stays as given.
   config.model.vocab_size = vocab_size
   return config
