@@ -374,43 +374,78 @@ def _log_softmax(logits):
   return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
 
 
-@pytest.mark.parametrize("family", ("t5", "t5_v1_1"))
-def test_t5_text_to_text_loss_equals_transformers(family):
-  """The training loss of an imported T5 on (inputs, targets) is transformers' loss.
-
-  The reference is T5ForConditionalGeneration's loss formula (cross-entropy averaged over
-  the label tokens) applied in NumPy to transformers' own float64 teacher-forced logits
-  in expected.npz; this codebase's eval step must give the same mean NLL and accuracy.
-  A span-corruption batch reaches the loss the same way (encoder inputs, decoder
-  targets); a reference with `<extra_id_N>` sentinels in its inputs needs torch to
-  write (make_fixtures.py), which this environment lacks.
-  """
-  converted, _, expected, to_internal = _converted(family)
+def _seq2seq_sums(family: str, input_ids, attention_mask, hf_labels) -> dict:
+  """This codebase's eval-step sums (loss, correct, weight) of an imported encoder-decoder
+  on source-id inputs and labels (-100 or a 0 attention: not scored), decoding from pad
+  as transformers does."""
+  converted, _, _, to_internal = _converted(family)
   config = importer.imported_config(converted)
   mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1, 1),
                            ("data", "fsdp", "tensor"))
   scorer = trainer_lib.Scorer.create(config, mesh, sharding.replicated(mesh))
-  inputs, real = to_internal[expected["input_ids"]], expected["attention_mask"]
-  decoder_inputs = _decoder_inputs(expected, to_internal)[:, :-1]
-  target_real = expected["decoder_attention_mask"][:, :-1].astype(np.int32)
-  hf_labels = expected["decoder_input_ids"][:, 1:]
-  weights = (target_real * (expected["decoder_attention_mask"][:, 1:])).astype(np.float32)
-  batch = {"inputs": inputs, "inputs_segment_ids": real.astype(np.int32),
+  scored = hf_labels >= 0
+  labels = to_internal[np.where(scored, hf_labels, 0)]
+  decoder_inputs = np.concatenate([np.full((len(labels), 1), 2), labels[:, :-1]], axis=1)
+  target_real = np.concatenate([np.ones((len(labels), 1), bool), scored[:, :-1]], axis=1)
+  inputs = to_internal[input_ids]
+  batch = {"inputs": inputs, "inputs_segment_ids": attention_mask.astype(np.int32),
            "inputs_positions": _positions(inputs), "decoder_inputs": decoder_inputs,
-           "targets_segment_ids": target_real,
-           "targets_positions": _positions(decoder_inputs),
-           "targets": to_internal[hf_labels], "weights": weights}
+           "targets_segment_ids": target_real.astype(np.int32),
+           "targets_positions": _positions(decoder_inputs), "targets": labels,
+           "weights": scored.astype(np.float32)}
   with scorer.context():
-    sums = jax.device_get(scorer.eval_step(converted.params, batch))
+    return jax.device_get(scorer.eval_step(converted.params, batch))
 
-  logits = expected["logits"][:, :-1]
-  nll = -np.take_along_axis(_log_softmax(logits), hf_labels[..., None], -1)[..., 0]
-  transformers_loss = (nll * weights).sum() / weights.sum()
-  assert float(sums["weight_sum"]) == weights.sum() > 10
-  assert float(sums["loss_sum"]) / weights.sum() == pytest.approx(transformers_loss,
-                                                                  abs=TOLERANCE)
-  correct = (logits.argmax(-1) == hf_labels) * weights
-  assert float(sums["correct_sum"]) == correct.sum()
+
+def _transformers_loss(logits, hf_labels) -> tuple[float, int]:
+  """T5ForConditionalGeneration's loss (cross-entropy averaged over labels != -100) of
+  transformers' logits, and its count of correct argmax predictions."""
+  scored = hf_labels >= 0
+  labels = np.where(scored, hf_labels, 0)
+  shifted = logits.astype(np.float64) - logits.max(-1, keepdims=True)
+  log_p = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+  nll = -np.take_along_axis(log_p, labels[..., None], -1)[..., 0]
+  return (nll * scored).sum() / scored.sum(), int(((logits.argmax(-1) == labels) & scored).sum())
+
+
+@pytest.mark.parametrize("family", ("t5", "t5_v1_1"))
+def test_t5_text_to_text_loss_equals_transformers(family):
+  """The training loss of an imported T5 on (inputs, targets) is transformers' loss.
+
+  The reference is T5ForConditionalGeneration's loss formula applied in NumPy to
+  transformers' own float64 teacher-forced logits in expected.npz (labels: the decoder
+  inputs shifted left); this codebase's eval step gives the same mean NLL and accuracy.
+  """
+  _, expected = _fixture(family)
+  hf_labels = np.where(expected["decoder_attention_mask"][:, 1:] == 1,
+                       expected["decoder_input_ids"][:, 1:], -100)
+  sums = _seq2seq_sums(family, expected["input_ids"], expected["attention_mask"], hf_labels)
+  loss, correct = _transformers_loss(expected["logits"][:, :-1], hf_labels)
+  assert float(sums["weight_sum"]) == (hf_labels >= 0).sum() > 10
+  assert float(sums["loss_sum"]) / float(sums["weight_sum"]) == pytest.approx(loss,
+                                                                              abs=TOLERANCE)
+  assert float(sums["correct_sum"]) == correct
+
+
+@pytest.mark.parametrize("family", ("t5", "t5_v1_1"))
+def test_t5_span_corruption_loss_equals_transformers(family):
+  """Span corruption: inputs holding T5's sentinels (<extra_id_i> = vocab_size - 1 - i),
+  targets of sentinel + span; the loss equals transformers' own `loss` (and the formula
+  on its logits) within 1e-5. The reference, expected_span_corruption.npz, is written by
+  `make_fixtures.py span`, which needs torch."""
+  folder, _ = _fixture(family)
+  path = os.path.join(folder, "expected_span_corruption.npz")
+  if not os.path.exists(path):
+    pytest.skip(f"{path} is not written yet: run `python tests/fixtures/hf/make_fixtures.py "
+                "span` where torch and transformers are installed (its docstring)")
+  expected = dict(np.load(path))
+  sums = _seq2seq_sums(family, expected["input_ids"], expected["attention_mask"],
+                       expected["labels"])
+  loss, correct = _transformers_loss(expected["logits"], expected["labels"])
+  assert loss == pytest.approx(float(expected["loss"]), abs=1e-9)
+  assert float(sums["loss_sum"]) / float(sums["weight_sum"]) == pytest.approx(
+      float(expected["loss"]), abs=TOLERANCE)
+  assert float(sums["correct_sum"]) == correct
 
 
 # ---------------------------------------------------------------- tokenizers
