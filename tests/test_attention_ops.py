@@ -311,3 +311,95 @@ def test_cudnn_on_a_host_without_a_gpu_says_so(monkeypatch):
   assert reason == ("cuDNN attention runs on NVIDIA GPUs and this host has none (jax's "
                     "backend is cpu); compiling for a GPU target here (--mode=compile) needs "
                     "nvidia-cudnn-cu12 installed")
+
+
+# ------------------------------------------------------------ a prefix LM's mask
+
+def _prefix_rows(B=2, L=128, seed=0):
+  """Packed rows: segments of random lengths, each with a prefix of random length (its
+  first tokens), positions restarting per segment, padding at the end of row 0."""
+  rng = np.random.default_rng(seed)
+  seg, pos, prefix = (np.zeros((B, L), np.int32) for _ in range(3))
+  for b in range(B):
+    start, segment = 0, 1
+    end = L - 9 if b == 0 else L  # Row 0 ends in padding (segment 0, no prefix).
+    while start < end:
+      length = min(int(rng.integers(5, 40)), end - start)
+      seg[b, start:start + length] = segment
+      pos[b, start:start + length] = np.arange(length)
+      prefix[b, start:start + int(rng.integers(0, length + 1))] = 1
+      start, segment = start + length, segment + 1
+  return seg, pos, prefix
+
+
+def _brute_force_prefix_mask(seg, pos, prefix):
+  """T5's decoder_causal_attention written out: q sees k iff same segment and
+  (pos_k <= pos_q or both in the prefix)."""
+  B, L = seg.shape
+  mask = np.zeros((B, 1, L, L), bool)
+  for b in range(B):
+    for q in range(L):
+      for k in range(L):
+        mask[b, 0, q, k] = seg[b, q] == seg[b, k] and (
+            pos[b, k] <= pos[b, q] or bool(prefix[b, q] and prefix[b, k]))
+  return mask
+
+
+def test_the_prefix_mask_is_t5s_decoder_causal_attention():
+  seg, pos, prefix = _prefix_rows(L=48)
+  mask = ops.make_attention_mask(jnp.asarray(seg), jnp.asarray(seg), causal=True,
+                                 q_positions=jnp.asarray(pos), kv_positions=jnp.asarray(pos),
+                                 q_prefix=jnp.asarray(prefix), kv_prefix=jnp.asarray(prefix))
+  np.testing.assert_array_equal(np.asarray(mask), _brute_force_prefix_mask(seg, pos, prefix))
+  # The prefix changes the mask (some prefix token sees a later one), and without a
+  # prefix the rule is the causal mask.
+  causal = ops.make_attention_mask(jnp.asarray(seg), jnp.asarray(seg), causal=True,
+                                   q_positions=jnp.asarray(pos), kv_positions=jnp.asarray(pos))
+  assert (np.asarray(mask) & ~np.asarray(causal)).any()
+  np.testing.assert_array_equal(np.asarray(causal),
+                                _brute_force_prefix_mask(seg, pos, np.zeros_like(prefix)))
+  with pytest.raises(ValueError, match="prefix mask needs causal"):
+    ops.make_attention_mask(jnp.asarray(seg), jnp.asarray(seg), causal=False,
+                            q_prefix=jnp.asarray(prefix), kv_prefix=jnp.asarray(prefix))
+
+
+def test_xla_serves_the_prefix_mask_as_the_reference_forward_and_gradient():
+  """Packed prefix-LM rows through the dispatch: xla equals einsum, values and gradients,
+  and the prefix reaches the output (it differs from the plain causal one)."""
+  q, k, v = _qkv()
+  seg, pos, prefix = (jnp.asarray(a) for a in _prefix_rows())
+  mask = ops.make_attention_mask(seg, seg, causal=True, q_positions=pos, kv_positions=pos,
+                                 q_prefix=prefix, kv_prefix=prefix)
+  kind = ops.LayerKind(causal=True, prefix=True)
+  real = (np.asarray(seg) != 0)[:, :, None, None]
+
+  def loss(impl, mask):
+    def f(q, k, v):
+      out = ops.dot_product_attention(q, k, v, impl=impl, kind=kind, mask_B1LS=mask,
+                                      segments=ops.Segments(seg, seg))
+      return jnp.sum(jnp.where(real, out, 0.0) ** 2)
+    return f
+
+  reference = jax.value_and_grad(loss("einsum", mask), argnums=(0, 1, 2))(q, k, v)
+  for impl in ("xla", "auto"):  # auto on a CPU: xla.
+    got = jax.value_and_grad(loss(impl, mask), argnums=(0, 1, 2))(q, k, v)
+    np.testing.assert_allclose(got[0], reference[0], rtol=1e-5)
+    for g, r in zip(got[1], reference[1]):
+      np.testing.assert_allclose(g, r, atol=2e-4, rtol=1e-4)
+  causal = ops.make_attention_mask(seg, seg, causal=True, q_positions=pos, kv_positions=pos)
+  assert abs(float(loss("einsum", causal)(q, k, v)) - float(reference[0])) > 1e-3
+
+
+def test_only_the_dense_kernels_serve_a_prefix_and_auto_falls_back(monkeypatch):
+  monkeypatch.setattr(ops, "packed_layout_supported", lambda: True)  # An H100's.
+  monkeypatch.setattr(ops, "cudnn_available", lambda: True)
+  kind = ops.LayerKind(causal=True, prefix=True)
+  for platform in ("gpu", "tpu", "cpu"):
+    assert ops.choose_kernel("auto", kind, platform=platform, dtype=jnp.bfloat16,
+                             head_dim=64, q_len=1024, kv_len=1024) == "xla"
+  assert [n for n, k in attention_table.KERNELS.items() if k.prefix] == ["xla", "einsum"]
+  for fused in ("cudnn", "splash"):
+    text = ops.check_explicit(fused, [ops.LayerKind(causal=False), kind],
+                              dtype=jnp.bfloat16, head_dim=64, seq_len=1024)
+    assert text.startswith(f"config.model.attention_impl={fused!r} is invalid")
+    assert "prefix LM's mask" in text and "xla, einsum" in text and "\n" not in text

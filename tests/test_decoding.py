@@ -130,41 +130,67 @@ def case_id(overrides: dict) -> str:
   return "-".join(f"{k}={v}" for k, v in overrides.items())
 
 
-@pytest.mark.parametrize("overrides", DECODER_CASES, ids=case_id)
-def test_cached_decoder_equals_full_forward(overrides):
+def cached_decoder_logits(cfg, params, t, lengths, width: int, prefix: bool = False):
+  """Prefill right-padded prompts (`lengths` tokens of `t`, padded to `width`), then one
+  token of `t` per step, each row at its own positions: (prefill [B, width, V], steps
+  [L - width, B, V]). With `prefix` the prompts are the prefix (Decoder's contract)."""
+  model = decoding.decode_model(cfg)
+  real_BP = jnp.arange(width)[None, :] < lengths[:, None]
+  prompts_BP = jnp.where(real_BP, t[:, :width], PAD_ID)  # The padding must not matter.
+  marks = lambda on: (on.astype(jnp.int32),) if prefix else ()
+  prefill_BPV, variables = model.apply(
+      {"params": params, "cache": decoding.init_cache(model, B)}, prompts_BP,
+      *single_document(prompts_BP), *marks(real_BP), mutable=["cache"])
+
+  def step(cache, j):
+    positions_B1 = (lengths + j)[:, None]
+    token_B1 = jnp.take_along_axis(t, positions_B1, axis=1)
+    logits_B1V, variables = model.apply({"params": params, "cache": cache}, token_B1,
+                                        jnp.ones_like(token_B1), positions_B1,
+                                        *marks(jnp.zeros_like(token_B1)),
+                                        mutable=["cache"])
+    return variables["cache"], logits_B1V[:, 0]
+
+  _, steps_JBV = jax.lax.scan(step, variables["cache"], jnp.arange(t.shape[1] - width))
+  return prefill_BPV, steps_JBV
+
+
+def assert_cached_equals_full(full, prefill, steps, lengths, width: int):
+  for row, length in enumerate(lengths.tolist()):
+    cached = np.concatenate([prefill[row, :length], steps[:, row]])
+    np.testing.assert_allclose(cached, full[row, :length + L - width], atol=2e-5,
+                               err_msg=f"row {row}")
+
+
+# A prefix LM (Decoder's prefix_BL): the prompt is the prefix, bidirectional in itself.
+PREFIX_CASES = [dict(position="rope"), dict(position="relative")]
+
+
+@pytest.mark.parametrize("overrides,prefix", [(o, False) for o in DECODER_CASES]
+                         + [(o, True) for o in PREFIX_CASES],
+                         ids=lambda v: case_id(v) if isinstance(v, dict) else f"prefix={v}")
+def test_cached_decoder_equals_full_forward(overrides, prefix):
   """Prefill right-padded prompts of lengths 3 and 5, then one token per step, each row
-  at its own positions: every logit equals the full forward pass's."""
+  at its own positions: every logit equals the full forward pass's. With `prefix` the
+  prompts are the prefix (Decoder's decoding contract: prefilled in one call with
+  prefix 1 on their real tokens, then causal steps), as in the full pass."""
   cfg = model_config("decoder", **overrides)
   t = tokens()
   lengths = jnp.asarray([3, 5])
   width = 5
   params = random_params(cfg)
+  prefix_BL = (jnp.arange(L)[None, :] < lengths[:, None]).astype(jnp.int32)
 
   def full_and_cached(params):
-    full_BLV = make_model(cfg).apply({"params": params}, t, *single_document(t))
-    model = decoding.decode_model(cfg)
-    real_BP = jnp.arange(width)[None, :] < lengths[:, None]
-    prompts_BP = jnp.where(real_BP, t[:, :width], PAD_ID)  # The padding must not matter.
-    prefill_BPV, variables = model.apply(
-        {"params": params, "cache": decoding.init_cache(model, B)}, prompts_BP,
-        *single_document(prompts_BP), mutable=["cache"])
+    forward = lambda *p: make_model(cfg).apply({"params": params}, t, *single_document(t), *p)
+    full_BLV = forward(prefix_BL) if prefix else forward()
+    return (full_BLV, forward()) + cached_decoder_logits(cfg, params, t, lengths, width,
+                                                          prefix=prefix)
 
-    def step(cache, j):
-      positions_B1 = (lengths + j)[:, None]
-      token_B1 = jnp.take_along_axis(t, positions_B1, axis=1)
-      logits_B1V, variables = model.apply({"params": params, "cache": cache}, token_B1,
-                                          jnp.ones_like(token_B1), positions_B1,
-                                          mutable=["cache"])
-      return variables["cache"], logits_B1V[:, 0]
-
-    _, steps_JBV = jax.lax.scan(step, variables["cache"], jnp.arange(L - width))
-    return full_BLV, prefill_BPV, steps_JBV
-
-  full, prefill, steps = jit_fast(full_and_cached)(params)
-  for row, length in enumerate(lengths.tolist()):
-    cached = np.concatenate([prefill[row, :length], steps[:, row]])
-    np.testing.assert_allclose(cached, full[row, :length + L - width], atol=2e-5,
-                               err_msg=f"row {row}")
+  full, causal, prefill, steps = jit_fast(full_and_cached)(params)
+  if prefix:  # The prefix reaches the output: the first token sees the rest of its prompt.
+    assert np.abs(np.asarray(full[:, 0]) - np.asarray(causal[:, 0])).max() > 1e-3
+  assert_cached_equals_full(full, prefill, steps, lengths, width)
 
 
 @pytest.mark.parametrize("overrides", ENCODER_DECODER_CASES, ids=case_id)

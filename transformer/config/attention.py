@@ -2,9 +2,10 @@
 
 One `Kernel` entry per kernel holds every fact the rest of the code asks about it: where
 `auto` picks it, whether it serves a sequence sharded over a context axis, which layer
-kinds it takes (bias, softcap, dropout, a decoding step), its dtype and head-size limits,
-and its block rule (`splash_blocks`: the block sizes the kernel is built with, the rule
-validation checks and the compile mode's cost accounting reads). Config validation,
+kinds it takes (bias, softcap, dropout, a decoding step, a prefix LM's mask), its dtype
+and head-size limits, and its block rule (`splash_blocks`: the block sizes the kernel is
+built with, the rule validation checks and the compile mode's cost accounting reads).
+Config validation,
 model/attention_ops.py (`unsupported_reason`, `choose_kernel`, the dispatch) and
 planning/ read this table; model/attention_ops.py's `KERNEL_FUNCTIONS` binds each name to
 its code (tests/test_config_registries.py holds the two equal). Plain Python: config/ may
@@ -37,6 +38,10 @@ class LayerKind:
   # Rows may hold several documents (model.attention_max_segments > 1): cuDNN's packed
   # layout, which needs an sm_90 GPU; False: one document a row, any cuDNN GPU.
   packed: bool = True
+  # A prefix LM's self-attention (T5's decoder_causal_attention): the tokens of each
+  # packed segment's prefix (a per-row, per-segment run the data decides, the `prefix`
+  # batch field) see each other bidirectionally; every other pair is causal.
+  prefix: bool = False
 
 
 def _largest_block(length: int) -> int | None:
@@ -83,20 +88,32 @@ class Kernel:
   max_head_dim: int = 0  # 0: any head size.
   head_dim_multiple: int = 1
   bidirectional_window: bool = True  # A sliding window without causality.
+  prefix: bool = True  # Serves a bidirectional prefix per row and segment (LayerKind.prefix).
   # (q_len, kv_len, context shards) -> its (query, key) blocks, or why it cannot tile them.
   blocks: Callable[[int, int, int], tuple[int, int] | str] | None = None
 
 
 # The fused kernels' messages name them; the dense ones (einsum, xla) serve everything
 # their fields allow. Order: "auto", then the table, is model.attention_impl's list.
+# A prefix LM's mask (LayerKind.prefix) is dense-only: the prefix ends at a different
+# place in every row and packed segment, as the data decides. cuDNN's mask types in jax
+# 0.10 (fused_attention_stablehlo.MaskType: NO_MASK, PADDING, CAUSAL, PADDING_CAUSAL,
+# ALIBI) make a whole call causal or not; any other pattern goes through its dense `mask`
+# argument, which jax turns into an additive [B, 1, L, S] bias (combine_bias_and_mask):
+# the full-square scores the kernel exists to avoid, and a bias cuDNN here does not take.
+# Splash's masks (splash_attention_mask: CausalMask, LocalMask, ChunkedCausalMask,
+# NumpyMask, FullMask and their and/or) are one static [L, S] pattern for every row,
+# built on the host before tracing; its segment ids separate documents but cannot say
+# where each one's prefix ends.
 KERNELS: dict[str, Kernel] = {
     "xla": Kernel(softcap=False, dropout=False),
     "einsum": Kernel(),
     "cudnn": Kernel(platforms=("gpu", "cuda"), context=False, bias=False, softcap=False,
                     dropout=False, decoding=False, dtypes=("bfloat16", "float16"),
-                    max_head_dim=128, head_dim_multiple=8, bidirectional_window=False),
+                    max_head_dim=128, head_dim_multiple=8, bidirectional_window=False,
+                    prefix=False),
     "splash": Kernel(platforms=("tpu",), bias=False, dropout=False, decoding=False,
-                     blocks=splash_blocks),
+                     blocks=splash_blocks, prefix=False),
 }
 ATTENTION_IMPLS = ("auto",) + tuple(KERNELS)
 FUSED = tuple(name for name, kernel in KERNELS.items() if kernel.platforms)
@@ -123,6 +140,10 @@ def unsupported_reason(name: str, kind: LayerKind, *, dtype: str, head_dim: int,
     return f"{name} attention draws no dropout on the attention probabilities"
   if kind.has_bias and not kernel.bias:
     return f"{name} attention takes no additive bias (T5 relative positions, ALiBi)"
+  if kind.prefix and not kernel.prefix:
+    return (f"{name} attention cannot express a prefix LM's mask (a bidirectional prefix "
+            f"per row and packed segment; config/attention.py says why); it runs on "
+            f"{', '.join(n for n, k in KERNELS.items() if k.prefix)}")
   if kind.decoding and not kernel.decoding:
     return f"a decoding step with a KV cache is not a {name} attention call"
   if kernel.dtypes and dtype not in kernel.dtypes:

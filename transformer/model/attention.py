@@ -115,7 +115,7 @@ class MultiHeadAttention(nn.Module):
                rope_attention_factor: float | jax.Array = 1.0,
                positions_BL: jax.Array | None = None,
                segments: attention_ops.Segments | None = None, causal: bool = False,
-               local: bool | jax.Array = False) -> jax.Array:
+               prefix: bool = False, local: bool | jax.Array = False) -> jax.Array:
     """Attends from x to kv.
 
     Args:
@@ -133,6 +133,8 @@ class MultiHeadAttention(nn.Module):
       segments: the queries' and keys' segment ids, for the fused kernels (which take
         the mask as the kernel wants it, not as `mask_B1LS`); None when decoding.
       causal: whether the mask is causal (a fused kernel's mask type).
+      prefix: whether the mask also holds a prefix LM's bidirectional prefix (only the
+        dense kernels express it: attention_ops.LayerKind.prefix).
       local: whether this layer attends through model.sliding_window (a traced scalar
         in a scanned stack with window_pattern): the fused kernels' window.
 
@@ -158,7 +160,7 @@ class MultiHeadAttention(nn.Module):
         kv_BSE, key, value, fused_kv, rope=rope, positions_BL=positions_BL,
         key_positions=None if rope_positions is None else rope_positions[1])
     out_BLHD = self._attend(q_BLHD, k_BSKD, v_BSKD, mask_B1LS, bias_BHLS, segments,
-                            causal=causal, local=local)
+                            causal=causal, prefix=prefix, local=local)
     H, D, E = cfg.num_heads, cfg.head_dim, cfg.d_model
     out_init = initializers.dense_kernel(cfg, in_axis=(0, 1), out_axis=2,
                                          residual_adds=self.residual_adds)
@@ -260,12 +262,13 @@ class MultiHeadAttention(nn.Module):
             y_BLKJD[:, :, :, G + 1])
 
   def _attend(self, q_BLHD, k_BSKD, v_BSKD, mask_B1LS, bias_BHLS, segments, *,
-              causal: bool, local: bool | jax.Array) -> jax.Array:
+              causal: bool, prefix: bool, local: bool | jax.Array) -> jax.Array:
     """The product by the kernel `model.attention_impl` picks (attention_ops.py)."""
     cfg = self.config
     use_dropout = cfg.attention_dropout > 0.0 and not cfg.deterministic
     kind = attention_ops.LayerKind(
-        causal=causal, has_bias=bias_BHLS is not None, softcap=cfg.attention_softcap,
+        causal=causal, prefix=prefix, has_bias=bias_BHLS is not None,
+        softcap=cfg.attention_softcap,
         dropout=use_dropout, decoding=self.cache is not None or segments is None,
         cross=self.cross, packed=cfg.attention_max_segments > 1 and cfg.rows_packed)
     call = functools.partial(

@@ -17,8 +17,8 @@ discarding it:
           grouped-query k/v as one MQA kernel per k/v head; blocks from the lengths
   auto    cudnn on GPUs, splash on TPUs, xla elsewhere; where the chosen kernel cannot
           serve a layer kind (a T5/ALiBi bias, softcapping, attention dropout, a decoding
-          step, a head size, length or dtype it rejects) that layer kind falls back to
-          xla (einsum where only einsum can) and the reason is logged once
+          step, a prefix LM's mask, a head size, length or dtype it rejects) that layer
+          kind falls back to xla (einsum where only einsum can) and the reason is logged once
 
 What each kernel can serve (its platform, the layer kinds it takes, its dtype, head-size
 and block rules) is config/attention.py's KERNELS table, the one place validation,
@@ -162,6 +162,7 @@ def choose_kernel(impl: str, kind: LayerKind, *, platform: str, dtype, head_dim:
   fallback = "xla" if unsupported_reason("xla", kind, dtype=dtype, head_dim=head_dim,
                                          q_len=q_len, kv_len=kv_len) is None else "einsum"
   said = (f"{'cross' if kind.cross else 'self'}-{'causal' if kind.causal else 'bidir'}"
+          f"{'-prefix' if kind.prefix else ''}"
           f"{'-decode' if kind.decoding else ''}", reason)
   if said not in _FALLBACKS_SAID:  # Once per layer kind and reason, not once per layer.
     _FALLBACKS_SAID.add(said)
@@ -177,7 +178,11 @@ def layer_kinds(config) -> list[LayerKind]:
   common = dict(has_bias=has_bias, softcap=config.attention_softcap,
                 dropout=config.attention_dropout > 0, packed=packed)
   causal = {"decoder": (True,), "encoder": (False,), "encoder_decoder": (False, True)}
-  kinds = [LayerKind(causal=c, **common) for c in causal.get(config.arch, (True, False))]
+  # A decoder whose objective feeds it a `prefix` field (a prefix LM, config/objective.py)
+  # attends through the prefix mask; an encoder-decoder's decoder never does.
+  prefix = config.arch == "decoder" and "prefix" in objective_lib.resolve(config).model_inputs
+  kinds = [LayerKind(causal=c, prefix=prefix and c, **common)
+           for c in causal.get(config.arch, (True, False))]
   if config.sliding_window:
     kinds += [dataclasses.replace(k, window=config.sliding_window) for k in kinds]
   if config.arch == "encoder_decoder":
@@ -205,7 +210,9 @@ def check_explicit(impl: str, kinds: list[LayerKind], *, dtype, head_dim: int,
 
 def make_attention_mask(q_segment_ids: jax.Array, kv_segment_ids: jax.Array, *,
                         causal: bool, q_positions: jax.Array | None = None,
-                        kv_positions: jax.Array | None = None, window: int = 0) -> jax.Array:
+                        kv_positions: jax.Array | None = None, window: int = 0,
+                        q_prefix: jax.Array | None = None,
+                        kv_prefix: jax.Array | None = None) -> jax.Array:
   """Builds a boolean [B, 1, L, S] mask: True where a query may attend to a key.
 
   Segment ids are integers: 0 is padding, packed documents are 1, 2, ... A query
@@ -216,6 +223,11 @@ def make_attention_mask(q_segment_ids: jax.Array, kv_segment_ids: jax.Array, *,
   away: its own and the window - 1 before it when causal (Mistral, Gemma 2), either
   side otherwise.
 
+  With `q_prefix` and `kv_prefix` (a prefix LM, causal only) a query may also attend
+  to a later key when both are in their segment's prefix: query q sees key k iff they
+  share a segment and (pos_k <= pos_q or (prefix_q and prefix_k)), T5/seqio's
+  `decoder_causal_attention`. A window then bounds the distance either side.
+
   Args:
     q_segment_ids: [B, L] segment ids of the queries.
     kv_segment_ids: [B, S] segment ids of the keys.
@@ -223,10 +235,14 @@ def make_attention_mask(q_segment_ids: jax.Array, kv_segment_ids: jax.Array, *,
     q_positions: optional [B, L] positions of the queries.
     kv_positions: optional [B, S] positions of the keys.
     window: the sliding window in positions; 0 = no window.
+    q_prefix: optional [B, L] int or bool, nonzero on the queries in a prefix.
+    kv_prefix: optional [B, S] int or bool, nonzero on the keys in a prefix.
 
   Returns:
     A [B, 1, L, S] boolean mask (the 1 broadcasts over heads).
   """
+  if (q_prefix is None) != (kv_prefix is None) or (q_prefix is not None and not causal):
+    raise ValueError("a prefix mask needs causal=True and both q_prefix and kv_prefix")
   mask_BLS = q_segment_ids[:, :, None] == kv_segment_ids[:, None, :]
   if causal or window:
     if q_positions is None:
@@ -235,9 +251,13 @@ def make_attention_mask(q_segment_ids: jax.Array, kv_segment_ids: jax.Array, *,
       kv_positions = jnp.broadcast_to(jnp.arange(kv_segment_ids.shape[1]), kv_segment_ids.shape)
     distance_BLS = q_positions[:, :, None] - kv_positions[:, None, :]
     if causal:
-      mask_BLS &= distance_BLS >= 0
+      sees_BLS = distance_BLS >= 0
+      if q_prefix is not None:
+        sees_BLS |= (q_prefix[:, :, None] != 0) & (kv_prefix[:, None, :] != 0)
+      mask_BLS &= sees_BLS
     if window:
-      mask_BLS &= (distance_BLS if causal else jnp.abs(distance_BLS)) < window
+      one_sided = causal and q_prefix is None
+      mask_BLS &= (distance_BLS if one_sided else jnp.abs(distance_BLS)) < window
   return mask_BLS[:, None, :, :]
 
 

@@ -103,6 +103,7 @@ class StackInputs:
     segment_ids_BL: the stack's own segment ids, for the fused attention kernels (which
       take packed documents and padding as ids, not as a dense mask); None when decoding.
     encoded_segment_ids_BS: the source's segment ids a cross-attention's fused kernel reads.
+    prefix: whether `self_mask_B1LS` holds a bidirectional prefix (make_attention_mask).
   """
 
   positions_BL: jax.Array
@@ -114,6 +115,9 @@ class StackInputs:
   is_local: bool | jax.Array = False
   segment_ids_BL: jax.Array | None = None
   encoded_segment_ids_BS: jax.Array | None = None
+  # Static: the self mask lets each segment's prefix attend both ways (a prefix LM's
+  # rows), a mask only the dense kernels express (attention_ops.LayerKind.prefix).
+  prefix: bool = struct.field(pytree_node=False, default=False)
 
   def scan_axes(self) -> StackInputs:
     """nn.scan's `in_axes` for these inputs: all broadcast, the local flags scanned."""
@@ -162,7 +166,8 @@ class Block(nn.Module):
             h, h, self_mask_B1LS, bias_BHLS=inputs.self_bias_BHLS, rope_positions=rope,
             rope_timescale_R=timescale_R, rope_attention_factor=rope_factor,
             positions_BL=positions_BL,
-            segments=self_segments, causal=self.causal, local=local))]
+            segments=self_segments, causal=self.causal, prefix=inputs.prefix,
+            local=local))]
     if self.cross_attention:
       # No position signal across sequences: the source carries its own. When decoding,
       # encoded_BSE is None after the first step: the keys/values come from the cache.

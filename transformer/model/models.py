@@ -10,6 +10,7 @@ encoder-decoder, S is the source's length and L the target's.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -87,8 +88,14 @@ def self_attention_bias(config: ModelConfig, q_positions_BL: jax.Array,
 def _stack(config: ModelConfig, num_layers: int, x_BLE: jax.Array, segment_ids_BL: jax.Array,
            positions_BL: jax.Array, *, causal: bool, bias_name: str,
            encoded_BSE: jax.Array | None = None,
-           encoded_segment_ids_BS: jax.Array | None = None) -> jax.Array:
+           encoded_segment_ids_BS: jax.Array | None = None,
+           prefix_BL: jax.Array | None = None) -> jax.Array:
   """Masks + position bias + the blocks of one stack (encoder or decoder side).
+
+  `prefix_BL` (a causal stack's prefix LM rows; nonzero on each segment's prefix) makes
+  the self-attention mask bidirectional among a segment's prefix tokens
+  (make_attention_mask); when decoding, it marks the prompt's slots, which must all be
+  written by the call that carries it (Decoder.__call__'s contract).
 
   When decoding, the keys are the cache's max_len slots, slot s holding position s:
   a query at position p sees slots <= p, which are exactly the ones filled so far.
@@ -99,25 +106,34 @@ def _stack(config: ModelConfig, num_layers: int, x_BLE: jax.Array, segment_ids_B
   # output; masks and biases read positions and segment ids, so they follow the order.
   shards = 1 if config.decode else context.size()
   # jnp: numpy inputs (model.init's batch) would build an [L, L] mask eagerly in numpy.
+  if prefix_BL is not None and not causal:
+    raise ValueError("a prefix (prefix_BL) is a causal stack's: a bidirectional one "
+                     "already sees every token of its segment")
   x_BLE, segment_ids_BL, positions_BL = (context.zigzag(jnp.asarray(a), shards)
                                          for a in (x_BLE, segment_ids_BL, positions_BL))
-  kv_segment_ids_BS, kv_positions_BS = segment_ids_BL, positions_BL
+  if prefix_BL is not None:
+    prefix_BL = context.zigzag(jnp.asarray(prefix_BL), shards)
+  kv_segment_ids_BS, kv_positions_BS, kv_prefix_BS = segment_ids_BL, positions_BL, prefix_BL
   if config.decode and causal:
     batch = segment_ids_BL.shape[0]
     kv_positions_BS = jnp.broadcast_to(jnp.arange(config.max_len), (batch, config.max_len))
     kv_segment_ids_BS = jnp.ones_like(kv_positions_BS)
+    if prefix_BL is not None:  # The cache's slots that this call's prefix tokens fill.
+      kv_prefix_BS = jnp.zeros((batch, config.max_len), jnp.int32).at[
+          jnp.arange(batch)[:, None], positions_BL].max(prefix_BL.astype(jnp.int32))
+  masks = functools.partial(make_attention_mask, segment_ids_BL, kv_segment_ids_BS,
+                            causal=causal, q_positions=positions_BL,
+                            kv_positions=kv_positions_BS, q_prefix=prefix_BL,
+                            kv_prefix=kv_prefix_BS)
   inputs = StackInputs(
       positions_BL=positions_BL,
       segment_ids_BL=None if config.decode else segment_ids_BL,
-      self_mask_B1LS=make_attention_mask(segment_ids_BL, kv_segment_ids_BS, causal=causal,
-                                         q_positions=positions_BL,
-                                         kv_positions=kv_positions_BS),
+      self_mask_B1LS=masks(),
       self_bias_BHLS=self_attention_bias(config, positions_BL, kv_positions_BS,
-                                         causal=causal, name=bias_name))
+                                         causal=causal, name=bias_name),
+      prefix=prefix_BL is not None)
   if config.sliding_window:  # For the layers window_pattern marks local.
-    inputs = inputs.replace(local_mask_B1LS=make_attention_mask(
-        segment_ids_BL, kv_segment_ids_BS, causal=causal, q_positions=positions_BL,
-        kv_positions=kv_positions_BS, window=config.sliding_window))
+    inputs = inputs.replace(local_mask_B1LS=masks(window=config.sliding_window))
   cross_attention = encoded_segment_ids_BS is not None
   if cross_attention:
     # Cross-attention: target segment k sees exactly source segment k of the same row.
@@ -143,7 +159,8 @@ def _final_norm(config: ModelConfig, x_BLE: jax.Array, name: str) -> jax.Array:
 
 
 def _single_stack(config: ModelConfig, tokens_BL: jax.Array, segment_ids_BL: jax.Array,
-                  positions_BL: jax.Array, *, causal: bool) -> tuple[Embedder, jax.Array]:
+                  positions_BL: jax.Array, *, causal: bool,
+                  prefix_BL: jax.Array | None = None) -> tuple[Embedder, jax.Array]:
   """Embedding + blocks + final norm of an encoder-only or decoder-only model.
 
   Called inside the model's compact method, so the parameters sit at its top level
@@ -151,7 +168,8 @@ def _single_stack(config: ModelConfig, tokens_BL: jax.Array, segment_ids_BL: jax
   """
   embedder = Embedder(config, name="embedder")
   x_BLE = _stack(config, config.num_layers, embedder(tokens_BL, positions_BL),
-                 segment_ids_BL, positions_BL, causal=causal, bias_name="relative_bias")
+                 segment_ids_BL, positions_BL, causal=causal, bias_name="relative_bias",
+                 prefix_BL=prefix_BL)
   return embedder, _final_norm(config, x_BLE, "final_norm")
 
 
@@ -239,17 +257,30 @@ class Decoder(nn.Module):
 
   @nn.compact
   def __call__(self, tokens_BL: jax.Array, segment_ids_BL: jax.Array,
-               positions_BL: jax.Array, hidden: bool = False) -> Any:
+               positions_BL: jax.Array, prefix_BL: jax.Array | None = None,
+               hidden: bool = False) -> Any:
     """Returns float32 logits: [B, L, V] for the LM head, [B, num_classes] for classification.
 
     Args:
       tokens_BL: int token ids.
       segment_ids_BL: 0 for padding, 1, 2, ... for the packed documents of a row.
       positions_BL: position of each token inside its own document.
+      prefix_BL: a prefix LM's rows (the batch's `prefix` field): 1 on the tokens of each
+        packed segment's prefix (its inputs part), 0 elsewhere. Prefix tokens of a
+        segment attend to each other both ways; every other query is causal (T5's
+        decoder_causal_attention). None: causal everywhere.
       hidden: return (final hidden states [B, L, E], LogitsHead) instead of LM logits.
+
+    Decoding with a KV cache (config.decode): the prompt is the prefix. Its first
+    (prefill) call passes the whole prompt with `prefix_BL` 1 on its real tokens, so
+    that every prompt token's keys are in the cache before any prompt query attends
+    (a prompt split over several calls would let its early tokens miss later ones);
+    later calls pass their generated tokens with `prefix_BL` 0 (or None): they attend
+    causally to everything cached, prompt included.
     """
     cfg = self.config
-    embedder, x_BLE = _single_stack(cfg, tokens_BL, segment_ids_BL, positions_BL, causal=True)
+    embedder, x_BLE = _single_stack(cfg, tokens_BL, segment_ids_BL, positions_BL, causal=True,
+                                    prefix_BL=prefix_BL)
     if objective_lib.resolve(cfg).classifies:
       return ClassificationHead(cfg, name="classification_head")(x_BLE, segment_ids_BL,
                                                                  _pooler(cfg))
