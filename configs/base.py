@@ -30,6 +30,8 @@ def get_config() -> ml_collections.ConfigDict:
   model = config.model = ml_collections.ConfigDict()
   model.arch = "decoder"  # Topology: "decoder" (GPT) | "encoder" (BERT) | "encoder_decoder" (paper).
   model.head = "lm"  # "lm" (decoder, encoder_decoder) | "mlm" (encoder) | "classification".
+  model.objective = "auto"  # What the run trains (docs/objectives.md): "auto" (model.arch and model.head's own: causal_lm, masked_lm, seq2seq or classification) | "causal_lm" | "masked_lm" | "seq2seq" | "classification" | "span_corruption" (T5) | "prefix_lm" | "ul2" (the last three: decoder or encoder_decoder, model.head="lm").
+  model.prefix_attention = "bidirectional"  # A decoder's text-to-text rows (span_corruption, prefix_lm, ul2): "bidirectional" (the inputs attend to each other both ways: a prefix LM) | "causal" (T5 Table 2's plain language model: no prefix).
   model.pooling = ""  # Classification pooling: "cls" (first token) | "mean" | "last" (decoder).
   model.num_classes = 2  # Classes of the classification head.
   model.num_decoder_layers = 0  # Decoder blocks of encoder_decoder; 0 means num_layers.
@@ -166,6 +168,10 @@ def get_config() -> ml_collections.ConfigDict:
   # ---- train.* : loop length, logging and evaluation ----
   train = config.train = ml_collections.ConfigDict()
   train.num_steps = 1000  # Optimizer steps in total (a resumed run continues to this).
+  train.noise_density = 0.15  # span_corruption (and ul2's R denoiser): fraction of a window's tokens in noise spans, in (0, 1).
+  train.mean_noise_span_length = 3.0  # span_corruption (and ul2's R denoiser): mean tokens a noise span, >= 1.
+  train.num_sentinels = 100  # span_corruption, ul2: sentinel ids after the tokenizer's vocabulary (T5's 100 <extra_id_N>); model.vocab_size must hold them (ul2: 3 more, its paradigm tokens).
+  train.ul2_weights = (1.0, 1.0, 1.0)  # ul2: the mixture weights of its R (span 3, density 0.15), S (prefix LM) and X (span 32 / density 0.15 and span 3 / density 0.5, half each) denoisers; need not add up to 1.
   train.microbatches = 1  # Gradient accumulation: split each batch into this many slices.
   train.logits_chunk = 0  # LM losses: positions projected to the vocabulary at a time, so [B, L, V] logits are never held whole (training/head_loss.py: each chunk's statistics in one pass, its gradient made at once; over a context axis of n, n equal parts of each chunk come from the n shards); 0 = auto (see model/lm_head.logits_chunk_length); the same losses.
   train.logits_dtype = "auto"  # LM losses: the dtype a chunk's logits are held in between the head's matmul (accumulated in float32) and the softmax statistics (computed in float32): "auto" = model.dtype (bfloat16 on accelerators: a third of the head's HBM traffic saved; a batch's mean loss moves by ~1e-5 relative), "float32", "bfloat16".

@@ -131,7 +131,12 @@ def test_objectives_table_covers_the_topologies_and_the_objective_code():
   heads = {head for _, head in pairs}
   assert archs == set(model_config.ARCHS)
   assert heads == set(model_config.HEADS) == set(_rejected_listing("model.head"))
-  assert all(o.model_inputs for o in objective_lib.OBJECTIVES.values())
+  assert all(objective_lib.of(arch, head, o.name).model_inputs
+             for o in objective_lib.OBJECTIVES.values() for arch, head in o.pairs)
+  # Text-to-text entries are converted onto the topologies CONVERTERS names.
+  assert {a for o in objective_lib.OBJECTIVES.values() if o.transform
+          for a, _ in o.pairs} == set(objective_lib.CONVERTERS)
+  assert _rejected_listing("model.objective") == list(objective_lib.OBJECTIVE_NAMES)
 
 
 def test_local_datasets_are_the_catalog_builders():

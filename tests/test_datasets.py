@@ -102,10 +102,11 @@ def test_missing_language_lists_the_features(mocked_catalog, tmp_path):
     loop.train_and_evaluate(config, str(tmp_path / "run"))
 
 
-def test_translation_needs_an_encoder_decoder(mocked_catalog, tmp_path):
+def test_translation_needs_an_objective_that_reads_pairs(mocked_catalog, tmp_path):
   config = tiny(base.get_config(), str(tmp_path), name="wmt14_translate/de-en",
                 source_language="en", target_language="de", tokenizer="bytes", download=True)
-  with pytest.raises(ConfigError, match=r"need model\.arch='encoder_decoder'"):
+  with pytest.raises(ConfigError, match=r"which the objectives \['seq2seq', 'prefix_lm'\] "
+                     r"train on, not the causal_lm objective"):
     loop.train_and_evaluate(config, str(tmp_path / "run"))
 
 

@@ -85,7 +85,9 @@ def test_every_entry_has_its_pipeline_and_its_pairs_name_real_topologies():
   for entry in objective_lib.OBJECTIVES.values():
     assert entry.pipeline in pipeline.PIPELINES, entry
     assert entry.pairs and all(arch in ARCHITECTURES for arch, _ in entry.pairs), entry
-    assert entry.sides == (2 if "decoder_inputs" in entry.model_inputs else 1), entry
+    for arch, head in entry.pairs:  # A text-to-text entry as its converter makes it.
+      resolved = objective_lib.of(arch, head, entry.name)
+      assert resolved.sides == (2 if "decoder_inputs" in resolved.model_inputs else 1), entry
   used = {entry.pipeline for entry in objective_lib.OBJECTIVES.values()}
   assert used == set(pipeline.PIPELINES)
 
@@ -99,7 +101,8 @@ def test_every_entry_has_its_pipeline_and_its_pairs_name_real_topologies():
 ])
 def test_resolve_reads_arch_and_head(arch, head, name, sides, classifies, translates,
                                      generates):
-  model = ml_collections.ConfigDict({"arch": arch, "head": head})
+  model = ml_collections.ConfigDict({"arch": arch, "head": head, "objective": "auto",
+                                     "prefix_attention": "bidirectional"})
   entry = objective_lib.resolve(model)
   assert (entry.name, entry.sides, entry.classifies, entry.translates, entry.generates) == (
       name, sides, classifies, translates, generates)
@@ -112,8 +115,8 @@ def test_an_unknown_pair_names_the_topologys_heads():
       "config.model.head='mlm' is invalid: model.arch='decoder' supports heads "
       "['classification', 'lm']")):
     objective_lib.of("decoder", "mlm")
-  with pytest.raises(ValueError, match=r"unknown objective 'prefix_lm'; valid: \["):
-    objective_lib.get("prefix_lm")
+  with pytest.raises(ValueError, match=r"unknown objective 'lm'; valid: \["):
+    objective_lib.get("lm")
 
 
 def test_the_model_side_reads_the_entry():
@@ -127,3 +130,35 @@ def test_the_model_side_reads_the_entry():
   init = objectives.init_batch("seq2seq", 2, 5)
   assert list(init) == list(objective_lib.get("seq2seq").model_inputs)
   assert int(init["targets_segment_ids"].min()) == 1 and int(init["decoder_inputs"].max()) == 0
+
+
+@pytest.mark.parametrize("name", ["span_corruption", "prefix_lm", "ul2"])
+def test_a_text_to_text_objective_is_converted_onto_each_topology(name):
+  """seqio's converters: the encoder-decoder reads two sides, the decoder one row with
+  a prefix (none with prefix_attention='causal'); an explicit name never changes "auto"."""
+  encdec = objective_lib.of("encoder_decoder", "lm", name)
+  assert (encdec.name, encdec.sides, encdec.pipeline) == (name, 2, "text_to_text")
+  assert encdec.model_inputs == objective_lib.get("seq2seq").model_inputs
+  decoder = objective_lib.of("decoder", "lm", name)
+  assert decoder.model_inputs == ("inputs", "segment_ids", "positions", "prefix")
+  assert decoder.sides == 1 and decoder.generates and not decoder.classifies
+  causal = objective_lib.of("decoder", "lm", name, prefix_attention="causal")
+  assert causal.model_inputs == ("inputs", "segment_ids", "positions")
+  assert objective_lib.of("decoder", "lm").name == "causal_lm"
+  assert objective_lib.of("encoder_decoder", "lm").name == "seq2seq"
+
+
+def test_an_objective_a_topology_cannot_train_is_one_line_naming_both_sides():
+  with pytest.raises(ConfigError) as error:
+    objective_lib.of("encoder", "mlm", "span_corruption")
+  assert str(error.value) == (
+      "config.model.objective='span_corruption' is invalid: model.arch='encoder' cannot "
+      "train it (it trains ['masked_lm', 'classification']); span_corruption trains on "
+      "model.arch ['decoder', 'encoder_decoder'].")
+  with pytest.raises(ConfigError, match=r"model.arch='encoder_decoder' cannot train it \(it "
+                     r"trains \['seq2seq', 'span_corruption', 'prefix_lm', 'ul2'\]\)"):
+    objective_lib.of("encoder_decoder", "lm", "masked_lm")
+  with pytest.raises(ConfigError, match=r"model.head='classification' is invalid: "
+                     r"model.objective='prefix_lm' on model.arch='decoder' needs "
+                     r"model.head='lm'"):
+    objective_lib.of("decoder", "classification", "prefix_lm")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ml_collections
 
+from transformer.config import denoisers
 from transformer.config import objective as objective_lib
 from transformer.config.checks import check_choice, check_int, check_rate, is_number
 from transformer.config.errors import fail
@@ -49,11 +50,14 @@ def validate_data(config: ml_collections.ConfigDict) -> None:
     fail(d + "shuffle_rows", data.shuffle_rows, "random LM windows (data.lm_windows="
           "'random') are already drawn independently: set data.shuffle_rows=0, or "
           "data.lm_windows='packed'")
-  if data.lm_windows == "random" and not objective_lib.resolve(model).generates:
+  objective = objective_lib.resolve(model)
+  if data.lm_windows == "random" and (not objective.generates or objective.transform):
     fail(d + "lm_windows", "random", "random windows are a causal-LM sampling (model.arch="
-          f"'decoder', model.head='lm'), not for model.arch={model.arch!r}, "
-          f"model.head={model.head!r}; use 'packed'")
-  if objective_lib.resolve(model).classifies and not data.label_key:
+          f"'decoder', model.head='lm'), not for the {objective.name} objective of "
+          f"model.arch={model.arch!r}, model.head={model.head!r}; use 'packed'")
+  if objective.transform:
+    denoisers.validate_denoising(config, objective.transform, model.arch)
+  if objective.classifies and not data.label_key:
     fail(d + "label_key", "", "a classification head needs the dataset's label feature "
           "(e.g. 'label' for glue/sst2 and imdb_reviews)")
   if not data.name:
@@ -104,7 +108,7 @@ def _validate_corpus(config: ml_collections.ConfigDict) -> None:
     if data[key] not in CORPUS_SPLITS:
       fail(d + key, data[key], f"a prepared corpus has the splits {CORPUS_SPLITS}")
   objective = objective_lib.resolve(config.model)
-  if not objective.streams:
+  if not (objective.streams or objective.transform):  # Windows of the token stream.
     fail(d + "name", CORPUS, "a prepared corpus holds token ids for language modelling "
          f"(model.head='lm'), not for the {objective.pipeline} objective of model.arch="
          f"{config.model.arch!r}, model.head={config.model.head!r}")

@@ -115,6 +115,8 @@ def validate_model(config: ml_collections.ConfigDict) -> None:
   m = "model."
   check_choice(config, m + "arch", ARCHS)
   check_choice(config, m + "head", HEADS)
+  check_choice(config, m + "objective", objective_lib.OBJECTIVE_NAMES)
+  check_choice(config, m + "prefix_attention", objective_lib.PREFIX_ATTENTIONS)
   check_choice(config, m + "remat", tuple(REMAT_POLICIES))
   for key in ("d_model", "num_layers", "num_heads", "mlp_dim", "max_len",
               "num_classes", "relative_buckets", "relative_max_distance"):

@@ -64,7 +64,7 @@ class Tokenize(grain.transforms.Map):
     return {"tokens": packing.checked(tokens, self._vocab_size)}
 
 
-def _packed_rows(source: Any, tokenizer: vocabularies.Tokenizer, *, text_key: str,
+def packed_rows(source: Any, tokenizer: vocabularies.Tokenizer, *, text_key: str,
                  vocab_size: int, row_len: int, seed: int, train: bool, shuffle_rows: int,
                  process_index: int, process_count: int, num_threads: int,
                  prepared: bool = False) -> grain.IterDataset:
@@ -241,7 +241,7 @@ def make_lm_dataset(source: Any, tokenizer: vocabularies.Tokenizer, *, text_key:
                              row_len=seq_len + 1, seed=mixture.component_seed(seed, index),
                              process_index=process_index, process_count=process_count,
                              num_threads=num_threads, prepared=prepared)
-    return _packed_rows(split, tokenizer, text_key=text_key, vocab_size=vocab_size,
+    return packed_rows(split, tokenizer, text_key=text_key, vocab_size=vocab_size,
                         row_len=seq_len + 1, seed=mixture.component_seed(seed, index),
                         train=train, shuffle_rows=shuffle_rows, process_index=process_index,
                         process_count=process_count, num_threads=num_threads,
@@ -310,7 +310,7 @@ def make_mlm_dataset(source: Any, tokenizer: vocabularies.Tokenizer, *, text_key
   if not vocabularies.NUM_SPECIAL <= tokenizer.mask_id < min(tokenizer.vocab_size, vocab_size):
     raise ValueError(f"mask id {tokenizer.mask_id} is outside [{vocabularies.NUM_SPECIAL}, "
                      f"{min(tokenizer.vocab_size, vocab_size)})")
-  it = mixture.mix_rows(source, lambda split, index: _packed_rows(
+  it = mixture.mix_rows(source, lambda split, index: packed_rows(
       split, tokenizer, text_key=text_key, vocab_size=vocab_size, row_len=seq_len,
       seed=mixture.component_seed(seed, index), train=train, shuffle_rows=shuffle_rows,
       process_index=process_index, process_count=process_count, num_threads=num_threads,

@@ -12,7 +12,9 @@ import grain
 import ml_collections
 
 from transformer.config import objective as objective_lib
+from transformer.config import denoisers
 from transformer.data import classification
+from transformer.data import denoise
 from transformer.data import lm
 from transformer.data import seq2seq
 from transformer.data import sources as sources_lib
@@ -53,9 +55,27 @@ def _classification(config, source, tokenizer, split, common):
       split=split, **common)
 
 
+def _text_to_text(config, source, tokenizer, split, common):
+  data, model = config.data, config.model
+  objective = objective_lib.resolve(model)
+  inputs_fn = None
+  if sources_lib.is_translation(data):  # prefix_lm on pairs (sources.check_features).
+    inputs_fn = seq2seq.translation_pairs(data.source_language, data.target_language)
+  elif data.label_key:  # A labelled text as "text -> label name".
+    inputs_fn = denoise.label_pairs(data.text_key, data.label_key,
+                                    sources_lib.label_names(source, data.label_key))
+  return denoise.make_text_to_text_dataset(
+      source, tokenizer, denoisers=denoisers.denoisers(objective.transform, config.train),
+      arch=model.arch, num_sentinels=config.train.num_sentinels, text_key=data.text_key,
+      seq_len=data.seq_len, shuffle_rows=data.shuffle_rows, prepared=data.name == "corpus",
+      inputs_fn=inputs_fn, overlong=data.overlong,
+      prefix="prefix" in objective.model_inputs, **common)
+
+
 # Objective.pipeline -> (config, source, tokenizer, split, common kwargs) -> batches.
 PIPELINES: dict[str, Callable[..., grain.IterDataset]] = {
-    "lm": _lm, "mlm": _mlm, "seq2seq": _seq2seq, "classification": _classification}
+    "lm": _lm, "mlm": _mlm, "seq2seq": _seq2seq, "classification": _classification,
+    "text_to_text": _text_to_text}
 
 
 def make_dataset(config: ml_collections.ConfigDict, objective: objective_lib.Objective | str,

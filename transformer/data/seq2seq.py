@@ -25,7 +25,7 @@ from transformer.data.tokenizers import vocabularies
 InputsFn = Callable[[dict[str, Any]], list[tuple[str, str]]]
 
 
-class _TokenizePairs(grain.transforms.Map):
+class TokenizePairs(grain.transforms.Map):
   """example -> `inputs_fn` text pairs -> [{inputs: ids + [eos], targets: ids + [eos]}]."""
 
   def __init__(self, tokenizer: vocabularies.Tokenizer, inputs_fn: InputsFn, vocab_size: int,
@@ -68,7 +68,7 @@ class _PadPair:
     return row
 
 
-def _add_decoder_inputs(row: dict[str, np.ndarray]) -> packing.Batch:
+def add_decoder_inputs(row: dict[str, np.ndarray]) -> packing.Batch:
   """Packed pairs -> the model's keys, with targets shifted right within each pair."""
   targets, segments = row["targets"], row["targets_segment_ids"]
   positions = row["targets_positions"]
@@ -121,7 +121,7 @@ def make_seq2seq_dataset(source: Any, tokenizer: vocabularies.Tokenizer, *,
     raise ValueError(f"config.data.packing={packing_mode!r} is invalid: valid values are "
                      f"{PACKINGS}")
   limit = packing.LengthLimit(overlong, "seq2seq" if train else "seq2seq eval")
-  tokenize = _TokenizePairs(tokenizer, inputs_fn, vocab_size, source_len, target_len, limit)
+  tokenize = TokenizePairs(tokenizer, inputs_fn, vocab_size, source_len, target_len, limit)
   it = packing.documents(source, tokenize, seed=seed, train=train,
                          process_index=process_index, process_count=process_count,
                          num_threads=num_threads)
@@ -135,7 +135,7 @@ def make_seq2seq_dataset(source: Any, tokenizer: vocabularies.Tokenizer, *,
         num_packing_bins=batch_size, shuffle_bins=False)
   else:
     it = it.map(_PadPair(source_len, target_len))
-  it = it.map(_add_decoder_inputs)
+  it = it.map(add_decoder_inputs)
   return it.batch(batch_size, drop_remainder=train)
 
 

@@ -72,6 +72,19 @@ def text_keys(config: ml_collections.ConfigDict) -> tuple[str, ...]:
   return (config.data.text_key,)
 
 
+def label_names(source: Any, label_key: str) -> tuple[str, ...]:
+  """The class names of a split's ClassLabel feature `label_key` (a labelled text read
+  as text-to-text pairs: "text -> label name")."""
+  features = source.features if hasattr(source, "features") else None
+  label = features[label_key] if features is not None and label_key in features else None
+  names = getattr(label, "names", None)
+  if not names:
+    raise ConfigError(f"config.data.label_key={label_key!r}: the split has no ClassLabel "
+                      "feature of that name whose class names could be the targets of "
+                      "text-to-text pairs")
+  return tuple(names)
+
+
 def _features_of(builder: tfds.core.DatasetBuilder) -> list[str]:
   return sorted(builder.info.features.keys())
 
@@ -82,10 +95,11 @@ def check_features(config: ml_collections.ConfigDict, builder: tfds.core.Dataset
   features = builder.info.features
   objective = objective_lib.resolve(config.model)
   if is_translation(data):
-    if not objective.translates:
+    if not objective.reads_pairs:
+      readers = [o.name for o in objective_lib.OBJECTIVES.values() if o.reads_pairs]
       raise ConfigError(f"config.data.source_language={data.source_language!r} reads "
-                        "translation pairs, which need model.arch='encoder_decoder' (objective "
-                        f"seq2seq), not the {objective.name} objective of model.arch="
+                        f"translation pairs, which the objectives {readers} train on, not "
+                        f"the {objective.name} objective of model.arch="
                         f"{config.model.arch!r}")
     for key in ("source_language", "target_language"):
       if data[key] not in features:

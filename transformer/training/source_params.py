@@ -51,7 +51,7 @@ from transformer.workdir import init_from as init_from_lib
 Path = tuple[str, ...]
 # The model.* keys a fine-tuning run chooses as its task: a new head may be new and the
 # source's head dropped because of them (training/fine_tune.py keeps them this run's).
-TASK_FIELDS = ("head", "pooling", "num_classes")
+TASK_FIELDS = ("head", "pooling", "num_classes", "objective", "prefix_attention")
 
 
 @dataclasses.dataclass(frozen=True)

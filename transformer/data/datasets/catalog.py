@@ -152,6 +152,11 @@ class CheckedSource:
   def __len__(self) -> int:
     return len(self._source)
 
+  @property
+  def features(self) -> Any:
+    """The split's TFDS features (a labelled text's class names: sources.label_names)."""
+    return self._source.dataset_info.features
+
   def _damaged(self, error: Exception) -> DataError:
     return DataError(
         f"the prepared dataset in {self._folder} is damaged ({str(error).splitlines()[0]}): "

@@ -72,6 +72,15 @@ class HFTokenizer:
       hf_ids = self._sentencepiece.encode(text)
     return self.hf_to_internal[np.asarray(hf_ids, np.int64)].astype(np.int32)
 
+  def piece_id(self, piece: str) -> int | None:
+    """The internal id of one whole token of the source vocabulary (T5's
+    `<extra_id_0>`, say), or None when it has no such token (data/tokenizers/sentinels.py)."""
+    hf_id = self._fast.token_to_id(piece) if self._fast is not None else None
+    if hf_id is None or not 0 <= hf_id < len(self.hf_to_internal):
+      return None
+    internal = int(self.hf_to_internal[hf_id])
+    return None if internal == vocabularies.UNK_ID else internal
+
   def decode(self, ids: Iterable[int]) -> str:
     """Text of internal ids; the special roles and added rows are dropped."""
     self._require()

@@ -19,9 +19,12 @@ from typing import Iterable
 import ml_collections
 from absl import logging
 
+from transformer.config import denoisers
+from transformer.config import objective as objective_lib
 from transformer.config.errors import ConfigError
 from transformer.data import run_data
 from transformer.data.tokenizers import hf_vocab
+from transformer.data.tokenizers import sentinels
 from transformer.data.tokenizers import vocabularies
 from transformer.workdir import files
 from transformer.workdir import layout
@@ -65,21 +68,45 @@ def build_vocabulary(config: ml_collections.ConfigDict, texts: Iterable[str],
                                         data.spm_train_sentences, data.spm_model_type)
 
 
+def needed_vocab_size(config: ml_collections.ConfigDict,
+                      tokenizer: vocabularies.Tokenizer) -> int:
+  """The ids the model's embedding must hold: the tokenizer's, and a text-to-text
+  objective's sentinels and paradigm tokens after them (sentinels.py)."""
+  transform = objective_lib.resolve(config.model).transform
+  if not transform:
+    return tokenizer.vocab_size
+  return sentinels.vocab_size_needed(tokenizer,
+                                     *denoisers.extra_id_counts(transform, config.train))
+
+
 def check_vocab_size(config: ml_collections.ConfigDict, tokenizer: vocabularies.Tokenizer) -> None:
-  """model.vocab_size (when set) must hold every id of the tokenizer."""
-  if config.model.vocab_size and tokenizer.vocab_size > config.model.vocab_size:
+  """model.vocab_size (when set) must hold every id of the tokenizer (and the objective's
+  sentinels and paradigm tokens)."""
+  needed = needed_vocab_size(config, tokenizer)
+  size, kind = config.model.vocab_size, tokenizer_kind(tokenizer)
+  if not size or needed <= size:
+    return
+  if needed == tokenizer.vocab_size:
     raise ConfigError(
-        f"config.model.vocab_size={config.model.vocab_size} is smaller than the "
-        f"{tokenizer_kind(tokenizer)} tokenizer's vocabulary ({tokenizer.vocab_size}); "
-        f"expected >= {tokenizer.vocab_size}, or 0 to take the tokenizer's size rounded up "
-        f"to a multiple of {VOCAB_MULTIPLE}")
+        f"config.model.vocab_size={size} is smaller than the {kind} tokenizer's vocabulary "
+        f"({tokenizer.vocab_size}); expected >= {tokenizer.vocab_size}, or 0 to take the "
+        f"tokenizer's size rounded up to a multiple of {VOCAB_MULTIPLE}")
+  objective = objective_lib.resolve(config.model)
+  count, paradigms = denoisers.extra_id_counts(objective.transform, config.train)
+  raise ConfigError(
+      f"config.model.vocab_size={size} has no room for model.objective="
+      f"{objective.name!r}'s {count} sentinels (train.num_sentinels)"
+      f"{f' and {paradigms} paradigm tokens' if paradigms else ''} after the {kind} "
+      f"tokenizer's {tokenizer.vocab_size} ids: it needs >= {needed}, or 0 to take that "
+      f"size rounded up to a multiple of {VOCAB_MULTIPLE}")
 
 
 def resolved_vocab_size(config: ml_collections.ConfigDict, tokenizer: vocabularies.Tokenizer) -> int:
-  """model.vocab_size, or for 0 the tokenizer's size rounded up to VOCAB_MULTIPLE."""
+  """model.vocab_size, or for 0 the ids needed (needed_vocab_size) rounded up to
+  VOCAB_MULTIPLE."""
   if config.model.vocab_size:
     return config.model.vocab_size
-  return -(-tokenizer.vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+  return -(-needed_vocab_size(config, tokenizer) // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
 
 
 def _vocabulary_file(tokenizer: vocabularies.Tokenizer) -> str | None:
