@@ -833,3 +833,58 @@ def test_help_and_docs_list_the_families_of_the_tables():
     assert f"{types}." in docs
     assert types in help_text
 
+
+
+def test_an_imported_t5_continues_pretraining_on_span_corruption(tmp_path, tfds_data_dir):
+  """init_from an imported T5 and model.objective=span_corruption: the model, the
+  vocabulary size and the sentinels (the tokenizer's own <extra_id_N>, as T5's
+  tokenizer.json lists them) come from the import; a few steps train from its weights.
+
+  The fixture's tokenizer has no extra ids, so a copy gets 8 (the model's 8 spare rows),
+  and train.num_sentinels says 8: a real T5's 100 are the key's default."""
+  from transformer.data.tokenizers import sentinels  # pylint: disable=g-import-not-at-top
+  from transformer.training import loop  # pylint: disable=g-import-not-at-top
+  folder = _copy("t5", tmp_path)
+  with open(os.path.join(folder, "tokenizer.json"), encoding="utf-8") as f:
+    tokenizer_json = json.load(f)
+  for hf_id in range(120, 128):  # Ascending ids, <extra_id_0> the last, as T5's file.
+    tokenizer_json["added_tokens"].append(
+        {"id": hf_id, "content": f"<extra_id_{127 - hf_id}>", "single_word": False,
+         "lstrip": False, "rstrip": False, "normalized": False, "special": True})
+  with open(os.path.join(folder, "tokenizer.json"), "w", encoding="utf-8") as f:
+    json.dump(tokenizer_json, f)
+  imported = str(tmp_path / "imported")
+  importer.import_folder(folder, imported, base.get_config())
+  tokenizer = hf_vocab.HFTokenizer(os.path.join(imported, "hf_tokenizer.json"))
+  # Source id 127 - i holds <extra_id_i>; internal ids are the source's + 1 (bos added).
+  assert sentinels.sentinel_ids(tokenizer, 8).tolist() == list(range(128, 120, -1))
+
+  text_file = tmp_path / "text.txt"
+  text_file.write_text("\n".join(f"The quick brown fox {i} jumps over the lazy dog."
+                                 for i in range(64)) + "\n", encoding="utf-8")
+  from configs import gpt_small  # pylint: disable=g-import-not-at-top
+  config = gpt_small.get_config("local")
+  config.init_from = imported
+  config.model.objective = "span_corruption"
+  config.data.update(name="local_text", path=str(text_file), data_dir=tfds_data_dir,
+                     seq_len=32, batch_size=8, num_threads=1)
+  config.train.update(num_steps=3, eval_every=3, eval_batches=1, steps_per_call=1,
+                      num_sentinels=8, sample_prompt="")
+  config.checkpoint.update(every=3)
+  workdir = str(tmp_path / "continued")
+  # What launch.py does first: the import's model and tokenizer keys replace the
+  # preset's, the command line's (here model.objective) stay.
+  from transformer.training import fine_tune  # pylint: disable=g-import-not-at-top
+  said = fine_tune.take_source_model(config, {"model.objective"}, workdir)
+  assert imported in said
+  loop.train_and_evaluate(config, workdir)
+  run = loaded.load_run(workdir)
+  assert (run.config.model.arch, run.config.model.vocab_size) == ("encoder_decoder", 129)
+  assert run_vocabulary.tokenizer_kind(run.tokenizer) == "huggingface"
+  with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
+    losses = [row["eval_loss"] for row in map(json.loads, f) if "eval_loss" in row]
+  assert len(losses) == 2 and all(np.isfinite(losses))
+  # Trained from the import's weights: 3 small steps away from them, not a fresh draw.
+  start = np.asarray(loaded.load_run(imported).params["encoder"]["block_0"]["mlp"]["wi"]["kernel"])
+  now = np.asarray(run.params["encoder"]["block_0"]["mlp"]["wi"]["kernel"])
+  assert 0 < np.abs(now - start).max() < 0.1 * np.abs(start).max()
