@@ -502,9 +502,14 @@ MISTAKES = {  # name -> (which run, how to break it, the call, the message)
                            r"--average_last=3 needs 3 checkpoints but .* holds 2 \(steps 2, 4\)"
                            r": a run keeps only its newest checkpoint\.keep=2"),
     "generate_on_translation": ("translation", {}, lambda w: generate_mode.generate(w, ["a"]),
-                                r"--mode=generate needs a model with arch='decoder'"),
+                                r"--mode=generate continues prompts \(or fills a text-to-text "
+                                r"model's sentinels\): it serves causal_lm \(decoder\), .*"
+                                r"span_corruption \(encoder_decoder, decoder\).*holds a seq2seq "
+                                r"model \(model.arch='encoder_decoder'"),
     "translate_on_lm": ("lm", {}, lambda w: translate_mode.translate(w, stdin=io.StringIO("a\n")),
-                        r"--mode=translate needs a model with arch='encoder_decoder'"),
+                        r"--mode=translate translates sentences: it serves seq2seq "
+                        r"\(encoder_decoder\), prefix_lm \(encoder_decoder, decoder\); .* holds a "
+                        r"causal_lm model"),
     "beam_and_sampling": ("lm", {}, lambda w: loaded.load_run(
         w, decode_overrides={"beam_size": 4, "temperature": 0.7}),
                           r"beam search does not sample"),

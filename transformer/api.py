@@ -94,7 +94,8 @@ class Model:
       ConfigError: an unknown or invalid option, a model that is not a decoder LM,
         an empty prompt, or one that does not fit the context.
     """
-    self.run.require("decoder", "lm", "generate", "Use --mode=translate for an encoder-decoder.")
+    self.run.require("generate", text.generate_serves,
+                     "continues prompts (or fills a text-to-text model's sentinels)")
     unknown = sorted(set(options) - set(GENERATE_OPTIONS))
     if unknown:
       raise ConfigError(f"generate option(s) {unknown} unknown; valid: {list(GENERATE_OPTIONS)}")
@@ -106,13 +107,13 @@ class Model:
     decode = config.decode
     single = isinstance(prompts, str)
     texts = [prompts] if single else list(prompts)
-    policy = text.prompt_policy(config, decode.max_new_tokens, decode.overlong)
     rng = None if decode.temperature <= 0 else jax.random.PRNGKey(
         config.seed if seed is None else seed)
     with self.run.context():
-      outputs = text.continue_texts(self.run.model_config, self.run.params, self.tokenizer,
-                                    texts, decode, policy,
-                                    max_new_tokens=decode.max_new_tokens, rng=rng)
+      outputs = text.generate_texts(config, self.run.model_config, self.run.params,
+                                    self.tokenizer, texts, decode,
+                                    max_new_tokens=decode.max_new_tokens,
+                                    overlong=decode.overlong, rng=rng)
     return outputs[0] if single else outputs
 
   def score(self, texts: str | Sequence[str]) -> float | list[float]:
@@ -125,7 +126,9 @@ class Model:
     Raises:
       ConfigError: not a decoder LM, an empty text, or one longer than model.max_len.
     """
-    self.run.require("decoder", "lm", "score", "Score with --mode=evaluate instead.")
+    self.run.require("score", lambda o: o.generates,
+                     "scores texts by a decoder's log-likelihood (--mode=evaluate scores "
+                     "any run)")
     single = isinstance(texts, str)
     texts = [texts] if single else list(texts)
     limit = self.run.config.model.max_len

@@ -75,6 +75,11 @@ class _FirstExamples:
       raise IndexError(index)
     return self._source[index]
 
+  @property
+  def features(self) -> Any:
+    """The source's features, where it has them (a labelled text's class names)."""
+    return getattr(self._source, "features", None)
+
 
 def result_path(workdir: str, split: str, steps: Sequence[int], max_examples: int = 0,
                 variant: Mapping[str, Any] | None = None) -> str:
@@ -184,6 +189,8 @@ def evaluate(workdir: str, *, config: ml_collections.ConfigDict | None = None,
                              "rows": metrics_lib.by_position_rows(sums, by_position)}
   if objective.translates and sources.is_translation(config.data):
     record.update(_translation_scores(run, source, split, seed, metrics))
+  elif objective.reads_pairs and objective.transform and config.data.label_key:
+    record.update(_label_word_accuracy(run, source, split, seed, metrics))
   averaged = os.path.join(workdir, layout.AVERAGED)
   if os.path.exists(averaged):
     with open(averaged, encoding="utf-8") as f:
@@ -241,8 +248,7 @@ def _translation_scores(run: loaded.LoadedRun, source: Any, split: str, seed: in
   record's "decoding" and "sacrebleu" entries."""
   config = run.config
   texts, references = text.source_and_reference_texts(config.data, source)
-  policy = text.LengthPolicy(config.decode.overlong, text.source_context(config),
-                             "source", "min(data.seq_len, model.max_len), eos included")
+  policy = text.source_policy(config, config.decode.overlong)
   translating = progress_lib.Progress(f"evaluate {split}: translating", len(texts),
                                       "sentences")
   with run.context():
@@ -261,6 +267,31 @@ def _translation_scores(run: loaded.LoadedRun, source: Any, split: str, seed: in
   return {"decoding": decoding,
           "sacrebleu": {k: scores[k] for k in ("bleu_detail", "bleu_signature",
                                                "chrf_signature")}}
+
+
+def _label_word_accuracy(run: loaded.LoadedRun, source: Any, split: str, seed: int | None,
+                         metrics: dict[str, Any]) -> dict[str, Any]:
+  """A labelled text trained text-to-text ("text -> label word", data.label_key):
+  decodes each text and adds `label_accuracy`, the share whose output is exactly its
+  label's name (surrounding spaces aside), and `label_unknown`, the share whose output
+  is no class name at all; returns the record's "decoding" and "labels" entries."""
+  config = run.config
+  names = sources.label_names(source, config.data.label_key)
+  texts, labels = text.labelled_texts(config.data, source, names)
+  answering = progress_lib.Progress(f"evaluate {split}: answering", len(texts), "texts")
+  with run.context():
+    outputs = text.translate_texts(
+        run.model_config, run.params, run.tokenizer, texts, config.decode,
+        text.source_policy(config, config.decode.overlong),
+        names=[f"{split}[{i}]" for i in range(len(texts))], rng=run.sampling_rng(seed),
+        progress=answering)
+  answering.finish()
+  words = [output.strip() for output in outputs]
+  metrics["label_accuracy"] = sum(w == l for w, l in zip(words, labels)) / len(labels)
+  metrics["label_unknown"] = sum(w not in names for w in words) / len(labels)
+  decoding = dict(text.describe_search(config.decode),
+                  max_length_offset=config.decode.max_length_offset)
+  return {"decoding": decoding, "labels": list(names)}
 
 
 def _write_result(record: dict[str, Any], run: loaded.LoadedRun, path: str,
@@ -302,6 +333,11 @@ def _print_result(record: dict[str, Any], run: loaded.LoadedRun, path: str, out:
     lines += [f"  {'BLEU':<11}{metrics['bleu']:<8.2f}{record['sacrebleu']['bleu_signature']}",
               f"  {'chrF':<11}{metrics['chrf']:<8.2f}{record['sacrebleu']['chrf_signature']}",
               f"  {record['sacrebleu']['bleu_detail']}", f"  decoding: {search}"]
+  if "label_accuracy" in metrics:
+    search = ", ".join(f"{k} {v}" for k, v in record["decoding"].items())
+    lines += [f"  {'label acc.':<11}{metrics['label_accuracy']:.6g} (the generated word is "
+              f"the label's name; {metrics['label_unknown']:.3g} named no class of "
+              f"{record['labels']})", f"  decoding: {search}"]
   if "by_position" in record:
     lines.append(f"  by position (buckets of {record['by_position']['bucket']} positions, "
                  f"at {record['seq_len']} tokens a row):")

@@ -1,6 +1,11 @@
 """--mode=generate: continue --prompt (or each line of --input, or of stdin) with a decoder LM
 -> --output (or stdout); greedy unless --temperature (sampling) or --beam_size=N (beam search).
 
+A text-to-text model (model.objective span_corruption, prefix_lm or ul2, on a decoder
+or an encoder-decoder) answers each prompt as its training inputs: a prompt holding
+`<extra_id_0>` ... gets those spans filled, shown as `<extra_id_0> ... <extra_id_1> ...`
+(inference/text.py's generate_texts).
+
 Greedy by default (the likeliest token each step); --temperature > 0 samples (with
 --top_k / --top_p), --beam_size=N > 1 is beam search.
 
@@ -60,7 +65,8 @@ def generate(workdir: str, prompts: Sequence[str] | None = None, *,
              decode_overrides: Mapping[str, Any] | None = None,
              model_overrides: Mapping[str, Any] | None = None, seed: int | None = None,
              stdin: TextIO | None = None, stdout: TextIO | None = None) -> list[str]:
-  """Continues prompts with a decoder LM and prints each continuation.
+  """Continues prompts with a decoder LM (or answers them with a text-to-text model:
+  text.generate_texts) and prints each continuation.
 
   Each prompt is [bos] + its ids, as training documents begin. The search is greedy
   (the likeliest token each step) by default, as nanoGPT's and Hugging Face's: the
@@ -88,7 +94,7 @@ def generate(workdir: str, prompts: Sequence[str] | None = None, *,
     The continuations, in prompt order.
 
   Raises:
-    ConfigError: not a decoder LM, an empty prompt, a missing input, an output that
+    ConfigError: a model that neither continues nor answers text, an empty prompt, a missing input, an output that
       exists (or is the input), or (decode.overlong='error') a
       prompt that does not fit the context with max_new_tokens.
   """
@@ -111,16 +117,16 @@ def generate(workdir: str, prompts: Sequence[str] | None = None, *,
   run = loaded.load_run(workdir, config=config, checkpoint_step=checkpoint_step,
                         average_last=average_last, decode_overrides=decode_overrides,
                         model_overrides=model_overrides)
-  run.require("decoder", "lm", "generate", "Use --mode=translate for an encoder-decoder.")
+  run.require("generate", text.generate_serves,
+              "continues prompts (or fills a text-to-text model's sentinels)")
   decode = run.config.decode
-  policy = text.prompt_policy(run.config, decode.max_new_tokens, decode.overlong)
   # Lines of a file or a pipe are counted; a --prompt is not.
   generating = progress_lib.Progress("generate", len(prompts), "prompts") if read else None
   with run.context():
-    continuations = text.continue_texts(
-        run.model_config, run.params, run.tokenizer, prompts, decode, policy,
-        max_new_tokens=decode.max_new_tokens, names=names, rng=run.sampling_rng(seed),
-        progress=generating)
+    continuations = text.generate_texts(
+        run.config, run.model_config, run.params, run.tokenizer, prompts, decode,
+        max_new_tokens=decode.max_new_tokens, overlong=decode.overlong, names=names,
+        rng=run.sampling_rng(seed), progress=generating)
   if generating:
     generating.finish()
   if jax.process_index() == 0:

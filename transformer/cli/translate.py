@@ -1,6 +1,7 @@
 """--mode=translate: --input (or stdin), one sentence a line -> --output (or stdout).
 
-Needs an encoder-decoder run in --workdir (inference/loaded.py says what comes from
+Needs a run trained on pairs in --workdir: an encoder-decoder, or a decoder trained as
+a prefix LM on them (model.objective="prefix_lm"; the source is its prompt) (inference/loaded.py says what comes from
 where); the decode flags (cli/common.py) set single decode.* fields.
 """
 
@@ -36,10 +37,10 @@ def translate(workdir: str, *, input_path: str = "", output_path: str = "",
               decode_overrides: Mapping[str, Any] | None = None,
               model_overrides: Mapping[str, Any] | None = None, seed: int | None = None,
               stdin: TextIO | None = None, stdout: TextIO | None = None) -> list[str]:
-  """Translates one sentence per line with an encoder-decoder.
+  """Translates one sentence per line with a model trained on pairs.
 
-  Sources are ids + [eos] as in training, at most min(data.seq_len, model.max_len)
-  tokens: a longer line is truncated with a warning naming it, or stops the command
+  Sources are ids + [eos] as in training (a decoder's prompt [bos] ids [eos]), at most
+  min(data.seq_len, model.max_len) tokens (half of it for a decoder): a longer line is truncated with a warning naming it, or stops the command
   (decode.overlong). Beam search by default (decode.beam_size 4, alpha 0.6, output
   length at most source + decode.max_length_offset). Lines are decoded in
   length-sorted batches of decode.batch_size and written back in input order; an
@@ -60,7 +61,7 @@ def translate(workdir: str, *, input_path: str = "", output_path: str = "",
     The translations, in input order.
 
   Raises:
-    ConfigError: not an encoder-decoder, a missing input, an output that exists (or
+    ConfigError: a model not trained on pairs, a missing input, an output that exists (or
       is the input), or an overlong line with decode.overlong='error'.
   """
   if output_path:
@@ -70,11 +71,8 @@ def translate(workdir: str, *, input_path: str = "", output_path: str = "",
   run = loaded.load_run(workdir, config=config, checkpoint_step=checkpoint_step,
                  average_last=average_last, decode_overrides=decode_overrides,
                  model_overrides=model_overrides)
-  run.require("encoder_decoder", "lm", "translate",
-           "Use --mode=generate for a decoder LM.")
-  limit = text.source_context(run.config)
-  policy = text.LengthPolicy(run.config.decode.overlong, limit, "source",
-                                   "min(data.seq_len, model.max_len), eos included")
+  run.require("translate", lambda o: o.translates, "translates sentences")
+  policy = text.source_policy(run.config, run.config.decode.overlong)
   progress = progress_lib.Progress("translate", len(lines), "sentences") if input_path else None
   logging.info("Translating %d lines (%s; batches of %d)", len(lines),
                ", ".join(f"{k} {v}" for k, v in

@@ -41,7 +41,7 @@ pipeline can all read it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -119,7 +119,7 @@ class Converter:
 # objective. The decoder's `prefix` field is dropped with model.prefix_attention="causal".
 CONVERTERS: dict[str, Converter] = {
     "encoder_decoder": Converter(_SEQ2SEQ_INPUTS, sides=2, translates=True),
-    "decoder": Converter(_LM_INPUTS + ("prefix",), generates=True),
+    "decoder": Converter(_LM_INPUTS + ("prefix",), generates=True, translates=True),
 }
 PREFIX_ATTENTIONS = ("bidirectional", "causal")  # model.prefix_attention's values.
 _TEXT_TO_TEXT = tuple(((arch, "lm") for arch in CONVERTERS))
@@ -193,6 +193,18 @@ def resolve(model: Any) -> Objective:
   """The objective of `config.model` or a ModelConfig (.arch, .head, .objective and
   .prefix_attention)."""
   return of(model.arch, model.head, model.objective, model.prefix_attention)
+
+
+def describe(serves: Callable[[Objective], bool]) -> str:
+  """The objectives (each with the model.arch that trains it so) for which `serves` is
+  true, for a mode's message: "causal_lm (decoder), span_corruption (encoder_decoder,
+  decoder)"."""
+  parts = []
+  for name, entry in OBJECTIVES.items():
+    archs = [arch for arch, head in entry.pairs if serves(of(arch, head, name))]
+    if archs:
+      parts.append(f"{name} ({', '.join(dict.fromkeys(archs))})")
+  return ", ".join(parts) or "no objective"
 
 
 def get(objective: Objective | str) -> Objective:

@@ -114,8 +114,8 @@ def validate_evaluation_hooks(config: ml_collections.ConfigDict) -> None:
   if config.train.bleu_examples and not (config.data.source_language and
                                          objective.translates):
     fail(t + "bleu_examples", config.train.bleu_examples, "BLEU is computed for "
-          "translation runs: model.arch='encoder_decoder' with data.source_language and "
-          "data.target_language set")
+          "translation runs: data.source_language and data.target_language set, and an "
+          f"objective that reads pairs: {objective_lib.describe(lambda o: o.translates)}")
   if config.train.sample_prompt and not objective.generates:
     fail(t + "sample_prompt", config.train.sample_prompt, "samples come from a decoder "
           f"LM (model.arch='decoder', model.head='lm'), not the {objective.name} objective "

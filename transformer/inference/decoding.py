@@ -4,7 +4,11 @@ The model runs in decode mode (`ModelConfig.decode=True`): each causal self-atte
 keeps max_len key/value slots in the "cache" collection, slot s for position s of its
 row, and each cross-attention keeps the keys/values of its encoder output, computed on
 the first decoding call. A prompt is prefilled in one call, then one token per step is
-added; a step costs one token's worth of compute instead of a forward pass.
+added; a step costs one token's worth of compute instead of a forward pass. A prefix
+LM's prompt (`prompt_is_prefix`: its objective feeds the model a `prefix` field) is
+prefilled whole as the prefix, its tokens attending to each other both ways as in
+training, and the first step's logits are the prefill's; a causal LM prefills all but
+the last prompt token, which the first step feeds.
 
 Two searches share one interface and know nothing about models:
 `temperature_sample` (greedy at temperature 0, else sampling with optional top-k and
@@ -370,6 +374,57 @@ def _right_padded_lengths(real_BL: np.ndarray, what: str) -> np.ndarray:
   return lengths_B.astype(np.int32)
 
 
+def prompt_is_prefix(config: ModelConfig) -> bool:
+  """Whether a decoder reads its prompt as a prefix LM's prefix (bidirectional among the
+  prompt's tokens, then causal): its objective feeds the model a `prefix` field
+  (Decoder.__call__), as attention_ops.layer_kinds decides the same."""
+  return config.arch == "decoder" and "prefix" in objective_lib.resolve(config).model_inputs
+
+
+def _prefill_causal(model: nn.Module, params, cache: Any, prompts_BP: jax.Array,
+                    lengths_B: jax.Array) -> tuple[Any, jax.Array, None]:
+  """A causal LM's prefill: all but each row's last prompt token, which the search
+  feeds first. The padding goes in as if it were content: causality hides it from the
+  real tokens before it, the generated tokens overwrite its slots before anything reads
+  them, and no query faces a fully masked row (which some attention kernels turn to NaN).
+
+  Returns:
+    (cache, the start tokens [B], None: the first step runs the model).
+  """
+  width = prompts_BP.shape[1]
+  if width > 1:
+    head_BL = prompts_BP[:, :-1]
+    positions_BL = jnp.broadcast_to(jnp.arange(width - 1), head_BL.shape)
+    _, variables = model.apply({"params": params, "cache": cache}, head_BL,
+                               jnp.ones_like(head_BL), positions_BL, mutable=["cache"])
+    cache = variables["cache"]
+  start_B = jnp.take_along_axis(prompts_BP, (lengths_B - 1)[:, None], axis=1)[:, 0]
+  return cache, start_B, None
+
+
+def _prefill_prefix(model: nn.Module, params, cache: Any, prompts_BP: jax.Array,
+                    lengths_B: jax.Array) -> tuple[Any, jax.Array, jax.Array]:
+  """A prefix LM's prefill: the whole prompt in one call, its real tokens the prefix
+  (each sees every other), so every prompt key is cached before any prompt query reads
+  (Decoder.__call__). The padding after a row's prompt is outside the prefix: causal, it
+  sees the prompt, no prompt token sees it, and generated tokens overwrite its slots.
+
+  Returns:
+    (cache, the last prompt tokens [B] (fed to nothing: the first step's logits are
+    the prefill's), the logits [B, V] after each row's last prompt token).
+  """
+  width = prompts_BP.shape[1]
+  positions_BP = jnp.broadcast_to(jnp.arange(width), prompts_BP.shape)
+  prefix_BP = (positions_BP < lengths_B[:, None]).astype(jnp.int32)
+  logits_BPV, variables = model.apply(
+      {"params": params, "cache": cache}, prompts_BP, jnp.ones_like(prompts_BP),
+      positions_BP, prefix_BP, mutable=["cache"])
+  last_B1 = (lengths_B - 1)[:, None]
+  first_logits_BV = jnp.take_along_axis(logits_BPV, last_B1[:, :, None], axis=1)[:, 0]
+  start_B = jnp.take_along_axis(prompts_BP, last_B1, axis=1)[:, 0]
+  return variables["cache"], start_B, first_logits_BV
+
+
 @functools.partial(jax.jit, static_argnames=("config", "num_steps", "beam_size", "alpha",
                                              "temperature", "top_k", "top_p"))
 def _generate(config: ModelConfig, params, prompts_BP: jax.Array, lengths_B: jax.Array,
@@ -377,21 +432,11 @@ def _generate(config: ModelConfig, params, prompts_BP: jax.Array, lengths_B: jax
               alpha: float, temperature: float, top_k: int, top_p: float) -> jax.Array:
   """`generate` after validation: one compile per (batch size, prompt width)."""
   model = decode_model(config)
-  batch, width = prompts_BP.shape
-  cache = init_cache(model, batch)
-  if width > 1:
-    # Prefill all but each row's last prompt token, which the search feeds first. The
-    # padding goes in as if it were content: causality hides it from the real tokens
-    # before it, the generated tokens overwrite its slots before anything reads them,
-    # and no query faces a fully masked row (which some attention kernels turn to NaN).
-    prefix_BL = prompts_BP[:, :-1]
-    positions_BL = jnp.broadcast_to(jnp.arange(width - 1), prefix_BL.shape)
-    _, variables = model.apply({"params": params, "cache": cache}, prefix_BL,
-                               jnp.ones_like(prefix_BL), positions_BL, mutable=["cache"])
-    cache = variables["cache"]
-  start_B = jnp.take_along_axis(prompts_BP, (lengths_B - 1)[:, None], axis=1)[:, 0]
+  prefill = _prefill_prefix if prompt_is_prefix(config) else _prefill_causal
+  cache, start_B, first_logits_BV = prefill(model, params, init_cache(model, prompts_BP.shape[0]),
+                                            prompts_BP, lengths_B)
 
-  def logits_fn(tokens_B, state, i):
+  def model_step(tokens_B, state, i):
     tokens_B1 = tokens_B[:, None]
     positions_B1 = (state["first_position"] + i)[:, None]
     logits_B1V, variables = model.apply(
@@ -399,8 +444,18 @@ def _generate(config: ModelConfig, params, prompts_BP: jax.Array, lengths_B: jax
         positions_B1, mutable=["cache"])
     return logits_B1V[:, 0], dict(state, model=variables["cache"])
 
+  def prefilled_step(tokens_B, state, i):
+    # Step 0's logits are the prefill's: the last prompt token was read as part of the
+    # prefix, and feeding it again would overwrite its cached keys with causal ones.
+    return jax.lax.cond(i == 0, lambda: (state["first_logits"].astype(jnp.float32), state),
+                        lambda: model_step(tokens_B, state, i))
+
   # Per-row data travels in the cache pytree, so beam search expands it with the rest.
   state = {"model": cache, "first_position": lengths_B - 1}
+  logits_fn = model_step
+  if first_logits_BV is not None:
+    state["first_logits"] = first_logits_BV.astype(jnp.float32)
+    logits_fn = prefilled_step
   return _search(logits_fn, start_B, state, max_steps=num_steps, max_lengths_B=None,
                  beam_size=beam_size, alpha=alpha, temperature=temperature, top_k=top_k,
                  top_p=top_p, rng=rng)

@@ -28,7 +28,7 @@ import contextlib
 import dataclasses
 import json
 import os
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -417,13 +417,24 @@ class LoadedRun:
     with jax.set_mesh(self.mesh), nn.logical_axis_rules(rules):
       yield
 
-  def require(self, arch: str, head: str, mode: str, instead: str) -> None:
-    """Stops unless the model is (arch, head): what `mode` needs."""
+  def require(self, mode: str, serves: Callable[[objective_lib.Objective], bool],
+              does: str) -> objective_lib.Objective:
+    """The run's objective when `mode` serves it; else one line naming the objectives
+    (and topologies) that `serves` accepts.
+
+    Args:
+      mode: the mode's name, for the message ("translate").
+      serves: whether the mode serves a resolved objective.
+      does: what the mode does, for the message ("translates sentences").
+    """
     model = self.config.model
-    if (model.arch, model.head) != (arch, head):
-      raise ConfigError(f"--mode={mode} needs a model with arch={arch!r}, head={head!r}; "
-                        f"{self.workdir} holds arch={model.arch!r}, head={model.head!r}. "
-                        f"{instead}")
+    objective = objective_lib.resolve(model)
+    if not serves(objective):
+      raise ConfigError(
+          f"--mode={mode} {does}: it serves {objective_lib.describe(serves)}; "
+          f"{self.workdir} holds a {objective.name} model (model.arch={model.arch!r}, "
+          f"model.head={model.head!r}, model.objective={model.objective!r})")
+    return objective
 
   def sampling_rng(self, seed: int | None) -> jax.Array | None:
     """The sampling key: `seed`, else the run's config.seed; None when not sampling."""

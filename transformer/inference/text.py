@@ -5,6 +5,13 @@
   decode.batch_size, each padded to a power-of-two width bucket -> decoding.generate
   / generate_seq2seq -> ids up to eos -> tokenizer.decode, back in input order
 
+A source reaches either topology as its training rows held it (data/denoise.py): an
+encoder-decoder reads ids + [eos] on the encoder side and decodes from bos; a decoder
+trained on pairs (a prefix LM) reads [bos] ids [eos] as its prompt, bidirectionally
+when its objective has a prefix (decoding.prompt_is_prefix), and continues it with the
+target. A text-to-text objective's text (span corruption, UL2) writes its sentinels
+`<extra_id_N>` in and out (data/tokenizers/sentinels.py).
+
 Every batch has the same number of rows (short ones are filled with one-token rows
 whose output is dropped) and widths come from a few buckets, so a file of any mix of
 lengths compiles a handful of programs, not one per length. Rows decode independently
@@ -25,10 +32,12 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
+from transformer.config import objective as objective_lib
 from transformer.config.decode import DECODE_OVERLONG
 from transformer.config.errors import ConfigError
 from transformer.config.model import ModelConfig
 from transformer.data import packing
+from transformer.data.tokenizers import sentinels as sentinels_lib
 from transformer.data.tokenizers import vocabularies
 from transformer.inference import decoding
 from transformer.workdir import progress as progress_lib
@@ -78,6 +87,43 @@ def source_context(config: ml_collections.ConfigDict) -> int:
   tables end at model.max_len.
   """
   return min(config.data.seq_len, config.model.max_len)
+
+
+def source_limit(config: ml_collections.ConfigDict) -> int:
+  """The longest source, eos included: the context for an encoder-decoder; half of it
+  for a decoder, whose rows held the source and the target (data/denoise.py's pairs:
+  seq_len // 2 source tokens)."""
+  context = source_context(config)
+  return context // 2 if config.model.arch == "decoder" else context
+
+
+def source_policy(config: ml_collections.ConfigDict, overlong: str) -> "LengthPolicy":
+  """The length policy of sources (translate, evaluate's BLEU, a text-to-text generate)."""
+  where = ("half of min(data.seq_len, model.max_len), eos included: a decoder's row "
+           "holds the target too" if config.model.arch == "decoder"
+           else "min(data.seq_len, model.max_len), eos included")
+  return LengthPolicy(overlong, source_limit(config), "source", where)
+
+
+def sentinel_count(config: ml_collections.ConfigDict) -> int:
+  """train.num_sentinels for a text-to-text objective (its texts hold `<extra_id_N>`);
+  0 for the others, whose texts are read literally."""
+  return config.train.num_sentinels if objective_lib.resolve(config.model).transform else 0
+
+
+def encode_text(tokenizer: vocabularies.Tokenizer, text: str, num_sentinels: int) -> np.ndarray:
+  """Ids of `text`; with `num_sentinels`, each `<extra_id_N>` (and UL2's [R], [S], [X])
+  is its sentinel (paradigm) id."""
+  if num_sentinels:
+    return sentinels_lib.encode(tokenizer, text, num_sentinels)
+  return np.asarray(tokenizer.encode(text), np.int32)
+
+
+def decode_ids(tokenizer: vocabularies.Tokenizer, ids: Sequence[int], num_sentinels: int) -> str:
+  """Text of `ids`; with `num_sentinels`, sentinels are written `<extra_id_N>`."""
+  if num_sentinels:
+    return sentinels_lib.decode(tokenizer, ids, num_sentinels)
+  return tokenizer.decode(ids)
 
 
 class LengthPolicy:
@@ -177,7 +223,8 @@ def translate_ids(model_config: ModelConfig, params: Any, sources_ids: Sequence[
   """Decodes each source (non-empty ids ending in eos, at most `limit` long) to target ids.
 
   Args:
-    model_config: an encoder-decoder's ModelConfig.
+    model_config: an encoder-decoder's ModelConfig, or a decoder's trained on pairs
+      (its prompt: [bos] source, `_continue_source`).
     params: its parameters (call inside the run's mesh context when they are sharded).
     sources_ids: one id array per sentence.
     decode: config.decode (beam_size, alpha, max_length_offset, temperature, ...).
@@ -189,19 +236,35 @@ def translate_ids(model_config: ModelConfig, params: Any, sources_ids: Sequence[
     Each sentence's target ids before its eos, in input order.
   """
   def run(tokens_BW, real_BW, index):
-    return decoding.generate_seq2seq(
-        model_config, params, tokens_BW, real_BW, max_length_offset=decode.max_length_offset,
-        **search_options(decode, None if rng is None else jax.random.fold_in(rng, index)))
+    search = search_options(decode, None if rng is None else jax.random.fold_in(rng, index))
+    if model_config.arch == "encoder_decoder":
+      return decoding.generate_seq2seq(model_config, params, tokens_BW, real_BW,
+                                       max_length_offset=decode.max_length_offset, **search)
+    return _continue_source(model_config, params, tokens_BW, decode.max_length_offset,
+                            search)
 
   return _decode_batches(run, sources_ids, decode.batch_size, limit, vocabularies.EOS_ID,
                          progress)
+
+
+def _continue_source(model_config: ModelConfig, params: Any, sources_BW: np.ndarray,
+                     max_length_offset: int, search: dict[str, Any]) -> jax.Array:
+  """A decoder's targets of right-padded sources: [bos] source (eos included) is the
+  prompt, as its training rows began; at most width + max_length_offset tokens, within
+  model.max_len's positions."""
+  rows, width = sources_BW.shape
+  prompts_BP = np.concatenate([np.full((rows, 1), vocabularies.BOS_ID, np.int32),
+                               sources_BW], axis=1)
+  steps = max(1, min(width + max_length_offset, model_config.max_len - width))
+  return decoding.generate(model_config, params, prompts_BP, steps, **search)
 
 
 def translate_texts(model_config: ModelConfig, params: Any, tokenizer: vocabularies.Tokenizer,
                     texts: Sequence[str], decode: ml_collections.ConfigDict,
                     policy: LengthPolicy, *, names: Sequence[str] | None = None,
                     rng: jax.Array | None = None,
-                    progress: progress_lib.Progress | None = None) -> list[str]:
+                    progress: progress_lib.Progress | None = None,
+                    num_sentinels: int = 0) -> list[str]:
   """Translates sentences; an empty (or whitespace-only) sentence gives "".
 
   Args:
@@ -212,6 +275,7 @@ def translate_texts(model_config: ModelConfig, params: Any, tokenizer: vocabular
       `policy.limit` tokens (a truncated one keeps its first limit - 1 ids and eos).
     names: how warnings name each sentence ("line 12"); default "sentence <i + 1>".
     progress: counts finished sentences (empty ones included).
+    num_sentinels: `sentinel_count`: > 0 reads and writes `<extra_id_N>` as sentinels.
 
   Returns:
     The detokenized translations, in input order.
@@ -221,7 +285,7 @@ def translate_texts(model_config: ModelConfig, params: Any, tokenizer: vocabular
   for i, text in enumerate(texts):
     if not text.strip():
       continue
-    tokens = tokenizer.encode(text)
+    tokens = encode_text(tokenizer, text, num_sentinels)
     policy.check(len(tokens) + 1, names[i])
     kept.append(i)
     ids.append(np.append(tokens[:policy.limit - 1], vocabularies.EOS_ID).astype(np.int32))
@@ -232,7 +296,7 @@ def translate_texts(model_config: ModelConfig, params: Any, tokenizer: vocabular
                           progress=progress)
   texts_out = [""] * len(texts)
   for i, output in zip(kept, outputs):
-    texts_out[i] = tokenizer.decode(output)
+    texts_out[i] = decode_ids(tokenizer, output, num_sentinels)
   return texts_out
 
 
@@ -300,6 +364,41 @@ def prompt_policy(config: ml_collections.ConfigDict, max_new_tokens: int,
                       "- 1, bos included")
 
 
+def generate_serves(objective: objective_lib.Objective) -> bool:
+  """Whether --mode=generate (and api.Model.generate) serve `objective`: a decoder's
+  (it continues prompts) or a text-to-text one on any topology (it answers them)."""
+  return objective.generates or bool(objective.transform)
+
+
+def generate_texts(config: ml_collections.ConfigDict, model_config: ModelConfig, params: Any,
+                   tokenizer: vocabularies.Tokenizer, prompts: Sequence[str],
+                   decode: ml_collections.ConfigDict, *, max_new_tokens: int, overlong: str,
+                   names: Sequence[str] | None = None, rng: jax.Array | None = None,
+                   progress: progress_lib.Progress | None = None) -> list[str]:
+  """What --mode=generate (and training's sample) makes of each prompt.
+
+  A causal LM continues [bos] prompt by up to `max_new_tokens` (`continue_texts`). A
+  text-to-text model (span corruption, prefix LM, UL2; either topology) reads the prompt
+  as its training examples' inputs and answers with their targets (`translate_texts`:
+  the encoder's source, or a decoder's [bos] prompt [eos] prefix); a prompt holding
+  `<extra_id_N>` gets those sentinels, and the answer shows the spans it fills as
+  `<extra_id_0> ... <extra_id_1> ...`. Its length is bounded by decode.max_length_offset
+  past the prompt, as a translation's.
+  """
+  if not objective_lib.resolve(model_config).transform:
+    return continue_texts(model_config, params, tokenizer, prompts, decode,
+                          prompt_policy(config, max_new_tokens, overlong),
+                          max_new_tokens=max_new_tokens, names=names, rng=rng,
+                          progress=progress)
+  names = names or [f"prompt {i + 1}" for i in range(len(prompts))]
+  for name, prompt in zip(names, prompts):
+    if not prompt.strip():
+      raise ConfigError(f"{name} is empty: give text to fill or answer")
+  return translate_texts(model_config, params, tokenizer, prompts, decode,
+                         source_policy(config, overlong), names=names, rng=rng,
+                         progress=progress, num_sentinels=sentinel_count(config))
+
+
 # ---------------------------------------------------------------- scores
 
 
@@ -336,3 +435,16 @@ def source_and_reference_texts(data: ml_collections.ConfigDict, source: Any,
     texts.append(packing.text_of(example[data.source_language]))
     references.append(packing.text_of(example[data.target_language]))
   return texts, references
+
+
+def labelled_texts(data: ml_collections.ConfigDict, source: Any,
+                   names: Sequence[str]) -> tuple[list[str], list[str]]:
+  """(texts, their label names) of every example of a labelled split (data.text_key,
+  data.label_key; `names` its class names), as the text-to-text pairs train on them."""
+  texts, labels = [], []
+  for i in range(len(source)):
+    example = source[i]
+    texts.append(packing.text_of(example[data.text_key]))
+    labels.append(names[int(example[data.label_key])])
+  return texts, labels
+

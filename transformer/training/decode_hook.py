@@ -74,13 +74,14 @@ def decode_at_evaluation(config: ml_collections.ConfigDict, workdir: str, model_
   bleu_examples = config.train.bleu_examples
   if bleu_examples and not (objective.translates and sources.is_translation(config.data)):
     _warn_once(f"config.train.bleu_examples={bleu_examples} is ignored: BLEU needs a "
-               "translation run (model.arch='encoder_decoder' with data.source_language and "
-               "data.target_language)")
+               "translation run (data.source_language and data.target_language, and an "
+               f"objective that reads pairs: {objective_lib.describe(lambda o: o.translates)})")
     bleu_examples = 0
   prompt = config.train.sample_prompt
-  if prompt and not objective.generates:
-    _warn_once(f"config.train.sample_prompt={prompt!r} is ignored: samples need a decoder LM "
-               f"(model.arch='decoder', head='lm'), not the {objective.name} objective")
+  if prompt and not text.generate_serves(objective):
+    _warn_once(f"config.train.sample_prompt={prompt!r} is ignored: samples come from "
+               f"{objective_lib.describe(text.generate_serves)}, not the {objective.name} "
+               "objective")
     prompt = ""
   if not bleu_examples and not prompt:
     return {}
@@ -89,8 +90,7 @@ def decode_at_evaluation(config: ml_collections.ConfigDict, workdir: str, model_
   metrics = {}
   if bleu_examples:
     # Never stop a run over one long eval sentence: truncate it whatever decode.overlong.
-    policy = text.LengthPolicy("truncate", text.source_context(config), "source",
-                          "min(data.seq_len, model.max_len), eos included")
+    policy = text.source_policy(config, "truncate")
     start = time.perf_counter()
     outputs = text.translate_texts(model_config, params, tokenizer, inputs["texts"], config.decode,
                               policy, names=[f"{config.data.eval_split}[{i}]"
@@ -116,9 +116,9 @@ def decode_at_evaluation(config: ml_collections.ConfigDict, workdir: str, model_
     max_new = min(config.decode.max_new_tokens, max(context - prompt_len + 1, context // 2))
     greedy = ml_collections.ConfigDict(dict(config.decode.to_dict(), beam_size=1,
                                             temperature=0.0, top_k=0, top_p=1.0))
-    continuation = text.continue_texts(model_config, params, tokenizer, [prompt], greedy,
-                                  text.prompt_policy(config, max_new, "truncate"),
-                                  max_new_tokens=max_new, names=["train.sample_prompt"])[0]
+    continuation = text.generate_texts(config, model_config, params, tokenizer, [prompt],
+                                       greedy, max_new_tokens=max_new, overlong="truncate",
+                                       names=["train.sample_prompt"])[0]
     logging.info("sample at step %d (greedy, %d tokens at most): %r -> %r", step, max_new,
                  prompt, continuation)
     writer.write_text(step, "sample", f"**prompt:** {prompt}  \n**continuation:** "
