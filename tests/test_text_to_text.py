@@ -103,6 +103,19 @@ def test_sentinel_text_round_trips_and_an_imported_t5_vocabulary_keeps_its_own_i
   assert sentinels.vocab_size_needed(t5, 100, 0) == 400
   assert sentinels.vocab_size_needed(BYTES, 100, 3) == BASE + 103
 
+  class EightOwn(T5Like):  # A vocabulary holding only <extra_id_0> .. <extra_id_7>.
+
+    def piece_id(self, piece):
+      own = super().piece_id(piece)
+      return own if own is not None and own > 391 else None
+
+  few = EightOwn()
+  ids = list(sentinels.sentinel_ids(few, 100)) + [sentinels.paradigm_id(few, i, 100)
+                                                  for i in range(3)]
+  assert ids[:8] == list(range(399, 391, -1)) and ids[8] == 400 + 91 and ids[99] == 400
+  assert len(set(ids)) == 103  # The added sentinels and [R], [S], [X] never collide...
+  assert sentinels.vocab_size_needed(few, 100, 3) == max(ids) + 1 == 495  # ... and fit.
+
 
 def config_for(arch, objective, seq_len=64, **train):
   config = base.get_config()

@@ -47,8 +47,16 @@ def sentinel_ids(tokenizer: vocabularies.Tokenizer, num_sentinels: int) -> np.nd
                     np.int32)
 
 
-def _owns_sentinels(tokenizer: vocabularies.Tokenizer) -> bool:
-  return _own_id(tokenizer, "<extra_id_0>") is not None
+def _added_sentinels(tokenizer: vocabularies.Tokenizer, num_sentinels: int) -> int:
+  """How many extra ids the sentinels the tokenizer lacks take after its vocabulary.
+
+  Sentinel i without an id of the tokenizer's own takes base + num_sentinels - 1 - i, so
+  the added ids are [base, base + num_sentinels - first), `first` the lowest such i: a
+  vocabulary with 8 of T5's pieces asked for 100 sentinels adds 92 ids (0 with all 100).
+  """
+  first = next((i for i in range(num_sentinels)
+                if _own_id(tokenizer, f"<extra_id_{i}>") is None), num_sentinels)
+  return num_sentinels - first
 
 
 def paradigm_id(tokenizer: vocabularies.Tokenizer, index: int, num_sentinels: int) -> int:
@@ -57,19 +65,18 @@ def paradigm_id(tokenizer: vocabularies.Tokenizer, index: int, num_sentinels: in
   own = _own_id(tokenizer, UL2_PARADIGMS[index])
   if own is not None:
     return own
-  after = 0 if _owns_sentinels(tokenizer) else num_sentinels
-  return base_size(tokenizer) + after + index
+  return base_size(tokenizer) + _added_sentinels(tokenizer, num_sentinels) + index
 
 
 def vocab_size_needed(tokenizer: vocabularies.Tokenizer, num_sentinels: int,
                       paradigms: int) -> int:
   """The model vocabulary that holds the tokenizer's ids, `num_sentinels` sentinels
-  (none to add for a vocabulary with T5's own) and `paradigms` paradigm tokens."""
-  if not num_sentinels and not paradigms:
-    return tokenizer.vocab_size
-  if paradigms:
-    return paradigm_id(tokenizer, paradigms - 1, num_sentinels) + 1
-  return max(tokenizer.vocab_size, sentinel_id(tokenizer, 0, num_sentinels) + 1)
+  (none to add for a vocabulary with all of T5's own, the rest after it) and `paradigms`
+  paradigm tokens."""
+  # Every id, not one: a vocabulary holding only some of T5's pieces adds the others.
+  ids = [sentinel_id(tokenizer, i, num_sentinels) for i in range(num_sentinels)]
+  ids += [paradigm_id(tokenizer, i, num_sentinels) for i in range(paradigms)]
+  return max([tokenizer.vocab_size - 1] + ids) + 1
 
 
 def encode(tokenizer: vocabularies.Tokenizer, text: str, num_sentinels: int) -> np.ndarray:
