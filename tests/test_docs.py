@@ -87,7 +87,13 @@ NOT_RUN = {
         "needs 8 devices: the 'Simulate a mesh on a laptop' command below it is run instead"),
     "python launch.py --config=configs/llama.py:1b --config.data.seq_len=131072": (
         "a 1B model at 131072 tokens a row: needs accelerators"),
-    "python launch.py --mode=prepare --config=... ": "a pattern (--config=..., shard i/N), not a command",
+    "python launch.py --mode=prepare --config=... $CORPUS --ray_address=": (
+        "a pattern (--config=...) for a cluster of several machines; tests/test_corpus_ray.py "
+        "runs --ray_address on a two-node cluster of this machine"),
+    "ray start --head --port=6379 --node-ip-address=10.0.0.5": (
+        "starts a Ray head on a private network's address; the tests start theirs on "
+        "127.0.0.1 (tests/local_ray.py)"),
+    "ray start --address=10.0.0.5:6379": "joins the head above: another machine",
     "python benchmarks/nanogpt_side_by_side.py": "needs PyTorch in another Python (--torch_python)",
     "python benchmarks/nanogpt_reference.py": "needs PyTorch (not a requirement)",
     "python benchmarks/train_step.py": "a benchmark: minutes of timed steps",

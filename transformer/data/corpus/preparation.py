@@ -1,11 +1,13 @@
 """Tokenizing a corpus once into array_record shards: tasks, workers, resume, the manifest.
 
-One task per source file (in sorted order): its documents are read streamed
-(data/corpus/readers.py), tokenized, sent to `train` or `validation` by a stable hash of
-their first piece, and written one record per piece into `<split>/<task>.array_record`
-with `<split>/<task>.index.npy` beside it. A task's output depends only on its file and
-the tokenizer, so the corpus is byte-identical whatever the worker count or the shard
-split (`data.prepare_shard="i/N"`: the tasks with index % N == i).
+One task per source file (in sorted order), or per part of a file larger than
+data.prepare_piece_mb (data/corpus/pieces.py: its parts' shards are then joined into the
+file's): its documents are read streamed (data/corpus/readers.py), tokenized, sent to
+`train` or `validation` by a stable hash of their first piece, and written one record per
+piece into `<split>/<task>.array_record` with `<split>/<task>.index.npy` beside it. A
+file's output depends only on the file and the tokenizer, so the corpus is byte-identical
+whatever the part size, the worker count, or the nodes of a Ray cluster that ran it
+(`--ray_address`: data/corpus/on_ray.py).
 
 Crash safety: shards are written under temporary names and renamed; `tasks/<task>.json`
 is written atomically (workdir/files.py) after them, and only a task with its json is
@@ -24,21 +26,25 @@ import io
 import json
 import multiprocessing
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from absl import logging
 
 from transformer.config.errors import ConfigError, DataError
+from transformer.data.corpus import pieces
 from transformer.data.corpus import readers
 from transformer.data.corpus import store
 from transformer.data.tokenizers import vocabularies
 from transformer.workdir import files
 from transformer.workdir import kill_points
+from transformer.workdir import progress as progress_lib
 
 _PROGRESS_SECONDS = 10.0
 
@@ -58,6 +64,10 @@ class Job:
   tokenizer_path: str  # The vocabulary file ("" for bytes).
   tokenizer_record: dict[str, Any]
   dtype: str
+  piece_bytes: int = 0  # data.prepare_piece_mb in bytes: a larger file runs in parts (0: never).
+  # The vocabulary file's bytes, for workers on other machines (a Ray cluster's nodes):
+  # trained once here and shipped with the job. b"": workers read tokenizer_path.
+  tokenizer_data: bytes = b""
 
 
 def task_name(index: int) -> str:
@@ -71,8 +81,15 @@ def is_validation(first_piece: str, val_fraction: float) -> bool:
   return int.from_bytes(digest.digest(), "little") / 2.0 ** 64 < val_fraction
 
 
-# Per worker process: the tokenizer (built once) and the shared progress counters.
+# Per worker process: the tokenizer (built once) and where progress is reported: the
+# shared counters of a local pool, or a Ray task's reporter ("report").
 _WORKER: dict[str, Any] = {}
+
+
+def set_reporter(report: Callable[[int, int], None]) -> None:
+  """Where this process's tasks report (bytes read, tokens) as they go (a Ray task's)."""
+  _WORKER.clear()
+  _WORKER["report"] = report
 
 
 def _init_worker(counters: tuple[Any, Any], in_worker: bool = True, parent: int = 0) -> None:
@@ -119,15 +136,31 @@ def die_with_parent(parent: int) -> None:
   threading.Thread(target=watch, daemon=True, name="parent-watchdog").start()
 
 
+def _vocabulary_here(job: Job) -> str:
+  """The vocabulary file on this machine: tokenizer_path, or the shipped bytes written
+  once (under their sha256) to this machine's temporary folder."""
+  if not job.tokenizer_data:
+    return job.tokenizer_path
+  digest = hashlib.sha256(job.tokenizer_data).hexdigest()[:16]
+  path = os.path.join(tempfile.gettempdir(), f"transformer-vocabulary-{digest}-"
+                      + os.path.basename(job.tokenizer_path))
+  if not os.path.exists(path):
+    files.write_atomically(path, job.tokenizer_data)
+  return path
+
+
 def _tokenizer(job: Job) -> vocabularies.Tokenizer:
   if _WORKER.get("tokenizer_path") != (job.tokenizer_kind, job.tokenizer_path):
     from transformer.data.tokenizers import hf_vocab  # pylint: disable=g-import-not-at-top
-    _WORKER["tokenizer"] = hf_vocab.from_kind(job.tokenizer_kind, job.tokenizer_path)
+    _WORKER["tokenizer"] = hf_vocab.from_kind(job.tokenizer_kind, _vocabulary_here(job))
     _WORKER["tokenizer_path"] = (job.tokenizer_kind, job.tokenizer_path)
   return _WORKER["tokenizer"]
 
 
 def _add(read_bytes: int, tokens: int) -> None:
+  if "report" in _WORKER:
+    _WORKER["report"](read_bytes, tokens)
+    return
   counters = _WORKER.get("counters")
   if counters:
     with counters[0].get_lock():
@@ -139,10 +172,10 @@ def _add(read_bytes: int, tokens: int) -> None:
 class _SplitWriter:
   """One split's shard of a task: records under a temporary name, the index in memory."""
 
-  def __init__(self, job: Job, split: str, task: str):
+  def __init__(self, folder: str, split: str, task: str):
     from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
-    self.final = os.path.join(job.output, split, task + ".array_record")
-    self.index_path = os.path.join(job.output, split, task + ".index.npy")
+    self.final = os.path.join(folder, split, task + ".array_record")
+    self.index_path = os.path.join(folder, split, task + ".index.npy")
     os.makedirs(os.path.dirname(self.final), exist_ok=True)
     # One fixed temporary name per shard: a killed attempt's file is overwritten, not kept.
     self.temporary = os.path.join(os.path.dirname(self.final), f".{task}.array_record.partial")
@@ -154,12 +187,16 @@ class _SplitWriter:
 
   def write(self, ids: np.ndarray, flags: int) -> int:
     """Writes one piece; returns its tokens in the stream (ids + bos / eos)."""
-    self._writer.write(ids.tobytes())
     tokens = len(ids) + bool(flags & store.STARTS) + bool(flags & store.ENDS)
+    self.write_bytes(ids.tobytes(), tokens, flags)
+    return tokens
+
+  def write_bytes(self, record: bytes, tokens: int, flags: int) -> None:
+    """Writes one record as stored, with its stream tokens and flags (a part's, joined)."""
+    self._writer.write(record)
     self.offsets.append(self.offsets[-1] + tokens)
     self.flags.append(flags)
     self.documents += bool(flags & store.STARTS)
-    return tokens
 
   def finish(self) -> dict[str, int]:
     """Closes and renames the shard, writes its index; returns its counts."""
@@ -182,45 +219,93 @@ def _encode(tokenizer: vocabularies.Tokenizer, text: str, dtype: np.dtype, limit
   return ids.astype(dtype)
 
 
-def run_task(job: Job, index: int) -> dict[str, Any]:
-  """Tokenizes source file `index` into its shards and writes its task json; returns it."""
-  name, task = job.names[index], task_name(index)
+def _source(job: Job, index: int) -> dict[str, Any]:
+  name = job.names[index]
   path = os.path.join(job.root, name)
   stat = os.stat(path)
-  source = {"path": name, "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns,
-            "sha256": store.file_digest(path)}
+  return {"path": name, "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+          "sha256": store.file_digest(path)}
+
+
+def run_task(job: Job, piece: pieces.Piece) -> dict[str, Any]:
+  """Tokenizes a source file (or a part of one) into its shards and writes its json.
+
+  Returns:
+    A whole file: its task json (source, splits, counts). A part: its part json, whose
+    shards `join_task` joins into the file's once every part is done.
+  """
+  index = piece.file
+  name, task = job.names[index], task_name(index)
+  path = os.path.join(job.root, name)
+  record = pieces.part_record(path, name, piece)  # Before reading: a change shows at resume.
   tokenizer, dtype = _tokenizer(job), np.dtype(job.dtype)
   limit = min(tokenizer.vocab_size, np.iinfo(dtype).max + 1)
   kill = kill_points.KillPoints.from_env()
   stats = readers.ReadStats()
   reader = readers.reader(path, name, text_key=job.text_key,
                               decode_errors=job.decode_errors, bad_records=job.bad_records,
-                              stats=stats)
-  writers = {split: _SplitWriter(job, split, task) for split in store.SPLITS}
+                              stats=stats, span=piece.span)
+  folder = job.output if piece.whole else os.path.join(job.output, pieces.PARTS)
+  stem = task if piece.whole else pieces.part_name(task, piece.part)
+  writers = {split: _SplitWriter(folder, split, stem) for split in store.SPLITS}
   position = 0
   for document in reader.documents():
-    piece = next(document, "")
-    if not piece:
+    text = next(document, "")
+    if not text:
       stats.empty_documents += 1
       continue
-    writer = writers["validation" if is_validation(piece, job.val_fraction) else "train"]
-    flags, tokens = store.STARTS, 0
+    # A .txt part inside its document: the document's first piece decides its split,
+    # and only the file's first and last pieces carry STARTS / ENDS.
+    head = reader.head if reader.continues_before else text
+    writer = writers["validation" if is_validation(head, job.val_fraction) else "train"]
+    flags, tokens = (0 if reader.continues_before else store.STARTS), 0
     for following in document:  # One piece behind: the last one gets ENDS.
-      tokens += writer.write(_encode(tokenizer, piece, dtype, limit), flags)
-      piece, flags = following, 0
-    tokens += writer.write(_encode(tokenizer, piece, dtype, limit), flags | store.ENDS)
+      tokens += writer.write(_encode(tokenizer, text, dtype, limit), flags)
+      text, flags = following, 0
+    last = 0 if reader.continues_after else store.ENDS
+    tokens += writer.write(_encode(tokenizer, text, dtype, limit), flags | last)
     now = reader.position()
     _add(now - position, tokens)
     position = now
     kill("prepare_writing", index)  # Test-only: a kill with the shard half-written.
-  _add(stat.st_size - position, 0)
-  result = {"task": task, "source": source, "tokenizer": job.tokenizer_record,
-            "splits": {split: w.finish() for split, w in writers.items()},
-            **dataclasses.asdict(stats)}
+  _add(max(piece.size - position, 0), 0)
+  splits = {split: w.finish() for split, w in writers.items()}
+  if piece.whole:
+    result = {"task": task, "source": _source(job, index), "tokenizer": job.tokenizer_record,
+              "splits": splits, **dataclasses.asdict(stats)}
+    json_path = os.path.join(job.output, store.TASKS, task + ".json")
+  else:
+    result = {"task": task, "piece": record, "splits": splits, **dataclasses.asdict(stats)}
+    json_path = pieces.part_json(job.output, task, piece.part)
   kill("prepare_written", index)  # Test-only: shards renamed, the task not yet recorded.
+  files.write_atomically(json_path, json.dumps(result, indent=1, sort_keys=True))
+  return result
+
+
+def join_task(job: Job, index: int) -> dict[str, Any]:
+  """Joins file `index`'s parts (all done) into its shards and task json; returns it."""
+  task = task_name(index)
+  plan = plan_file(job, index)
+  results = []
+  for piece in plan:
+    with open(pieces.part_json(job.output, task, piece.part), encoding="utf-8") as f:
+      results.append(json.load(f))
+  splits = pieces.join(lambda split: _SplitWriter(job.output, split, task), job.output, task,
+                       results)
+  result = {"task": task, "source": _source(job, index), "tokenizer": job.tokenizer_record,
+            "splits": splits, **{key: sum(r[key] for r in results)
+                                 for key in dataclasses.asdict(readers.ReadStats())}}
   files.write_atomically(os.path.join(job.output, store.TASKS, task + ".json"),
                          json.dumps(result, indent=1, sort_keys=True))
+  pieces.remove_parts(job.output, task, len(plan))
   return result
+
+
+def plan_file(job: Job, index: int) -> list[pieces.Piece]:
+  """Source file `index` as the tasks that prepare it (one, or its parts)."""
+  plan = pieces.plan(os.path.join(job.root, job.names[index]), job.names[index],
+                     job.piece_bytes)
+  return [dataclasses.replace(p, file=index) for p in plan]
 
 
 def done_task(job: Job, index: int) -> dict[str, Any] | None:
@@ -234,33 +319,29 @@ def done_task(job: Job, index: int) -> dict[str, Any] | None:
   source = result["source"]
   if source["path"] != job.names[index] or store.file_change(source, job.root):
     return None  # The file changed (or another file has this index now): redo it.
-  # The same bytes (another host's copy, or touched): this host's mtime goes into the
-  # manifest, so that training here finds it unchanged without hashing it again.
+  # The same bytes (copied, or touched): this host's mtime goes into the manifest, so
+  # that training here finds it unchanged without hashing it again.
   source["mtime_ns"] = os.stat(os.path.join(job.root, job.names[index])).st_mtime_ns
   if store.tokenizer_change(result, job.tokenizer_record):
     raise ConfigError(f"{path} was prepared with another vocabulary ("
                       f"{store.tokenizer_change(result, job.tokenizer_record)}): every "
-                      "shard of a corpus needs the same one; copy the first host's vocabulary "
-                      f"file into {os.path.dirname(job.output)} before data.prepare_shard runs")
+                      "file of a corpus needs the same one; keep the vocabulary file in "
+                      f"{os.path.dirname(job.output)} and prepare again")
   if not all(os.path.exists(os.path.join(job.output, split, task + suffix))
              for split in store.SPLITS for suffix in (".array_record", ".index.npy")):
     return None
   return result
 
 
-def parse_shard(value: str) -> tuple[int, int]:
-  """data.prepare_shard "i/N" (validated by config/data.py) -> (i, N); "" -> (0, 1)."""
-  head, _, tail = str(value).partition("/")
-  return (int(head), int(tail)) if value else (0, 1)
-
-
 class _Progress:
-  """The progress line every _PROGRESS_SECONDS (a thread), and the final summary."""
+  """The progress line every _PROGRESS_SECONDS (a thread, through workdir/progress.py):
+  MB read of the stored sources, tasks done, tokens, tokens/s and the ETA."""
 
   def __init__(self, counters: tuple[Any, Any], total_bytes: int, tasks: int):
-    self._counters, self._total, self._tasks = counters, total_bytes, tasks
+    self._counters, self._tasks = counters, tasks
     self.done = 0
-    self._started = time.monotonic()
+    self._line = progress_lib.Progress("prepare", total=total_bytes / 1e6, unit="MB",
+                                       detail=self._detail)
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -272,35 +353,52 @@ class _Progress:
     self._stop.set()
     self._thread.join()
 
+  def _detail(self) -> str:
+    tokens = self._counters[1].value
+    return (f"{self.done}/{self._tasks} tasks, {tokens / 1e6:,.2f} M tokens "
+            f"({tokens / self._line.seconds() / 1e6:.2f} M tokens/s)")
+
   def line(self) -> str:
-    seconds = max(time.monotonic() - self._started, 1e-9)
-    read, tokens = self._counters[0].value, self._counters[1].value
-    rate = read / seconds
-    eta = (self._total - read) / rate if rate > 0 else float("inf")
-    return (f"prepare: {self.done}/{self._tasks} files, {read / 1e6:,.1f} of "
-            f"{self._total / 1e6:,.1f} MB ({rate / 1e6:.2f} MB/s), {tokens / 1e6:,.2f} M tokens "
-            f"({tokens / seconds / 1e6:.2f} M tokens/s), ETA "
-            + (f"{eta:.0f} s" if eta != float("inf") else "unknown"))
+    self._line.done = min(self._counters[0].value / 1e6, self._line.total)
+    return self._line.line()
 
   def _run(self) -> None:
     while not self._stop.wait(_PROGRESS_SECONDS):
-      logging.info("%s", self.line())
+      progress_lib.say(self.line())
 
 
-def _run_pool(job: Job, pending: list[int], workers: int, context: Any, counters: Any,
-              results: dict[int, Any], progress: _Progress) -> None:
-  """Runs `pending` tasks in worker processes; a worker's error stops the rest."""
+# How a list of calls `fn(job, item)` runs: here, in a local pool, or on a Ray cluster.
+# Each takes (fn, job, items, on_done(item, result), counters) and returns when all are done.
+Runner = Callable[[Callable[..., Any], Job, list[Any], Callable[[Any, Any], None], Any], None]
+
+
+def _run_here(fn, job: Job, items: list[Any], on_done, counters) -> None:
+  _init_worker(counters, in_worker=False)
+  for item in items:
+    on_done(item, fn(job, item))
+
+
+def _pool_runner(workers: int, context: Any) -> Runner:
+  def run(fn, job: Job, items: list[Any], on_done, counters) -> None:
+    if workers <= 1 or len(items) <= 1:
+      _run_here(fn, job, items, on_done, counters)
+    else:
+      _run_pool(fn, job, items, workers, context, counters, on_done)
+  return run
+
+
+def _run_pool(fn, job: Job, items: list[Any], workers: int, context: Any, counters: Any,
+              on_done: Callable[[Any, Any], None]) -> None:
+  """Runs `fn(job, item)` for `items` in worker processes; a worker's error stops the rest."""
   # concurrent.futures, not multiprocessing.Pool: a worker that dies (OOM killer, SIGKILL)
   # breaks the pool with an error here instead of losing its task and waiting forever.
-  with concurrent.futures.ProcessPoolExecutor(min(workers, len(pending)), mp_context=context,
+  with concurrent.futures.ProcessPoolExecutor(min(workers, len(items)), mp_context=context,
                                               initializer=_init_worker,
                                               initargs=(counters, True, os.getpid())) as pool:
-    futures = [pool.submit(run_task, job, i) for i in pending]
+    futures = {pool.submit(fn, job, item): item for item in items}
     try:
       for future in concurrent.futures.as_completed(futures):
-        result = future.result()
-        results[int(result["task"])] = result
-        progress.done += 1
+        on_done(futures[future], future.result())
     except concurrent.futures.process.BrokenProcessPool:
       raise DataError("a --mode=prepare worker process died (killed, or out of memory: "
                       "lower data.prepare_workers); rerun to resume, the files finished "
@@ -317,56 +415,70 @@ def _run_pool(job: Job, pending: list[int], workers: int, context: Any, counters
       raise
 
 
-def prepare(job: Job, *, workers: int, shard: tuple[int, int]) -> dict[str, Any] | None:
-  """Runs the tasks of this shard not yet done, then writes the manifest if all are.
+def _remove_leftovers(job: Job) -> None:
+  """Deletes killed attempts' shards (fixed temporary names, never part of the corpus)."""
+  for folder in (job.output, os.path.join(job.output, pieces.PARTS)):
+    for split in store.SPLITS:
+      where = os.path.join(folder, split)
+      for name in os.listdir(where) if os.path.isdir(where) else ():
+        if name.startswith(".") and name.endswith(".array_record.partial"):
+          os.remove(os.path.join(where, name))
+
+
+def prepare(job: Job, *, workers: int, ray_address: str = "") -> dict[str, Any]:
+  """Runs the tasks not yet done (and joins split files' parts), then writes the manifest.
 
   Args:
     job: the preparation.
-    workers: worker processes (1: in this process).
-    shard: (i, N): the tasks with index % N == i.
+    workers: local worker processes (1: in this process); unused with `ray_address`.
+    ray_address: a Ray cluster's address ("auto" or HOST:PORT) to run the tasks on its
+      nodes (data/corpus/on_ray.py); "" runs them here. Ray is imported only then.
 
   Returns:
-    The manifest, or None when other shards' tasks are still missing.
+    The manifest.
   """
   os.makedirs(job.output, exist_ok=True)
-  mine = [i for i in range(len(job.names)) if i % shard[1] == shard[0]]
-  for i in mine:  # Only this shard's: other hosts may be writing theirs into this folder.
-    for split in store.SPLITS:
-      leftover = os.path.join(job.output, split, f".{task_name(i)}.array_record.partial")
-      if os.path.exists(leftover):
-        os.remove(leftover)  # A killed attempt's shard: never part of the corpus.
-  results = {i: done_task(job, i) for i in mine}
-  pending = [i for i in mine if results[i] is None]
-  sizes = {i: os.path.getsize(os.path.join(job.root, job.names[i])) for i in pending}
-  logging.info("prepare: %d source files in %s (%d of this shard already done), %d to "
-               "tokenize (%.1f MB) with %d worker process(es) into %s", len(job.names),
-               job.root, len(mine) - len(pending), len(pending), sum(sizes.values()) / 1e6,
-               workers, job.output)
-  # fork: this mode starts no JAX backend (STARTS_JAX=False), and spawn would import
-  # launch.py (and JAX) again in every worker.
-  context = multiprocessing.get_context("fork")
-  counters = (context.Value("q", 0), context.Value("q", 0))
+  _remove_leftovers(job)
+  results = {i: done_task(job, i) for i in range(len(job.names))}
+  pending = [i for i, r in results.items() if r is None]
+  plans = {i: plan_file(job, i) for i in pending}
+  todo = [p for i in pending for p in plans[i]
+          if p.whole or pieces.done_part(job.output, task_name(i), os.path.join(
+              job.root, job.names[i]), job.names[i], p) is None]
+  split = [i for i in pending if len(plans[i]) > 1]
+  total = sum(p.size for p in todo)
+  if ray_address:
+    from transformer.data.corpus import on_ray  # pylint: disable=g-import-not-at-top
+    run = on_ray.runner(ray_address, job, set_reporter)
+    where = f"the Ray cluster at {ray_address}"
+  else:
+    # fork: this mode starts no JAX backend (STARTS_JAX=False), and spawn would import
+    # launch.py (and JAX) again in every worker.
+    run = _pool_runner(workers, multiprocessing.get_context("fork"))
+    where = f"{workers} worker process(es)"
+  progress_lib.say(
+      f"prepare: {len(job.names)} source files in {job.root} ({len(job.names) - len(pending)} "
+      f"already done), {len(pending)} to tokenize ({total / 1e6:.1f} MB) as {len(todo)} "
+      f"tasks ({len(split)} files in parts of {job.piece_bytes / 1e6:g} MB) on {where} "
+      f"into {job.output}")
+  counters = (multiprocessing.Value("q", 0), multiprocessing.Value("q", 0))
   started = time.monotonic()
-  with _Progress(counters, sum(sizes.values()), len(pending)) as progress:
-    if workers <= 1 or len(pending) <= 1:
-      _init_worker(counters, in_worker=False)
-      for i in pending:
-        results[i] = run_task(job, i)
-        progress.done += 1
-    else:
-      _run_pool(job, pending, workers, context, counters, results, progress)
-    if pending:
-      logging.info("%s", progress.line())
-  logging.info("prepare: %d files tokenized in %.1f s", len(pending), time.monotonic() - started)
-  every = {i: results.get(i) or done_task(job, i) for i in range(len(job.names))}
-  missing = [job.names[i] for i, r in every.items() if r is None]
-  if missing:
-    logging.info("prepare: shard %d/%d done; %d source files of other shards are not "
-                 "prepared yet (e.g. %s): run them, then --mode=prepare once more (without "
-                 "data.prepare_shard) to write the manifest", shard[0], shard[1],
-                 len(missing), missing[0])
-    return None
-  manifest = _manifest(job, [every[i] for i in range(len(job.names))])
+  with _Progress(counters, total, len(todo)) as line:
+    def finished(piece: pieces.Piece, result: dict[str, Any]) -> None:
+      if piece.whole:
+        results[piece.file] = result
+      line.done += 1
+    run(run_task, job, todo, finished, counters)
+    if todo:
+      progress_lib.say(line.line())
+  if split:
+    with progress_lib.stage(f"prepare: joining the parts of {len(split)} split file(s)"):
+      run(join_task, job, split, results.__setitem__, counters)
+  progress_lib.say(f"prepare: {len(todo)} tasks done in "
+                   f"{progress_lib.seconds_text(time.monotonic() - started)}")
+  if os.path.isdir(os.path.join(job.output, pieces.PARTS)):
+    shutil.rmtree(os.path.join(job.output, pieces.PARTS))  # Every part is joined by now.
+  manifest = _manifest(job, [results[i] for i in range(len(job.names))])
   empty = store.empty_split(manifest, job.output)
   if empty:  # Refused before the manifest: nothing a run could start on and then fail.
     raise ConfigError(empty)
