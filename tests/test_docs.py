@@ -99,6 +99,8 @@ NOT_RUN = {
     "python benchmarks/train_step.py": "a benchmark: minutes of timed steps",
     "python benchmarks/input_pipeline.py": "a benchmark: minutes of timed input",
     "python benchmarks/prepared_corpus.py": "a benchmark: prepares 12-2000 MB corpora",
+    "python benchmarks/prepare_ray.py": ("a benchmark: starts a Ray cluster and prepares a "
+                                         "24 MB corpus 8 times"),
     "python benchmarks/compile_time.py": "a benchmark: compiles 12-48-layer models",
     "python benchmarks/memory.py": "a benchmark: gpt_small's step under each remat policy",
     "python benchmarks/checkpoint_save.py": "a benchmark: timed checkpoint saves, two handlers",
