@@ -98,8 +98,13 @@ def test_an_address_with_no_cluster_or_not_an_address_is_one_line(config):
   result = launch_prepare(config, f"--ray_address={address}")
   assert result.returncode == 2
   line = result.stderr.strip().splitlines()[-1].removeprefix("ConfigError: ")
-  assert line.startswith(f"--ray_address={address}: no Ray cluster answers there (")
+  assert line.startswith(f"--ray_address={address}: no Ray cluster answers at {address} (")
   assert "ray start --head --port=6379" in line and "Traceback" not in result.stderr
+  # auto: where RAY_ADDRESS (or the cluster this machine last started) points, checked.
+  result = launch_prepare(config, "--ray_address=auto", env={"RAY_ADDRESS": address})
+  assert result.returncode == 2
+  assert result.stderr.strip().splitlines()[-1].removeprefix("ConfigError: ").startswith(
+      f"--ray_address=auto: no Ray cluster answers at {address} (")
   result = launch_prepare(config, "--ray_address=headnode")
   assert result.returncode == 2
   assert result.stderr.strip().splitlines()[-1].removeprefix("ConfigError: ") == (

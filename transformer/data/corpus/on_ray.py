@@ -75,20 +75,42 @@ def _is_loopback(host: str) -> bool:
     return False
 
 
+def _auto_address(address: str) -> tuple[str, int]:
+  """Where `auto` points (RAY_ADDRESS, else the cluster this machine last started or
+  joined), as Ray finds it, so that a stale one is checked like any address."""
+  from ray._private import services  # pylint: disable=g-import-not-at-top  (Ray's own resolution; pinned Ray)
+  try:
+    # Not canonicalize_bootstrap_address: it turns 127.0.0.1 into the outward IP.
+    resolved = services.get_ray_address_from_environment(address, None)
+  except ConnectionError as e:
+    raise ConfigError(f"--ray_address=auto: no Ray cluster found on this machine ("
+                      f"{str(e).splitlines()[0]}); {_START_HINT}") from None
+  host, _, port = resolved.rpartition(":")
+  return host.strip("[]"), int(port)
+
+
 def connect(address: str) -> None:
-  """ray.init(address) after checking that a cluster answers there (one line if not)."""
-  where = parse_address(address)
-  if where is not None:
+  """ray.init(address) after checking that a cluster answers there (one line if not);
+  once a process (data.mixture prepares several corpora in turn)."""
+  if "ray" in sys.modules and sys.modules["ray"].is_initialized():
+    return
+  where = parse_address(address) or _auto_address(address)
+  if where:  # Always: the TCP check below keeps Ray's client from retrying for minutes.
     try:
       socket.create_connection(where, timeout=_CONNECT_SECONDS).close()
     except OSError as e:
-      raise ConfigError(f"--ray_address={address}: no Ray cluster answers there ("
+      raise ConfigError(f"--ray_address={address}: no Ray cluster answers at "
+                        f"{where[0]}:{where[1]} ("
                         f"{e.strerror or e}); {_START_HINT}") from None
-    if _is_loopback(where[0]) and "ray" not in sys.modules:
+    if _is_loopback(where[0]):
       # Ray turns a loopback address into this machine's outward IP, where a head bound
       # to 127.0.0.1 (a one-machine cluster kept off the network) does not listen; with
       # this variable it keeps 127.0.0.1 (it only disables multi-node `ray start` here).
+      # Read when Ray is imported: `auto` has imported it already, to resolve itself.
       os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+      constants = sys.modules.get("ray._private.ray_constants")
+      if constants is not None and os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0":
+        constants.ENABLE_RAY_CLUSTER = False
   import ray  # pylint: disable=g-import-not-at-top
   import transformer  # pylint: disable=g-import-not-at-top
   package = os.path.dirname(os.path.abspath(transformer.__file__))
