@@ -144,7 +144,7 @@ def get_config() -> ml_collections.ConfigDict:
   data.num_threads = 2  # Grain reader threads per process; 0 = none, read by the thread that asks.
   data.prefetch = 2  # Calls' batches a background thread builds and places ahead of the step (evaluation: host batches); 0 = off. Checkpoints save the position of the batches taken.
   data.prepare_workers = 0  # corpus: --mode=prepare's worker processes; 0 = the machine's cores.
-  data.prepare_shard = ""  # corpus: "i/N" prepares this host's share of the files (N hosts), "" all (docs/corpus.md).
+  data.prepare_piece_mb = 64.0  # corpus: --mode=prepare tokenizes a larger source file in parts of about this many MB, each a task (0: a file is one task; docs/corpus.md).
   data.mixture = ""  # corpus: "name:weight:path,..." several corpora mixed by weight, e.g. "web:0.7:/data/fineweb,code:0.3:/data/stack" (data.path ""; docs/corpus.md).
   data.bad_records = "stop"  # corpus: a malformed jsonl line / parquet record "stop" (say file and line) | "skip" (counted).
   data.download = False  # Allow TFDS to download a catalog dataset that is not prepared yet.

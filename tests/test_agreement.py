@@ -31,10 +31,9 @@ def test_the_first_differing_key_and_process_in_one_line():
 
 
 def test_per_process_keys_may_differ_and_no_other():
-  assert set(distributed.PER_PROCESS_KEYS) == {"--process_id", "data.prepare_shard",
-                                               "data.prepare_workers"}
+  assert set(distributed.PER_PROCESS_KEYS) == {"--process_id", "data.prepare_workers"}
   records = [{"command": {"--process_id": i, "--mode": "train"},
-              "config": {"data.prepare_shard": f"{i}/2", "data.prepare_workers": 4 + i}}
+              "config": {"data.prepare_workers": 4 + i}}
              for i in range(2)]
   assert distributed.first_difference(records) is None
   records[1]["command"]["--mode"] = "evaluate"

@@ -3,9 +3,10 @@
 Each command that writes a shared folder holds a lock on it (workdir/lock.py) or writes
 it atomically (workdir/files.py); each test starts real processes on one folder:
 
-  - --mode=prepare of one corpus, twice at once: each source file is tokenized under its
-    own build lock; the second process waits (one line naming the first) or finds the
-    files done; both end 0 and the corpus is whole, as one prepare writes it.
+  - --mode=prepare of one corpus, twice at once (whole files, and a file in parts):
+    each task (a file, a part, a join) runs under its own build lock; the second process
+    waits (one line naming the first) or finds the tasks done; both end 0 and the corpus
+    is whole, as one prepare writes it.
     "Already done" is never said over a shard that is cut short or missing.
   - --mode=import into one workdir, twice at once (and, marked slow, two averages into
     one --output and two exports into one --hf_dir: the same `files.complete_or_absent`):
@@ -24,6 +25,7 @@ it atomically (workdir/files.py); each test starts real processes on one folder:
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -32,7 +34,7 @@ import threading
 import numpy as np
 import pytest
 
-from test_corpus import on_own_corpus, prepare, write_corpus
+from test_corpus import on_own_corpus, prepare, write_corpus, write_large_files
 from tiny import subprocess_env
 from transformer.config.errors import ConfigError
 from transformer.data.corpus import for_config
@@ -66,7 +68,8 @@ def _start_prepare(config) -> subprocess.Popen:
       [sys.executable, "launch.py", "--mode=prepare", "--config=tests/tiny.py:" + data.data_dir,
        "--config.data.name=corpus", f"--config.data.path={data.path}",
        "--config.data.tokenizer=bytes", "--config.model.vocab_size=0",
-       f"--config.data.val_fraction={data.val_fraction}", "--config.data.prepare_workers=1"],
+       f"--config.data.val_fraction={data.val_fraction}", "--config.data.prepare_workers=1",
+       f"--config.data.prepare_piece_mb={data.prepare_piece_mb}"],
       cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -79,17 +82,27 @@ def _read_every_record(prepared: store.PreparedCorpus) -> int:
   return total
 
 
-def test_two_prepares_of_one_corpus_at_once_give_one_whole_corpus(config):
+@pytest.mark.parametrize("in_parts", [False, True])
+def test_two_prepares_of_one_corpus_at_once_give_one_whole_corpus(config, in_parts):
+  """With `in_parts`, the parquet files (many row groups) are prepared in parts too (their
+  own locks, then the join under the file's): still one corpus, no part left behind."""
+  files_count = 16
+  if in_parts:
+    write_large_files(os.path.join(config.data.path, "big"))  # 3 files more.
+    config.data.prepare_piece_mb, files_count = 0.001, 19
   first, second = _start_prepare(config), _start_prepare(config)
   outputs = [p.communicate(timeout=600) for p in (first, second)]
   for process, (_, stderr) in zip((first, second), outputs):
     assert process.returncode == 0, stderr[-3000:]
     assert "Traceback" not in stderr, stderr[-3000:]
-    assert "Prepared corpus: 16 files" in stderr
-  # Whoever came second either waited for the other, naming it, or found files done.
+    assert f"Prepared corpus: {files_count} files" in stderr
+  if in_parts:  # The first to plan found the parquet files (many row groups) to split.
+    assert any(re.search(r"\([1-9]\d* files in parts of 0.001 MB\)", e)
+               for _, e in outputs), outputs[0][1][-2000:]
+  # Whoever came second either waited for the other, naming it, or found tasks done.
   said = [stderr for _, stderr in outputs
           if "found done by another --mode=prepare" in stderr or "Waiting for PID" in stderr
-          or "(16 of this shard already done)" in stderr]
+          or f"({files_count} already done)" in stderr]
   assert said, [stderr[-1500:] for _, stderr in outputs]
   for stderr, other in zip([o[1] for o in outputs], (second, first)):
     if "Waiting for PID" in stderr:  # One line, however many files it waited for.
@@ -101,6 +114,7 @@ def test_two_prepares_of_one_corpus_at_once_give_one_whole_corpus(config):
       prepared.manifest["splits"][s]["tokens"] for s in store.SPLITS)
   folder = prepared.folder
   assert not [n for n in os.listdir(os.path.join(folder, store.TASKS)) if n.startswith(".")]
+  assert not os.path.exists(os.path.join(folder, "parts"))  # Every part joined and removed.
   # The same bytes as one preparation alone.
   alone = config.copy_and_resolve_references()
   alone.data.data_dir = config.data.data_dir + "_alone"
@@ -130,7 +144,7 @@ def test_already_done_is_never_said_over_a_shard_cut_short(tiny_config, tmp_path
     os.remove(os.path.join(job.output, "validation", task + ".index.npy"))
   caplog.set_level("INFO")
   prepare(tiny_config)
-  assert "of this shard already done), 1 to tokenize" in caplog.text
+  assert " already done), 1 to tokenize" in caplog.text
   assert f"is tokenized again: {os.path.join(job.output, 'validation', task)}" in caplog.text
   prepared, _ = for_config.open_for_training(tiny_config)
   _read_every_record(prepared)

@@ -75,11 +75,10 @@ def config(tiny_config, tmp_path):
   return tiny_config
 
 
-def prepare(config, workers: int = 1, shard: str = ""):
+def prepare(config, workers: int = 1):
   tokenizer = for_config.tokenizer_for(config, create=True)
   job = for_config.job_for(config, tokenizer)
-  return job, preparation.prepare(job, workers=workers,
-                                     shard=preparation.parse_shard(shard))
+  return job, preparation.prepare(job, workers=workers)
 
 
 def digests(folder: str) -> dict[str, str]:
@@ -138,19 +137,92 @@ def test_a_window_is_the_records_concatenated(config):
     np.testing.assert_array_equal(np.diff(docs) == 1, tokens[1:] == vocabularies.BOS_ID)
 
 
-def test_output_is_identical_whatever_the_worker_count_and_the_shard_split(config, tmp_path):
+def test_output_is_identical_whatever_the_worker_count(config, tmp_path):
   job, _ = prepare(config)
   one = digests(job.output)
   result = launch_prepare(config, "--config.data.prepare_workers=2",
                           f"--config.data.data_dir={tmp_path / 'two'}")
   assert result.returncode == 0, result.stderr[-2000:]
-  assert "prepare: 4/4 files" in result.stderr and "MB/s" in result.stderr
+  assert re.search(r"prepare: [\d.]+/[\d.]+ MB \(.* MB/s\), 4/4 tasks, .* M tokens/s",
+                   result.stderr)
+  assert "Prepared corpus: 4 files" in result.stderr
   assert digests(job.output.replace(str(tmp_path / "data"), str(tmp_path / "two"))) == one
-  config.data.data_dir = str(tmp_path / "shards")
-  _, manifest = prepare(config, shard="1/2")
-  assert manifest is None  # Shard 0's files are still missing: no manifest yet.
-  job, manifest = prepare(config, shard="0/2")
-  assert manifest is not None and digests(job.output) == one
+
+
+def write_large_files(folder: str) -> None:
+  """A .jsonl, a .txt and a parquet file of many row groups, each tens of KB."""
+  rng = random.Random(1)
+  os.makedirs(folder, exist_ok=True)
+  with open(os.path.join(folder, "e.jsonl"), "w", encoding="utf-8") as f:
+    f.writelines(json.dumps({"text": _document(rng)}) + "\n" for _ in range(400))
+  with open(os.path.join(folder, "f.txt"), "w", encoding="utf-8") as f:
+    f.write("\n".join(_document(rng) for _ in range(300)) + "\n")
+  pq.write_table(pa.table({"text": [_document(rng) for _ in range(300)]}),
+                 os.path.join(folder, "g.parquet"), row_group_size=20)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_files_split_into_parts_give_the_unsplit_corpus_byte_for_byte(config, tmp_path,
+                                                                     monkeypatch, workers):
+  """data.prepare_piece_mb splits the large files (a .jsonl at line starts, a .txt at its
+  piece windows, parquet by row groups; the compressed ones stay whole): their parts' shards,
+  joined, are the unsplit preparation's files exactly, and no part is left behind."""
+  monkeypatch.setattr(store, "PIECE_CHARS", 256)  # .txt windows: many in a few KB.
+  write_large_files(config.data.path)
+  config.data.prepare_piece_mb = 0.0  # Never split: the reference.
+  job, whole = prepare(config)
+  reference = digests(job.output)
+  config.data.update(prepare_piece_mb=0.003, data_dir=str(tmp_path / "parts"))
+  split_job, split = prepare(config, workers=workers)
+  plans = {name: len(preparation.plan_file(split_job, i))
+           for i, name in enumerate(split_job.names)}
+  assert plans["a.jsonl.gz"] == plans["b.jsonl.zst"] == 1  # Compressed: whole.
+  assert min(plans[n] for n in ("c.parquet", "d.txt", "e.jsonl", "f.txt", "g.parquet")) >= 3
+  assert split == whole
+  assert digests(split_job.output) == reference  # No parts/ folder left either.
+
+
+def test_a_rerun_keeps_the_parts_of_a_file_by_content(config, tmp_path, monkeypatch):
+  """Parts done, the join not (it failed): a rerun over touched files (other mtimes, the
+  same bytes) tokenizes no part again; other bytes under a kept size and mtime redo that
+  file's parts (its sha256, hashed by the driver, differs), never 'already done'."""
+  monkeypatch.setattr(store, "PIECE_CHARS", 256)
+  write_large_files(config.data.path)
+  config.data.prepare_piece_mb = 0.003
+  join_task = preparation.join_task
+
+  def no_join(job, index):
+    raise DataError("the join fails (test)")
+
+  monkeypatch.setattr(preparation, "join_task", no_join)
+  with pytest.raises(DataError, match="the join fails"):
+    prepare(config)
+  for name in os.listdir(config.data.path):  # Touched: same bytes, other mtimes.
+    path = os.path.join(config.data.path, name)
+    os.utime(path, ns=(os.stat(path).st_atime_ns, os.stat(path).st_mtime_ns + 10**9))
+  tokenized = []
+  run_task = preparation.run_task
+  monkeypatch.setattr(preparation, "run_task",
+                      lambda job, piece: tokenized.append(piece) or run_task(job, piece))
+  with pytest.raises(DataError, match="the join fails"):
+    prepare(config)
+  assert [p for p in tokenized if not p.whole] == []  # Every part kept.
+  path = os.path.join(config.data.path, "f.txt")
+  stat = os.stat(path)
+  with open(path, "r+", encoding="utf-8") as f:  # The same size and mtime, other bytes.
+    text = f.read()
+    f.seek(0)
+    f.write(text.replace("the", "THE", 1))
+  os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+  tokenized.clear()
+  monkeypatch.setattr(preparation, "join_task", join_task)
+  job, manifest = prepare(config)
+  redone = {job.names[p.file] for p in tokenized if not p.whole}
+  assert redone == {"f.txt"}, redone
+  assert len([p for p in tokenized if not p.whole]) >= 3  # Every part of f.txt.
+  assert {f["path"]: f["sha256"] for f in manifest["sources"]["files"]}["f.txt"] == \
+      store.file_digest(path)
+  assert not os.path.exists(os.path.join(job.output, "parts"))
 
 
 @pytest.mark.parametrize("point,status", [
@@ -174,7 +246,7 @@ def test_a_killed_preparation_resumes_and_never_uses_a_half_written_shard(config
   assert done == [f"{i:05d}.json" for i in range(int(point[-1]))]
   result = launch_prepare(config, "--config.data.prepare_workers=1")
   assert result.returncode == 0, result.stderr[-2000:]
-  assert f"({int(point[-1])} of this shard already done)" in result.stderr
+  assert f"({int(point[-1])} already done)" in result.stderr
   assert digests(output) == clean
 
 
@@ -216,28 +288,27 @@ def test_prepare_sees_bytes_changed_under_a_kept_size_and_mtime(config, caplog):
   caplog.clear()
   _, after = prepare(config)
   assert "d.txt is tokenized again: d.txt changed: its content (sha256) differs" in caplog.text
-  assert "(3 of this shard already done), 1 to tokenize" in caplog.text
+  assert "(3 already done), 1 to tokenize" in caplog.text
   recorded = {f["path"]: f["sha256"] for f in after["sources"]["files"]}
   assert recorded["d.txt"] == store.file_digest(path) != {
       f["path"]: f["sha256"] for f in before["sources"]["files"]}["d.txt"]
 
 
-def test_the_combining_run_keeps_other_hosts_files_whose_bytes_are_the_same(config,
-                                                                           monkeypatch):
-  """Another host prepared its shard from its own copy of the sources (other mtimes):
-  the combining run hashes such a file, as training's check does (store.file_change),
-  instead of tokenizing it again; a changed file of the same size is redone."""
-  _, first = prepare(config, shard="1/2")
-  assert first is None  # The other host's shard (tasks 1 and 3) is done.
-  for name in os.listdir(config.data.path):  # This host's copy: same bytes, other mtimes.
+def test_a_rerun_keeps_files_whose_bytes_are_the_same_under_other_mtimes(config,
+                                                                       monkeypatch):
+  """Sources copied again (other mtimes): a rerun hashes such a file, as training's check
+  does (store.file_change), instead of tokenizing it again; a changed file of the same
+  size is redone."""
+  prepare(config)
+  for name in os.listdir(config.data.path):  # A new copy: same bytes, other mtimes.
     path = os.path.join(config.data.path, name)
     os.utime(path, ns=(os.stat(path).st_atime_ns, os.stat(path).st_mtime_ns + 10**9))
   tokenized = []
   run_task = preparation.run_task
   monkeypatch.setattr(preparation, "run_task",
-                      lambda job, index: tokenized.append(index) or run_task(job, index))
-  job, manifest = prepare(config, shard="0/2")
-  assert tokenized == [0, 2] and manifest is not None  # Not 1 and 3 again.
+                      lambda job, piece: tokenized.append(piece.file) or run_task(job, piece))
+  job, manifest = prepare(config)
+  assert tokenized == [] and manifest is not None  # Hashed, not tokenized again.
   assert store.sources_change(manifest, job.root, list(job.names)) is None
   # The manifest holds this host's mtimes: training here reads no file to check them.
   assert [f["mtime_ns"] for f in manifest["sources"]["files"]] == [
@@ -625,10 +696,10 @@ def test_corpus_config_checks():
   config.data.update(name="corpus", path="")
   with pytest.raises(ConfigError, match="data.path"):
     validate(config)
-  config.data.update(path="x", prepare_shard="2/2")
-  with pytest.raises(ConfigError, match=r"data.prepare_shard='2/2' is invalid"):
+  config.data.update(path="x", prepare_piece_mb=-1.0)
+  with pytest.raises(ConfigError, match=r"data.prepare_piece_mb=-1.0 is invalid"):
     validate(config)
-  config.data.update(prepare_shard="", eval_split="test")
+  config.data.update(prepare_piece_mb=64.0, eval_split="test")
   with pytest.raises(ConfigError, match="data.eval_split='test'.*'validation'"):
     validate(config)
   config.data.update(eval_split="validation", bad_records="ignore")

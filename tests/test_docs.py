@@ -94,12 +94,20 @@ NOT_RUN = {
         "needs 8 devices: the 'Simulate a mesh on a laptop' command below it is run instead"),
     "python launch.py --config=configs/llama.py:1b --config.data.seq_len=131072": (
         "a 1B model at 131072 tokens a row: needs accelerators"),
-    "python launch.py --mode=prepare --config=... ": "a pattern (--config=..., shard i/N), not a command",
+    "python launch.py --mode=prepare --config=... $CORPUS --ray_address=": (
+        "a pattern (--config=...) for a cluster of several machines; tests/test_corpus_ray.py "
+        "runs --ray_address on a two-node cluster of this machine"),
+    "ray start --head --port=6379 --node-ip-address=10.0.0.5": (
+        "starts a Ray head on a private network's address; the tests start theirs on "
+        "127.0.0.1 (tests/local_ray.py)"),
+    "ray start --address=10.0.0.5:6379": "joins the head above: another machine",
     "python benchmarks/nanogpt_side_by_side.py": "needs PyTorch in another Python (--torch_python)",
     "python benchmarks/nanogpt_reference.py": "needs PyTorch (not a requirement)",
     "python benchmarks/train_step.py": "a benchmark: minutes of timed steps",
     "python benchmarks/input_pipeline.py": "a benchmark: minutes of timed input",
     "python benchmarks/prepared_corpus.py": "a benchmark: prepares 12-2000 MB corpora",
+    "python benchmarks/prepare_ray.py": ("a benchmark: starts a Ray cluster and prepares a "
+                                         "24 MB corpus 8 times"),
     "python benchmarks/compile_time.py": "a benchmark: compiles 12-48-layer models",
     "python benchmarks/memory.py": "a benchmark: gpt_small's step under each remat policy",
     "python benchmarks/checkpoint_save.py": "a benchmark: timed checkpoint saves, two handlers",

@@ -81,8 +81,6 @@ def barrier(name: str) -> None:
 # key of what `agree` exchanges must be equal on every process.
 PER_PROCESS_KEYS = {
     "--process_id": "each process's own index, 0..num_processes-1",
-    "data.prepare_shard": "--mode=prepare's share of the source files on each host "
-                          "(docs/corpus.md); no other mode reads it",
     "data.prepare_workers": "--mode=prepare's worker processes, sized to each host's "
                             "cores; no other mode reads it",
 }

@@ -1,15 +1,17 @@
 """--mode=prepare: tokenize `data.path`'s corpus once into token-id shards (docs/corpus.md).
 
   python launch.py --mode=prepare --config=configs/my_corpus.py
+  python launch.py --mode=prepare --config=configs/my_corpus.py --ray_address=HOST:PORT
   python launch.py --config=configs/my_corpus.py          # then train on the ids
 
 Takes the training config (data.name="corpus", data.path, data.text_key,
-data.tokenizer, data.prepare_workers, data.prepare_shard, data.bad_records); needs no
---workdir and starts no JAX devices. A character or SentencePiece vocabulary is trained
+data.tokenizer, data.prepare_workers, data.prepare_piece_mb, data.bad_records); needs no
+--workdir and starts no JAX devices. --ray_address runs the tasks on a Ray cluster's nodes
+instead of local worker processes (docs/corpus.md: the folders every node must see). A character or SentencePiece vocabulary is trained
 first on a sample of the corpus (or init_from's run's vocabulary is used). Rerunning
 resumes: finished source files are kept, the others redone. With data.mixture, each
 of its corpora is prepared in turn, all with the first one's tokenizer. Exit status: 0 done (or
-this shard done), 2 a bad config or record (one line), 130 / 143 interrupted.
+2 a bad config, record or cluster (one line), 130 / 143 interrupted.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import os
 
 import ml_collections
+from absl import flags
 from absl import logging
 
 from transformer.config.errors import ConfigError
@@ -31,6 +34,11 @@ from transformer.workdir import files
 STARTS_JAX = False
 # The flags of cli/common.py this mode reads (launch.py refuses the others it is given).
 SHARED_FLAGS = ()
+
+RAY_ADDRESS = flags.DEFINE_string(
+    "ray_address", "", "prepare: run the tasks on a running Ray cluster's nodes: 'auto' (on "
+    "a node of it) or HOST:PORT of its head; '' (default): local worker processes. Keep the "
+    "cluster's ports inside a private network (docs/corpus.md).")
 
 
 def check_config(config: ml_collections.ConfigDict, workdir: str = "") -> None:
@@ -59,8 +67,8 @@ def main(config: ml_collections.ConfigDict, workdir: str | None) -> int:
       tokenizer = tokenizer or for_config.tokenizer_for(one, create=True)
       job = for_config.job_for(one, tokenizer)
       workers = one.data.prepare_workers or os.cpu_count() or 1
+      # FLAGS[...]: a test calls main without parsing the command line (its default then).
       manifest = preparation.prepare(job, workers=workers,
-                                        shard=preparation.parse_shard(one.data.prepare_shard))
-    if manifest is not None:
-      logging.info("%s\n  in %s", preparation.summary(manifest), job.output)
+                                     ray_address=flags.FLAGS["ray_address"].value)
+    logging.info("%s\n  in %s", preparation.summary(manifest), job.output)
   return 0

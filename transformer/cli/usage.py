@@ -35,6 +35,13 @@ ENVIRONMENT_ERRNOS = {
 }
 
 
+# Keys that are gone, and what replaced them: given one, the command stops naming it.
+RETIRED_KEYS = {
+    "data.prepare_shard": ("this host's hand-run share of --mode=prepare's files",
+                           "--mode=prepare --ray_address=HOST:PORT (or auto) runs the tasks on "
+                           "every node of a Ray cluster (docs/corpus.md)"),
+}
+
 _HELP_FLAGS = ("--help", "-help", "--helpshort", "-helpshort", "--helpfull",
                "-helpfull", "--helpxml", "-helpxml")
 
@@ -54,6 +61,9 @@ def _unknown_key(error: Exception, argv: Sequence[str]) -> str:
   suggestion = re.search(r'Did you mean "(\w+)"', text)
   overrides = [arg.split("=", 1)[0] for arg in argv if arg.startswith("--config.")]
   flag = next((o for o in overrides if name in o.split(".")), "--config.*")
+  if flag.removeprefix("--config.") in RETIRED_KEYS:
+    was, now = RETIRED_KEYS[flag.removeprefix("--config.")]
+    return f"{flag} is retired (it was {was}): {now}"
   return (f"{flag}: the config has no key {name!r}"
           + (f" (did you mean {suggestion.group(1)!r}?)" if suggestion else "")
           + ". Every key is declared, with a comment, in configs/base.py.")

@@ -95,13 +95,11 @@ def validate_data(config: ml_collections.ConfigDict) -> None:
 
 
 def _validate_corpus(config: ml_collections.ConfigDict) -> None:
-  """data.name="corpus": its splits, objective and data.prepare_shard."""
+  """data.name="corpus": its splits, objective and data.prepare_piece_mb."""
   d, data = "data.", config.data
-  shard = str(data.prepare_shard)
-  head, _, tail = shard.partition("/")
-  if shard and not (head.isdigit() and tail.isdigit() and int(head) < int(tail)):
-    fail(d + "prepare_shard", data.prepare_shard, "expected \"i/N\" with 0 <= i < N (this "
-         "host's share of the corpus files), or \"\" for all of them")
+  if not is_number(data.prepare_piece_mb) or data.prepare_piece_mb < 0:
+    fail(d + "prepare_piece_mb", data.prepare_piece_mb, "expected a number of megabytes >= 0 "
+         "(a larger source file is prepared in parts of about this size; 0: never split)")
   if data.name != CORPUS:
     return
   for key in ("train_split", "eval_split"):

@@ -29,11 +29,16 @@ class KillPoints:
   --mode=prepare (data/corpus/preparation.py) calls it with the index of a source file for
   its `step`: prepare_writing (a document of that file written, its shard half-written)
   and prepare_written (its shards renamed into place, its task json not yet written).
+
+  TRANSFORMER_TEST_KILL_ONCE=<path>, beside it: the kill happens only in the process that
+  creates <path> first, so a task that is retried (on a Ray cluster) dies once, not at
+  every attempt.
   """
 
   POINTS = ("after_step", "during_eval", "during_save", "after_save", "prepare_writing",
             "prepare_written")
   VARIABLE = "TRANSFORMER_TEST_KILL_AT"
+  ONCE = "TRANSFORMER_TEST_KILL_ONCE"
   SIGNALS = ("SIGKILL", "SIGINT", "SIGTERM")  # An optional third field: Ctrl-C, a kill.
 
   def __init__(self, value: str):
@@ -57,6 +62,12 @@ class KillPoints:
     """Kills the process if (point, step) is the one asked for, after calling `first`."""
     if point != self.point or step != self.step:
       return
+    once = os.environ.get(self.ONCE, "")
+    if once:
+      try:
+        os.close(os.open(once, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+      except FileExistsError:
+        return  # Killed once already (an earlier attempt of this task).
     if first is not None:
       first()
     logging.warning("%s: killing this process %s %d (%s)", self.VARIABLE, point, step,

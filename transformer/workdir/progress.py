@@ -13,9 +13,9 @@ multi-process run says them.
   lowering and XLA compile, an import's reading and saving); with `heartbeat`, a
   '<what>: still running, 1m30s' line meanwhile (a SentencePiece vocabulary's training).
 
-The training loop's own progress line (training/metrics.py's TrainProgress: MFU, data
-wait) and --mode=prepare's (data/corpus/preparation.py: counters shared by worker
-processes, a timer thread) stay their own.
+--mode=prepare's line is a Progress of MB read with a `detail` (tasks, tokens/s), said by
+a timer thread from counters its workers (or a Ray cluster's tasks) add to. The training
+loop's own progress line (training/metrics.py's TrainProgress: MFU, data wait) stays its own.
 """
 
 from __future__ import annotations
@@ -56,23 +56,33 @@ def seconds_text(seconds: float) -> str:
 class Progress:
   """Counted progress of one piece of work (see the module docstring)."""
 
-  def __init__(self, what: str, total: int | None = None, unit: str = "items",
-               every: float | None = None, clock: Callable[[], float] = time.perf_counter):
+  def __init__(self, what: str, total: float | None = None, unit: str = "items",
+               every: float | None = None, clock: Callable[[], float] = time.perf_counter,
+               detail: Callable[[], str] | None = None):
     """`what`: the line's head ("evaluate validation"); `total`: None when unknown (no
-    ETA then); `every`: seconds between lines, default EVERY_SECONDS at each update."""
+    ETA then; a float total counts in tenths: MB); `every`: seconds between lines,
+    default EVERY_SECONDS at each update; `detail`: more of the line, after the rate."""
     self.what, self.total, self.unit = what, total, unit
-    self._every, self._clock = every, clock
+    self._every, self._clock, self._detail = every, clock, detail
     self.done = 0
     self._start = self._last = clock()
 
   def _rate(self, now: float) -> float:
     return self.done / max(now - self._start, 1e-9)
 
+  def seconds(self) -> float:
+    """Seconds since the work began (never 0)."""
+    return max(self._clock() - self._start, 1e-9)
+
   def line(self) -> str:
     """'<what>: 12/40 batches (3.1 batches/s), ETA 9s' (no total: '12 batches (...)')."""
     rate = self._rate(self._clock())
-    count = f"{self.done}/{self.total}" if self.total is not None else str(self.done)
+    shown = (lambda x: f"{x:,.1f}") if isinstance(self.total, float) else str
+    count = (f"{shown(self.done)}/{shown(self.total)}" if self.total is not None
+             else shown(self.done))
     text = f"{self.what}: {count} {self.unit} ({rate:.3g} {self.unit}/s)"
+    if self._detail is not None:
+      text += ", " + self._detail()
     if self.total is not None and self.done < self.total and rate > 0:
       text += f", ETA {seconds_text((self.total - self.done) / rate)}"
     return text

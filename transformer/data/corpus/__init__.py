@@ -6,6 +6,10 @@
                   .jsonl.gz, .jsonl.zst, .parquet), which files data.path names, and each
                   file read as streamed documents (bad records in one line)
   preparation.py  --mode=prepare's tasks, worker processes, resume and manifest
+  pieces.py       a large source file as parts (byte ranges, row groups), and their
+                  shards joined into the file's
+  on_ray.py       --ray_address: the tasks on a Ray cluster's nodes (the node checks,
+                  retries, progress); the only module that imports Ray
   for_config.py   a config's corpus: its tokenizer, prepare job, and the checks before
                   training opens it
   packer.py       packed rows of token arrays (grain's concat-then-split, by slices)

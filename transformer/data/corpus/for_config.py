@@ -101,6 +101,7 @@ def job_for(config: ml_collections.ConfigDict, tokenizer: vocabularies.Tokenizer
       text_key=data.text_key, decode_errors=data.decode_errors, bad_records=data.bad_records,
       val_fraction=float(data.val_fraction), tokenizer_kind=record["kind"],
       tokenizer_path=vocabulary_file(tokenizer), tokenizer_record=record,
+      piece_bytes=int(float(data.prepare_piece_mb) * 1e6),
       dtype=store.id_dtype(tokenizer.vocab_size).name)
 
 

@@ -1,11 +1,13 @@
 """Tokenizing a corpus once into array_record shards: tasks, workers, resume, the manifest.
 
-One task per source file (in sorted order): its documents are read streamed
-(data/corpus/readers.py), tokenized, sent to `train` or `validation` by a stable hash of
-their first piece, and written one record per piece into `<split>/<task>.array_record`
-with `<split>/<task>.index.npy` beside it. A task's output depends only on its file and
-the tokenizer, so the corpus is byte-identical whatever the worker count or the shard
-split (`data.prepare_shard="i/N"`: the tasks with index % N == i).
+One task per source file (in sorted order), or per part of a file larger than
+data.prepare_piece_mb (data/corpus/pieces.py: its parts' shards are then joined into the
+file's): its documents are read streamed (data/corpus/readers.py), tokenized, sent to
+`train` or `validation` by a stable hash of their first piece, and written one record per
+piece into `<split>/<task>.array_record` with `<split>/<task>.index.npy` beside it. A
+file's output depends only on the file and the tokenizer, so the corpus is byte-identical
+whatever the part size, the worker count, or the nodes of a Ray cluster that ran it
+(`--ray_address`: data/corpus/on_ray.py).
 
 Crash safety: shards are written under temporary names and renamed; `tasks/<task>.json`
 is written atomically (workdir/files.py) after them, and only a task with its json is
@@ -14,11 +16,13 @@ keeps the done tasks and redoes the others; a half-written file is never read. A
 is done only when its json is there, its source file is the one it records (by content:
 store.file_change) and its shard files are whole (store.shard_problem).
 
-Two preparations of one corpus at once (two commands, two hosts' data.prepare_shard over
-a shared folder): each source file is tokenized under its own build lock
-(`tasks/.<task>.lock`, workdir/lock.py), so one process writes it while the other waits,
-saying for whom (once per other process), and then takes it as done; both write the
-same manifest.
+Two preparations of one corpus at once (two commands, or two drivers of Ray clusters over
+a shared folder): each task runs under its own build lock (workdir/lock.py: a whole
+file's and its join's `tasks/.<task>.lock`, a part's `parts/tasks/.<task>-<part>.lock`),
+so one process writes it while the other waits, saying for whom (once per other
+process), and then takes it as done; both write the same manifest. A part is done when
+its json records the file's sha256 (hashed once per run by the driver) and its shards are
+whole, so a rerun keeps the parts of a file with unchanged content.
 """
 
 from __future__ import annotations
@@ -34,20 +38,23 @@ import multiprocessing
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from absl import logging
 
 from transformer.config.errors import ConfigError, DataError
+from transformer.data.corpus import pieces
 from transformer.data.corpus import readers
 from transformer.data.corpus import store
 from transformer.data.tokenizers import vocabularies
 from transformer.workdir import files
 from transformer.workdir import kill_points
 from transformer.workdir import lock
+from transformer.workdir import progress as progress_lib
 
 _PROGRESS_SECONDS = 10.0
 
@@ -67,6 +74,10 @@ class Job:
   tokenizer_path: str  # The vocabulary file ("" for bytes).
   tokenizer_record: dict[str, Any]
   dtype: str
+  piece_bytes: int = 0  # data.prepare_piece_mb in bytes: a larger file runs in parts (0: never).
+  # The vocabulary file's bytes, for workers on other machines (a Ray cluster's nodes):
+  # trained once here and shipped with the job. b"": workers read tokenizer_path.
+  tokenizer_data: bytes = b""
 
 
 def task_name(index: int) -> str:
@@ -80,8 +91,15 @@ def is_validation(first_piece: str, val_fraction: float) -> bool:
   return int.from_bytes(digest.digest(), "little") / 2.0 ** 64 < val_fraction
 
 
-# Per worker process: the tokenizer (built once) and the shared progress counters.
+# Per worker process: the tokenizer (built once) and where progress is reported: the
+# shared counters of a local pool, or a Ray task's reporter ("report").
 _WORKER: dict[str, Any] = {}
+
+
+def set_reporter(report: Callable[[int, int], None]) -> None:
+  """Where this process's tasks report (bytes read, tokens) as they go (a Ray task's)."""
+  _WORKER.clear()
+  _WORKER["report"] = report
 
 
 def _init_worker(counters: tuple[Any, Any], in_worker: bool = True, parent: int = 0) -> None:
@@ -128,15 +146,31 @@ def die_with_parent(parent: int) -> None:
   threading.Thread(target=watch, daemon=True, name="parent-watchdog").start()
 
 
+def _vocabulary_here(job: Job) -> str:
+  """The vocabulary file on this machine: tokenizer_path, or the shipped bytes written
+  once (under their sha256) to this machine's temporary folder."""
+  if not job.tokenizer_data:
+    return job.tokenizer_path
+  digest = hashlib.sha256(job.tokenizer_data).hexdigest()[:16]
+  path = os.path.join(tempfile.gettempdir(), f"transformer-vocabulary-{digest}-"
+                      + os.path.basename(job.tokenizer_path))
+  if not os.path.exists(path):
+    files.write_atomically(path, job.tokenizer_data)
+  return path
+
+
 def _tokenizer(job: Job) -> vocabularies.Tokenizer:
   if _WORKER.get("tokenizer_path") != (job.tokenizer_kind, job.tokenizer_path):
     from transformer.data.tokenizers import hf_vocab  # pylint: disable=g-import-not-at-top
-    _WORKER["tokenizer"] = hf_vocab.from_kind(job.tokenizer_kind, job.tokenizer_path)
+    _WORKER["tokenizer"] = hf_vocab.from_kind(job.tokenizer_kind, _vocabulary_here(job))
     _WORKER["tokenizer_path"] = (job.tokenizer_kind, job.tokenizer_path)
   return _WORKER["tokenizer"]
 
 
 def _add(read_bytes: int, tokens: int) -> None:
+  if "report" in _WORKER:
+    _WORKER["report"](read_bytes, tokens)
+    return
   counters = _WORKER.get("counters")
   if counters:
     with counters[0].get_lock():
@@ -148,10 +182,10 @@ def _add(read_bytes: int, tokens: int) -> None:
 class _SplitWriter:
   """One split's shard of a task: records under a temporary name, the index in memory."""
 
-  def __init__(self, job: Job, split: str, task: str):
+  def __init__(self, folder: str, split: str, task: str):
     from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
-    self.final = os.path.join(job.output, split, task + ".array_record")
-    self.index_path = os.path.join(job.output, split, task + ".index.npy")
+    self.final = os.path.join(folder, split, task + ".array_record")
+    self.index_path = os.path.join(folder, split, task + ".index.npy")
     os.makedirs(os.path.dirname(self.final), exist_ok=True)
     # One fixed temporary name per shard: a killed attempt's file is overwritten, not kept.
     self.temporary = os.path.join(os.path.dirname(self.final), f".{task}.array_record.partial")
@@ -163,12 +197,16 @@ class _SplitWriter:
 
   def write(self, ids: np.ndarray, flags: int) -> int:
     """Writes one piece; returns its tokens in the stream (ids + bos / eos)."""
-    self._writer.write(ids.tobytes())
     tokens = len(ids) + bool(flags & store.STARTS) + bool(flags & store.ENDS)
+    self.write_bytes(ids.tobytes(), tokens, flags)
+    return tokens
+
+  def write_bytes(self, record: bytes, tokens: int, flags: int) -> None:
+    """Writes one record as stored, with its stream tokens and flags (a part's, joined)."""
+    self._writer.write(record)
     self.offsets.append(self.offsets[-1] + tokens)
     self.flags.append(flags)
     self.documents += bool(flags & store.STARTS)
-    return tokens
 
   def finish(self) -> dict[str, int]:
     """Closes and renames the shard, writes its index; returns its counts."""
@@ -191,26 +229,63 @@ def _encode(tokenizer: vocabularies.Tokenizer, text: str, dtype: np.dtype, limit
   return ids.astype(dtype)
 
 
-def run_task(job: Job, index: int) -> dict[str, Any]:
-  """Tokenizes source file `index` into its shards and writes its task json; returns it.
+def run_task(job: Job, piece: pieces.Piece) -> dict[str, Any]:
+  """Tokenizes a source file (or a part of one) into its shards and writes its json.
 
-  Holds the task's build lock (workdir/lock.py's `building`) throughout: another
-  --mode=prepare of the same corpus doing this file now is waited for (one line naming
-  it), and its result is then taken as done (`found_done` set in the result) instead of
-  both writing the same shard files.
+  Holds the task's build lock (workdir/lock.py's `building`) throughout: a whole file's
+  is `tasks/.<task>.lock` (the one `join_task` takes too), a part's
+  `parts/tasks/.<task>-<part>.lock` (the parts of one file still run side by side).
+  Another --mode=prepare of the same corpus doing this task now is waited for (one line
+  naming it), and its result is then taken as done (`found_done` set in the result)
+  instead of both writing the same shard files.
+
+  Returns:
+    A whole file: its task json (source, splits, counts). A part: its part json, whose
+    shards `join_task` joins into the file's once every part is done.
   """
-  task = task_name(index)
-  with lock.building(os.path.join(job.output, store.TASKS, f".{task}.lock"),
-                     f"source file {job.names[index]} of the corpus {job.output}",
-                     waiting=lambda holder: _say_waiting(holder, job, index)):
-    done = done_task(job, index, say=False)  # prepare() said why it is not done.
+  task = task_name(piece.file)
+  if piece.whole:
+    lock_path, what = os.path.join(job.output, store.TASKS, f".{task}.lock"), ""
+  else:
+    stem = pieces.part_name(task, piece.part)
+    lock_path = os.path.join(job.output, pieces.PARTS, store.TASKS, f".{stem}.lock")
+    what = f" (part {piece.part + 1} of {piece.parts})"
+  with lock.building(lock_path, f"source file {job.names[piece.file]}{what} of the corpus "
+                     f"{job.output}", waiting=lambda holder: _say_waiting(holder, job, piece.file)):
+    done = _found_done(job, piece)
     if done is not None:
+      _add(piece.size, 0)
       return {**done, "found_done": True}
+    folder = job.output if piece.whole else os.path.join(job.output, pieces.PARTS)
+    stem = task if piece.whole else pieces.part_name(task, piece.part)
     for split in store.SPLITS:
-      leftover = os.path.join(job.output, split, f".{task}.array_record.partial")
+      leftover = os.path.join(folder, split, f".{stem}.array_record.partial")
       if os.path.exists(leftover):
         os.remove(leftover)  # A killed attempt's shard: never part of the corpus.
-    return _tokenize(job, index)
+    if piece.whole:
+      pieces.remove_parts(job.output, task)  # An earlier run's parts (another part size).
+    return _tokenize(job, piece)
+
+
+def _found_done(job: Job, piece: pieces.Piece) -> dict[str, Any] | None:
+  """Under the task's lock: its result if another preparation did it meanwhile."""
+  index, task = piece.file, task_name(piece.file)
+  if piece.whole:
+    return done_task(job, index, say=False)  # prepare() said why it is not done.
+  path = os.path.join(job.root, job.names[index])
+  done = pieces.done_part(job.output, task, path, job.names[index], piece)
+  if done is not None:
+    return done
+  # The file joined already by another preparation (its parts removed): this part is
+  # not needed. Its recorded sha256 against the driver's, no hashing here; join_task
+  # checks the task whole (by content) under the file's lock.
+  json_path = os.path.join(job.output, store.TASKS, task + ".json")
+  if os.path.exists(json_path):
+    with open(json_path, encoding="utf-8") as f:
+      result = json.load(f)
+    if result["source"].get("sha256") == piece.sha256:
+      return {"task": task, "joined": True}
+  return None
 
 
 _WAITED_FOR: set[str] = set()  # Holders this process said it waits for (once each).
@@ -226,50 +301,129 @@ def _say_waiting(holder: str, job: Job, index: int) -> None:
                holder, job.output, job.names[index])
 
 
-def _tokenize(job: Job, index: int) -> dict[str, Any]:
-  """`run_task`'s work, under its lock: the shards, then the task json."""
-  name, task = job.names[index], task_name(index)
+def _source(job: Job, index: int) -> dict[str, Any]:
+  name = job.names[index]
   path = os.path.join(job.root, name)
   stat = os.stat(path)
-  source = {"path": name, "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns,
-            "sha256": store.file_digest(path)}
+  return {"path": name, "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+          "sha256": store.file_digest(path)}
+
+
+def _tokenize(job: Job, piece: pieces.Piece) -> dict[str, Any]:
+  """`run_task`'s work, under its lock: the shards, then the json."""
+  index = piece.file
+  name, task = job.names[index], task_name(index)
+  path = os.path.join(job.root, name)
+  record = pieces.part_record(path, name, piece)  # Before reading: a change shows at resume.
   tokenizer, dtype = _tokenizer(job), np.dtype(job.dtype)
   limit = min(tokenizer.vocab_size, np.iinfo(dtype).max + 1)
   kill = kill_points.KillPoints.from_env()
   stats = readers.ReadStats()
   reader = readers.reader(path, name, text_key=job.text_key,
                               decode_errors=job.decode_errors, bad_records=job.bad_records,
-                              stats=stats)
-  writers = {split: _SplitWriter(job, split, task) for split in store.SPLITS}
+                              stats=stats, span=piece.span)
+  folder = job.output if piece.whole else os.path.join(job.output, pieces.PARTS)
+  stem = task if piece.whole else pieces.part_name(task, piece.part)
+  writers = {split: _SplitWriter(folder, split, stem) for split in store.SPLITS}
   position = 0
   for document in reader.documents():
-    piece = next(document, "")
-    if not piece:
+    text = next(document, "")
+    if not text:
       stats.empty_documents += 1
       continue
-    writer = writers["validation" if is_validation(piece, job.val_fraction) else "train"]
-    flags, tokens = store.STARTS, 0
+    # A .txt part inside its document: the document's first piece decides its split,
+    # and only the file's first and last pieces carry STARTS / ENDS.
+    head = reader.head if reader.continues_before else text
+    writer = writers["validation" if is_validation(head, job.val_fraction) else "train"]
+    flags, tokens = (0 if reader.continues_before else store.STARTS), 0
     for following in document:  # One piece behind: the last one gets ENDS.
-      tokens += writer.write(_encode(tokenizer, piece, dtype, limit), flags)
-      piece, flags = following, 0
-    tokens += writer.write(_encode(tokenizer, piece, dtype, limit), flags | store.ENDS)
+      tokens += writer.write(_encode(tokenizer, text, dtype, limit), flags)
+      text, flags = following, 0
+    last = 0 if reader.continues_after else store.ENDS
+    tokens += writer.write(_encode(tokenizer, text, dtype, limit), flags | last)
     now = reader.position()
     _add(now - position, tokens)
     position = now
     kill("prepare_writing", index)  # Test-only: a kill with the shard half-written.
-  _add(stat.st_size - position, 0)
-  result = {"task": task, "source": source, "tokenizer": job.tokenizer_record,
-            "splits": {split: w.finish() for split, w in writers.items()},
-            **dataclasses.asdict(stats)}
+  _add(max(piece.size - position, 0), 0)
+  splits = {split: w.finish() for split, w in writers.items()}
+  if piece.whole:
+    result = {"task": task, "source": _source(job, index), "tokenizer": job.tokenizer_record,
+              "splits": splits, **dataclasses.asdict(stats)}
+    json_path = os.path.join(job.output, store.TASKS, task + ".json")
+  else:
+    result = {"task": task, "piece": record, "splits": splits, **dataclasses.asdict(stats)}
+    json_path = pieces.part_json(job.output, task, piece.part)
   kill("prepare_written", index)  # Test-only: shards renamed, the task not yet recorded.
-  files.write_atomically(os.path.join(job.output, store.TASKS, task + ".json"),
-                         json.dumps(result, indent=1, sort_keys=True))
+  files.write_atomically(json_path, json.dumps(result, indent=1, sort_keys=True))
   return result
 
 
+def join_task(job: Job, index: int) -> dict[str, Any]:
+  """Joins file `index`'s parts (all done) into its shards and task json; returns it.
+
+  Under the file's build lock (`run_task`'s for a whole file): a file another preparation
+  joined or tokenized whole meanwhile is taken as done (`found_done`).
+
+  Raises:
+    DataError: a part is missing, or the file's content is not the one its parts read
+      (it changed during the preparation): a rerun redoes what changed.
+  """
+  task = task_name(index)
+  with lock.building(os.path.join(job.output, store.TASKS, f".{task}.lock"),
+                     f"source file {job.names[index]} of the corpus {job.output}",
+                     waiting=lambda holder: _say_waiting(holder, job, index)):
+    done = done_task(job, index, say=False)
+    if done is not None:
+      return {**done, "found_done": True}
+    return _join(job, index)
+
+
+def _join(job: Job, index: int) -> dict[str, Any]:
+  task, name = task_name(index), job.names[index]
+  plan = plan_file(job, index, hashed=False)  # The part count; _source hashes once below.
+  results = []
+  for piece in plan:
+    path = pieces.part_json(job.output, task, piece.part)
+    if not os.path.exists(path):
+      raise DataError(f"prepare: part {piece.part + 1} of {len(plan)} of {name} is missing "
+                      f"({path}): another preparation removed it, or the file changed; "
+                      "rerun --mode=prepare to redo it")
+    with open(path, encoding="utf-8") as f:
+      results.append(json.load(f))
+  source = _source(job, index)
+  read = {r["piece"]["sha256"] for r in results}
+  if read != {source["sha256"]}:
+    raise DataError(f"prepare: {name} changed while its parts were tokenized (sha256 "
+                    f"{source['sha256'][:12]}, its parts read {sorted(h[:12] for h in read)}); "
+                    "rerun --mode=prepare to redo it")
+  splits = pieces.join(lambda split: _SplitWriter(job.output, split, task), job.output, task,
+                       results)
+  result = {"task": task, "source": source, "tokenizer": job.tokenizer_record,
+            "splits": splits, **{key: sum(r[key] for r in results)
+                                 for key in dataclasses.asdict(readers.ReadStats())}}
+  files.write_atomically(os.path.join(job.output, store.TASKS, task + ".json"),
+                         json.dumps(result, indent=1, sort_keys=True))
+  pieces.remove_parts(job.output, task)
+  return result
+
+
+def plan_file(job: Job, index: int, hashed: bool = True) -> list[pieces.Piece]:
+  """Source file `index` as the tasks that prepare it (one, or its parts).
+
+  With `hashed`, a file in parts is hashed once here (sha256), and every part records it:
+  a rerun keeps a part by the file's content, as it keeps a whole file's task.
+  """
+  path = os.path.join(job.root, job.names[index])
+  plan = pieces.plan(path, job.names[index], job.piece_bytes)
+  digest = store.file_digest(path) if hashed and len(plan) > 1 else ""
+  return [dataclasses.replace(p, file=index, sha256=digest) for p in plan]
+
+
 def done_task(job: Job, index: int, say: bool = True) -> dict[str, Any] | None:
-  """Task `index`'s json if it is done and still matches its file and the tokenizer;
-  with `say`, a task found not done any more is logged with the reason."""
+  """Task `index`'s json if it is done and still matches its file (by content) and the
+  tokenizer, and its shards are whole (store.shard_problem); with `say`, a task found
+  not done any more is logged with the reason."""
   task = task_name(index)
   path = os.path.join(job.output, store.TASKS, task + ".json")
   if not os.path.exists(path):
@@ -285,14 +439,14 @@ def done_task(job: Job, index: int, say: bool = True) -> dict[str, Any] | None:
     if say and isinstance(change, str):
       logging.info("prepare: %s is tokenized again: %s", job.names[index], change)
     return None  # The file changed (or another file has this index now): redo it.
-  # The same bytes (another host's copy, or touched): this host's mtime goes into the
-  # manifest, so that training here finds it unchanged without hashing it again.
+  # The same bytes (copied, or touched): this host's mtime goes into the manifest, so
+  # that training here finds it unchanged without hashing it again.
   source["mtime_ns"] = os.stat(os.path.join(job.root, job.names[index])).st_mtime_ns
   if store.tokenizer_change(result, job.tokenizer_record):
     raise ConfigError(f"{path} was prepared with another vocabulary ("
                       f"{store.tokenizer_change(result, job.tokenizer_record)}): every "
-                      "shard of a corpus needs the same one; copy the first host's vocabulary "
-                      f"file into {os.path.dirname(job.output)} before data.prepare_shard runs")
+                      "file of a corpus needs the same one; keep the vocabulary file in "
+                      f"{os.path.dirname(job.output)} and prepare again")
   problem = next((p for split in store.SPLITS for p in [store.shard_problem(
       job.output, split, task, result["splits"][split]["records"])] if p), None)
   if problem:
@@ -302,19 +456,15 @@ def done_task(job: Job, index: int, say: bool = True) -> dict[str, Any] | None:
   return result
 
 
-def parse_shard(value: str) -> tuple[int, int]:
-  """data.prepare_shard "i/N" (validated by config/data.py) -> (i, N); "" -> (0, 1)."""
-  head, _, tail = str(value).partition("/")
-  return (int(head), int(tail)) if value else (0, 1)
-
-
 class _Progress:
-  """The progress line every _PROGRESS_SECONDS (a thread), and the final summary."""
+  """The progress line every _PROGRESS_SECONDS (a thread, through workdir/progress.py):
+  MB read of the stored sources, tasks done, tokens, tokens/s and the ETA."""
 
   def __init__(self, counters: tuple[Any, Any], total_bytes: int, tasks: int):
-    self._counters, self._total, self._tasks = counters, total_bytes, tasks
+    self._counters, self._tasks = counters, tasks
     self.done = 0
-    self._started = time.monotonic()
+    self._line = progress_lib.Progress("prepare", total=total_bytes / 1e6, unit="MB",
+                                       detail=self._detail)
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -326,35 +476,52 @@ class _Progress:
     self._stop.set()
     self._thread.join()
 
+  def _detail(self) -> str:
+    tokens = self._counters[1].value
+    return (f"{self.done}/{self._tasks} tasks, {tokens / 1e6:,.2f} M tokens "
+            f"({tokens / self._line.seconds() / 1e6:.2f} M tokens/s)")
+
   def line(self) -> str:
-    seconds = max(time.monotonic() - self._started, 1e-9)
-    read, tokens = self._counters[0].value, self._counters[1].value
-    rate = read / seconds
-    eta = (self._total - read) / rate if rate > 0 else float("inf")
-    return (f"prepare: {self.done}/{self._tasks} files, {read / 1e6:,.1f} of "
-            f"{self._total / 1e6:,.1f} MB ({rate / 1e6:.2f} MB/s), {tokens / 1e6:,.2f} M tokens "
-            f"({tokens / seconds / 1e6:.2f} M tokens/s), ETA "
-            + (f"{eta:.0f} s" if eta != float("inf") else "unknown"))
+    self._line.done = min(self._counters[0].value / 1e6, self._line.total)
+    return self._line.line()
 
   def _run(self) -> None:
     while not self._stop.wait(_PROGRESS_SECONDS):
-      logging.info("%s", self.line())
+      progress_lib.say(self.line())
 
 
-def _run_pool(job: Job, pending: list[int], workers: int, context: Any, counters: Any,
-              results: dict[int, Any], progress: _Progress) -> None:
-  """Runs `pending` tasks in worker processes; a worker's error stops the rest."""
+# How a list of calls `fn(job, item)` runs: here, in a local pool, or on a Ray cluster.
+# Each takes (fn, job, items, on_done(item, result), counters) and returns when all are done.
+Runner = Callable[[Callable[..., Any], Job, list[Any], Callable[[Any, Any], None], Any], None]
+
+
+def _run_here(fn, job: Job, items: list[Any], on_done, counters) -> None:
+  _init_worker(counters, in_worker=False)
+  for item in items:
+    on_done(item, fn(job, item))
+
+
+def _pool_runner(workers: int, context: Any) -> Runner:
+  def run(fn, job: Job, items: list[Any], on_done, counters) -> None:
+    if workers <= 1 or len(items) <= 1:
+      _run_here(fn, job, items, on_done, counters)
+    else:
+      _run_pool(fn, job, items, workers, context, counters, on_done)
+  return run
+
+
+def _run_pool(fn, job: Job, items: list[Any], workers: int, context: Any, counters: Any,
+              on_done: Callable[[Any, Any], None]) -> None:
+  """Runs `fn(job, item)` for `items` in worker processes; a worker's error stops the rest."""
   # concurrent.futures, not multiprocessing.Pool: a worker that dies (OOM killer, SIGKILL)
   # breaks the pool with an error here instead of losing its task and waiting forever.
-  with concurrent.futures.ProcessPoolExecutor(min(workers, len(pending)), mp_context=context,
+  with concurrent.futures.ProcessPoolExecutor(min(workers, len(items)), mp_context=context,
                                               initializer=_init_worker,
                                               initargs=(counters, True, os.getpid())) as pool:
-    futures = [pool.submit(run_task, job, i) for i in pending]
+    futures = {pool.submit(fn, job, item): item for item in items}
     try:
       for future in concurrent.futures.as_completed(futures):
-        result = future.result()
-        results[int(result["task"])] = result
-        progress.done += 1
+        on_done(futures[future], future.result())
     except concurrent.futures.process.BrokenProcessPool:
       raise DataError("a --mode=prepare worker process died (killed, or out of memory: "
                       "lower data.prepare_workers); rerun to resume, the files finished "
@@ -371,64 +538,69 @@ def _run_pool(job: Job, pending: list[int], workers: int, context: Any, counters
       raise
 
 
-def prepare(job: Job, *, workers: int, shard: tuple[int, int]) -> dict[str, Any] | None:
-  """Runs the tasks of this shard not yet done, then writes the manifest if all are.
+def prepare(job: Job, *, workers: int, ray_address: str = "") -> dict[str, Any]:
+  """Runs the tasks not yet done (and joins split files' parts), then writes the manifest.
 
   Args:
     job: the preparation.
-    workers: worker processes (1: in this process).
-    shard: (i, N): the tasks with index % N == i.
+    workers: local worker processes (1: in this process); unused with `ray_address`.
+    ray_address: a Ray cluster's address ("auto" or HOST:PORT) to run the tasks on its
+      nodes (data/corpus/on_ray.py); "" runs them here. Ray is imported only then.
 
   Returns:
-    The manifest, or None when other shards' tasks are still missing.
+    The manifest.
   """
   os.makedirs(job.output, exist_ok=True)
-  mine = [i for i in range(len(job.names)) if i % shard[1] == shard[0]]
-  # A killed attempt's partial shards are removed by run_task, under the file's lock:
-  # another prepare of this corpus (another shard, another host) may be writing them.
-  results = {i: done_task(job, i) for i in mine}
-  pending = [i for i in mine if results[i] is None]
-  sizes = {i: os.path.getsize(os.path.join(job.root, job.names[i])) for i in pending}
-  logging.info("prepare: %d source files in %s (%d of this shard already done), %d to "
-               "tokenize (%.1f MB) with %d worker process(es) into %s", len(job.names),
-               job.root, len(mine) - len(pending), len(pending), sum(sizes.values()) / 1e6,
-               workers, job.output)
-  # fork: this mode starts no JAX backend (STARTS_JAX=False), and spawn would import
-  # launch.py (and JAX) again in every worker.
-  context = multiprocessing.get_context("fork")
-  counters = (context.Value("q", 0), context.Value("q", 0))
+  # A killed attempt's temporary shards are removed by run_task, under the task's lock:
+  # another preparation of this corpus (another command, another host) may be writing them.
+  results = {i: done_task(job, i) for i in range(len(job.names))}
+  pending = [i for i, r in results.items() if r is None]
+  plans = {i: plan_file(job, i) for i in pending}
+  todo = [p for i in pending for p in plans[i]
+          if p.whole or pieces.done_part(job.output, task_name(i), os.path.join(
+              job.root, job.names[i]), job.names[i], p) is None]
+  split = [i for i in pending if len(plans[i]) > 1]
+  total = sum(p.size for p in todo)
+  if ray_address:
+    from transformer.data.corpus import on_ray  # pylint: disable=g-import-not-at-top
+    run = on_ray.runner(ray_address, job, set_reporter)
+    where = f"the Ray cluster at {ray_address}"
+  else:
+    # fork: this mode starts no JAX backend (STARTS_JAX=False), and spawn would import
+    # launch.py (and JAX) again in every worker.
+    run = _pool_runner(workers, multiprocessing.get_context("fork"))
+    where = f"{workers} worker process(es)"
+  progress_lib.say(
+      f"prepare: {len(job.names)} source files in {job.root} ({len(job.names) - len(pending)} "
+      f"already done), {len(pending)} to tokenize ({total / 1e6:.1f} MB) as {len(todo)} "
+      f"tasks ({len(split)} files in parts of {job.piece_bytes / 1e6:g} MB) on {where} "
+      f"into {job.output}")
+  counters = (multiprocessing.Value("q", 0), multiprocessing.Value("q", 0))
   started = time.monotonic()
-  with _Progress(counters, sum(sizes.values()), len(pending)) as progress:
-    if workers <= 1 or len(pending) <= 1:
-      _init_worker(counters, in_worker=False)
-      for i in pending:
-        results[i] = run_task(job, i)
-        progress.done += 1
-    else:
-      _run_pool(job, pending, workers, context, counters, results, progress)
-    if pending:
-      logging.info("%s", progress.line())
-  found = sum(bool(results[i].pop("found_done", False)) for i in pending)
-  logging.info("prepare: %d files tokenized in %.1f s%s", len(pending) - found,
-               time.monotonic() - started,
-               f"; {found} found done by another --mode=prepare of this corpus, waited "
-               "for (already done)" if found else "")
-  # Other shards' tasks without their json first (a stat each): only when every one is
-  # there are they checked whole, by content (a shard's host does not hash the others'
-  # files at the end of each shard).
-  missing = [job.names[i] for i in range(len(job.names)) if results.get(i) is None
-             and not os.path.exists(os.path.join(job.output, store.TASKS,
-                                                 task_name(i) + ".json"))]
-  every = {} if missing else {i: results.get(i) or done_task(job, i)
-                              for i in range(len(job.names))}
-  missing = missing or [job.names[i] for i, r in every.items() if r is None]
-  if missing:
-    logging.info("prepare: shard %d/%d done; %d source files of other shards are not "
-                 "prepared yet (e.g. %s): run them, then --mode=prepare once more (without "
-                 "data.prepare_shard) to write the manifest", shard[0], shard[1],
-                 len(missing), missing[0])
-    return None
-  manifest = _manifest(job, [every[i] for i in range(len(job.names))])
+  found = [0]  # Tasks another preparation of this corpus did while this one waited.
+
+  def count(result: dict[str, Any]) -> dict[str, Any]:
+    found[0] += bool(result.pop("found_done", False))
+    return result
+
+  with _Progress(counters, total, len(todo)) as line:
+    def finished(piece: pieces.Piece, result: dict[str, Any]) -> None:
+      count(result)
+      if piece.whole:
+        results[piece.file] = result
+      line.done += 1
+    run(run_task, job, todo, finished, counters)
+    if todo:
+      progress_lib.say(line.line())
+  if split:
+    with progress_lib.stage(f"prepare: joining the parts of {len(split)} split file(s)"):
+      run(join_task, job, split, lambda i, r: results.__setitem__(i, count(r)), counters)
+  progress_lib.say(
+      f"prepare: {len(todo)} tasks done in "
+      f"{progress_lib.seconds_text(time.monotonic() - started)}"
+      + (f"; {found[0]} found done by another --mode=prepare of this corpus, waited for "
+         "(already done)" if found[0] else ""))
+  manifest = _manifest(job, [results[i] for i in range(len(job.names))])
   empty = store.empty_split(manifest, job.output)
   if empty:  # Refused before the manifest: nothing a run could start on and then fail.
     raise ConfigError(empty)

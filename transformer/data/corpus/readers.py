@@ -13,7 +13,12 @@ frame of a multi-frame .zst (pzstd, concatenated files) is read, not only the fi
 
 `reader(path, ...).documents()` yields each document as an iterator of pieces of at most about
 store.PIECE_CHARS characters, cut after a newline where there is one, so memory stays
-bounded whatever a file or a document holds. A malformed record (a line that is not a
+bounded whatever a file or a document holds. A reader may read a part of its file (a
+byte range of a .txt or .jsonl, a range of parquet row groups: `Format.pieces` says how a
+format divides, data/corpus/pieces.py plans the parts): the parts' documents and pieces,
+one after the other, are exactly the whole file's. A .txt is cut at fixed windows of
+store.PIECE_CHARS bytes (after the window's last newline), so a part that begins at a
+window's edge cuts its text where the whole file's reading does. A malformed record (a line that is not a
 JSON object with a string `text_key`, a null parquet value, a parquet file without the
 column, an empty file) stops with a DataError naming the file and the line or row group,
 or is skipped and counted with `bad_records="skip"`. Undecodable UTF-8 follows
@@ -68,17 +73,23 @@ class _Reader:
   """One file's records; `bad` stops or counts, `decode` follows data.decode_errors."""
 
   def __init__(self, path: str, name: str, text_key: str, decode_errors: str,
-               bad_records: str, stats: ReadStats):
+               bad_records: str, stats: ReadStats, span: tuple[int, int] | None = None):
     self.path, self.name, self.text_key = path, name, text_key
     self.decode_errors, self.bad_records, self.stats = decode_errors, bad_records, stats
+    self.span = span  # (start, end): bytes (.txt, .jsonl) or row groups (.parquet); None: all.
+    # A .txt part inside its one document: whether the document began before the part
+    # (its first piece, which decides the split, is then `head`) and goes on after it.
+    self.continues_before, self.continues_after, self.head = False, False, ""
     self._raw: IO[bytes] | None = None  # The file as stored, for the bytes read so far.
-    self._decoded = False  # Whether decode() has seen the file's first bytes.
+    self._decoded = False  # Whether decode() has seen this reader's first bytes.
+    self._start = 0  # Where in the stored file this part's bytes begin.
     self._parquet_done = 0
 
   def position(self) -> int:
-    """Bytes of the stored (maybe compressed) file read so far: the progress line's MB/s."""
+    """Bytes of the stored (maybe compressed) file read so far (of this part): the
+    progress line's MB/s."""
     if self._raw is not None and not self._raw.closed:
-      return self._raw.tell()
+      return max(self._raw.tell() - self._start, 0)
     return self._parquet_done
 
   def bad(self, where: str, what: str) -> None:
@@ -90,7 +101,10 @@ class _Reader:
   def decode(self, data: bytes, where: str) -> str:
     # UTF-16 / UTF-32, compressed or binary data: refused whatever data.decode_errors says
     # (read as UTF-8 it would be a NUL every other token, or noise).
-    wrong = text_encoding.problem(data, self.path, first=not self._decoded)
+    # Byte-order marks and magic numbers only at the file's start (part 0, or the whole
+    # file); a later part's NUL bytes are still found.
+    wrong = text_encoding.problem(data, self.path,
+                                  first=not self._decoded and self._start == 0)
     self._decoded = True
     if wrong:
       raise DataError(wrong)
@@ -115,40 +129,49 @@ class _Reader:
     yield from format_of(self.name).documents(self)
 
   def _text(self) -> Iterator[str]:
+    """The pieces between window cuts `text_cut(k)`; a part [start, end) of whole windows
+    yields those of its windows (and says where its document began and ends)."""
+    size, window = os.path.getsize(self.path), store.PIECE_CHARS
+    start, end = self.span or (0, size)
     with open(self.path, "rb") as f:
-      self._raw = f
-      rest, offset = b"", 0
-      while True:
-        block = f.read(store.PIECE_CHARS)
-        if not block:
-          break
-        data = rest + block
-        # Cut after the last newline: no character (or line) is split across pieces.
-        end = data.rfind(b"\n") + 1 or len(data) - _partial_utf8(data)
-        text = self.decode(data[:end], f"byte {offset}")
-        offset += end
-        rest = data[end:]
-        if text:
-          yield text
-      if rest:
-        yield self.decode(rest, f"byte {offset}")
+      self._raw, self._start = f, start
+      first, last = start // window, -(-min(end, size) // window)
+      position = _text_cut(f, first, size)
+      if first > 0:  # The document's first piece decides its split: read it, uncounted.
+        self.continues_before = True
+        self.head = _quiet_decode(_read_at(f, 0, _text_cut(f, 1, size)))
+      self.continues_after = last * window < size
+      for k in range(first + 1, last + 1):
+        cut_at = _text_cut(f, k, size)
+        yield self.decode(_read_at(f, position, cut_at - position), f"byte {position}")
+        position = cut_at
 
   def _jsonl(self, decompress: Callable[[IO[bytes]], IO[bytes]]) -> Iterator[Iterator[str]]:
     """One JSON object a line, the stored bytes read through `decompress`."""
     self._raw = open(self.path, "rb")  # pylint: disable=consider-using-with
+    start, end = self.span or (0, None)
+    if start:  # A part: its lines are those that begin in [start, end).
+      self._raw.seek(start - 1)
+      self._raw.readline()  # The end of a line that began before `start` (maybe only its \n).
+      self._start = start
+    position = self._raw.tell()
     try:
       with decompress(self._raw) as f, self._raw:
         for number, line in enumerate(f, 1):
+          if end is not None and position >= end:
+            break
+          line_start, position = position, position + len(line)
           if not line.strip():
             continue
-          where = f"line {number}"
+          # Line numbers count from the file's start; a later part does not know them.
+          where = f"line {number}" if not start else f"the line at byte {line_start}"
           try:
             record = json.loads(self.decode(line, where))
           except json.JSONDecodeError as e:
             if not line.endswith(b"\n"):
               # The last line, cut: a file copied or written only in part, never a record
               # to skip (data.bad_records='skip' would train on what is left, silently).
-              raise DataError(f"{self.path}: ends inside a record (line {number} has no "
+              raise DataError(f"{self.path}: ends inside a record ({where} has no "
                               f"newline and is not JSON: {e.msg}); the file is truncated: "
                               "copy or download it again") from None
             self.bad(where, f"malformed JSON ({e.msg} at column {e.colno})")
@@ -180,7 +203,8 @@ class _Reader:
                         f"its columns: {names[:10]}); {_SKIP_HINT}")
       self.stats.skipped_records += parquet.metadata.num_rows
       return
-    for group in range(parquet.num_row_groups):
+    groups = range(*(self.span or (0, parquet.num_row_groups)))
+    for group in groups:
       try:
         column = parquet.read_row_group(group, columns=[self.text_key]).column(0)
       except Exception as e:  # pylint: disable=broad-except  (ArrowInvalid, OSError, ...)
@@ -195,7 +219,8 @@ class _Reader:
                    f"column {self.text_key!r} holds {type(value).__name__}, not text")
           continue
         yield cut(value)
-      self._parquet_done = os.path.getsize(self.path) * (group + 1) // parquet.num_row_groups
+      self._parquet_done = (os.path.getsize(self.path) * (group + 1 - groups.start)
+                            // parquet.num_row_groups)
 
 
 class _ZstdFrames(io.RawIOBase):
@@ -244,6 +269,29 @@ class _ZstdFrames(io.RawIOBase):
     return count
 
 
+def _read_at(f: IO[bytes], offset: int, count: int) -> bytes:
+  f.seek(offset)
+  return f.read(count)
+
+
+def _text_cut(f: IO[bytes], k: int, size: int) -> int:
+  """Where a .txt's k-th piece ends: after the last newline of window k ([(k-1)W, kW),
+  W = store.PIECE_CHARS), else at kW backed off to a whole UTF-8 character; 0 for k = 0
+  and the file's size past its end. A function of window k alone, so any part that
+  begins at a window's edge finds the cuts the whole file's reading makes."""
+  window = store.PIECE_CHARS
+  if k <= 0 or k * window >= size:
+    return 0 if k <= 0 else size
+  data = _read_at(f, (k - 1) * window, window)
+  newline = data.rfind(b"\n")
+  return (k - 1) * window + (newline + 1 if newline >= 0 else window - _partial_utf8(data))
+
+
+def _quiet_decode(data: bytes) -> str:
+  """A piece decoded for its hash only (its errors are said and counted where it is read)."""
+  return data.decode("utf-8", errors="replace")
+
+
 def _partial_utf8(data: bytes) -> int:
   """How many bytes at the end of `data` begin a UTF-8 character not yet complete."""
   for back in range(1, min(4, len(data)) + 1):
@@ -255,7 +303,7 @@ def _partial_utf8(data: bytes) -> int:
 
 
 def reader(path: str, name: str, *, text_key: str, decode_errors: str, bad_records: str,
-           stats: ReadStats) -> _Reader:
+           stats: ReadStats, span: tuple[int, int] | None = None) -> _Reader:
   """A source file's reader: `.documents()` yields each document as an iterator of its
   text pieces; `.position()` is how many of the file's bytes were read.
 
@@ -266,12 +314,13 @@ def reader(path: str, name: str, *, text_key: str, decode_errors: str, bad_recor
     decode_errors: "strict" or "replace" (data.decode_errors).
     bad_records: "stop" or "skip" (data.bad_records).
     stats: counts of skipped records and replaced characters, added to.
+    span: a part of the file, (start, end) in its format's `pieces` unit (None: all).
 
   Raises:
     DataError: a malformed record (with "stop"), undecodable text (with "strict"), a
       damaged compressed or parquet file; the message names the file and where.
   """
-  return _Reader(path, name, text_key, decode_errors, bad_records, stats)
+  return _Reader(path, name, text_key, decode_errors, bad_records, stats, span)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -282,6 +331,10 @@ class Format:
   extension: str
   document: str
   documents: Callable[[_Reader], Iterator[Iterator[str]]]
+  # How a large file is divided into parts that run as tasks of their own: "bytes"
+  # (byte ranges, a .jsonl's cut at line starts, a .txt's at store.PIECE_CHARS windows),
+  # "row_groups" (parquet), "" (whole: a compressed stream cannot be entered midway).
+  pieces: str = ""
 
 
 def _plain(raw: IO[bytes]) -> IO[bytes]:
@@ -291,14 +344,14 @@ def _plain(raw: IO[bytes]) -> IO[bytes]:
 # The corpus formats, one record each: a new one is its reader and an entry here; the
 # accepted extensions, the messages and --mode=prepare's help follow from this table.
 FORMATS: tuple[Format, ...] = (
-    Format(".txt", "the whole file", lambda r: iter([r._text()])),  # pylint: disable=protected-access
-    Format(".jsonl", "a JSON object a line", lambda r: r._jsonl(_plain)),  # pylint: disable=protected-access
+    Format(".txt", "the whole file", lambda r: iter([r._text()]), "bytes"),  # pylint: disable=protected-access
+    Format(".jsonl", "a JSON object a line", lambda r: r._jsonl(_plain), "bytes"),  # pylint: disable=protected-access
     Format(".jsonl.gz", "a JSON object a line, gzip-compressed",
            lambda r: r._jsonl(lambda raw: gzip.GzipFile(fileobj=raw, mode="rb"))),  # pylint: disable=protected-access
     Format(".jsonl.zst", "a JSON object a line, zstd-compressed (every frame)",
            lambda r: r._jsonl(lambda raw: io.BufferedReader(_ZstdFrames(raw)))),  # pylint: disable=protected-access
     Format(".parquet", "a row (column data.text_key), a row group at a time",
-           lambda r: r._parquet()),  # pylint: disable=protected-access
+           lambda r: r._parquet(), "row_groups"),  # pylint: disable=protected-access
 )
 EXTENSIONS = tuple(f.extension for f in FORMATS)
 
