@@ -42,6 +42,14 @@ RETIRED_KEYS = {
                            "every node of a Ray cluster (docs/corpus.md)"),
 }
 
+# Keys users look for under another name: the key there, and why it lives there.
+KEYS_ELSEWHERE = {
+    "train.objective": ("model.objective", "the objective decides the model's inputs and "
+                        "masks, as model.head does; the noise keys are train.noise_density, "
+                        "train.mean_noise_span_length, train.num_sentinels and "
+                        "train.ul2_weights (docs/objectives.md)"),
+}
+
 _HELP_FLAGS = ("--help", "-help", "--helpshort", "-helpshort", "--helpfull",
                "-helpfull", "--helpxml", "-helpxml")
 
@@ -64,6 +72,9 @@ def _unknown_key(error: Exception, argv: Sequence[str]) -> str:
   if flag.removeprefix("--config.") in RETIRED_KEYS:
     was, now = RETIRED_KEYS[flag.removeprefix("--config.")]
     return f"{flag} is retired (it was {was}): {now}"
+  if flag.removeprefix("--config.") in KEYS_ELSEWHERE:
+    key, why = KEYS_ELSEWHERE[flag.removeprefix("--config.")]
+    return f"{flag}: the key is --config.{key} ({why})"
   return (f"{flag}: the config has no key {name!r}"
           + (f" (did you mean {suggestion.group(1)!r}?)" if suggestion else "")
           + ". Every key is declared, with a comment, in configs/base.py.")
