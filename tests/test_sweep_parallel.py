@@ -1,0 +1,92 @@
+"""--mode=sweep --devices_per_run: arms side by side on device slots, against one at a time.
+
+The fast tests check the slots (which devices, which environment) and the one-line
+errors; the slow one runs two tiny arms side by side on this CPU host (one simulated device
+each) and holds their metrics.jsonl to a sequential sweep's, value for value.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from test_sweep import ROOT, _sweep, _tiny_flags
+from tiny import subprocess_env
+from transformer.cli import sweep_devices
+from transformer.config.errors import ConfigError
+from transformer.reports import compare
+
+# Keys of a metrics.jsonl row that measure time, not the training: they differ run to run.
+_TIMING = ("time", "second", "wall", "elapsed", "mfu", "flops", "wait")
+
+
+def test_slots_give_each_arm_its_own_devices():
+  gpu = sweep_devices.slots(2, "gpu", ["0", "1", "2", "3", "4"])
+  assert [(s.where, s.env) for s in gpu] == [
+      ("GPU 0,1", {"CUDA_VISIBLE_DEVICES": "0,1"}), ("GPU 2,3", {"CUDA_VISIBLE_DEVICES": "2,3"})]
+  tpu = sweep_devices.slots(1, "tpu", ["0", "1"])
+  assert [s.env["TPU_VISIBLE_CHIPS"] for s in tpu] == ["0", "1"]
+  assert {s.env["TPU_CHIPS_PER_PROCESS_BOUNDS"] for s in tpu} == {"1,1,1"}
+  assert len({s.env["TPU_PROCESS_PORT"] for s in tpu}) == 2  # One port per process.
+  cpu = sweep_devices.slots(2, "cpu", ["0", "1", "2", "3"])
+  assert len(cpu) == 2 and cpu[0].env["JAX_PLATFORMS"] == "cpu"
+  assert cpu[0].env["XLA_FLAGS"].split().count("--xla_force_host_platform_device_count=2") == 1
+
+
+@pytest.mark.parametrize("kind,devices,k,message", [
+    ("gpu", ["0", "1"], 3, "--devices_per_run=3: this host has 2 GPUs (0, 1); at most 2"),
+    ("cpu", ["0", "1"], 4, "--devices_per_run=4: this host has 2 CPU cores"),
+    ("tpu", ["0", "1", "2", "3"], 3, "a TPU process can take 1, 2 or 4 chips"),
+    ("cpu", ["0"], -1, "--devices_per_run=-1 is invalid"),
+])
+def test_slots_refuse_what_the_host_cannot_give(kind, devices, k, message):
+  with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    sweep_devices.slots(k, kind, devices)
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--devices_per_run=999"], "--devices_per_run=999: this host has"),
+    (["--devices_per_run=0"], "--devices_per_run=0 is invalid"),
+    (["--ray_address=127.0.0.1:1"], "--ray_address=127.0.0.1:1 with --mode=sweep needs "
+     "--devices_per_run=K"),
+])
+def test_bad_device_flags_are_one_line_and_create_nothing(flags, message, tmp_path):
+  sweep_dir = tmp_path / "sweep"
+  result = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "launch.py"), "--mode=sweep",
+       "--config=configs/gpt_small.py:local", f"--workdir={sweep_dir}",
+       "--sweep=model.position=learned,rope", *flags], cwd=ROOT, env=subprocess_env(),
+      capture_output=True, text=True, timeout=600, check=False)
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert message in result.stderr and "Traceback" not in result.stderr, result.stderr[-2000:]
+  assert not sweep_dir.exists()
+
+
+def training_values(workdir: str) -> list[dict]:
+  """metrics.jsonl's rows without the timing keys."""
+  with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
+    rows = [json.loads(line) for line in f if line.strip()]
+  return [{k: v for k, v in row.items() if not any(t in k for t in _TIMING)} for row in rows]
+
+
+@pytest.mark.slow  # Two two-run sweeps of the tiny model (~40-60 s on a shared 2-core CPU).
+def test_two_arms_side_by_side_equal_a_sequential_sweep(tfds_data_dir, tmp_path):
+  one_at_a_time, side_by_side = str(tmp_path / "sequential"), str(tmp_path / "parallel")
+  code, output = _sweep(one_at_a_time, tfds_data_dir)
+  assert code == 0, output[-3000:]
+  code, output = _sweep(side_by_side, tfds_data_dir, extra=["--devices_per_run=1"])
+  assert code == 0, output[-3000:]
+  assert "sweep: 2 runs side by side, at most 2 at once on CPU slot 0 (1 device), " \
+         "CPU slot 1 (1 device)" in output
+  assert ("sweep: running run 1/2 model.position=learned on CPU slot 0 (1 device); "
+          "run 2/2 model.position=rope on CPU slot 1 (1 device); 0 waiting") in output
+  assert "run 2/2 model.position=rope: starting on CPU slot 1 (1 device) in" in output
+  for name in ("position=learned", "position=rope"):
+    sequential = training_values(os.path.join(one_at_a_time, name))
+    assert len(sequential) > 3 and any("eval_loss" in row for row in sequential)
+    assert training_values(os.path.join(side_by_side, name)) == sequential, name
+  assert [r["status"] for r in compare.sweep_runs(side_by_side)] == ["finished"] * 2
+  for stem in ("compare.md", "compare_eval_loss.png"):
+    assert os.path.exists(os.path.join(side_by_side, stem))
