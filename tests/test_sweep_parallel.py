@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-from test_sweep import ROOT, _sweep, _tiny_flags
+from local_ray import cluster  # pylint: disable=unused-import  (the fixture)
+from test_sweep import ROOT, _sweep
 from tiny import subprocess_env
 from transformer.cli import sweep_devices
 from transformer.config.errors import ConfigError
@@ -71,11 +72,28 @@ def training_values(workdir: str) -> list[dict]:
   return [{k: v for k, v in row.items() if not any(t in k for t in _TIMING)} for row in rows]
 
 
-@pytest.mark.slow  # Two two-run sweeps of the tiny model (~40-60 s on a shared 2-core CPU).
-def test_two_arms_side_by_side_equal_a_sequential_sweep(tfds_data_dir, tmp_path):
-  one_at_a_time, side_by_side = str(tmp_path / "sequential"), str(tmp_path / "parallel")
-  code, output = _sweep(one_at_a_time, tfds_data_dir)
+@pytest.fixture(scope="module")
+def sequential(tfds_data_dir, tmp_path_factory) -> str:
+  """The two tiny arms, one at a time: the reference."""
+  sweep_dir = str(tmp_path_factory.mktemp("sequential") / "sweep")
+  code, output = _sweep(sweep_dir, tfds_data_dir)
   assert code == 0, output[-3000:]
+  return sweep_dir
+
+
+def assert_same_training(sweep_dir: str, reference: str) -> None:
+  for name in ("position=learned", "position=rope"):
+    expected = training_values(os.path.join(reference, name))
+    assert len(expected) > 3 and any("eval_loss" in row for row in expected)
+    assert training_values(os.path.join(sweep_dir, name)) == expected, name
+  assert [r["status"] for r in compare.sweep_runs(sweep_dir)] == ["finished"] * 2
+  for stem in ("compare.md", "compare_eval_loss.png"):
+    assert os.path.exists(os.path.join(sweep_dir, stem))
+
+
+@pytest.mark.slow  # Two two-run sweeps of the tiny model (~40-60 s on a shared 2-core CPU).
+def test_two_arms_side_by_side_equal_a_sequential_sweep(tfds_data_dir, sequential, tmp_path):
+  side_by_side = str(tmp_path / "parallel")
   code, output = _sweep(side_by_side, tfds_data_dir, extra=["--devices_per_run=1"])
   assert code == 0, output[-3000:]
   assert "sweep: 2 runs side by side, at most 2 at once on CPU slot 0 (1 device), " \
@@ -83,10 +101,31 @@ def test_two_arms_side_by_side_equal_a_sequential_sweep(tfds_data_dir, tmp_path)
   assert ("sweep: running run 1/2 model.position=learned on CPU slot 0 (1 device); "
           "run 2/2 model.position=rope on CPU slot 1 (1 device); 0 waiting") in output
   assert "run 2/2 model.position=rope: starting on CPU slot 1 (1 device) in" in output
-  for name in ("position=learned", "position=rope"):
-    sequential = training_values(os.path.join(one_at_a_time, name))
-    assert len(sequential) > 3 and any("eval_loss" in row for row in sequential)
-    assert training_values(os.path.join(side_by_side, name)) == sequential, name
-  assert [r["status"] for r in compare.sweep_runs(side_by_side)] == ["finished"] * 2
-  for stem in ("compare.md", "compare_eval_loss.png"):
-    assert os.path.exists(os.path.join(side_by_side, stem))
+  assert_same_training(side_by_side, sequential)
+
+
+@pytest.mark.slow  # A two-node Ray cluster (15-40 s to start) and a sweep on it.
+def test_two_arms_as_ray_tasks_equal_a_sequential_sweep(tfds_data_dir, sequential, cluster,
+                                                        tmp_path):
+  on_ray = str(tmp_path / "ray")
+  code, output = _sweep(on_ray, tfds_data_dir,
+                        extra=["--devices_per_run=1", f"--ray_address={cluster.address}"])
+  assert code == 0, output[-3000:]
+  assert ("sweep: running run 1/2 model.position=learned on the Ray cluster (1 CPU); "
+          "run 2/2 model.position=rope on the Ray cluster (1 CPU); 0 waiting") in output
+  assert output.count(": ran on node 127.0.0.1") == 2
+  assert_same_training(on_ray, sequential)
+
+
+@pytest.mark.slow
+def test_more_devices_than_any_ray_node_has_is_one_line(cluster, tmp_path):
+  result = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "launch.py"), "--mode=sweep",
+       "--config=configs/gpt_small.py:local", f"--workdir={tmp_path / 'sweep'}",
+       "--sweep=model.position=learned,rope", "--devices_per_run=2",
+       f"--ray_address={cluster.address}"], cwd=ROOT, env=subprocess_env(),
+      capture_output=True, text=True, timeout=600, check=False)
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert (f"--devices_per_run=2: no node of the Ray cluster at {cluster.address} has 2 CPUs "
+          "(the largest has 1); at most 1") in result.stderr, result.stderr[-2000:]
+  assert "Traceback" not in result.stderr

@@ -22,7 +22,8 @@ memory are released between runs; other `--config.x` flags and the jax.distribut
 flags are passed on) with the workdir `<sweep dir>/<short key>=<value>+...`, e.g.
 `norm=post+position=rope` (full keys where the last parts would collide). The runs go
 one after another, or with --devices_per_run=K as many at once as the host's devices
-allow, K each (cli/sweep_devices.py; each in a thread waiting for its process). A run that fails or diverges (its exit status is not 0; a diverged
+allow, K each (cli/sweep_devices.py; each in a thread waiting for its process), or
+with --ray_address as Ray tasks on a cluster's nodes (cli/sweep_ray.py). A run that fails or diverges (its exit status is not 0; a diverged
 run's error line is a FloatingPointError) does not stop the sweep: its status
 ("failed" / "diverged"), the last step it logged and its error line (the reason) go
 into sweep.json, and the next run starts. A rerun with another list keeps the
@@ -65,7 +66,7 @@ import queue
 import sys
 import threading
 import time
-from typing import Any, Callable, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
 import ml_collections
 from absl import flags
@@ -106,7 +107,7 @@ def check_config(config: ml_collections.ConfigDict, workdir: str = "") -> None:
   (`workdir`) is created or locked, so a sweep that fails validation creates nothing."""
   del workdir  # Each run's own launch.py process checks its run's folder.
   build_runs(config, SWEEP.value, flags.FLAGS["config"].override_values)
-  _slots()
+  _slots(0)
 
 
 def _launcher_flags() -> list[str]:
@@ -114,8 +115,9 @@ def _launcher_flags() -> list[str]:
           if flags.FLAGS[name].present]
 
 
-def _slots() -> list[sweep_devices.Slot] | None:
-  """The slots --devices_per_run cuts this host's devices into; None: one run at a time.
+def _slots(arms: int) -> list[sweep_devices.Slot] | None:
+  """The slots --devices_per_run cuts this host's devices into (with --ray_address, one
+  per arm of `arms`: Ray places them); None: one run at a time.
 
   Raises:
     ConfigError: --ray_address without --devices_per_run, --devices_per_run with the
@@ -133,8 +135,8 @@ def _slots() -> list[sweep_devices.Slot] | None:
     raise ConfigError("--devices_per_run=0 is invalid: expected a number of devices >= 1 "
                       "(or leave it out: every run takes all devices, one run at a time)")
   if address:
-    raise ConfigError(f"--ray_address={address}: a sweep's arms on a Ray cluster are not "
-                      "supported yet; run the sweep on a host with --devices_per_run alone")
+    from transformer.cli import sweep_ray  # pylint: disable=g-import-not-at-top  (imports Ray)
+    return sweep_ray.slots(address, per_run, arms)
   return sweep_devices.slots(per_run) if per_run else None
 
 
@@ -143,7 +145,8 @@ def main(config: ml_collections.ConfigDict, workdir: str) -> int:
   config_flag = flags.FLAGS["config"]
   return run_sweep(config, config_flag.config_filename, workdir, SWEEP.value,
                    fixed=config_flag.override_values, launcher_flags=_launcher_flags(),
-                   log_steps=common.LOG_STEPS.value, slots=_slots())
+                   log_steps=common.LOG_STEPS.value,
+                   slots=_slots(len(build_runs(config, SWEEP.value, config_flag.override_values))))
 
 LAUNCH = os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "launch.py")
@@ -220,7 +223,7 @@ class _Forward:
   """While runs are going, passes each SIGINT/SIGTERM the sweep receives on to each."""
 
   def __init__(self):
-    self.processes: set[subprocess.Popen] = set()
+    self.processes: set[Any] = set()  # Popen, or sweep_ray.RayRun
     self.signals: list[int] = []
 
   def __enter__(self):
@@ -299,11 +302,11 @@ _ERROR_LINE = re.compile(r"^[A-Za-z_.]*(Error|Exception|Interrupt)\b")
 _INTERRUPTED = (130, 143)
 
 
-def _relay_errors(process: subprocess.Popen, prefix: str = "") -> tuple[str, str]:
+def _relay_errors(lines: Iterable[str], prefix: str = "") -> tuple[str, str]:
   """Copies the run's stderr to ours as it comes (each line after `prefix`: runs side by
   side); returns (its last error line, last line)."""
   last, error = "", ""
-  for line in process.stderr:
+  for line in lines:
     sys.stderr.write(prefix + line)
     sys.stderr.flush()
     if line.strip():
@@ -448,14 +451,24 @@ def _train_run(label: str, workdir: str, run: SweepArm, step: int | None, comman
   record()
   started = time.perf_counter()
   # A session of its own: a terminal's Ctrl-C reaches the run once, through _Forward.
-  process = subprocess.Popen(command, start_new_session=True, preexec_fn=stop_with_the_sweep,
-                             env={**os.environ, **slot.env} if slot else None,
-                             stderr=subprocess.PIPE, text=True, errors="replace")
+  prefix = f"[{run.name}] " if slot else ""
+  if slot and slot.ray:
+    from transformer.cli import sweep_ray  # pylint: disable=g-import-not-at-top  (imports Ray)
+    process = sweep_ray.RayRun(command, slot)
+  else:
+    process = subprocess.Popen(command, start_new_session=True, preexec_fn=stop_with_the_sweep,
+                               env={**os.environ, **slot.env} if slot else None,
+                               stderr=subprocess.PIPE, text=True, errors="replace")
   forward.processes.add(process)
   if forward.signals:  # Ctrl-C came while it started: it stops with the others.
     process.send_signal(forward.signals[-1])
-  error, last_line = _relay_errors(process, f"[{run.name}] " if slot else "")
-  code = process.wait()
+  if isinstance(process, subprocess.Popen):
+    error, last_line = _relay_errors(process.stderr, prefix)
+    code = process.wait()
+  else:  # A Ray task: its stderr comes back when it ends.
+    code, stderr = process.wait()
+    error, last_line = _relay_errors(stderr.splitlines(keepends=True), prefix)
+    print(f"{label}: ran on node {process.node or '(its node died)'}", flush=True)
   # The reason: the run's error line; for a killed run (no error printed) the signal.
   reason = error or (f"the run was killed by signal {-code}" if code < 0 else last_line)
   forward.processes.discard(process)

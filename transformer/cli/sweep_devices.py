@@ -36,6 +36,7 @@ class Slot:
   """K devices of the host and the environment that gives an arm exactly those."""
   where: str  # "GPU 0,1", "TPU chips 2,3", "CPU slot 1 (1 device)"
   env: dict[str, str]
+  ray: dict[str, int] = dataclasses.field(default_factory=dict)  # A Ray task's resources.
 
 
 def host_devices() -> tuple[str, list[str]]:
@@ -60,7 +61,8 @@ def host_devices() -> tuple[str, list[str]]:
   return "cpu", [str(i) for i in range(cores or 1)]
 
 
-def _cpu_env(count: int) -> dict[str, str]:
+def cpu_env(count: int) -> dict[str, str]:
+  """The environment of a CPU process with `count` simulated devices."""
   flags = _COUNT_FLAG.sub("", os.environ.get("XLA_FLAGS", "")).strip()
   return {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": (
       f"{flags} --xla_force_host_platform_device_count={count}").strip()}
@@ -100,5 +102,5 @@ def slots(devices_per_run: int, kind: str = "", devices: list[str] | None = None
           "TPU_VISIBLE_CHIPS": ",".join(mine), "TPU_CHIPS_PER_PROCESS_BOUNDS": _TPU_BOUNDS[k],
           "TPU_PROCESS_BOUNDS": "1,1,1", "TPU_PROCESS_PORT": str(_TPU_FIRST_PORT + index)}))
     else:
-      found.append(Slot(f"CPU slot {index} ({k} device{'s' if k > 1 else ''})", _cpu_env(k)))
+      found.append(Slot(f"CPU slot {index} ({k} device{'s' if k > 1 else ''})", cpu_env(k)))
   return found
