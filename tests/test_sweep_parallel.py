@@ -7,14 +7,17 @@ each) and holds their metrics.jsonl to a sequential sweep's, value for value.
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
 from local_ray import cluster  # pylint: disable=unused-import  (the fixture)
-from test_sweep import ROOT, _sweep
+from test_sweep import ROOT, _sweep, _tiny_flags
 from tiny import subprocess_env
+from transformer.cli import sweep
 from transformer.cli import sweep_devices
 from transformer.config.errors import ConfigError
 from transformer.reports import compare
@@ -129,3 +132,41 @@ def test_more_devices_than_any_ray_node_has_is_one_line(cluster, tmp_path):
   assert (f"--devices_per_run=2: no node of the Ray cluster at {cluster.address} has 2 CPUs "
           "(the largest has 1); at most 1") in result.stderr, result.stderr[-2000:]
   assert "Traceback" not in result.stderr
+
+
+def _logged_steps(workdir: str) -> int:
+  try:
+    return len(training_values(workdir))
+  except (OSError, ValueError):
+    return 0
+
+
+@pytest.mark.slow  # Two long arms started side by side, then Ctrl-C (~40-90 s).
+def test_ctrl_c_stops_every_running_arm_with_a_checkpoint(tfds_data_dir, tmp_path):
+  sweep_dir = str(tmp_path / "sweep")
+  command = [sys.executable, os.path.join(ROOT, "launch.py"), "--mode=sweep",
+             "--config=configs/gpt_small.py:local", f"--workdir={sweep_dir}",
+             "--sweep=model.position=learned,rope", "--devices_per_run=1"] + [
+                 flag for flag in _tiny_flags(tfds_data_dir)
+                 if not flag.startswith(("--config.model.position", "--config.train.num_steps"))
+             ] + ["--config.train.num_steps=100000"]
+  # SIGINT as a terminal's foreground process has it (a pytest-xdist worker ignores it).
+  process = subprocess.Popen(command, cwd=ROOT, env=subprocess_env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+  workdirs = [os.path.join(sweep_dir, n) for n in ("position=learned", "position=rope")]
+  try:
+    deadline = time.monotonic() + 600  # A hang guard only.
+    while not all(_logged_steps(w) >= 2 for w in workdirs):
+      assert process.poll() is None and time.monotonic() < deadline, process.stdout.read()
+      time.sleep(0.5)
+    process.send_signal(signal.SIGINT)
+    output, _ = process.communicate(timeout=600)
+  finally:
+    if process.poll() is None:
+      process.kill()
+  assert process.returncode == 130, output[-3000:]
+  assert "signal 2 passed to the running runs" in output
+  assert [r["status"] for r in compare.sweep_runs(sweep_dir)] == ["stopped"] * 2, output[-3000:]
+  for workdir in workdirs:  # Each saved where it stopped.
+    assert sweep.finished_step(workdir) is not None, workdir
