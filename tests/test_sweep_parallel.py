@@ -55,6 +55,9 @@ def test_slots_refuse_what_the_host_cannot_give(kind, devices, k, message):
     (["--devices_per_run=0"], "--devices_per_run=0 is invalid"),
     (["--ray_address=127.0.0.1:1"], "--ray_address=127.0.0.1:1 with --mode=sweep needs "
      "--devices_per_run=K"),
+    (["--devices_per_run=1", "--ray_address=127.0.0.1:1"],
+     "--ray_address=127.0.0.1:1: no Ray cluster answers at 127.0.0.1:1"),
+    (["--devices_per_run=1", "--ray_address=nohost"], "--ray_address='nohost' is invalid"),
 ])
 def test_bad_device_flags_are_one_line_and_create_nothing(flags, message, tmp_path):
   sweep_dir = tmp_path / "sweep"

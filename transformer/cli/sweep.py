@@ -23,9 +23,10 @@ flags are passed on) with the workdir `<sweep dir>/<short key>=<value>+...`, e.g
 `norm=post+position=rope` (full keys where the last parts would collide). The runs go
 one after another, or with --devices_per_run=K as many at once as the host's devices
 allow, K each (cli/sweep_devices.py; each in a thread waiting for its process), or
-with --ray_address as Ray tasks on a cluster's nodes (cli/sweep_ray.py). A run that fails or diverges (its exit status is not 0; a diverged
-run's error line is a FloatingPointError) does not stop the sweep: its status
-("failed" / "diverged"), the last step it logged and its error line (the reason) go
+with --ray_address as Ray tasks on a cluster's nodes (cli/sweep_ray.py). A run that
+fails or diverges (its exit status is not 0; a diverged run's error line is a
+FloatingPointError) does not stop the sweep: its status ("failed" / "diverged"), the last
+step it logged and its error line (the reason) go
 into sweep.json, and the next run starts. A rerun with another list keeps the
 record's history: sweep.json lists the runs of the current list ("current": true)
 and those earlier lists ran ("current": false), with every list given ("sweeps"), the
@@ -58,11 +59,11 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import queue
 import re
 import shlex
 import signal
 import subprocess
-import queue
 import sys
 import threading
 import time

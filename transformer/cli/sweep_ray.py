@@ -58,10 +58,11 @@ def _arm(command: list[str], env: dict[str, str]) -> dict[str, Any]:
             f"{command[1]}: every node needs the project's checkout and the sweep folder at "
             "the same paths (a shared file system)"}
   from transformer.cli import sweep  # pylint: disable=g-import-not-at-top
+  stop_with_the_task = sweep._stop_with_the_sweep()  # pylint: disable=protected-access
   # The node's own interpreter; the root of the checkout, as on the driver. The run dies
   # with its task's worker, so a retry never finds it still holding the workdir.
   process = subprocess.Popen([sys.executable] + command[1:], cwd=os.path.dirname(command[1]),
-                             preexec_fn=sweep._stop_with_the_sweep(),  # pylint: disable=protected-access
+                             preexec_fn=stop_with_the_task,
                              env={**os.environ, **env}, stderr=subprocess.PIPE, text=True,
                              errors="replace")
   try:
