@@ -22,6 +22,7 @@ import tempfile
 import time
 
 import psutil  # Installed with orbax-checkpoint and tensorflow-datasets.
+import pytest
 
 _LAUNCHER = """
 import sys
@@ -121,3 +122,12 @@ class LocalCluster:
       except psutil.NoSuchProcess:
         pass
     self._nodes.clear()
+
+
+@pytest.fixture(scope="module")
+def cluster():
+  """A head and one more node, one CPU each, on 127.0.0.1; stopped by process ids (a test
+  module takes it with `from local_ray import cluster`)."""
+  local = LocalCluster(workers=1, cpus=1)
+  yield local
+  local.stop()

@@ -14,19 +14,11 @@ import sys
 
 import pytest
 
+from local_ray import cluster  # pylint: disable=unused-import  (the fixture)
 from test_corpus import ROOT, config, digests, launch_prepare, prepare, write_large_files  # pylint: disable=unused-import
 from transformer.config.errors import ConfigError
 from transformer.data.corpus import on_ray
 from transformer.data.corpus import preparation
-
-
-@pytest.fixture(scope="module")
-def cluster():
-  """A head and one more node, one CPU each, on 127.0.0.1; stopped by process ids."""
-  from local_ray import LocalCluster  # pylint: disable=g-import-not-at-top
-  local = LocalCluster(workers=1, cpus=1)
-  yield local
-  local.stop()
 
 
 def _free_port() -> int:

@@ -236,7 +236,7 @@ def _tiny_flags(data_dir):
           for key, value in tiny.items() if value != base[key]]
 
 
-def _sweep(sweep_dir, data_dir, kill_at=None, spec="model.position=learned,rope"):
+def _sweep(sweep_dir, data_dir, kill_at=None, spec="model.position=learned,rope", extra=()):
   env = subprocess_env()
   env.pop("TRANSFORMER_TEST_KILL_AT", None)
   if kill_at:  # Every run of the sweep inherits it: the first one dies there.
@@ -245,7 +245,7 @@ def _sweep(sweep_dir, data_dir, kill_at=None, spec="model.position=learned,rope"
              "--config=configs/gpt_small.py:local", f"--workdir={sweep_dir}",
              f"--sweep={spec}"] + [
                  flag for flag in _tiny_flags(data_dir)  # The swept keys are the spec's.
-                 if flag.split("=")[0].removeprefix("--config.") not in spec]
+                 if flag.split("=")[0].removeprefix("--config.") not in spec] + list(extra)
   result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=1800, check=False)  # A hang guard only.
   return result.returncode, result.stdout + result.stderr

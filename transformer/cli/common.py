@@ -43,6 +43,11 @@ OVERWRITE = flags.DEFINE_bool(
 SEED = flags.DEFINE_integer(
     "seed", None, "evaluate, translate, generate: sampling seed; passkey: the keys' seed (default "
     "config.seed).")
+RAY_ADDRESS = flags.DEFINE_string(
+    "ray_address", "", "prepare: run the tasks on a running Ray cluster's nodes; sweep: run "
+    "the arms there as Ray tasks (with --devices_per_run): 'auto' (on a node of it) or "
+    "HOST:PORT of its head; '' (default): this machine. Keep the cluster's ports inside a "
+    "private network (docs/corpus.md).")
 LOG_STEPS = flags.DEFINE_bool("log_steps", False, "plot, compare, sweep: log-scaled step axis.")
 HF_DIR = flags.DEFINE_string(
     "hf_dir", "", "import: the Hugging Face model folder to read (config.json + "

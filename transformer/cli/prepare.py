@@ -22,6 +22,7 @@ import ml_collections
 from absl import flags
 from absl import logging
 
+from transformer.cli import common
 from transformer.config.errors import ConfigError
 from transformer.config.validation import validate
 from transformer.data.corpus import for_config
@@ -33,12 +34,7 @@ from transformer.workdir import files
 
 STARTS_JAX = False
 # The flags of cli/common.py this mode reads (launch.py refuses the others it is given).
-SHARED_FLAGS = ()
-
-RAY_ADDRESS = flags.DEFINE_string(
-    "ray_address", "", "prepare: run the tasks on a running Ray cluster's nodes: 'auto' (on "
-    "a node of it) or HOST:PORT of its head; '' (default): local worker processes. Keep the "
-    "cluster's ports inside a private network (docs/corpus.md).")
+SHARED_FLAGS = ("ray_address",)
 
 
 def check_config(config: ml_collections.ConfigDict, workdir: str = "") -> None:
@@ -69,6 +65,6 @@ def main(config: ml_collections.ConfigDict, workdir: str | None) -> int:
       workers = one.data.prepare_workers or os.cpu_count() or 1
       # FLAGS[...]: a test calls main without parsing the command line (its default then).
       manifest = preparation.prepare(job, workers=workers,
-                                     ray_address=flags.FLAGS["ray_address"].value)
+                                     ray_address=common.RAY_ADDRESS.value)
     logging.info("%s\n  in %s", preparation.summary(manifest), job.output)
   return 0

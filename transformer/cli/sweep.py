@@ -21,9 +21,12 @@ Each run is `python launch.py --mode=train` in a process of its own (XLA state a
 memory are released between runs; other `--config.x` flags and the jax.distributed
 flags are passed on) with the workdir `<sweep dir>/<short key>=<value>+...`, e.g.
 `norm=post+position=rope` (full keys where the last parts would collide). The runs go
-one after another. A run that fails or diverges (its exit status is not 0; a diverged
-run's error line is a FloatingPointError) does not stop the sweep: its status
-("failed" / "diverged"), the last step it logged and its error line (the reason) go
+one after another, or with --devices_per_run=K as many at once as the host's devices
+allow, K each (cli/sweep_devices.py; each in a thread waiting for its process), or
+with --ray_address as Ray tasks on a cluster's nodes (cli/sweep_ray.py). A run that
+fails or diverges (its exit status is not 0; a diverged run's error line is a
+FloatingPointError) does not stop the sweep: its status ("failed" / "diverged"), the last
+step it logged and its error line (the reason) go
 into sweep.json, and the next run starts. A rerun with another list keeps the
 record's history: sweep.json lists the runs of the current list ("current": true)
 and those earlier lists ran ("current": false), with every list given ("sweeps"), the
@@ -56,18 +59,21 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import queue
 import re
 import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
 import ml_collections
 from absl import flags
 
 from transformer.cli import common
+from transformer.cli import sweep_devices
 from transformer.cli.sweep_spec import SweepArm, build_runs
 # The spelling of a value on a command line, in each run's command and in sweep.json.
 from transformer.cli.sweep_spec import as_flag as _as_flag
@@ -87,7 +93,11 @@ SWEEP = flags.DEFINE_string(
     "model.position=rope,alibi', or a JSON file (transformer/cli/sweep.py).")
 STARTS_JAX = False  # Each run is a launch.py process of its own that needs the devices.
 # The flags of cli/common.py this mode reads (launch.py refuses the others it is given).
-SHARED_FLAGS = ("log_steps",)
+SHARED_FLAGS = ("log_steps", "ray_address")
+DEVICES_PER_RUN = flags.DEFINE_integer(
+    "devices_per_run", 0, "sweep: run as many arms at once as the host's devices allow, this "
+    "many devices each (GPUs, TPU chips, or CPU cores with simulated devices); with "
+    "--ray_address, on a Ray cluster's nodes. 0 (default): one run at a time on every device.")
 # launch.py's flags passed on to each run of a sweep: every run is one jax.distributed job.
 LAUNCHER_FLAGS = ("distributed", "coordinator_address", "num_processes", "process_id",
                   "heartbeat_timeout_seconds")
@@ -98,16 +108,46 @@ def check_config(config: ml_collections.ConfigDict, workdir: str = "") -> None:
   (`workdir`) is created or locked, so a sweep that fails validation creates nothing."""
   del workdir  # Each run's own launch.py process checks its run's folder.
   build_runs(config, SWEEP.value, flags.FLAGS["config"].override_values)
+  _slots(0)
+
+
+def _launcher_flags() -> list[str]:
+  return [f"--{name}={flags.FLAGS[name].value}" for name in LAUNCHER_FLAGS
+          if flags.FLAGS[name].present]
+
+
+def _slots(arms: int) -> list[sweep_devices.Slot] | None:
+  """The slots --devices_per_run cuts this host's devices into (with --ray_address, one
+  per arm of `arms`: Ray places them); None: one run at a time.
+
+  Raises:
+    ConfigError: --ray_address without --devices_per_run, --devices_per_run with the
+      jax.distributed flags, or devices the host does not have (sweep_devices.slots).
+  """
+  per_run, address, launcher = DEVICES_PER_RUN.value, common.RAY_ADDRESS.value, _launcher_flags()
+  if address and not per_run:
+    raise ConfigError(f"--ray_address={address} with --mode=sweep needs --devices_per_run=K "
+                      "(the devices each arm takes on the cluster's nodes)")
+  if per_run and launcher:
+    raise ConfigError(f"--devices_per_run={per_run} runs arms side by side on one host's "
+                      f"devices; it cannot be combined with {' '.join(launcher)} (a run over "
+                      "several hosts): leave one out")
+  if not per_run and DEVICES_PER_RUN.present:
+    raise ConfigError("--devices_per_run=0 is invalid: expected a number of devices >= 1 "
+                      "(or leave it out: every run takes all devices, one run at a time)")
+  if address:
+    from transformer.cli import sweep_ray  # pylint: disable=g-import-not-at-top  (imports Ray)
+    return sweep_ray.slots(address, per_run, arms)
+  return sweep_devices.slots(per_run) if per_run else None
 
 
 def main(config: ml_collections.ConfigDict, workdir: str) -> int:
   """launch.py --mode=sweep; returns the exit status."""
   config_flag = flags.FLAGS["config"]
-  launcher = [f"--{name}={flags.FLAGS[name].value}" for name in LAUNCHER_FLAGS
-              if flags.FLAGS[name].present]
   return run_sweep(config, config_flag.config_filename, workdir, SWEEP.value,
-                   fixed=config_flag.override_values, launcher_flags=launcher,
-                   log_steps=common.LOG_STEPS.value)
+                   fixed=config_flag.override_values, launcher_flags=_launcher_flags(),
+                   log_steps=common.LOG_STEPS.value,
+                   slots=_slots(len(build_runs(config, SWEEP.value, config_flag.override_values))))
 
 LAUNCH = os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "launch.py")
@@ -181,10 +221,10 @@ def _stop_with_the_sweep() -> Callable[[], None] | None:
 
 
 class _Forward:
-  """While a run is going, passes each SIGINT/SIGTERM the sweep receives on to it."""
+  """While runs are going, passes each SIGINT/SIGTERM the sweep receives on to each."""
 
   def __init__(self):
-    self.process: subprocess.Popen | None = None
+    self.processes: set[Any] = set()  # Popen, or sweep_ray.RayRun
     self.signals: list[int] = []
 
   def __enter__(self):
@@ -195,10 +235,11 @@ class _Forward:
   def _handle(self, signum, frame):
     del frame
     self.signals.append(signum)
-    if self.process is not None and self.process.poll() is None:
-      self.process.send_signal(signum)
-    print(f"sweep: signal {signum} passed to the running run; it stops after its step and "
-          "saves (another signal aborts it without saving)", flush=True)
+    for process in list(self.processes):
+      if process.poll() is None:
+        process.send_signal(signum)
+    print(f"sweep: signal {signum} passed to the running runs; each stops after its step and "
+          "saves (another signal aborts them without saving)", flush=True)
 
   def __exit__(self, *exc):
     for sig, handler in self._previous.items():
@@ -262,11 +303,12 @@ _ERROR_LINE = re.compile(r"^[A-Za-z_.]*(Error|Exception|Interrupt)\b")
 _INTERRUPTED = (130, 143)
 
 
-def _relay_errors(process: subprocess.Popen) -> tuple[str, str]:
-  """Copies the run's stderr to ours as it comes; returns (its last error line, last line)."""
+def _relay_errors(lines: Iterable[str], prefix: str = "") -> tuple[str, str]:
+  """Copies the run's stderr to ours as it comes (each line after `prefix`: runs side by
+  side); returns (its last error line, last line)."""
   last, error = "", ""
-  for line in process.stderr:
-    sys.stderr.write(line)
+  for line in lines:
+    sys.stderr.write(prefix + line)
     sys.stderr.flush()
     if line.strip():
       last = line.strip()
@@ -288,7 +330,8 @@ def _previous_outcomes(sweep_dir: str) -> dict[str, dict[str, Any]]:
 
 def run_sweep(config: ml_collections.ConfigDict, config_arg: str, sweep_dir: str, spec: str,
               fixed: Mapping[str, Any] | None = None, launcher_flags: Sequence[str] = (),
-              log_steps: bool = False) -> int:
+              log_steps: bool = False,
+              slots: Sequence[sweep_devices.Slot] | None = None) -> int:
   """Runs (or resumes) every run of the sweep, then compares them.
 
   Args:
@@ -299,6 +342,8 @@ def run_sweep(config: ml_collections.ConfigDict, config_arg: str, sweep_dir: str
     fixed: {key: value} of the --config.x flags, passed to each run.
     launcher_flags: other launch.py flags for each run (the jax.distributed ones).
     log_steps: a log-scaled step axis on the comparison's curves.
+    slots: the device slots to run arms side by side on (--devices_per_run); None: one
+      run at a time on every device.
 
   Returns:
     0 when every run has finished, else the exit status to end with (the failed
@@ -317,10 +362,16 @@ def run_sweep(config: ml_collections.ConfigDict, config_arg: str, sweep_dir: str
   os.makedirs(sweep_dir, exist_ok=True)
   outcomes = _previous_outcomes(sweep_dir)
   history = _history(sweep_dir, spec, runs)
-  record = lambda: _write_record(sweep_dir, config_arg, spec, fixed, runs, outcomes, history)
+  record_lock = threading.Lock()  # Runs side by side record from their own threads.
+
+  def record() -> None:
+    with record_lock:
+      _write_record(sweep_dir, config_arg, spec, fixed, runs, outcomes, history)
+
   record()
   print(f"sweep: {len(runs)} runs in {os.path.abspath(sweep_dir)}", flush=True)
   stop_with_the_sweep = _stop_with_the_sweep()
+  todo = []
   with _Forward() as forward:
     for index, run in enumerate(runs, 1):
       label = f"run {index}/{len(runs)} {run.label}"
@@ -329,8 +380,15 @@ def run_sweep(config: ml_collections.ConfigDict, config_arg: str, sweep_dir: str
       if _in_use_or_finished(label, workdir, run, step, changes, outcomes, record):
         continue
       command = _command(config_arg, workdir, run, fixed, launcher_flags)
+      if slots is not None:
+        todo.append(_Arm(label, workdir, run, step, command))
+        continue
       code = _train_run(label, workdir, run, step, command, outcomes, record, forward,
                         stop_with_the_sweep)
+      if code:
+        return code
+    if todo:
+      code = _side_by_side(todo, slots, outcomes, record, forward, stop_with_the_sweep)
       if code:
         return code
   return _compare_runs(sweep_dir, runs, history, outcomes, log_steps)
@@ -381,25 +439,40 @@ def _in_use_or_finished(label: str, workdir: str, run: SweepArm, step: int | Non
 
 def _train_run(label: str, workdir: str, run: SweepArm, step: int | None, command: list[str],
                outcomes: dict[str, dict[str, Any]], record: Callable[[], None],
-               forward: _Forward, stop_with_the_sweep: Callable[[], None] | None) -> int:
+               forward: _Forward, stop_with_the_sweep: Callable[[], None] | None,
+               slot: sweep_devices.Slot | None = None) -> int:
   """Starts (or resumes) the run and waits for it; records its outcome. Returns 0 to go
   on with the next run (finished, failed, diverged), else the exit status the sweep
-  stops with (a run stopped by a signal)."""
+  stops with (a run stopped by a signal). `slot`: the devices it takes (side by side)."""
   num_steps = run.config.train.num_steps
   start = "starting" if step is None else f"resuming from step {step}/{num_steps}"
-  print(f"{label}: {start} in {workdir}\n  {shlex.join(command)}", flush=True)
+  on = f" on {slot.where}" if slot else ""
+  print(f"{label}: {start}{on} in {workdir}\n  {shlex.join(command)}", flush=True)
   outcomes[run.name] = {"status": "running"}
   record()
   started = time.perf_counter()
   # A session of its own: a terminal's Ctrl-C reaches the run once, through _Forward.
-  forward.process = subprocess.Popen(command, start_new_session=True,
-                                     preexec_fn=stop_with_the_sweep,
-                                     stderr=subprocess.PIPE, text=True, errors="replace")
-  error, last_line = _relay_errors(forward.process)
-  code = forward.process.wait()
+  prefix = f"[{run.name}] " if slot else ""
+  if slot and slot.ray:
+    from transformer.cli import sweep_ray  # pylint: disable=g-import-not-at-top  (imports Ray)
+    process = sweep_ray.RayRun(command, slot)
+  else:
+    process = subprocess.Popen(command, start_new_session=True, preexec_fn=stop_with_the_sweep,
+                               env={**os.environ, **slot.env} if slot else None,
+                               stderr=subprocess.PIPE, text=True, errors="replace")
+  forward.processes.add(process)
+  if forward.signals:  # Ctrl-C came while it started: it stops with the others.
+    process.send_signal(forward.signals[-1])
+  if isinstance(process, subprocess.Popen):
+    error, last_line = _relay_errors(process.stderr, prefix)
+    code = process.wait()
+  else:  # A Ray task: its stderr comes back when it ends.
+    code, stderr = process.wait()
+    error, last_line = _relay_errors(stderr.splitlines(keepends=True), prefix)
+    print(f"{label}: ran on node {process.node or '(its node died)'}", flush=True)
   # The reason: the run's error line; for a killed run (no error printed) the signal.
   reason = error or (f"the run was killed by signal {-code}" if code < 0 else last_line)
-  forward.process = None
+  forward.processes.discard(process)
   step = finished_step(workdir)
   elapsed = format_duration(time.perf_counter() - started)
   if code == 0 and not forward.signals and step is not None and step >= num_steps:
@@ -426,6 +499,63 @@ def _train_run(label: str, workdir: str, run: SweepArm, step: int | None, comman
         f"{reason or '(no error line)'}; the sweep goes on (rerunning it retries this "
         "run)", file=sys.stderr, flush=True)
   return 0
+
+
+class _Arm(NamedTuple):
+  """A run to start side by side: _train_run's first arguments."""
+  label: str
+  workdir: str
+  run: SweepArm
+  step: int | None
+  command: list[str]
+
+
+def _side_by_side(todo: Sequence[_Arm], slots: Sequence[sweep_devices.Slot],
+                  outcomes: dict[str, dict[str, Any]], record: Callable[[], None],
+                  forward: _Forward, stop_with_the_sweep: Callable[[], None] | None) -> int:
+  """Runs the arms, each on a free slot as one frees up (in the sweep's order), each in a
+  thread of its own that waits for its process; a line says which run where at each
+  start and end. Returns 0, or the exit status of the first run stopped by a signal (no
+  further arm is started; the running ones stop with their checkpoints on Ctrl-C)."""
+  free, waiting = list(slots), list(todo)
+  running: dict[str, str] = {}
+  done: queue.Queue = queue.Queue()
+  codes: list[int] = []
+
+  def work(arm: _Arm, slot: sweep_devices.Slot) -> None:
+    code = 1
+    try:
+      code = _train_run(*arm, outcomes, record, forward, stop_with_the_sweep, slot=slot)
+    finally:
+      done.put((arm, slot, code))
+
+  def say() -> None:
+    print(f"sweep: running {'; '.join(f'{label} on {where}' for label, where in running.items())}"
+          f"; {len(waiting)} waiting", flush=True)
+
+  print(f"sweep: {len(todo)} runs side by side, at most {len(slots)} at once on "
+        f"{', '.join(slot.where for slot in slots)}", flush=True)
+  while waiting or running:
+    started = False
+    while waiting and free and not forward.signals and not codes:
+      arm, slot = waiting.pop(0), free.pop(0)
+      running[arm.label] = slot.where
+      threading.Thread(target=work, args=(arm, slot), daemon=True).start()
+      started = True
+    if started:
+      say()
+    if not running:
+      break  # Stopped: the waiting arms stay pending.
+    try:
+      arm, slot, code = done.get(timeout=0.5)  # A timeout: signals reach this thread.
+    except queue.Empty:
+      continue
+    del running[arm.label]
+    free.append(slot)
+    free.sort(key=slots.index)
+    if code:
+      codes.append(code)
+  return codes[0] if codes else 0
 
 
 def _compare_runs(sweep_dir: str, runs: Sequence[SweepArm], history: tuple[list[str],
