@@ -21,6 +21,7 @@ from transformer import accelerator
 from transformer.config.model import ModelConfig
 from transformer.model import attention_ops
 from transformer.model import context
+from transformer.model import fp8
 from transformer.model import initializers
 from transformer.model import lora
 from transformer.model import norms
@@ -45,6 +46,7 @@ class EinsumDense(nn.Module):
   param_dtype: jnp.dtype
   kernel_init: nn.initializers.Initializer = nn.initializers.normal(0.02)
   lora: ModelConfig | None = None  # The config when a LoRA adapter rides along (lora.py).
+  quantization: str = ""  # model.quantization: "fp8" multiplies in fp8 (fp8.py).
 
   @nn.compact
   def __call__(self, x: jax.Array | None) -> jax.Array | tuple[jax.Array, jax.Array | None]:
@@ -63,7 +65,8 @@ class EinsumDense(nn.Module):
     if x_spec[:2] != output[:2] or "N" in self.equation:
       raise ValueError(f"EinsumDense equation {self.equation!r}: x and the output must "
                        "begin with the same two token axes, e.g. 'BLE,EHD->BLHD'")
-    y = _token_einsum(self.equation, x.astype(self.dtype), kernel.astype(self.dtype))
+    y = _token_einsum(self.equation, x.astype(self.dtype), kernel.astype(self.dtype),
+                      fp8.dot_general(self.quantization))
     if self.lora is not None:  # Its parameters before the bias (their init rngs' order).
       n_in = len(self.kernel_shape) - len(self.bias_axes)
       y = y + lora.adapter_delta(self, self.lora, x, self.kernel_axes[:n_in],
@@ -83,14 +86,16 @@ class EinsumDense(nn.Module):
                       bias_shape, self.param_dtype)
 
 
-def _token_einsum(equation: str, x: jax.Array, kernel: jax.Array) -> jax.Array:
-  """einsum(equation) with x's two token axes merged into one where that is safe."""
+def _token_einsum(equation: str, x: jax.Array, kernel: jax.Array,
+                  dot_general: Callable = jax.lax.dot_general) -> jax.Array:
+  """einsum(equation) with x's two token axes merged into one where that is safe;
+  `dot_general` multiplies (fp8.dot_general's)."""
   inputs, output = equation.split("->")
   x_spec, kernel_spec = inputs.split(",")
   if not context.tokens_mergeable():  # The length sharded over context: XLA would gather.
-    return jnp.einsum(equation, x, kernel)
+    return jnp.einsum(equation, x, kernel, _dot_general=dot_general)
   y = jnp.einsum(f"N{x_spec[2:]},{kernel_spec}->N{output[2:]}",
-                 x.reshape((-1,) + x.shape[2:]), kernel)
+                 x.reshape((-1,) + x.shape[2:]), kernel, _dot_general=dot_general)
   return y.reshape(x.shape[:2] + y.shape[1:])
 
 
@@ -170,7 +175,7 @@ class MultiHeadAttention(nn.Module):
     """EinsumDense with the model's dtypes, bias and initialisation of q/k/v."""
     cfg = self.config
     return functools.partial(EinsumDense, use_bias=cfg.use_bias, dtype=cfg.dtype,
-                             param_dtype=cfg.param_dtype,
+                             param_dtype=cfg.param_dtype, quantization=cfg.quantization,
                              kernel_init=initializers.dense_kernel(cfg, in_axis=0,
                                                                    out_axis=(1, 2)))
 
@@ -220,10 +225,11 @@ class MultiHeadAttention(nn.Module):
 
   def _fusable(self) -> bool:
     """Whether q, k and v may come from one matmul (self-attention's, _fused_qkv): no
-    LoRA adapter on them, and their heads split over the mesh alike (the query heads'
+    fp8 and no LoRA adapter on them, and their heads split over the mesh alike (the query heads'
     shards fall on whole key/value groups), so the joined kernel needs no resharding."""
     cfg = self.config
-    if any(lora.adapted(cfg, name) for name in ("query", "key", "value")):
+    # fp8 (model.quantization) scales each projection's tensors apart: three fp8 matmuls.
+    if cfg.quantization or any(lora.adapted(cfg, name) for name in ("query", "key", "value")):
       return False
     try:  # One at a time: a spec uses each mesh axis once.
       heads, kv_heads = (nn.logical_to_mesh_axes((axis,))[0] for axis in ("heads", "kv_heads"))
