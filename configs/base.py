@@ -92,6 +92,7 @@ def get_config() -> ml_collections.ConfigDict:
   model.mlp_dropout = 0.0  # Dropout on the MLP hidden activations.
   model.dtype = "auto"  # Compute dtype: "auto" (bfloat16 on GPU/TPU, float32 on CPU) | float32 | bfloat16.
   model.param_dtype = "float32"  # Storage dtype of parameters and optimizer state.
+  model.quantization = ""  # Matmul precision of q/k/v, the attention output and the MLP: "" (model.dtype) | "fp8" (MaxText's name: float8 with delayed scaling, flax's fp8_ops; cuBLASLt fp8 GEMMs on H100/H200, emulated elsewhere; the LM head stays in model.dtype; the weights and optimizer are unchanged; model/fp8.py).
   model.attention_impl = "auto"  # "auto" (cuDNN on GPUs, splash on TPUs, xla on CPUs) | "xla" | "einsum" | "cudnn" | "splash" (config/attention.py's KERNELS table).
   model.attention_max_segments = 32  # cuDNN attention (GPUs): the most packed documents a row may hold; sizes the kernel's float32 softmax statistics (B x this x heads x length per layer); a batch with more stops with one line naming this key; 1 = one document a row from position 0 (per-row lengths: any cuDNN GPU, A100 too).
   # LoRA (docs/configuration.md "LoRA"): low-rank adapters beside the projections; only they train.

@@ -111,6 +111,9 @@ NOT_RUN = {
     "python benchmarks/compile_time.py": "a benchmark: compiles 12-48-layer models",
     "python benchmarks/memory.py": "a benchmark: gpt_small's step under each remat policy",
     "python benchmarks/checkpoint_save.py": "a benchmark: timed checkpoint saves, two handlers",
+    "python benchmarks/fp8_quality.py": ("a benchmark: two 300-step shakespeare_char:cpu "
+                                         "trainings, one in emulated fp8 (tests/test_fp8.py "
+                                         "trains fp8 a few steps)"),
     "python benchmarks/gpu_calibration.py": ("a benchmark: the rates' grid search (minutes); "
                                              "tests/test_kernels.py checks its data"),
     "python benchmarks/decoding_speed.py": "a benchmark: timed decoding at several lengths",

@@ -63,7 +63,7 @@ def test_the_preset_takes_the_imports_model_but_keeps_the_command_lines_keys(gpt
 
 # A value for every config/model.py RUN_FIELDS key, each other than gpt_small:local's.
 RUN_VALUES = {"attention_impl": "einsum", "attention_max_segments": 8, "scan_layers": True,
-              "remat": "full", "dtype": "bfloat16", "param_dtype": "bfloat16",
+              "remat": "full", "dtype": "bfloat16", "param_dtype": "bfloat16", "quantization": "fp8",
               "embed_dropout": 0.1, "residual_dropout": 0.1, "attention_dropout": 0.1,
               "mlp_dropout": 0.1, "moe_aux_loss": 0.02, "moe_z_loss": 0.002,
               "moe_router_jitter": 0.01}

@@ -260,6 +260,35 @@ def test_multi_head_attention_module_matches_numpy(impl, mask_name, num_kv_heads
 # ---------------------------------------------------------------- masks
 
 
+@pytest.mark.parametrize("num_heads,num_kv_heads,bias", [(4, 4, True), (4, 2, True), (4, 2, False)])
+def test_joined_qkv_is_the_three_projections_and_their_autodiff(num_heads, num_kv_heads, bias):
+  """Three matmuls forward, the joined kernel's two backward: the same values and
+  gradients (float32; summation order aside) as autodiff of the three projections."""
+  rng = np.random.default_rng(0)
+  B, L, E, D = 2, 5, 16, 8
+  normal = lambda *shape: jnp.asarray(rng.normal(size=shape), jnp.float32)
+  x = normal(B, L, E)
+  shapes = ((num_heads, D), (num_kv_heads, D), (num_kv_heads, D))
+  kernels = tuple(normal(E, *s) for s in shapes)
+  biases = tuple(normal(*s) for s in shapes) if bias else (None,) * 3
+  equations = ("BLE,EHD->BLHD", "BLE,EKD->BLKD", "BLE,EKD->BLKD")
+
+  def separate(x, kernels, biases):
+    return tuple(jnp.einsum(eq, x, k) + (0.0 if b is None else b[None, None])
+                 for eq, k, b in zip(equations, kernels, biases))
+
+  joined = lambda x, kernels, biases: attention.joined_qkv(x, kernels, biases, jnp.float32)
+  loss = lambda f: lambda *args: sum(jnp.sum(jnp.sin(y) * (i + 1))
+                                     for i, y in enumerate(f(*args)))
+  for a, b in zip(separate(x, kernels, biases), joined(x, kernels, biases)):
+    np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6)
+  expected = jax.grad(loss(separate), argnums=(0, 1, 2))(x, kernels, biases)
+  got = jax.grad(loss(joined), argnums=(0, 1, 2))(x, kernels, biases)
+  assert jax.tree.structure(got) == jax.tree.structure(expected)
+  for a, b in zip(jax.tree.leaves(expected), jax.tree.leaves(got)):
+    np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
+
+
 def test_make_attention_mask_causal_and_segments():
   segments = np.array([[1, 1, 2, 2, 0]], np.int32)
   causal = attention.make_attention_mask(segments, segments, causal=True)

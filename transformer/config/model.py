@@ -74,6 +74,7 @@ GATED_ACTIVATIONS = ("swiglu", "geglu", "geglu_tanh")  # silu/gelu(x W) * (x V) 
 # "auto" picks the platform's fused kernel and falls back per layer.
 ATTENTION_IMPLS = attention.ATTENTION_IMPLS
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+QUANTIZATIONS = ("", "fp8")  # model.quantization (model/fp8.py).
 
 # model.* fields that say how a run computes or regularises the model, not what the model
 # is: none moves a parameter or changes what evaluation computes. A run started with
@@ -91,6 +92,8 @@ RUN_FIELDS = {
     "remat": ("compute", "memory against recomputation in this run's backward pass"),
     "dtype": ("compute", "the compute precision of this run's hardware"),
     "param_dtype": ("compute", "the storage precision; float widths convert on load"),
+    "quantization": ("compute", "the matmuls' precision on this run's hardware; its fp8 "
+                     "scaling state starts fresh where the source has none"),
     "embed_dropout": ("training", "regularisation of this run's training; evaluation "
                       "has none"),
     "residual_dropout": ("training", "regularisation, as embed_dropout"),
@@ -142,6 +145,7 @@ def validate_model(config: ml_collections.ConfigDict) -> None:
   check_int(config, m + "attention_max_segments", 1)
   check_choice(config, m + "dtype", DTYPES)
   check_choice(config, m + "param_dtype", DTYPES[1:])
+  check_choice(config, m + "quantization", QUANTIZATIONS)
   for key in ("embed_dropout", "residual_dropout", "attention_dropout", "mlp_dropout"):
     check_rate(config, m + key)
   model = config.model

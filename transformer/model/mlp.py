@@ -12,6 +12,7 @@ from flax import linen as nn
 
 from transformer.config.model import GATED_ACTIVATIONS, ModelConfig
 from transformer.model import context
+from transformer.model import fp8
 from transformer.model import initializers
 from transformer.model import lora
 from transformer.model.dropout import Dropout
@@ -67,6 +68,7 @@ class Dense(nn.Dense):
   axes: tuple[str, str] = ("embed", "mlp")  # The kernel's logical axes, for the adapter's.
   lora: ModelConfig | None = None  # The config when an adapter rides along (lora.py).
   bias_outside: bool = False
+  quantization: str = ""  # model.quantization: "fp8" multiplies in fp8 (fp8.py).
 
   @nn.compact
   def __call__(self, inputs: jax.Array) -> jax.Array | tuple[jax.Array, jax.Array | None]:
@@ -76,8 +78,8 @@ class Dense(nn.Dense):
     bias = (self.param("bias", self.bias_init, (self.features,), self.param_dtype)
             if self.use_bias else None)
     x, kernel, bias = self.promote_dtype(inputs, kernel, bias, dtype=self.dtype)
-    y = jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())),
-                            precision=self.precision)
+    y = fp8.dot_general(self.quantization)(x, kernel, (((x.ndim - 1,), (0,)), ((), ())),
+                                           precision=self.precision)
     if self.bias_outside and self.lora is None:
       return y, bias
     if bias is not None:
@@ -94,6 +96,7 @@ def _dense(config: ModelConfig, features: int, axes: tuple[str, str], name: str,
   return Dense(
       features, use_bias=config.use_bias, dtype=config.dtype, param_dtype=config.param_dtype,
       name=name, axes=axes, lora=lora.adapted(config, name), bias_outside=bias_outside,
+      quantization=config.quantization,
       kernel_init=nn.with_logical_partitioning(kernel_init, axes),
       bias_init=nn.with_logical_partitioning(nn.initializers.zeros, axes[1:]))
 

@@ -40,6 +40,7 @@ from transformer.data import pipeline
 from transformer.data import run_data
 from transformer.data import sources
 from transformer.data.tokenizers import run_vocabulary
+from transformer.model import fp8
 from transformer.training import benchmark_hook
 from transformer.training import decode_hook
 from transformer.training import fine_tune
@@ -234,9 +235,10 @@ def _train_loop(run: _Run) -> dict[str, float]:
         config.optimizer.skip_nonfinite,
         total=int(sum(row.get("skipped_updates", 0) for row in kept_rows)))
     lora = bool(run.trainer.model_config.lora_rank)
+    weights = fp8.split_state(state.params)[0]  # fp8's scaling state is no weight.
     count, trainable = metrics_lib.log_parameter_count(
-        state.params, run.trainer.model_config,
-        optim.split_trainable(state.params, lora)[0] if lora else None)
+        weights, run.trainer.model_config,
+        optim.split_trainable(weights, lora)[0] if lora else None)
     record.update(start_step, parameters=count, trainable_parameters=trainable)
     progress = reporting.make_progress(config, run.workdir, run.trainer.model_config,
                                        run.objective, start_step)

@@ -30,6 +30,7 @@ from transformer.config.errors import ConfigError, DataError
 from transformer.config.model import ModelConfig
 from transformer.data import packing
 from transformer.model import attention_ops
+from transformer.model import fp8
 from transformer.model import objectives
 from transformer.model.models import make_model
 from transformer.training import metrics as metrics_lib
@@ -84,10 +85,12 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, forward: Calla
   """
   rng = jax.random.fold_in(state.rng, state.step)
   trainable, frozen = optim.split_trainable(state.params, lora)
+  # model.quantization="fp8": its scaling state's gradient is its next value.
+  trainable, fp8_state = fp8.split_state(trainable)
 
   def sums_and_grads(micro: dict[str, jax.Array], micro_rng: jax.Array):
-    def objective(trained):
-      params = optim.join_trainable(trained, frozen)
+    def objective(trained_and_fp8):
+      params = optim.join_trainable(optim.join_trainable(*trained_and_fp8), frozen)
       outputs, targets, weights, moe_stats = forward(params, micro,
                                                      rngs={"dropout": micro_rng})
       sums = metrics_lib.objective_sums(outputs, targets, weights, chunk=logits_chunk,
@@ -97,13 +100,16 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, forward: Calla
       sums = metrics_lib.add_moe_sums(sums, moe_stats, moe_aux_loss, moe_z_loss)
       return sums["objective_sum"], sums
 
-    (_, sums), grads = jax.value_and_grad(objective, has_aux=True)(trainable)
-    return sums, grads
+    (_, sums), (grads, new_fp8) = jax.value_and_grad(objective, has_aux=True)(
+        (trainable, fp8_state))
+    return sums, grads, new_fp8
 
-  sums, grad_sums = _summed_over_microbatches(sums_and_grads, batch, rng, microbatches)
+  sums, grad_sums, new_fp8 = _summed_over_microbatches(sums_and_grads, batch, rng,
+                                                       microbatches)
   grads = jax.tree.map(lambda g: g / jnp.maximum(sums["weight_sum"], 1.0), grad_sums)
   updates, opt_state = tx.update(grads, state.opt_state, trainable)
-  params = optim.join_trainable(optax.apply_updates(trainable, updates), frozen)
+  weights = optim.join_trainable(optax.apply_updates(trainable, updates), frozen)
+  params = optim.join_trainable(weights, new_fp8)
   grad_norm, update_norm = optax.tree.norm(grads), optax.tree.norm(updates)
   if skip_nonfinite:
     finite = jnp.isfinite(grad_norm) & jnp.isfinite(sums["loss_sum"])
@@ -116,17 +122,19 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, forward: Calla
   sums.update(
       learning_rate=schedule(optim.update_count(state.opt_state)),
       grad_norm=grad_norm,
-      param_norm=optax.tree.norm(params),
+      param_norm=optax.tree.norm(fp8.split_state(params)[0]),
       update_norm=update_norm)
   new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
   return new_state, sums
 
 
 def _summed_over_microbatches(sums_and_grads: Callable, batch: dict[str, jax.Array],
-                              rng: jax.Array, microbatches: int) -> tuple[Any, Any]:
-  """(metric sums, gradient sums) of `sums_and_grads(micro, micro_rng)` over the whole
-  batch: in one pass, or as `microbatches` slices scanned in sequence (gradient
-  accumulation), slice i with dropout key fold_in(rng, i)."""
+                              rng: jax.Array, microbatches: int) -> tuple[Any, Any, Any]:
+  """(metric sums, gradient sums, fp8 state) of `sums_and_grads(micro, micro_rng)` over
+  the whole batch: in one pass, or as `microbatches` slices scanned in sequence
+  (gradient accumulation), slice i with dropout key fold_in(rng, i). The fp8 state is
+  the slices' elementwise max: each slice starts from the same state, so that is its
+  history with the largest amax of the batch in the newest slot and the same scales."""
   if microbatches == 1:
     return sums_and_grads(batch, rng)
   # Row r goes to micro-batch r % k, so every device holds a slice of each micro-batch.
@@ -138,15 +146,16 @@ def _summed_over_microbatches(sums_and_grads: Callable, batch: dict[str, jax.Arr
 
   def accumulate(carry, xs):
     index, micro = xs
-    out = sums_and_grads(micro, jax.random.fold_in(rng, index))
-    return jax.tree.map(jnp.add, carry, out), None
+    sums, grads, fp8_state = sums_and_grads(micro, jax.random.fold_in(rng, index))
+    return (jax.tree.map(jnp.add, carry[:2], (sums, grads))
+            + (jax.tree.map(jnp.maximum, carry[2], fp8_state),)), None
 
   first = jax.tree.map(lambda x: x[0], micro_batches)
   zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype),
                        jax.eval_shape(sums_and_grads, first, rng))
-  (sums, grad_sums), _ = jax.lax.scan(
+  (sums, grad_sums, fp8_state), _ = jax.lax.scan(
       accumulate, zeros, (jnp.arange(microbatches), micro_batches))
-  return sums, grad_sums
+  return sums, grad_sums, fp8_state
 
 
 def eval_step(params: Any, batch: dict[str, jax.Array], *, forward: Callable,
@@ -185,7 +194,8 @@ def make_init_fn(model: nn.Module, tx: optax.GradientTransformation, seq_len: in
     params = model.init({"params": params_rng},
                         *objectives.model_inputs(objective, batch))["params"]
     return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                      opt_state=tx.init(optim.split_trainable(params, lora)[0]),
+                      opt_state=tx.init(fp8.split_state(
+                          optim.split_trainable(params, lora)[0])[0]),
                       rng=dropout_rng)
 
   return init

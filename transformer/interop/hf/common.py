@@ -22,6 +22,7 @@ from absl import logging
 
 from transformer.config.errors import ConfigError
 from transformer.data.tokenizers import run_vocabulary
+from transformer.model import fp8
 from transformer.model import layers
 from transformer.model import lora
 from transformer.workdir import files
@@ -271,7 +272,9 @@ def export_inputs(workdir: str, run: Any) -> tuple[dict, dict | None, Vocabulary
     for a vocabulary trained here, the map from internal ids to source rows: the
     identity without a bundle).
   """
-  params = jax.tree.map(lambda x: np.asarray(jax.device_get(x), np.float32), run.params)
+  # model.quantization="fp8": its scaling state is no weight of the exported model.
+  params = jax.tree.map(lambda x: np.asarray(jax.device_get(x), np.float32),
+                        fp8.split_state(run.params)[0])
   if run.config.model.lora_rank:  # A LoRA run exports merged: kernel + alpha / r * A . B.
     params = lora.merge(params, run.config.model)
   if run.config.model.scan_layers:

@@ -41,6 +41,7 @@ from transformer.interop.hf import marian
 from transformer.interop.hf import mixtral
 from transformer.interop.hf import phi3
 from transformer.interop.hf import t5
+from transformer.model import fp8
 from transformer.model import layers
 from transformer.workdir import checkpointing
 from transformer.workdir import files
@@ -149,6 +150,8 @@ def import_folder(hf_dir: str, workdir: str,
   if run_config.model.scan_layers:
     params = layers.unrolled_to_scanned(params)
   abstract = loaded.abstract_params(run_config, sharding.make_mesh(run_config.mesh))
+  # model.quantization="fp8": the scaling state no Hugging Face model has starts fresh.
+  params = fp8.with_initial_state(params, abstract)
   _check_tree(params, abstract)
   placed = jax.tree.map(lambda a, s: jax.device_put(a.astype(s.dtype), s.sharding),
                         params, abstract)
