@@ -18,7 +18,12 @@ import sys
 import tempfile
 from typing import Callable, Iterator
 
-NOISE = re.compile(r"Could not find cuda drivers|absl::InitializeLog\(\) is called")
+NOISE = re.compile(r"Could not find cuda drivers|absl::InitializeLog\(\) is called"
+                   # XLA's GPU scheduler compiling for a GPU that is not attached (the
+                   # compile mode): its memory estimate for the absent device's limit is
+                   # logged as an ERROR ("... gpu_hlo_schedule.cc ... an error in the
+                   # calculation!") although the compile succeeds and reports memory itself.
+                   r"|gpu_hlo_schedule\.cc.*an error in the calculation")
 
 
 def driver_present() -> bool:

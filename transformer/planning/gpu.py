@@ -23,6 +23,7 @@ import contextlib
 from typing import Iterator
 import dataclasses
 import importlib.util
+import logging
 import os
 import re
 
@@ -115,10 +116,15 @@ def memory_fraction() -> float:
 
 
 def plugin_noise_filtered():
-  """The CUDA plugin's no-driver lines dropped from stderr for a block (plugin_noise.py)."""
+  """The CUDA plugin's no-driver lines (and XLA's deviceless-schedule ERROR line) taken
+  off stderr for a block (plugin_noise.py): into log.txt, not the console."""
   if plugin_noise.driver_present():
     return contextlib.nullcontext()
-  return plugin_noise.filtered()
+  return plugin_noise.filtered(keep=_to_log_only)
+
+
+def _to_log_only(line: str) -> None:
+  logging.getLogger("xla_gpu_compile").info("%s", line, extra={"console": False})
 
 
 def devices(topology: GpuTopology) -> list:
