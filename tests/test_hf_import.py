@@ -442,7 +442,9 @@ def test_t5_span_corruption_loss_equals_transformers(family):
   sums = _seq2seq_sums(family, expected["input_ids"], expected["attention_mask"],
                        expected["labels"])
   loss, correct = _transformers_loss(expected["logits"], expected["labels"])
-  assert loss == pytest.approx(float(expected["loss"]), abs=1e-9)
+  # The formula on the stored logits (float64 computed, stored as float32) against
+  # transformers' own float64 loss: equal up to that rounding (7e-9 measured).
+  assert loss == pytest.approx(float(expected["loss"]), abs=1e-7)
   assert float(sums["loss_sum"]) / float(sums["weight_sum"]) == pytest.approx(
       float(expected["loss"]), abs=TOLERANCE)
   assert float(sums["correct_sum"]) == correct
