@@ -745,7 +745,8 @@ CASES = [
          2, ("--mode=classify needs a model with head='classification'",), trained_workdir=True,
          setup=lambda p: _write(os.path.join(p.files, "in.txt"), "hello\n")),
     Case("translate_with_a_language_model", ("--mode=translate", WORKDIR, "--input={files}/in.txt"),
-         2, ("--mode=translate needs a model with arch='encoder_decoder'",), trained_workdir=True,
+         2, ("--mode=translate translates sentences: it serves seq2seq (encoder_decoder), "
+          "prefix_lm (encoder_decoder, decoder); ", "holds a causal_lm model"), trained_workdir=True,
          setup=lambda p: _write(os.path.join(p.files, "in.txt"), "hello\n")),
     Case("tokenizer_record_does_not_match", ("--mode=evaluate", WORKDIR), 2,
          ("records vocab_size=999",), trained_workdir=True,

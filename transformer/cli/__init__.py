@@ -16,6 +16,9 @@
   sweep.py      --mode=sweep (--sweep): one launch.py process per grid point
   sweep_spec.py --sweep's grid or JSON file -> every run's overrides, name and validated
                 config (build_runs), before the first run starts
+  sweep_devices.py --devices_per_run: the host's GPUs / TPU chips / CPU cores, each arm's
+                slot and environment; a run that dies with the sweep (stop_with_the_parent)
+  sweep_ray.py  --devices_per_run with --ray_address: each arm a Ray task with its resources
   compare.py    --mode=compare (--compare_dirs)
   compile.py    --mode=compile (--topology, --mesh_search, ...): the steps compiled for a
                 TPU slice on this host, fits or not, how fast (transformer/planning/)

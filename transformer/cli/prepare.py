@@ -65,6 +65,6 @@ def main(config: ml_collections.ConfigDict, workdir: str | None) -> int:
       workers = one.data.prepare_workers or os.cpu_count() or 1
       # FLAGS[...]: a test calls main without parsing the command line (its default then).
       manifest = preparation.prepare(job, workers=workers,
-                                     ray_address=common.RAY_ADDRESS.value)
+                                     ray_address=flags.FLAGS[common.RAY_ADDRESS.name].value)
     logging.info("%s\n  in %s", preparation.summary(manifest), job.output)
   return 0

@@ -56,7 +56,6 @@ run SIGTERM (Linux), so no run outlives its sweep to train beside a rerun of it.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import queue
@@ -204,20 +203,6 @@ def _summary(workdir: str) -> str:
   best = int(series.values.argmin())
   return (f": eval_loss {series.values[-1]:.4g} (best {series.values[best]:.4g} at step "
           f"{series.steps[best]})")
-
-
-def _stop_with_the_sweep() -> Callable[[], None] | None:
-  """A preexec_fn: the run gets SIGTERM (stop after the step, save) when the sweep dies.
-
-  Otherwise a killed sweep (SIGKILL, a test's timeout) would leave its run training
-  alone in its own session, and a rerun of the sweep would start a second one in the
-  same workdir. Linux only (prctl); elsewhere the run outlives a killed sweep.
-  """
-  if not sys.platform.startswith("linux"):
-    return None
-  libc = ctypes.CDLL(None, use_errno=True)  # Loaded before the fork: the child only calls.
-  set_parent_death_signal = 1  # PR_SET_PDEATHSIG in <linux/prctl.h>.
-  return lambda: libc.prctl(set_parent_death_signal, signal.SIGTERM)
 
 
 class _Forward:
@@ -370,7 +355,7 @@ def run_sweep(config: ml_collections.ConfigDict, config_arg: str, sweep_dir: str
 
   record()
   print(f"sweep: {len(runs)} runs in {os.path.abspath(sweep_dir)}", flush=True)
-  stop_with_the_sweep = _stop_with_the_sweep()
+  stop_with_the_sweep = sweep_devices.stop_with_the_parent()
   todo = []
   with _Forward() as forward:
     for index, run in enumerate(runs, 1):

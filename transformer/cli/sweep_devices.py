@@ -16,12 +16,16 @@ More devices per run than the host has is one line naming both.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import glob
 import os
 import re
 import shutil
+import signal
 import subprocess
+import sys
+from typing import Callable
 
 from transformer.config.errors import ConfigError
 
@@ -104,3 +108,18 @@ def slots(devices_per_run: int, kind: str = "", devices: list[str] | None = None
     else:
       found.append(Slot(f"CPU slot {index} ({k} device{'s' if k > 1 else ''})", cpu_env(k)))
   return found
+
+
+def stop_with_the_parent() -> Callable[[], None] | None:
+  """A preexec_fn: the run gets SIGTERM (stop after the step, save) when the sweep (its parent)
+  dies.
+
+  Otherwise a killed sweep (SIGKILL, a test's timeout) would leave its run training
+  alone in its own session, and a rerun of the sweep would start a second one in the
+  same workdir. Linux only (prctl); elsewhere the run outlives a killed sweep.
+  """
+  if not sys.platform.startswith("linux"):
+    return None
+  libc = ctypes.CDLL(None, use_errno=True)  # Loaded before the fork: the child only calls.
+  set_parent_death_signal = 1  # PR_SET_PDEATHSIG in <linux/prctl.h>.
+  return lambda: libc.prctl(set_parent_death_signal, signal.SIGTERM)

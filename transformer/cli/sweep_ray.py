@@ -57,8 +57,7 @@ def _arm(command: list[str], env: dict[str, str]) -> dict[str, Any]:
     return {"code": 2, "node": node, "stderr": f"ConfigError: node {node} does not see "
             f"{command[1]}: every node needs the project's checkout and the sweep folder at "
             "the same paths (a shared file system)"}
-  from transformer.cli import sweep  # pylint: disable=g-import-not-at-top
-  stop_with_the_task = sweep._stop_with_the_sweep()  # pylint: disable=protected-access
+  stop_with_the_task = sweep_devices.stop_with_the_parent()
   # The node's own interpreter; the root of the checkout, as on the driver. The run dies
   # with its task's worker, so a retry never finds it still holding the workdir.
   process = subprocess.Popen([sys.executable] + command[1:], cwd=os.path.dirname(command[1]),

@@ -35,6 +35,7 @@ import gzip
 import io
 import json
 import os
+import stat
 import zlib
 from typing import IO, Callable, Iterator
 
@@ -123,7 +124,9 @@ class _Reader:
       return text
 
   def documents(self) -> Iterator[Iterator[str]]:
-    if os.path.getsize(self.path) == 0:
+    # A regular file only: a FIFO or device reports 0 bytes and is read as it streams.
+    if os.path.isfile(self.path) and not stat.S_ISFIFO(os.stat(self.path).st_mode) and (
+        os.path.getsize(self.path) == 0):
       self.bad("the whole file", "the file is empty (0 bytes)")
       return
     yield from format_of(self.name).documents(self)
