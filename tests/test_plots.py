@@ -207,3 +207,33 @@ def test_benchmark_accuracy_is_drawn_with_its_interval_and_chance(tmp_path):
     chance = [line for line in axes.get_lines() if line.get_label() == "chance 0.500"]
     assert len(chance) == 1 and list(chance[0].get_ydata()) == [0.5, 0.5]
     assert chance[0].get_linestyle() == "--"
+
+
+def test_a_ul2_runs_loss_per_denoiser_is_drawn_beside_eval_loss_and_compared(tmp_path):
+  """eval_loss/R, /S, /X (a UL2 run's evaluation): lines beside eval on loss.png, no
+  figure of their own (nor for eval_tokens/R), and --mode=compare's table lists them
+  after eval_loss with their own overlay (a file name, not a folder)."""
+  from transformer.reports import compare  # pylint: disable=g-import-not-at-top
+  per_kind = lambda scale: {f"eval_{m}/{k}": scale * v for k, v in (("R", 3.0), ("S", 2.0),
+                                                                    ("X", 4.0))
+                            for m in ("loss", "tokens")}
+  workdir = str(tmp_path / "ul2")
+  _write(workdir, [{"step": 0, "eval_loss": 3.0, "eval_tokens": 90.0, **per_kind(1.0)},
+                   _train(1, 2.5), {"step": 2, "eval_loss": 1.5, "eval_tokens": 90.0,
+                                    **per_kind(0.5)}])
+  series = plots.read_series(workdir)
+  figures = plots.run_figures(series, "run")
+  assert sorted(figures) == ["learning_rate", "loss", "tokens_per_second"]
+  labels = [line.get_label() for line in figures["loss"].axes[0].get_lines()]
+  assert labels == ["train", "eval", "eval R", "eval S", "eval X"]
+  run = compare.RunSummary(name="ul2", workdir=workdir, config={}, series=series, record={})
+  assert compare.listed_metrics([run]) == ["eval_loss", "eval_loss/R", "eval_loss/S",
+                                           "eval_loss/X"]
+  header = compare.table([run]).splitlines()[0]
+  assert "eval_loss/S final | eval_loss/S best (step)" in header
+  row = compare.table([run]).splitlines()[2]
+  assert "| 1 | 1 (2) |" in row  # eval_loss/S: 2.0 at step 0, 1.0 at step 2.
+  assert "compare_eval_loss_R" in compare.overlay_figures([run])
+  assert "compare_eval_tokens_R" not in compare.overlay_figures([run])
+  plots.write_plots(workdir)
+  assert not [d for d in os.listdir(os.path.join(workdir, "plots")) if not d.endswith(".png")]

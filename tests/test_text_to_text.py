@@ -2,8 +2,9 @@
 
 The transforms against hand-computed examples (T5's span corruption of a short
 sequence), the converters' rows (an encoder-decoder's two sides, a decoder's one row
-with its prefix), the noise drawn per (seed, process, example), and every (arch,
-objective) pair training a few steps with the loss falling.
+with its prefix), the noise drawn per (seed, process, example), UL2's eval rows tagged
+per token with their denoiser and the loss per denoiser recombining to the loss, and
+every (arch, objective) pair training a few steps with the loss falling.
 """
 
 from __future__ import annotations
@@ -241,6 +242,99 @@ def test_a_labelled_text_is_sentence_to_label_word_on_an_encoder_decoder():
       assert text.startswith("review ") and word == ["negative", "positive"][number % 2]
 
 
+# ------------------------------------------------------------ the loss per UL2 denoiser
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_ul2_eval_rows_tag_each_token_with_its_denoiser(arch):
+  """Evaluation's rows carry each token's denoiser tag (R, S, X: 1, 2, 3), read back here
+  from the paradigm token its example starts with; training's rows carry none."""
+  config = config_for(arch, "ul2")
+  assert denoisers_lib.TAG_FIELD not in batches(config, DOCUMENTS, count=1)[0]
+  paradigms = [sentinels.paradigm_id(BYTES, i, 100) for i in range(3)]
+  seen = set()
+  for batch in batches(config, DOCUMENTS, count=10, train=False):
+    tags = batch[denoisers_lib.TAG_FIELD]
+    assert tags.dtype == np.int32 and tags.shape == batch["targets"].shape
+    for row in range(2):
+      # The tag's side is the targets' (an encoder-decoder's decoder side).
+      segments = batch["segment_ids" if arch == "decoder" else "targets_segment_ids"][row]
+      assert not tags[row][segments == 0].any()
+      for seg in set(segments[segments > 0].tolist()):
+        tag = set(tags[row][segments == seg].tolist())
+        assert len(tag) == 1, tag  # One example, one denoiser.
+        if arch == "decoder":  # [bos] [paradigm] inputs targets.
+          paradigm = batch["inputs"][row][segments == seg][1]
+        else:
+          paradigm = batch["inputs"][row][batch["inputs_segment_ids"][row] == seg][0]
+        assert tag == {paradigms.index(int(paradigm)) + 1}
+        seen |= tag
+  assert seen == {1, 2, 3}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_packed_row_tags_each_example_with_its_own_denoiser(arch):
+  """Two short examples of different denoisers in one packed row: each token its own."""
+  import grain  # pylint: disable=g-import-not-at-top
+  examples = [{"inputs": np.arange(3, 3 + n, dtype=np.int32),
+               "targets": np.arange(10, 10 + n, dtype=np.int32),
+               denoisers_lib.TAG_FIELD: np.asarray(tag, np.int32)}
+              for n, tag in ((3, 1), (4, 3))]
+  rows = denoise.pack_examples(grain.MapDataset.source(examples).to_iter_dataset(), arch,
+                               seq_len=32, batch_size=1, prefix=True, tagged=True)
+  row = next(iter(rows))
+  segments = row["segment_ids" if arch == "decoder" else "targets_segment_ids"]
+  np.testing.assert_array_equal(row[denoisers_lib.TAG_FIELD],
+                                np.select([segments == 1, segments == 2], [1, 3], 0))
+  assert set(segments.tolist()) == {0, 1, 2}
+
+
+def test_the_loss_per_denoiser_recombines_to_the_loss():
+  """The sums by tag (whole logits and the chunked head alike) named R, S, X: each
+  kind's token-weighted loss recombines to the loss, its tokens to the tokens, and each
+  is the mean NLL of its own tokens; a kind without tokens is not reported."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from transformer.model import lm_head  # pylint: disable=g-import-not-at-top
+  from transformer.training import metrics  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  head = lm_head.LogitsHead(weight=jnp.asarray(rng.normal(size=(11, 6)), jnp.float32),
+                            bias_V=None, tied=True, dtype=jnp.float32, softcap=0.0)
+  x = jnp.asarray(rng.normal(size=(3, 10, 6)), jnp.float32)
+  targets = jnp.asarray(rng.integers(0, 11, (3, 10)))
+  weights = np.asarray(rng.random((3, 10)) > 0.2, np.float32)
+  tags = np.where(weights > 0, rng.choice([1, 3], (3, 10)), 0)  # No S: weight 0.
+  whole = metrics.loss_sums(head(x), targets, jnp.asarray(weights), tags_BL=jnp.asarray(tags),
+                            num_tags=4)
+  chunked = metrics.objective_sums((x, head), targets, jnp.asarray(weights), chunk=4,
+                                   tags_BL=jnp.asarray(tags), num_tags=4)
+  for key, value in whole.items():
+    np.testing.assert_allclose(chunked[key], value, rtol=1e-5)
+  out = metrics.summarize(jax.device_get(metrics.name_tags(whole, ("R", "S", "X"))), "eval_")
+  assert "eval_loss/S" not in out and "eval_tokens/S" not in out
+  kinds = ("R", "X")
+  assert sum(out[f"eval_tokens/{k}"] for k in kinds) == out["eval_tokens"]
+  recombined = sum(out[f"eval_loss/{k}"] * out[f"eval_tokens/{k}"] for k in kinds)
+  assert recombined / out["eval_tokens"] == pytest.approx(out["eval_loss"], rel=1e-6)
+  nll = -np.take_along_axis(np.asarray(jax.nn.log_softmax(head(x))),
+                            np.asarray(targets)[..., None], -1)[..., 0]
+  for kind, tag in (("R", 1), ("X", 3)):
+    assert out[f"eval_loss/{kind}"] == pytest.approx(nll[tags == tag].mean(), rel=1e-5)
+
+
+def test_evaluate_prints_the_loss_of_each_denoiser():
+  """--mode=evaluate's result lines: a ul2 model's loss per denoiser under the loss."""
+  import types  # pylint: disable=g-import-not-at-top
+  from transformer.cli import evaluate as evaluate_mode  # pylint: disable=g-import-not-at-top
+  record = {"dataset": "d", "split": "validation", "examples": 3, "workdir": "/w",
+            "metrics": {"loss": 2.0, "tokens": 90.0, "loss/X": 1.5, "tokens/X": 60.0,
+                        "loss/R": 3.0, "tokens/R": 30.0}}
+  out = io.StringIO()
+  evaluate_mode._print_result(  # pylint: disable=protected-access
+      record, types.SimpleNamespace(checkpoint_label=lambda: "step 4"), "/w/e.json", out)
+  assert "  tokens     90\n  loss R     3 (30 tokens)\n  loss X     1.5 (60 tokens)\n" in (
+      out.getvalue())
+
+
 @pytest.mark.parametrize("overrides,key,says", [
     (dict(noise_density=1.0), "train.noise_density", "in (0, 1)"),
     (dict(mean_noise_span_length=0.5), "train.mean_noise_span_length", ">= 1"),
@@ -271,18 +365,30 @@ def metric_rows(workdir, key):
 
 
 @pytest.mark.parametrize("arch,objective", [
-    ("encoder_decoder", "span_corruption"),
+    # ul2 in the default run: its R and X are span corruption, its S a prefix LM.
+    ("encoder_decoder", "ul2"),
     pytest.param("encoder_decoder", "prefix_lm", marks=pytest.mark.slow),
-    pytest.param("encoder_decoder", "ul2", marks=pytest.mark.slow),
     pytest.param("decoder", "prefix_lm", marks=pytest.mark.slow),
     pytest.param("decoder", "ul2", marks=pytest.mark.slow),
 ])
 def test_each_topology_learns_each_objective(tiny_config, tmp_path, arch, objective):
+  """The eval loss falls; a ul2 run's evaluations also report each denoiser's loss and
+  tokens, which recombine (token-weighted) to the eval loss and its tokens."""
   from transformer.training import loop  # pylint: disable=g-import-not-at-top
   config = tiny_text_to_text(tiny_config, arch, objective, steps=12)
   loop.train_and_evaluate(config, str(tmp_path / "run"))
   (_, first), (_, last) = metric_rows(str(tmp_path / "run"), "eval_loss")
   assert last < first - 0.5, (first, last)
+  with open(os.path.join(tmp_path, "run", "metrics.jsonl"), encoding="utf-8") as f:
+    evaluations = [row for row in map(json.loads, f) if "eval_loss" in row]
+  for row in evaluations:
+    kinds = [k for k in ("R", "S", "X") if f"eval_loss/{k}" in row]
+    assert kinds == (["R", "S", "X"] if objective == "ul2" else []), row
+    if kinds:
+      tokens = [row[f"eval_tokens/{k}"] for k in kinds]
+      assert sum(tokens) == row["eval_tokens"] and min(tokens) > 0
+      assert sum(row[f"eval_loss/{k}"] * row[f"eval_tokens/{k}"] for k in kinds) == (
+          pytest.approx(row["eval_loss"] * row["eval_tokens"], rel=1e-5))
 
 
 def test_a_decoder_learns_span_corruption_and_resumes_exactly(tiny_config, tmp_path):

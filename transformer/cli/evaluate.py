@@ -328,6 +328,11 @@ def _print_result(record: dict[str, Any], run: loaded.LoadedRun, path: str, out:
   for key in ("loss", "perplexity", "accuracy", "tokens", "examples"):
     if key in metrics:
       lines.append(f"  {key:<11}{metrics[key]:.6g}")
+  loss_of = "loss" + metrics_lib.GROUP_SEPARATOR  # A UL2 run's loss per denoiser.
+  for key in sorted(k for k in metrics if k.startswith(loss_of)):
+    name = key[len(loss_of):]
+    tokens = metrics["tokens" + metrics_lib.GROUP_SEPARATOR + name]
+    lines.append(f"  {'loss ' + name:<11}{metrics[key]:.6g} ({tokens:.0f} tokens)")
   if "bleu" in metrics:
     search = ", ".join(f"{k} {v}" for k, v in record["decoding"].items())
     lines += [f"  {'BLEU':<11}{metrics['bleu']:<8.2f}{record['sacrebleu']['bleu_signature']}",

@@ -24,6 +24,9 @@ from transformer.config.checks import is_int, is_number
 from transformer.config.errors import fail
 
 UL2_PARADIGMS = ("[R]", "[S]", "[X]")  # Their ids follow the sentinels, in this order.
+# An eval row's per-token field: which denoiser kind made the example a token belongs to
+# (tag i + 1 is tag_names' i-th, 0 padding); the eval step reports the loss per kind.
+TAG_FIELD = "denoiser"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +37,21 @@ class Denoiser:
   mean_span: float = 3.0
   density: float = 0.15
   paradigm: int = -1  # Index into UL2_PARADIGMS of the token the inputs start with; -1 none.
+
+
+def tag_names(mixture: tuple[tuple[Denoiser, float], ...]) -> tuple[str, ...]:
+  """The denoiser kinds evaluation reports a loss of, in tag order: UL2's paradigms R,
+  S and X (X's two denoisers together, as they share a paradigm token), whatever their
+  weights; () for a mixture of one kind (span corruption, prefix LM): its loss is the
+  total."""
+  if not any(d.paradigm >= 0 for d, _ in mixture):
+    return ()
+  return tuple(p.strip("[]") for p in UL2_PARADIGMS)
+
+
+def tag_of(denoiser: Denoiser) -> int:
+  """The tag of the tokens `denoiser`'s examples hold (tag_names' index + 1)."""
+  return denoiser.paradigm + 1
 
 
 def noise_counts(length: int, density: float, mean_span: float) -> tuple[int, int]:

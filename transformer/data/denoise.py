@@ -7,7 +7,9 @@ per topology.
                a prepared corpus's token ids; a mixture's components by weight)
      or pairs (prefix_lm on translation pairs, or a labelled text as "text -> label")
   -> a denoiser drawn per example (config/denoisers.py; ul2: by train.ul2_weights)
-     makes (inputs, targets), its noise from grain's per-example seeded generator
+     makes (inputs, targets), its noise from grain's per-example seeded generator;
+     in evaluation, a ul2 example also carries its denoiser's tag, spread over its
+     tokens by the converter (a packed row may hold examples of several denoisers)
   -> encoder_decoder: the two sides packed first-fit, one segment id per example on
      both (seq2seq.py's packing and decoder inputs)
      decoder: [bos] inputs targets as one sequence, next-token inputs and targets,
@@ -36,6 +38,7 @@ from transformer.data.tokenizers import sentinels
 from transformer.data.tokenizers import vocabularies
 
 Example = dict[str, np.ndarray]
+TAG = denoisers_lib.TAG_FIELD  # An example's denoiser tag; in a row, each token's.
 
 
 def random_spans_noise_mask(length: int, density: float, mean_span: float,
@@ -74,7 +77,10 @@ class Denoise(grain.transforms.RandomMap):
   paradigm token first when the denoiser has one."""
 
   def __init__(self, denoisers: tuple[tuple[denoisers_lib.Denoiser, float], ...],
-               tokenizer: vocabularies.Tokenizer, num_sentinels: int):
+               tokenizer: vocabularies.Tokenizer, num_sentinels: int, tag: bool = False):
+    """`tag`: each example also carries its denoiser's tag (denoisers.TAG_FIELD, a
+    scalar the converters spread over its tokens), for evaluation's loss per kind."""
+    self._tag = tag
     kept = [(d, w) for d, w in denoisers if w > 0]
     self._denoisers = [d for d, _ in kept]
     weights = np.asarray([w for _, w in kept], np.float64)
@@ -85,8 +91,11 @@ class Denoise(grain.transforms.RandomMap):
 
   def random_map(self, row: dict[str, np.ndarray], rng: np.random.Generator) -> Example:
     tokens = row["tokens"][row["tokens_segment_ids"] > 0]  # Eval's last window: shorter.
-    index = int(rng.choice(len(self._denoisers), p=self._weights))
-    return denoise(self._denoisers[index], tokens, rng, self._sentinels, self._paradigms)
+    denoiser = self._denoisers[int(rng.choice(len(self._denoisers), p=self._weights))]
+    example = denoise(denoiser, tokens, rng, self._sentinels, self._paradigms)
+    if self._tag:
+      example[TAG] = np.asarray(denoisers_lib.tag_of(denoiser), np.int32)
+    return example
 
 
 def denoise(denoiser: denoisers_lib.Denoiser, tokens: np.ndarray, rng: np.random.Generator,
@@ -114,9 +123,25 @@ def decoder_example(example: Example) -> Example:
   inputs, targets = example["inputs"], example["targets"]
   sequence = np.concatenate([[vocabularies.BOS_ID], inputs, targets]).astype(np.int32)
   steps = np.arange(len(sequence) - 1)
-  return {"inputs": sequence[:-1], "targets": sequence[1:],
-          "weights": (steps >= len(inputs)).astype(np.float32),
-          "prefix": (steps <= len(inputs)).astype(np.int32)}
+  out = {"inputs": sequence[:-1], "targets": sequence[1:],
+         "weights": (steps >= len(inputs)).astype(np.float32),
+         "prefix": (steps <= len(inputs)).astype(np.int32)}
+  if TAG in example:  # Every token of the example: packed rows mix denoisers.
+    out[TAG] = np.full(len(steps), example[TAG], np.int32)
+  return out
+
+
+def tag_targets(example: Example) -> Example:
+  """An encoder-decoder example's tag on each of its target tokens (where its loss is)."""
+  return {**example, TAG: np.full(len(example["targets"]), example[TAG], np.int32)}
+
+
+def encoder_decoder_row(row: dict[str, np.ndarray]) -> packing.Batch:
+  """Packed pairs -> seq2seq's keys (seq2seq.add_decoder_inputs), the tags kept."""
+  out = seq2seq.add_decoder_inputs(row)
+  if TAG in row:
+    out[TAG] = row[TAG].astype(np.int32)
+  return out
 
 
 class DecoderRow(grain.transforms.Map):
@@ -132,22 +157,29 @@ class DecoderRow(grain.transforms.Map):
            "weights": row["weights"].astype(np.float32)}
     if self._prefix:
       out["prefix"] = row["prefix"].astype(np.int32)
+    if TAG in row:
+      out[TAG] = row[TAG].astype(np.int32)
     return out
 
 
-def _pack(examples: grain.IterDataset, arch: str, seq_len: int, batch_size: int,
-          prefix: bool) -> grain.IterDataset:
-  """A topology's rows from (inputs, targets) examples, first-fit packed."""
+def pack_examples(examples: grain.IterDataset, arch: str, seq_len: int, batch_size: int,
+                  prefix: bool, tagged: bool = False) -> grain.IterDataset:
+  """A topology's rows (not yet batched) from (inputs, targets) examples, first-fit
+  packed (`prefix`: a decoder's rows carry it); with `tagged` (examples holding
+  denoisers.TAG_FIELD) each token carries its example's tag, 0 on padding."""
+  tag = (TAG,) if tagged else ()
   if arch == "decoder":
     it = examples.map(decoder_example)
     it = grain.experimental.FirstFitPackIterDataset(
-        it, length_struct={k: seq_len for k in ("inputs", "targets", "weights", "prefix")},
+        it, length_struct={k: seq_len for k in ("inputs", "targets", "weights", "prefix") + tag},
         num_packing_bins=batch_size, shuffle_bins=False)
     return it.map(DecoderRow(prefix))
+  if tagged:
+    examples = examples.map(tag_targets)
   it = grain.experimental.FirstFitPackIterDataset(
-      examples, length_struct={"inputs": seq_len, "targets": seq_len},
+      examples, length_struct={k: seq_len for k in ("inputs", "targets") + tag},
       num_packing_bins=batch_size, shuffle_bins=False)
-  return it.map(seq2seq.add_decoder_inputs)
+  return it.map(encoder_decoder_row)
 
 
 class _LabelPair:
@@ -198,6 +230,9 @@ def make_text_to_text_dataset(source: Any, tokenizer: vocabularies.Tokenizer, *,
     A grain IterDataset of batches: seq2seq.make_seq2seq_dataset's keys on an
     encoder-decoder; a decoder's `inputs`, `targets`, `segment_ids`, `positions`,
     `prefix` (int32; with `prefix`) and `weights` (float32, 1 on the target tokens only).
+    Evaluation's rows of a mixture of kinds (ul2: denoisers.tag_names) also carry
+    denoisers.TAG_FIELD (int32, aligned with `targets`): each token's denoiser tag,
+    per packed example, 0 on padding; training's never do (its step is unchanged).
   """
   if inputs_fn is not None:
     sides = (seq_len, seq_len) if arch != "decoder" else (seq_len // 2, seq_len - seq_len // 2)
@@ -209,7 +244,8 @@ def make_text_to_text_dataset(source: Any, tokenizer: vocabularies.Tokenizer, *,
     it = grain.experimental.FlatMapIterDataset(it, packing.Unlist(
         packing.shard_size(source, process_index, process_count), train,
         "no (inputs, targets) pair came out of them; check the text and label features"))
-    return _pack(it, arch, seq_len, batch_size, prefix).batch(batch_size, drop_remainder=train)
+    return pack_examples(it, arch, seq_len, batch_size, prefix).batch(
+        batch_size, drop_remainder=train)
   window = denoisers_lib.window_length(tuple(d for d, w in denoisers if w > 0), arch, seq_len)
   it = mixture.mix_rows(source, lambda split, index: lm.packed_rows(
       split, tokenizer, text_key=text_key, vocab_size=vocab_size, row_len=window,
@@ -218,5 +254,7 @@ def make_text_to_text_dataset(source: Any, tokenizer: vocabularies.Tokenizer, *,
       prepared=prepared))
   # Fold in the process: otherwise every host would draw the same noise per window.
   noise_seed = int(np.random.SeedSequence((seed, process_index)).generate_state(1)[0])
-  it = it.random_map(Denoise(denoisers, tokenizer, num_sentinels), seed=noise_seed)
-  return _pack(it, arch, seq_len, batch_size, prefix).batch(batch_size, drop_remainder=train)
+  tagged = not train and bool(denoisers_lib.tag_names(denoisers))
+  it = it.random_map(Denoise(denoisers, tokenizer, num_sentinels, tagged), seed=noise_seed)
+  return pack_examples(it, arch, seq_len, batch_size, prefix, tagged).batch(
+      batch_size, drop_remainder=train)

@@ -14,7 +14,8 @@ Where each column comes from:
     command held its workdir), with the reason under the table;
   - MFU: metrics.jsonl's mfu x the run's own measured peak (peak_flops.json), over one
     peak for all runs (the largest measured), so runs compare as their FLOP/s do;
-  - steps, final and best eval metrics, tokens/s: metrics.jsonl, read as the plots
+  - steps, final and best eval metrics (a UL2 run's eval_loss/R, /S, /X after
+    eval_loss), tokens/s: metrics.jsonl, read as the plots
     read it (transformer/reports/plots.py: a restart supersedes the rows after its step);
     a run with train.benchmarks has its downstream scores among them
     (eval_<task>_acc_norm, eval_benchmark_acc, ...), so a sweep's arms rank by them too.
@@ -212,7 +213,8 @@ def _format_value(value: Any) -> str:
 
 
 def _best(name: str, series: plots.Series) -> tuple[float, int]:
-  lower = name.endswith(LOWER_IS_BETTER)
+  # A group's series (eval_loss/R) is better as its metric (eval_loss) is.
+  lower = name.split(plots.GROUP_SEPARATOR, 1)[0].endswith(LOWER_IS_BETTER)
   index = int(np.argmin(series.values) if lower else np.argmax(series.values))
   return float(series.values[index]), int(series.steps[index])
 
@@ -233,8 +235,7 @@ def table(runs: Sequence[RunSummary], first_keys: Sequence[str] = ()) -> str:
   """The Markdown comparison: one row per run, then notes on the columns."""
   keys = differing_keys(runs, first_keys)
   shown, hidden = keys[:MAX_KEY_COLUMNS], keys[MAX_KEY_COLUMNS:]
-  metrics = ["eval_loss"] + [k for k in plots.eval_metric_names(
-      set().union(*(run.series for run in runs))) if k != "eval_loss"]
+  metrics = listed_metrics(runs)
   with_mfu = any("mfu" in run.series for run in runs)
   peak, peak_run = common_peak(runs)
   with_status = any(run.outcome for run in runs)
@@ -307,8 +308,8 @@ def table(runs: Sequence[RunSummary], first_keys: Sequence[str] = ()) -> str:
 
 def overlay_figures(runs: Sequence[RunSummary], log_steps: bool = False) -> dict[str, Any]:
   """{file stem: Figure}: eval loss, train loss and each eval metric, one line per run."""
-  keys = ["eval_loss", "loss"] + [k for k in plots.eval_metric_names(
-      set().union(*(run.series for run in runs))) if k != "eval_loss"]
+  metrics = listed_metrics(runs)
+  keys = metrics[:1] + ["loss"] + metrics[1:]
   figures = {}
   for key in keys:
     lines = [(run.name, run.series[key]) for run in runs if key in run.series]
@@ -316,9 +317,19 @@ def overlay_figures(runs: Sequence[RunSummary], log_steps: bool = False) -> dict
       title = key.replace("eval_", "eval ") if key != "loss" else "train loss"
       # A benchmark accuracy: each run's 95% interval and the chance level (plots.py).
       intervals = [plots.interval_of(run.series, key) for run in runs if key in run.series]
-      figures[f"compare_{key}"] = plots.line_figure(title, key, lines, log_steps, zoom=True,
-                                                    intervals=intervals)
+      # eval_loss/R -> compare_eval_loss_R.png: a file name, not a folder.
+      stem = "compare_" + key.replace(plots.GROUP_SEPARATOR, "_")
+      figures[stem] = plots.line_figure(title, key, lines, log_steps, zoom=True,
+                                        intervals=intervals)
   return figures
+
+
+def listed_metrics(runs: Sequence[RunSummary]) -> list[str]:
+  """The eval metrics the table and the curves show: eval_loss first, each metric
+  followed by its groups' (a UL2 run's eval_loss/R, /S, /X: plots.group_keys)."""
+  keys = set().union(*(run.series for run in runs))
+  names = ["eval_loss"] + [k for k in plots.eval_metric_names(keys) if k != "eval_loss"]
+  return [k for name in names for k in [name] + plots.group_keys(keys, name)]
 
 
 def compare(workdirs: Sequence[str], output_dir: str, log_steps: bool = False,

@@ -1,7 +1,8 @@
 """PNG curves of a run's metrics.jsonl: `python launch.py --mode=plot --workdir=DIR`.
 
 A training run also writes them when it ends (or stops on SIGINT/SIGTERM), into
-`<workdir>/plots/`: loss.png (train and eval), learning_rate.png, grad_norm.png,
+`<workdir>/plots/`: loss.png (train and eval; a UL2 run's eval loss per denoiser,
+eval_loss/R, /S, /X, beside them), learning_rate.png, grad_norm.png,
 tokens_per_second.png, mfu.png (when the run knew its peak FLOP/s), and one figure
 per other eval metric (accuracy.png with the train accuracy beside it, bleu.png, ...).
 A benchmark accuracy (train.benchmarks: eval_<task>_acc_norm, eval_benchmark_acc, ...)
@@ -33,7 +34,8 @@ from absl import logging
 from transformer.config.errors import ConfigError
 from transformer.workdir import files
 from transformer.workdir import layout
-from transformer.workdir.metrics_file import BESIDE, CHANCE, CI95_HIGH, CI95_LOW, read_rows
+from transformer.workdir.metrics_file import BESIDE, CHANCE, CI95_HIGH, CI95_LOW
+from transformer.workdir.metrics_file import GROUP_SEPARATOR, read_rows
 
 # Eval metrics with no figure of their own: perplexity is exp(loss), tokens a count.
 NOT_PLOTTED = ("eval_loss", "eval_perplexity", "eval_tokens")
@@ -165,9 +167,22 @@ def line_figure(title: str, ylabel: str, lines: Sequence[tuple[str, Series]],
 
 def eval_metric_names(series_keys) -> list[str]:
   """Eval metrics that get a figure: eval_accuracy, eval_bleu, ... (not loss, perplexity,
-  nor an interval or chance level, drawn on their metric's figure)."""
+  nor an interval or chance level, nor a group's series such as eval_loss/R: those are
+  drawn on their metric's figure)."""
   return sorted(k for k in series_keys if k.startswith("eval_") and k not in NOT_PLOTTED
-                and not k.endswith(BESIDE))
+                and not k.endswith(BESIDE) and GROUP_SEPARATOR not in k)
+
+
+def group_keys(series_keys, key: str) -> list[str]:
+  """The series of `key` over groups of the tokens, `<key>/<group>` (a UL2 run's
+  eval_loss/R, /S, /X: metrics_file.GROUP_SEPARATOR), in name order."""
+  return sorted(k for k in series_keys if k.startswith(key + GROUP_SEPARATOR))
+
+
+def _with_groups(series_keys, key: str, label: str) -> list[tuple[str, str]]:
+  """(key, label) and each of its groups' series beside it: ("eval_loss/R", "eval R")."""
+  return [(key, label)] + [(group, f"{label} {group.split(GROUP_SEPARATOR, 1)[1]}")
+                           for group in group_keys(series_keys, key)]
 
 
 def run_figures(series: dict[str, Series], run: str, log_steps: bool = False) -> dict[str, Any]:
@@ -187,6 +202,7 @@ def run_figures(series: dict[str, Series], run: str, log_steps: bool = False) ->
     specs.append((name, name, name, [(name, "train"), (key, "eval")]))
   figures = {}
   for stem, title, ylabel, wanted in specs:
+    wanted = [line for key, label in wanted for line in _with_groups(series, key, label)]
     lines = [(label, series[key]) for key, label in wanted if key in series]
     if lines:
       intervals = [interval_of(series, key) for key, _ in wanted if key in series]

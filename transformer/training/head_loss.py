@@ -39,7 +39,8 @@ from jax import lax
 # What an excluded row's logit becomes: finite (a pad target there, weighted 0, must
 # give 0, not inf * 0 = nan) yet far enough below any real logit that exp() is 0.
 EXCLUDED_LOGIT = -1e9
-# The per-bucket arrays of the sums by position (LossOptions.bucket): metrics reports them.
+# The per-bucket arrays of the sums by position (a LossOptions.groups prefix): metrics
+# reports them.
 BY_POSITION_PREFIX = "by_position_"
 
 
@@ -50,14 +51,18 @@ class LossOptions:
   label_smoothing: of the objective's cross-entropy (loss_sum stays the plain NLL).
   z_loss: PaLM's coefficient: the objective adds z_loss * log(Z)^2 per target token.
   never_predict: vocabulary rows left out of the softmax (model.never_predict).
-  bucket, num_buckets: > 0: also the sums per bucket of `bucket` positions.
+  groups: (key prefix, count) per grouping of the tokens: also loss_sum, correct_sum and
+    weight_sum per group, [count] arrays under prefix + the key; the group of each token
+    is its id on the last axis of the group-ids array (`groups` in the functions below,
+    [..., len(groups)], ids in [0, count)). Each token counts in one group of each
+    grouping, so a grouping's sums add up to the totals exactly (by position:
+    metrics.loss_sums' buckets; by tag: evaluation's sums per UL2 denoiser).
   """
 
   label_smoothing: float = 0.0
   z_loss: float = 0.0
   never_predict: tuple[int, ...] = ()
-  bucket: int = 0
-  num_buckets: int = 0
+  groups: tuple[tuple[str, int], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,7 +151,7 @@ def token_terms(stats: dict[str, jax.Array], options: LossOptions
   return terms
 
 
-def sums_of(stats: dict[str, jax.Array], weights: jax.Array, positions: jax.Array | None,
+def sums_of(stats: dict[str, jax.Array], weights: jax.Array, groups: jax.Array,
             options: LossOptions) -> dict[str, jax.Array]:
   """The token-weighted sums (metrics.loss_sums' keys) of one chunk's statistics."""
   terms = token_terms(stats, options)
@@ -157,13 +162,13 @@ def sums_of(stats: dict[str, jax.Array], weights: jax.Array, positions: jax.Arra
           "weight_sum": jnp.sum(weights)}
   if options.z_loss > 0:
     sums["z_loss_sum"] = jnp.sum(terms["z"] * weights)
-  if options.bucket > 0:
-    bucket_N = jnp.minimum(positions // options.bucket, options.num_buckets - 1).ravel()
-    per_bucket = lambda values: jax.ops.segment_sum(values.ravel(), bucket_N,
-                                                    num_segments=options.num_buckets)
-    sums.update({BY_POSITION_PREFIX + "loss_sum": per_bucket(terms["nll"] * weights),
-                 BY_POSITION_PREFIX + "correct_sum": per_bucket(stats["correct"] * weights),
-                 BY_POSITION_PREFIX + "weight_sum": per_bucket(weights)})
+  for index, (prefix, count) in enumerate(options.groups):
+    group_N = groups[..., index].ravel()
+    per_group = lambda values, ids=group_N, count=count: jax.ops.segment_sum(
+        values.ravel(), ids, num_segments=count)
+    sums.update({prefix + "loss_sum": per_group(terms["nll"] * weights),
+                 prefix + "correct_sum": per_group(stats["correct"] * weights),
+                 prefix + "weight_sum": per_group(weights)})
   return sums
 
 
@@ -208,12 +213,12 @@ def project(weight: jax.Array, bias_V: jax.Array | None, x: jax.Array, spec: Hea
   return logits.astype(spec.logits_dtype)
 
 
-def _chunk(weight, bias_V, x, targets, weights, positions, *, spec: HeadSpec,
+def _chunk(weight, bias_V, x, targets, weights, groups, *, spec: HeadSpec,
            options: LossOptions, allowed_V, grad: bool):
   """One chunk's sums; with `grad` also d/dx (x's dtype), d/dweight and d/dbias (f32)."""
   logits = project(weight, bias_V, x, spec, allowed_V if options.never_predict else None)
   stats = row_statistics(logits, targets, allowed_V if options.label_smoothing else None)
-  sums = sums_of(stats, weights, positions, options)
+  sums = sums_of(stats, weights, groups, options)
   if not grad:
     return sums
   d = logits_gradient(logits, targets, weights, stats, allowed_V, options, spec.softcap)
@@ -277,16 +282,16 @@ def _loss_fn(spec: HeadSpec, options: LossOptions, layout: tuple):
     vocab = weight.shape[0] if spec.tied else weight.shape[1]
     return _allowed(vocab, options)
 
-  def run(weight, bias_V, x, targets, weights, positions, grad):
+  def run(weight, bias_V, x, targets, weights, groups, grad):
     w = weight.astype(spec.dtype)  # Once, not once per chunk.
     if n == 1:
-      return _chunk(w, bias_V, x, targets, weights, positions, spec=spec, options=options,
+      return _chunk(w, bias_V, x, targets, weights, groups, spec=spec, options=options,
                     allowed_V=allowed(weight), grad=grad)
     # Every chunk reads the weight whole: gathered over the embed axis once (an
     # fsdp-sharded table would otherwise be all-gathered in every chunk: 504 GiB a step
     # for llama 1B at 32k tokens on v5p:2x2x1).
     w = nn.with_logical_constraint(w, ("vocab", None) if spec.tied else (None, "vocab"))
-    out = _scan(w, bias_V, tuple(map(chunked, (x, targets, weights, positions))),
+    out = _scan(w, bias_V, tuple(map(chunked, (x, targets, weights, groups))),
                 spec=spec, options=options, allowed_V=allowed(weight), grad=grad)
     if grad:
       sums, dx, dw, db = out
@@ -294,11 +299,11 @@ def _loss_fn(spec: HeadSpec, options: LossOptions, layout: tuple):
     return out
 
   @jax.custom_vjp
-  def loss(weight, bias_V, x, targets, weights, positions):
-    return run(weight, bias_V, x, targets, weights, positions, grad=False)
+  def loss(weight, bias_V, x, targets, weights, groups):
+    return run(weight, bias_V, x, targets, weights, groups, grad=False)
 
-  def forward(weight, bias_V, x, targets, weights, positions):
-    sums, dx, dw, db = run(weight, bias_V, x, targets, weights, positions, grad=True)
+  def forward(weight, bias_V, x, targets, weights, groups):
+    sums, dx, dw, db = run(weight, bias_V, x, targets, weights, groups, grad=True)
     return sums, (dx, dw.astype(weight.dtype),
                   db.astype(bias_V.dtype) if bias_V is not None else None)
 
@@ -313,14 +318,15 @@ def _loss_fn(spec: HeadSpec, options: LossOptions, layout: tuple):
 
 
 def head_loss(weight: jax.Array, bias_V: jax.Array | None, x_BLE: jax.Array,
-              targets_BL: jax.Array, weights_BL: jax.Array, positions_BL: jax.Array,
+              targets_BL: jax.Array, weights_BL: jax.Array, groups_BLG: jax.Array,
               *, spec: HeadSpec, options: LossOptions, layout: tuple
               ) -> dict[str, jax.Array]:
   """The loss sums of the head on x, chunked as `layout` says; only objective_sum is
-  differentiable (see the module docstring)."""
+  differentiable (see the module docstring). `groups_BLG`: each token's group ids, one
+  per options.groups (G may be 0)."""
   with jax.named_scope("loss_head"):  # Where planning/kernels.py finds its kernels.
     sums = _loss_fn(spec, options, layout)(weight, bias_V, x_BLE, targets_BL, weights_BL,
-                                           positions_BL)
+                                           groups_BLG)
   return {k: v if k == "objective_sum" else lax.stop_gradient(v) for k, v in sums.items()}
 
 
@@ -337,14 +343,14 @@ def _logits_loss_fn(options: LossOptions):
         logits, targets, allowed_V if options.label_smoothing else None)
 
   @jax.custom_vjp
-  def loss(logits, targets, weights, positions):
+  def loss(logits, targets, weights, groups):
     _, _, stats = statistics(logits, targets)
-    return sums_of(stats, weights, positions, options)
+    return sums_of(stats, weights, groups, options)
 
-  def forward(logits, targets, weights, positions):
+  def forward(logits, targets, weights, groups):
     masked, allowed_V, stats = statistics(logits, targets)
     d = logits_gradient(masked, targets, weights, stats, allowed_V, options, softcap=0.0)
-    return sums_of(stats, weights, positions, options), d.astype(logits.dtype)
+    return sums_of(stats, weights, groups, options), d.astype(logits.dtype)
 
   def backward(d, cotangents):
     return d * cotangents["objective_sum"].astype(d.dtype), None, None, None
@@ -354,9 +360,10 @@ def _logits_loss_fn(options: LossOptions):
 
 
 def logits_loss(logits: jax.Array, targets: jax.Array, weights: jax.Array,
-                positions: jax.Array, options: LossOptions) -> dict[str, jax.Array]:
+                groups: jax.Array, options: LossOptions) -> dict[str, jax.Array]:
   """The loss sums of given logits [..., V] (a classifier's, or a whole sequence's):
-  the same statistics and gradient as head_loss; only objective_sum is differentiable."""
+  the same statistics and gradient as head_loss; only objective_sum is differentiable.
+  `groups`: each target's group ids [..., len(options.groups)]."""
   with jax.named_scope("loss_head"):
-    sums = _logits_loss_fn(options)(logits, targets, weights, positions)
+    sums = _logits_loss_fn(options)(logits, targets, weights, groups)
   return {k: v if k == "objective_sum" else lax.stop_gradient(v) for k, v in sums.items()}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Iterator, Mapping, TypeVar
+from typing import Any, Iterator, Mapping, Sequence, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +24,7 @@ from transformer.model.lm_head import LogitsHead
 from transformer.training import head_loss
 from transformer.workdir import layout
 from transformer.workdir.console import format_duration
+from transformer.workdir.metrics_file import GROUP_SEPARATOR as _GROUP_SEPARATOR
 from transformer.workdir.metrics_file import MOE_LOAD_PREFIX
 
 T = TypeVar("T")
@@ -33,6 +34,11 @@ SUM_KEYS = ("loss_sum", "correct_sum")
 # The per-bucket arrays of loss_sums' by-position sums: by_position_rows reports them,
 # summarize leaves them out.
 BY_POSITION_PREFIX = head_loss.BY_POSITION_PREFIX
+# The per-tag arrays of loss_sums' sums by a per-token tag (evaluation's UL2 denoisers):
+# `name_tags` turns them into GROUP_SEPARATOR-named sums that summarize reports.
+BY_TAG_PREFIX = "by_tag_"
+# "loss_sum/R": a sum over one named group of the tokens (summarize: eval_loss/R).
+GROUP_SEPARATOR = _GROUP_SEPARATOR
 # Row keys that measure speed: the only ones a rerun of the same steps may not reproduce.
 TIMING_KEYS = ("seconds_per_step", "tokens_per_second", "mfu", "data_wait_fraction")
 
@@ -40,7 +46,8 @@ TIMING_KEYS = ("seconds_per_step", "tokens_per_second", "mfu", "data_wait_fracti
 def loss_sums(logits_BLV: jax.Array, targets_BL: jax.Array, weights_BL: jax.Array,
               label_smoothing: float = 0.0, z_loss: float = 0.0,
               never_predict: tuple[int, ...] = (), positions_BL: jax.Array | None = None,
-              bucket: int = 0, num_buckets: int = 0) -> dict[str, jax.Array]:
+              bucket: int = 0, num_buckets: int = 0, tags_BL: jax.Array | None = None,
+              num_tags: int = 0) -> dict[str, jax.Array]:
   """Token-weighted sums for the objective and the reported metrics of given logits.
 
   Args:
@@ -59,26 +66,57 @@ def loss_sums(logits_BLV: jax.Array, targets_BL: jax.Array, weights_BL: jax.Arra
       `bucket` positions, [num_buckets] arrays under BY_POSITION_PREFIX + the key
       (bucket p // bucket; positions past the last bucket count in it). Each token
       counts in one bucket, so they add up to the totals exactly.
+    tags_BL, num_tags: > 0: also the three sums per tag (each target's tag in
+      [0, num_tags): evaluation's UL2 denoiser, 0 on padding), [num_tags] arrays under
+      BY_TAG_PREFIX + the key; they add up to the totals exactly, as the buckets do.
 
   Returns:
     `objective_sum` (with label smoothing and the z-loss), `loss_sum` (plain NLL),
     `correct_sum` (argmax hits: the first largest logit is the target) and `weight_sum`
     (number of real target tokens); with `z_loss` > 0 also `z_loss_sum`, the z-loss
-    term's token-weighted sum; with `bucket` the sums by position. Only objective_sum
-    is differentiable (head_loss.py: its gradient is formed with the statistics).
+    term's token-weighted sum; with `bucket` the sums by position, with `num_tags` the
+    sums by tag. Only objective_sum is differentiable (head_loss.py: its gradient is
+    formed with the statistics).
   """
-  if positions_BL is None:  # Only read with bucket > 0.
-    positions_BL = jnp.zeros_like(targets_BL)
-  return head_loss.logits_loss(logits_BLV, targets_BL, weights_BL, positions_BL,
-                               _options(label_smoothing, z_loss, never_predict, bucket,
-                                        num_buckets))
+  groups, ids = _token_groups(targets_BL, positions_BL, bucket, num_buckets, tags_BL,
+                              num_tags)
+  return head_loss.logits_loss(logits_BLV, targets_BL, weights_BL, ids,
+                               _options(label_smoothing, z_loss, never_predict, groups))
 
 
-def _options(label_smoothing, z_loss, never_predict, bucket, num_buckets
-             ) -> head_loss.LossOptions:
+def _token_groups(targets_BL: jax.Array, positions_BL: jax.Array | None, bucket: int,
+                  num_buckets: int, tags_BL: jax.Array | None, num_tags: int
+                  ) -> tuple[tuple[tuple[str, int], ...], jax.Array]:
+  """head_loss's groupings of the targets (LossOptions.groups) and their ids [..., G]:
+  by position bucket with `bucket` > 0, by tag with `num_tags` > 0 (G = 0: neither)."""
+  groups, ids = [], []
+  if bucket > 0:
+    groups.append((BY_POSITION_PREFIX, int(num_buckets)))
+    ids.append(jnp.minimum(positions_BL // bucket, num_buckets - 1))
+  if num_tags > 0:
+    groups.append((BY_TAG_PREFIX, int(num_tags)))
+    ids.append(tags_BL)
+  if not ids:  # An empty last axis: nothing grouped, nothing computed.
+    return (), jnp.zeros(targets_BL.shape + (0,), jnp.int32)
+  return tuple(groups), jnp.stack([i.astype(jnp.int32) for i in ids], axis=-1)
+
+
+def _options(label_smoothing, z_loss, never_predict, groups) -> head_loss.LossOptions:
   return head_loss.LossOptions(label_smoothing=float(label_smoothing), z_loss=float(z_loss),
                                never_predict=tuple(int(i) for i in never_predict),
-                               bucket=int(bucket), num_buckets=int(num_buckets))
+                               groups=groups)
+
+
+def name_tags(sums: dict[str, jax.Array], names: Sequence[str]) -> dict[str, jax.Array]:
+  """loss_sums' sums by tag -> `loss_sum/<name>` and `weight_sum/<name>` scalars, tag
+  i + 1 being names[i] (tag 0, padding, dropped), which `summarize` reports as
+  loss/<name> and tokens/<name>; the token-weighted losses of the names recombine to
+  the total loss (their weights add up to weight_sum where every target has a tag)."""
+  out = {k: v for k, v in sums.items() if not k.startswith(BY_TAG_PREFIX)}
+  for index, name in enumerate(names, start=1):
+    for key in ("loss_sum", "weight_sum"):
+      out[key + GROUP_SEPARATOR + name] = sums[BY_TAG_PREFIX + key][index]
+  return out
 
 
 def by_position_rows(sums: Mapping[str, Any], bucket: int) -> list[dict[str, float]]:
@@ -104,8 +142,8 @@ def head_loss_sums(head: LogitsHead, x_BLE: jax.Array,
                    targets_BL: jax.Array, weights_BL: jax.Array, *, chunk: int = 0,
                    label_smoothing: float = 0.0, z_loss: float = 0.0,
                    never_predict: tuple[int, ...] = (), positions_BL: jax.Array | None = None,
-                   bucket: int = 0, num_buckets: int = 0,
-                   logits_dtype: str = "auto") -> dict[str, jax.Array]:
+                   bucket: int = 0, num_buckets: int = 0, tags_BL: jax.Array | None = None,
+                   num_tags: int = 0, logits_dtype: str = "auto") -> dict[str, jax.Array]:
   """loss_sums of `head(x_BLE)`, projecting `chunk` positions at a time (head_loss.py).
 
   The [B, L, V] logits are never held whole: each chunk's are made, scored and, when
@@ -136,18 +174,19 @@ def head_loss_sums(head: LogitsHead, x_BLE: jax.Array,
                           spec.logits_dtype.itemsize + spec.dtype.itemsize)
   pad = -(L // p) % c  # Weight-0 positions at the end of each shard: counted nowhere.
   n = (L // p + pad) // c
-  if positions_BL is None:  # Only read with bucket > 0; a stand-in keeps one code path.
-    positions_BL = jnp.zeros_like(targets_BL)
+  groups, ids = _token_groups(targets_BL, positions_BL, bucket, num_buckets, tags_BL,
+                              num_tags)
   return head_loss.head_loss(
-      head.weight, head.bias_V, x_BLE, targets_BL, weights_BL, positions_BL, spec=spec,
-      options=_options(label_smoothing, z_loss, never_predict, bucket, num_buckets),
+      head.weight, head.bias_V, x_BLE, targets_BL, weights_BL, ids, spec=spec,
+      options=_options(label_smoothing, z_loss, never_predict, groups),
       layout=(B, L, p, c, n, pad))
 
 
 def objective_sums(outputs: Any, targets_BL: jax.Array, weights_BL: jax.Array, *,
                    chunk: int = 0, logits_dtype: str = "auto", label_smoothing: float = 0.0, z_loss: float = 0.0,
                    never_predict: tuple[int, ...] = (), positions_BL: jax.Array | None = None,
-                   bucket: int = 0, num_buckets: int = 0) -> dict[str, jax.Array]:
+                   bucket: int = 0, num_buckets: int = 0, tags_BL: jax.Array | None = None,
+                   num_tags: int = 0) -> dict[str, jax.Array]:
   """loss_sums of a forward's outputs: logits, or (hidden states, LogitsHead) in chunks."""
   if isinstance(outputs, tuple):
     x_BLE, head = outputs
@@ -155,14 +194,21 @@ def objective_sums(outputs: Any, targets_BL: jax.Array, weights_BL: jax.Array, *
                           logits_dtype=logits_dtype,
                           label_smoothing=label_smoothing, z_loss=z_loss,
                           never_predict=never_predict, positions_BL=positions_BL,
-                          bucket=bucket, num_buckets=num_buckets)
+                          bucket=bucket, num_buckets=num_buckets, tags_BL=tags_BL,
+                          num_tags=num_tags)
   return loss_sums(outputs, targets_BL, weights_BL, label_smoothing, z_loss, never_predict,
-                   positions_BL, bucket, num_buckets)
+                   positions_BL, bucket, num_buckets, tags_BL, num_tags)
 
 
 def summarize(sums: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
-  """Turns accumulated sums into loss, perplexity and accuracy; copies other scalars."""
+  """Turns accumulated sums into loss, perplexity and accuracy; copies other scalars.
+
+  A named group's sums (`name_tags`: loss_sum/R, weight_sum/R) become loss/R and
+  tokens/R after the totals, for each group that holds tokens.
+  """
   weight = float(sums["weight_sum"])
+  whole = {k: v for k, v in sums.items()
+           if GROUP_SEPARATOR not in k and not k.startswith(BY_POSITION_PREFIX)}
   out = {}
   if weight > 0:
     loss = float(sums["loss_sum"]) / weight
@@ -170,14 +216,21 @@ def summarize(sums: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
     out[prefix + "perplexity"] = math.exp(min(loss, 50.0))
     out[prefix + "accuracy"] = float(sums["correct_sum"]) / weight
     # Other token-weighted sums (z_loss_sum, moe_*_sum) are reported as per-token means.
-    for key, value in sums.items():
-      if (key.endswith("_sum") and key not in SUM_KEYS + ("weight_sum", "objective_sum")
-          and not key.startswith(BY_POSITION_PREFIX)):
+    for key, value in whole.items():
+      if key.endswith("_sum") and key not in SUM_KEYS + ("weight_sum", "objective_sum"):
         out[prefix + key[:-len("_sum")]] = float(value) / weight
   out[prefix + "tokens"] = weight
-  for key, value in sums.items():
-    if not key.endswith("_sum") and not key.startswith(BY_POSITION_PREFIX):
+  for key, value in whole.items():
+    if not key.endswith("_sum"):
       out[prefix + key] = float(value)
+  groups = [k.split(GROUP_SEPARATOR, 1)[1] for k in sums
+            if k.startswith("weight_sum" + GROUP_SEPARATOR)]
+  for name in groups:
+    tokens = float(sums["weight_sum" + GROUP_SEPARATOR + name])
+    if tokens > 0:
+      out[prefix + "loss" + GROUP_SEPARATOR + name] = (
+          float(sums["loss_sum" + GROUP_SEPARATOR + name]) / tokens)
+      out[prefix + "tokens" + GROUP_SEPARATOR + name] = tokens
   return out
 
 

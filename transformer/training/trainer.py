@@ -24,6 +24,7 @@ from flax import linen as nn
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
+from transformer.config import denoisers as denoisers_lib
 from transformer.config import objective as objective_lib
 from transformer import sharding
 from transformer.config.errors import ConfigError, DataError
@@ -161,19 +162,27 @@ def _summed_over_microbatches(sums_and_grads: Callable, batch: dict[str, jax.Arr
 def eval_step(params: Any, batch: dict[str, jax.Array], *, forward: Callable,
               never_predict: tuple[int, ...] = (), logits_chunk: int = 0,
               logits_dtype: str = "auto", position_bucket: int = 0,
-              num_buckets: int = 0) -> dict[str, jax.Array]:
+              num_buckets: int = 0, tag_names: tuple[str, ...] = ()
+              ) -> dict[str, jax.Array]:
   """Metric sums of one evaluation batch (the forward of a deterministic model).
 
   MoE statistics are reported without the per-expert loads (training logs those).
   With `position_bucket` > 0 also the sums per bucket of that many token positions
-  (batch["positions"], `num_buckets` buckets; metrics.loss_sums).
+  (batch["positions"], `num_buckets` buckets; metrics.loss_sums). With `tag_names`
+  (a UL2 run's denoiser kinds, config/denoisers.tag_names) and rows that carry
+  denoisers.TAG_FIELD (its denoised eval rows; pairs have none), also loss_sum/<name>
+  and weight_sum/<name> per kind (metrics.name_tags).
   """
   outputs, targets, weights, moe_stats = forward(params, batch)
+  tags = batch.get(denoisers_lib.TAG_FIELD) if tag_names else None
   sums = metrics_lib.objective_sums(
       outputs, targets, weights, chunk=logits_chunk, logits_dtype=logits_dtype,
       never_predict=never_predict,
       positions_BL=batch["positions"] if position_bucket else None, bucket=position_bucket,
-      num_buckets=num_buckets)
+      num_buckets=num_buckets, tags_BL=tags,
+      num_tags=len(tag_names) + 1 if tags is not None else 0)
+  if tags is not None:
+    sums = metrics_lib.name_tags(sums, tag_names)
   sums = metrics_lib.add_moe_sums(sums, moe_stats, per_expert=False)
   del sums["objective_sum"]
   return sums
@@ -286,12 +295,15 @@ def _jit_eval_step(model_config: ModelConfig, mesh: jax.sharding.Mesh, rules: tu
                                               rows_padded=True))
   objective = objective_lib.resolve(model_config)
   num_buckets = -(-seq_len // position_bucket) if position_bucket > 0 else 0
+  tag_names = (denoisers_lib.tag_names(denoisers_lib.denoisers(objective.transform,
+                                                               train_config))
+               if objective.transform else ())
   return jax.jit(functools.partial(eval_step, forward=objectives.make_forward(
       eval_model, objective, hidden=True), logits_chunk=train_config.logits_chunk,
                                    logits_dtype=train_config.logits_dtype,
                                    never_predict=predicted_rows_excluded(model_config),
                                    position_bucket=position_bucket,
-                                   num_buckets=num_buckets),
+                                   num_buckets=num_buckets, tag_names=tag_names),
                  in_shardings=(param_shardings, sharding.batch_sharding(mesh, rules)),
                  out_shardings=sharding.replicated(mesh))
 

@@ -28,6 +28,10 @@ MOE_LOAD_PREFIX = "moe_load_"
 # reports/plots.py draws them on <key>'s figure, never on figures of their own.
 CI95_LOW, CI95_HIGH, CHANCE = "_ci95_low", "_ci95_high", "_chance"
 BESIDE = (CI95_LOW, CI95_HIGH, CHANCE)
+# <key>/<group>: <key> over one group of the tokens (eval_loss/R, eval_tokens/R: a UL2
+# run's loss per denoiser). reports/ draws such a series on <key>'s figure and lists it
+# beside <key>, never as a metric of its own; TensorBoard and W&B group by the "/".
+GROUP_SEPARATOR = "/"
 
 
 def read_rows(path: str) -> tuple[list[dict[str, Any]], int]:
