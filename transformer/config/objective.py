@@ -99,6 +99,14 @@ class Objective:
     """Whether the model has a cached decoding step (generate or translate)."""
     return self.generates or self.translates
 
+  @property
+  def answers_prompts(self) -> bool:
+    """Whether --mode=generate and train.sample_prompt serve it: a decoder LM continues
+    a prompt (`generates`); a text-to-text objective on either topology reads it as its
+    examples' inputs and decodes their targets (an encoder-decoder: the prompt on the
+    encoder side, the answer greedy on the decoder side; sentinels in it are filled)."""
+    return self.generates or bool(self.transform)
+
 
 _LM_INPUTS = ("inputs", "segment_ids", "positions")
 _SEQ2SEQ_INPUTS = ("inputs", "inputs_segment_ids", "inputs_positions",

@@ -116,10 +116,12 @@ def validate_evaluation_hooks(config: ml_collections.ConfigDict) -> None:
     fail(t + "bleu_examples", config.train.bleu_examples, "BLEU is computed for "
           "translation runs: data.source_language and data.target_language set, and an "
           f"objective that reads pairs: {objective_lib.describe(lambda o: o.translates)}")
-  if config.train.sample_prompt and not objective.generates:
+  if config.train.sample_prompt and not objective.answers_prompts:
     fail(t + "sample_prompt", config.train.sample_prompt, "samples come from a decoder "
-          f"LM (model.arch='decoder', model.head='lm'), not the {objective.name} objective "
-          f"of model.arch={config.model.arch!r}, model.head={config.model.head!r}")
+          "LM continuing the prompt or a text-to-text model answering it: "
+          f"{objective_lib.describe(lambda o: o.answers_prompts)}; not the "
+          f"{objective.name} objective of model.arch={config.model.arch!r}, "
+          f"model.head={config.model.head!r}")
   # The task names are checked where the tasks are read (evaluation/tasks.py), before
   # the model compiles: the table of known tasks lives there.
   if not isinstance(config.train.benchmarks, str):

@@ -365,9 +365,10 @@ def prompt_policy(config: ml_collections.ConfigDict, max_new_tokens: int,
 
 
 def generate_serves(objective: objective_lib.Objective) -> bool:
-  """Whether --mode=generate (and api.Model.generate) serve `objective`: a decoder's
-  (it continues prompts) or a text-to-text one on any topology (it answers them)."""
-  return objective.generates or bool(objective.transform)
+  """Whether --mode=generate (and api.Model.generate, training's sample) serve
+  `objective`: its `answers_prompts` (a decoder's: it continues prompts; a text-to-text
+  one on any topology: it answers them)."""
+  return objective.answers_prompts
 
 
 def generate_texts(config: ml_collections.ConfigDict, model_config: ModelConfig, params: Any,
