@@ -99,6 +99,13 @@ class Objective:
     """Whether the model has a cached decoding step (generate or translate)."""
     return self.generates or self.translates
 
+  @property
+  def answers_labels(self) -> bool:
+    """Whether a labelled text (data.label_key) trains it as "text -> label word" pairs,
+    so that decoding answers with a class name: evaluate's label_accuracy and
+    train.label_examples."""
+    return self.reads_pairs and bool(self.transform)
+
 
 _LM_INPUTS = ("inputs", "segment_ids", "positions")
 _SEQ2SEQ_INPUTS = ("inputs", "inputs_segment_ids", "inputs_positions",
