@@ -32,7 +32,7 @@ PRESET_ARGS = {
     "llama": ["1b", "1b_fineweb", "7b", "local"],
     "maxtext": ["v5e_16b", "v5p_32b"],
     "t5": ["small", "base", "local"],
-    "t5_table2": [""],
+    "t5_table2": ["", "multi30k", "sst2"],
 }
 # Presets whose dataset is read from data.path: validation needs a path to be set.
 NEEDS_PATH = ("local_text", "local_parallel", "local_tsv")
