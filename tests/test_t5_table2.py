@@ -13,6 +13,8 @@ from transformer.cli import sweep_spec
 from transformer.config import objective as objective_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The fine-tuning sweeps: the six arms, then the seeds of the pretraining list's repeats.
+FINE_TUNE_LISTS = ("t5_table2_finetune.json", "t5_table2_finetune_seeds.json")
 # (model.arch, objective, whether the decoder reads a bidirectional prefix)
 ARMS = [("encoder_decoder", "span_corruption", False), ("encoder_decoder", "prefix_lm", False),
         ("decoder", "span_corruption", False), ("decoder", "causal_lm", False),
@@ -47,7 +49,7 @@ def test_the_arms_are_one_sweep_of_equal_tokens():
 
 @pytest.mark.parametrize("task", sorted(t5_table2.TASKS))
 def test_each_arm_fine_tunes_on_each_task_from_its_own_run(task, tmp_path, monkeypatch):
-  """configs/t5_table2_finetune.json names the pretraining sweep's workdirs (made here
+  """The fine-tuning lists name the pretraining sweep's workdirs, each once (made here
   with their config.json), and each fine-tune takes its arm's topology with the paper's
   accounting: 256 positions a row, the LM arms causal throughout."""
   arms = _arms()
@@ -58,7 +60,8 @@ def test_each_arm_fine_tunes_on_each_task_from_its_own_run(task, tmp_path, monke
   monkeypatch.chdir(tmp_path)
   config = t5_table2.get_config(task)
   config.data.path = "/some/files"
-  runs = sweep_spec.build_runs(config, os.path.join(ROOT, "configs", "t5_table2_finetune.json"))
+  runs = [run for name in FINE_TUNE_LISTS for run in sweep_spec.build_runs(
+      config, os.path.join(ROOT, "configs", name))]
   sources = {os.path.join("runs", "t5_table2", arm.name): arm for arm in arms}
   assert sorted(run.config.init_from for run in runs) == sorted(sources)
   for run in runs:
@@ -85,7 +88,7 @@ def test_an_unknown_argument_names_the_valid_ones():
 
 
 def test_the_sweep_files_are_lists_of_runs():
-  for name in ("t5_table2.json", "t5_table2_finetune.json"):
+  for name in ("t5_table2.json",) + FINE_TUNE_LISTS:
     with open(os.path.join(ROOT, "configs", name), encoding="utf-8") as f:
       runs = json.load(f)
     assert isinstance(runs, list) and all(isinstance(run, dict) for run in runs)
