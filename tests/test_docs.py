@@ -141,6 +141,12 @@ NOT_RUN = {
     "local --config.model.lora_rank=8": _BENCHMARK_TRAINING,
     "python -m transformer.evaluation.harness": (
         "needs network: lm-eval downloads its tasks' data from the Hugging Face hub"),
+    "python launch.py --mode=sweep --config=configs/t5_table2.py": (
+        "T5 Table 2 at CPU scale (results.md): 10 pretraining runs, then 20 fine-tunes of "
+        "them, about an hour on 2 cores; tests/test_t5_table2.py validates every run of "
+        "both sweep files, the fine-tunes against the pretraining runs' configs"),
+    "python launch.py --mode=compare --workdir=runs/t5_table2": (
+        "compares the T5 Table 2 sweeps above, which the slow tests do not run"),
     "python launch.py --mode=sweep --config=configs/shakespeare_char.py:cpu --workdir=runs/ablation": (
         "docs/sweeps.md's grid (run) at 1000 steps: the same command on tiny settings"),
 }

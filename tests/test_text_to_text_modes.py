@@ -2,7 +2,7 @@
 BLEU in training and in --mode=evaluate, as an encoder-decoder does; --mode=generate
 fills the sentinels of a span-corruption model's prompt on either topology; an
 encoder-decoder trained on a labelled TSV text-to-text evaluates by the accuracy of its
-generated label word; a mode that cannot serve a run's objective says which it serves.
+generated label word, in --mode=evaluate and in training (train.label_examples); a mode that cannot serve a run's objective says which it serves.
 
 Each run is tests/test_datasets.py's tiny model on its small local files (4 steps):
 the checks are that the modes read the model as its training rows held it, not that
@@ -130,21 +130,25 @@ def test_sentinels_in_an_answer_are_written_as_extra_ids(span_runs):
 
 def test_a_labelled_tsv_text_to_text_evaluates_by_its_label_word(files, tmp_path,
                                                                  monkeypatch):
-  """label_accuracy: the share of texts whose generated word is their label's name."""
+  """label_accuracy: the share of texts whose generated word is their label's name; in
+  training (train.label_examples) the same score of the same texts as --mode=evaluate."""
   config, workdir = _run(files, "local_tsv", "encoder_decoder", "prefix_lm",
                          text_key="sentence", label_key="label")
-  config.train.update(num_steps=2, eval_every=2, eval_at_start=False)
-  _train(config, workdir)
-  seen = {}
+  config.train.update(num_steps=2, eval_every=2, eval_at_start=False, label_examples=4)
+  seen = []
 
   def answer(model_config, params, tokenizer, texts, decode, policy, **kwargs):
-    seen["texts"] = list(texts)  # 'cat' in the text is label 1: answer right for 3 of 4.
+    seen.append(list(texts))  # 'cat' in the text is label 1: answer right for 3 of 4.
     return [" 1 " if "cat" in t else "0" for t in texts[:3]] + ["maybe"] * (len(texts) - 3)
 
   monkeypatch.setattr(text, "translate_texts", answer)
+  _train(config, workdir)
+  [row] = [r for r in rows(workdir) if "eval_label_accuracy" in r]
+  assert row["step"] == 2
+  assert (row["eval_label_accuracy"], row["eval_label_unknown"]) == (0.75, 0.25)
   record = evaluate_mode.evaluate(workdir, max_examples=4, output=str(tmp_path / "e.json"),
                                   stdout=io.StringIO())
-  assert len(seen["texts"]) == 4
+  assert len(seen) == 2 and seen[0] == seen[1] and len(seen[1]) == 4
   assert record["metrics"]["label_accuracy"] == 0.75
   assert record["metrics"]["label_unknown"] == 0.25
   assert record["labels"] == ["0", "1"]

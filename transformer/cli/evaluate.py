@@ -189,7 +189,7 @@ def evaluate(workdir: str, *, config: ml_collections.ConfigDict | None = None,
                              "rows": metrics_lib.by_position_rows(sums, by_position)}
   if objective.translates and sources.is_translation(config.data):
     record.update(_translation_scores(run, source, split, seed, metrics))
-  elif objective.reads_pairs and objective.transform and config.data.label_key:
+  elif objective.answers_labels and config.data.label_key:
     record.update(_label_word_accuracy(run, source, split, seed, metrics))
   averaged = os.path.join(workdir, layout.AVERAGED)
   if os.path.exists(averaged):
@@ -286,9 +286,7 @@ def _label_word_accuracy(run: loaded.LoadedRun, source: Any, split: str, seed: i
         names=[f"{split}[{i}]" for i in range(len(texts))], rng=run.sampling_rng(seed),
         progress=answering)
   answering.finish()
-  words = [output.strip() for output in outputs]
-  metrics["label_accuracy"] = sum(w == l for w, l in zip(words, labels)) / len(labels)
-  metrics["label_unknown"] = sum(w not in names for w in words) / len(labels)
+  metrics.update(text.label_scores(outputs, labels, names))
   decoding = dict(text.describe_search(config.decode),
                   max_length_offset=config.decode.max_length_offset)
   return {"decoding": decoding, "labels": list(names)}

@@ -107,6 +107,13 @@ class Objective:
     encoder side, the answer greedy on the decoder side; sentinels in it are filled)."""
     return self.generates or bool(self.transform)
 
+  @property
+  def answers_labels(self) -> bool:
+    """Whether a labelled text (data.label_key) trains it as "text -> label word" pairs,
+    so that decoding answers with a class name: evaluate's label_accuracy and
+    train.label_examples."""
+    return self.reads_pairs and bool(self.transform)
+
 
 _LM_INPUTS = ("inputs", "segment_ids", "positions")
 _SEQ2SEQ_INPUTS = ("inputs", "inputs_segment_ids", "inputs_positions",

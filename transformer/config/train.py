@@ -107,7 +107,8 @@ def check_steps_per_call(config: ml_collections.ConfigDict) -> None:
 
 
 def validate_evaluation_hooks(config: ml_collections.ConfigDict) -> None:
-  """The train.* fields of the hooks that evaluate during training: BLEU, samples."""
+  """The train.* fields of the hooks that evaluate during training: BLEU, label
+  accuracy, samples."""
   t = "train."
   check_int(config, t + "bleu_examples", 0)
   objective = objective_lib.resolve(config.model)
@@ -116,6 +117,14 @@ def validate_evaluation_hooks(config: ml_collections.ConfigDict) -> None:
     fail(t + "bleu_examples", config.train.bleu_examples, "BLEU is computed for "
           "translation runs: data.source_language and data.target_language set, and an "
           f"objective that reads pairs: {objective_lib.describe(lambda o: o.translates)}")
+  check_int(config, t + "label_examples", 0)
+  if config.train.label_examples and not (config.data.label_key
+                                          and objective.answers_labels):
+    fail(t + "label_examples", config.train.label_examples, "label accuracy is computed "
+          "for a labelled text trained text-to-text: data.label_key set, and an objective "
+          f"that reads it as pairs: {objective_lib.describe(lambda o: o.answers_labels)}"
+          f"; this run: data.label_key={config.data.label_key!r}, the {objective.name} "
+          f"objective of model.arch={config.model.arch!r}")
   if config.train.sample_prompt and not objective.answers_prompts:
     fail(t + "sample_prompt", config.train.sample_prompt, "samples come from a decoder "
           "LM continuing the prompt or a text-to-text model answering it: "

@@ -438,14 +438,26 @@ def source_and_reference_texts(data: ml_collections.ConfigDict, source: Any,
   return texts, references
 
 
-def labelled_texts(data: ml_collections.ConfigDict, source: Any,
-                   names: Sequence[str]) -> tuple[list[str], list[str]]:
-  """(texts, their label names) of every example of a labelled split (data.text_key,
-  data.label_key; `names` its class names), as the text-to-text pairs train on them."""
+def labelled_texts(data: ml_collections.ConfigDict, source: Any, names: Sequence[str],
+                   max_examples: int = 0) -> tuple[list[str], list[str]]:
+  """(texts, their label names) of the first `max_examples` (0: all) examples of a
+  labelled split (data.text_key, data.label_key; `names` its class names), as the
+  text-to-text pairs train on them."""
+  count = len(source) if max_examples <= 0 else min(max_examples, len(source))
   texts, labels = [], []
-  for i in range(len(source)):
+  for i in range(count):
     example = source[i]
     texts.append(packing.text_of(example[data.text_key]))
     labels.append(names[int(example[data.label_key])])
   return texts, labels
 
+
+def label_scores(outputs: Sequence[str], labels: Sequence[str],
+                 names: Sequence[str]) -> dict[str, float]:
+  """A labelled text answered text-to-text: `label_accuracy`, the share of `outputs`
+  that are exactly their label's name (surrounding spaces aside), and `label_unknown`,
+  the share that name no class of `names` (--mode=evaluate and in-training
+  train.label_examples both score so)."""
+  words = [output.strip() for output in outputs]
+  return {"label_accuracy": sum(w == l for w, l in zip(words, labels)) / len(labels),
+          "label_unknown": sum(w not in names for w in words) / len(labels)}
