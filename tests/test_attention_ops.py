@@ -209,6 +209,18 @@ def test_hashed_dropout_keeps_its_share_and_recomputes_its_mask_for_the_gradient
   assert dropout_lib._forward(x, seed, 0.1)[1] is seed  # pylint: disable=protected-access
 
 
+def test_hashed_dropout_draws_the_gradients_mask_behind_a_barrier():
+  """The backward's mask hangs on the seed through an optimization barrier: XLA cannot
+  share the forward's mask, which on a GPU it wrote to HBM as a boolean array and read
+  back (gpt_small 32 x 1024 on an H100: 96.70 -> 95.82 GB a step without that array)."""
+  x = jnp.ones((4, 8), jnp.float32)
+  seed = jnp.asarray([1, 2], jnp.uint32)
+  _, vjp = jax.vjp(lambda x: dropout_lib.hashed_dropout(x, seed, 0.5), x)
+  jaxpr = jax.make_jaxpr(vjp)(x)
+  text = str(jaxpr)
+  assert "optimization_barrier" in text, text
+
+
 def test_hashed_dropout_is_the_same_on_every_mesh_partition():
   """The mask depends on the global index only: rows, length or features split over 8
   devices give the unsplit mask (threefry's partitionable mode has the same property)."""

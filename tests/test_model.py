@@ -289,6 +289,27 @@ def test_joined_qkv_is_the_three_projections_and_their_autodiff(num_heads, num_k
     np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
 
 
+def test_joined_qkv_adds_its_biases_to_the_float32_product_before_rounding():
+  """In bfloat16 each projection is (x @ kernel accumulated in float32 + bias in float32),
+  rounded once: the form XLA's GPU compiler fuses into the matmul (attention.biased_product);
+  adding a bias rounded to bfloat16 to a rounded product gives other numbers."""
+  rng = np.random.default_rng(1)
+  B, L, E, H, D = 2, 16, 64, 4, 16
+  x = jnp.asarray(rng.normal(size=(B, L, E)), jnp.bfloat16)
+  kernels = tuple(jnp.asarray(rng.normal(size=(E, H, D)), jnp.float32) for _ in range(3))
+  biases = tuple(jnp.asarray(3.0 * rng.normal(size=(H, D)), jnp.float32) for _ in range(3))
+  got = attention.joined_qkv(x, kernels, biases, jnp.bfloat16)
+  for y, kernel, bias in zip(got, kernels, biases):
+    assert y.dtype == jnp.bfloat16
+    product = jnp.einsum("ble,ehd->blhd", x, kernel.astype(jnp.bfloat16),
+                         preferred_element_type=jnp.float32)
+    np.testing.assert_array_equal(np.asarray(y, np.float32),
+                                  np.asarray((product + bias[None, None]).astype(jnp.bfloat16),
+                                             np.float32))
+    twice = product.astype(jnp.bfloat16) + bias.astype(jnp.bfloat16)[None, None]
+    assert np.any(np.asarray(twice, np.float32) != np.asarray(y, np.float32))
+
+
 def test_make_attention_mask_causal_and_segments():
   segments = np.array([[1, 1, 2, 2, 0]], np.int32)
   causal = attention.make_attention_mask(segments, segments, causal=True)

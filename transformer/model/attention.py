@@ -87,16 +87,37 @@ class EinsumDense(nn.Module):
 
 
 def _token_einsum(equation: str, x: jax.Array, kernel: jax.Array,
-                  dot_general: Callable = jax.lax.dot_general) -> jax.Array:
+                  dot_general: Callable = jax.lax.dot_general,
+                  preferred_element_type: jnp.dtype | None = None) -> jax.Array:
   """einsum(equation) with x's two token axes merged into one where that is safe;
-  `dot_general` multiplies (fp8.dot_general's)."""
+  `dot_general` multiplies (fp8.dot_general's); `preferred_element_type` is the
+  product's dtype (None: the operands')."""
   inputs, output = equation.split("->")
   x_spec, kernel_spec = inputs.split(",")
   if not context.tokens_mergeable():  # The length sharded over context: XLA would gather.
-    return jnp.einsum(equation, x, kernel, _dot_general=dot_general)
+    return jnp.einsum(equation, x, kernel, _dot_general=dot_general,
+                      preferred_element_type=preferred_element_type)
   y = jnp.einsum(f"N{x_spec[2:]},{kernel_spec}->N{output[2:]}",
-                 x.reshape((-1,) + x.shape[2:]), kernel, _dot_general=dot_general)
+                 x.reshape((-1,) + x.shape[2:]), kernel, _dot_general=dot_general,
+                 preferred_element_type=preferred_element_type)
   return y.reshape(x.shape[:2] + y.shape[1:])
+
+
+def biased_product(equation: str, x: jax.Array, kernel: jax.Array, bias: jax.Array,
+                   dtype: jnp.dtype) -> jax.Array:
+  """_token_einsum(equation, x, kernel) + bias in `dtype`, the bias added to the float32
+  product before its one rounding (not rounded to `dtype` first and added after).
+
+  The reason is the GPU's: XLA fuses the add into the matmul's epilogue only when the
+  bias reaches it as it is stored (a convert of the bias is a computation beside the
+  product's path, which its Triton GEMM fusions do not take), so the product is written
+  once, biased, instead of written and then read and written again by a pass of its own
+  (with joined_qkv, gpt_small 32 x 1024 on an H100: 98.99 -> 96.70 GB a step, compiled
+  without a device). In float32 it is the same sum; in bfloat16 one rounding, not three.
+  """
+  y = _token_einsum(equation, x, kernel, preferred_element_type=jnp.float32)
+  return (y + bias.astype(jnp.float32).reshape((1,) * (y.ndim - bias.ndim) + bias.shape)
+          ).astype(dtype)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
@@ -106,7 +127,8 @@ def joined_qkv(x_BLE: jax.Array, kernels: tuple[jax.Array, jax.Array, jax.Array]
   """q [B, L, H, D], k and v [B, L, K, D] of x: three matmuls forward, one backward.
 
   Forward, each projection writes its own output, laid out as the attention kernel
-  reads it: a joined matmul wrote [B, L, K, J, D] and a pass copied q, k and v out
+  reads it, its bias added in the matmul's epilogue (biased_product): a joined matmul
+  wrote [B, L, K, J, D] and a pass copied q, k and v out
   of it (cuDNN takes no strided operand; gpt_small 32 x 1024 on an H100: 3.6 GB a step,
   against 2.4 GB of x read twice more). Backward, the joined kernel [E, K, G + 2, D]
   (each key/value head's G query heads, its key and its value: sharded as the heads
@@ -126,8 +148,8 @@ def _joined_qkv_fwd(x_BLE, kernels, biases, dtype):
   outputs = []
   for kernel, bias, equation in zip(kernels, biases,
                                     ("BLE,EHD->BLHD", "BLE,EKD->BLKD", "BLE,EKD->BLKD")):
-    y = _token_einsum(equation, x_BLE, kernel.astype(dtype))
-    outputs.append(y if bias is None else y + bias.astype(dtype)[None, None])
+    outputs.append(_token_einsum(equation, x_BLE, kernel.astype(dtype)) if bias is None else
+                   biased_product(equation, x_BLE, kernel.astype(dtype), bias, dtype))
   return tuple(outputs), (x_BLE, kernels, biases)
 
 
@@ -139,8 +161,21 @@ def _joined_qkv_bwd(dtype, residuals, cotangents):
   B, L = x_BLE.shape[:2]
   kernel_EKJD = jnp.concatenate(
       [wq.reshape(E, K, G, D), wk[:, :, None], wv[:, :, None]], axis=2).astype(dtype)
-  dy_BLKJD = jnp.concatenate([dq_BLHD.reshape(B, L, K, G, D), dk_BLKD[:, :, :, None],
-                              dv_BLKD[:, :, :, None]], axis=3).astype(dtype)
+  pieces = ((dq_BLHD.reshape(B, L, K, G, D), 0), (dk_BLKD[:, :, :, None], G),
+            (dv_BLKD[:, :, :, None], G + 1))
+  if biases[0] is None:
+    dy_BLKJD = jnp.concatenate([piece for piece, _ in pieces], axis=3).astype(dtype)
+  else:
+    # With biases, summed from zero-padded pieces (autodiff's form of the slices'
+    # gradient): XLA then makes it and the biases' gradients below in one pass over the
+    # pieces; from a concatenation the sums took a pass of their own (gpt_small 32 x
+    # 1024 on an H100: 150 MB a layer, the projections compiled alone). Without biases
+    # the concatenation moves fewer bytes (llama:1b 32 x 2048: 1,019.77 GB a step
+    # against 1,021.92).
+    dy_BLKJD = sum(jax.lax.pad(piece.astype(dtype), jnp.zeros((), dtype),
+                               ((0, 0, 0),) * 3 + ((start, G + 2 - start - piece.shape[3], 0),)
+                               + ((0, 0, 0),))
+                   for piece, start in pieces)
   dx_BLE = _token_einsum("BLKJD,EKJD->BLE", dy_BLKJD, kernel_EKJD)
   if context.tokens_mergeable():
     dkernel_EKJD = jnp.einsum("NE,NKJD->EKJD", x_BLE.reshape(B * L, E),
@@ -312,31 +347,15 @@ class MultiHeadAttention(nn.Module):
 
   def _fused_qkv(self, x_BLE: jax.Array, query: nn.Module, key: nn.Module,
                  value: nn.Module) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """q, k and v of self-attention with the joined kernel [E, K, G + 2, D] (each
-    key/value head's G query heads, its key and its value: the grouped-query layout,
-    sharded as the heads are), the parameters where the three projections keep them
-    (query/kernel, ...): without biases joined_qkv (three matmuls forward, one
-    backward), with them one matmul each way. One matmul for the inputs' gradient
+    """q, k and v of self-attention by joined_qkv: three matmuls forward (their biases
+    added in each one's epilogue: biased_product), the joined kernel [E, K, G + 2, D]
+    (each key/value head's G query heads, its key and its value: the grouped-query
+    layout, sharded as the heads are) backward, the parameters where the three
+    projections keep them (query/kernel, ...). One matmul for the inputs' gradient
     instead of three and their sum (gpt_small 32 x 1024 on an H100: 4 GB a step)."""
     cfg = self.config
     (wq, bq), (wk, bk), (wv, bv) = query(None), key(None), value(None)
-    x_BLE = x_BLE.astype(cfg.dtype)
-    if bq is None:
-      return joined_qkv(x_BLE, (wq, wk, wv), (bq, bk, bv), cfg.dtype)
-    # With biases, one matmul forward too: the pass that copies q, k and v out of its
-    # output (the attention kernel's operands) adds their biases; three matmuls would
-    # add each in a pass of its own (gpt_small 32 x 1024 on an H100: 102.1 GB a step
-    # against 99.0).
-    H, K, D, E = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.d_model
-    G = H // K
-    kernel_EKJD = jnp.concatenate(
-        [wq.reshape(E, K, G, D), wk[:, :, None], wv[:, :, None]], axis=2).astype(cfg.dtype)
-    y_BLKJD = _token_einsum("BLE,EKJD->BLKJD", x_BLE, kernel_EKJD)
-    bias_KJD = jnp.concatenate([bq.reshape(K, G, D), bk[:, None], bv[:, None]], axis=1)
-    y_BLKJD = y_BLKJD + bias_KJD.astype(cfg.dtype)[None, None]
-    B, L = x_BLE.shape[:2]
-    return (y_BLKJD[:, :, :, :G].reshape(B, L, H, D), y_BLKJD[:, :, :, G],
-            y_BLKJD[:, :, :, G + 1])
+    return joined_qkv(x_BLE.astype(cfg.dtype), (wq, wk, wv), (bq, bk, bv), cfg.dtype)
 
   def _attend(self, q_BLHD, k_BSKD, v_BSKD, mask_B1LS, bias_BHLS, segments, *,
               causal: bool, prefix: bool, local: bool | jax.Array) -> jax.Array:

@@ -70,6 +70,11 @@ def _forward(inputs, seed, rate):
 
 def _backward(rate, seed, g):
   keep_prob = 1.0 - rate
+  # Behind a barrier the backward's mask is a computation of its own, made where it is
+  # read: without it XLA may share the forward's (the same hash of the same seed), which
+  # it then writes to HBM as a boolean array and reads back (gpt_small 32 x 1024 on an
+  # H100: 96.70 -> 95.82 GB a step).
+  seed = lax.optimization_barrier(seed)
   return (lax.select(keep_mask(seed, g.shape, keep_prob), g / keep_prob, jnp.zeros_like(g)),
           None)
 

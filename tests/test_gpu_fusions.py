@@ -1,0 +1,92 @@
+"""What XLA's GPU compiler fuses in the train step's hot spots, compiled for an H100 here.
+
+Each test compiles a few ops of the model for `h100:1` (jax's CUDA plugin, no GPU; skipped
+with the reason without the plugin) and counts the kernels of the optimised program with
+planning/hlo.py, the count the compile mode's bytes come from: a change that brings back a
+pass over an activation fails here in seconds, not only in a 10-minute compile of the step
+(docs/performance.md, "Fewer bytes").
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import tempfile
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from transformer import accelerator
+from transformer.model import attention
+from transformer.planning import gpu
+from transformer.planning import hlo
+
+needs_plugin = pytest.mark.skipif(
+    gpu.wheels_missing() is not None,
+    reason=f"jax's CUDA plugin is not installed ({gpu.INSTALL_HINT}): XLA's GPU compiler")
+
+B, L, E, H, D = 8, 512, 256, 4, 64  # Activations far larger than the weights.
+
+
+def _kernels(fn, *shapes) -> list[hlo.Launch]:
+  """The kernels of `fn` compiled for one H100 on abstract inputs of `shapes`
+  ((shape, dtype) pairs), as the compile mode compiles a step (its GPU flags)."""
+  device = gpu.devices(gpu.parse("h100:1"))[0]
+  sharding = jax.sharding.SingleDeviceSharding(device)
+  args = [jax.ShapeDtypeStruct(shape, dtype, sharding=sharding) for shape, dtype in shapes]
+  lowered = jax.jit(fn).lower(*args)
+  with tempfile.TemporaryDirectory() as dump:
+    options = {"xla_dump_to": dump, "xla_dump_hlo_as_text": True}
+    options.update(accelerator.gpu_compiler_options())
+    with gpu.plugin_noise_filtered():
+      lowered.compile(compiler_options=options)
+    (path,) = [p for p in glob.glob(os.path.join(dump, "*after_optimizations.txt"))
+               if "buffer-assignment" not in p and "live-range" not in p]
+    with open(path, encoding="utf-8") as f:
+      text = f.read()
+  return [launch for launch in hlo.launches(text)[0] if launch.is_kernel]
+
+
+def _big(kernels: list[hlo.Launch], nbytes: int) -> list[hlo.Launch]:
+  """The kernels that move at least `nbytes`: the passes over activations."""
+  return [k for k in kernels if k.bytes >= nbytes]
+
+
+ACTIVATION = B * L * E * 2  # One [B, L, E] bfloat16 array.
+QKV = ((B, L, E), jnp.bfloat16), ((E, H, D), jnp.float32), ((H, D), jnp.float32)
+
+
+@needs_plugin
+def test_a_biased_projection_is_one_matmul_kernel():
+  """The bias rides in the matmul's epilogue: one kernel, the product written once."""
+  kernels = _kernels(lambda x, w, b: attention.biased_product(
+      "BLE,EHD->BLHD", x, w.astype(jnp.bfloat16), b, jnp.bfloat16), *QKV)
+  big = _big(kernels, ACTIVATION // 2)
+  assert len(big) == 1 and big[0].kind == "matmul triton gemm fusion", (
+      [(k.instruction.name, k.bytes) for k in kernels])
+
+
+@needs_plugin
+def test_joined_qkv_backward_sums_the_bias_gradients_in_its_one_pass_over_the_pieces():
+  """Backward with biases: dq, dk and dv joined and the biases' gradients summed in one
+  pass, then one matmul for x's gradient and one for the kernels' (from a concatenation,
+  the sums took a pass of their own)."""
+  def backward(x, wq, wk, wv, bq, bk, bv, dq, dk, dv):
+    # pylint: disable-next=protected-access
+    return attention._joined_qkv_bwd(jnp.bfloat16, (x, (wq, wk, wv), (bq, bk, bv)),
+                                     (dq, dk, dv))
+
+  cotangent = ((B, L, H, D), jnp.bfloat16)
+  shapes = (QKV[0],) + (QKV[1],) * 3 + (QKV[2],) * 3 + (cotangent,) * 3
+  kernels = _kernels(backward, *shapes)
+  outputs = lambda k: hlo.text.array_bytes(k.instruction.shape)
+  # The pass that joins dq, dk and dv writes them side by side, 3 activations...
+  joins = [k for k in kernels if not k.kind and max(outputs(k)) >= 3 * ACTIVATION]
+  # ... and no other kernel reads them for the biases' sums (small outputs in the compute
+  # dtype; the kernels' float32 gradients are sliced out of split matmul sums).
+  sums = [k for k in kernels if not k.kind and k.bytes >= 3 * ACTIVATION
+          and max(outputs(k)) < ACTIVATION and k.instruction.shape.lstrip("(").startswith("bf16")]
+  listed = [(k.kind or k.instruction.name, k.bytes) for k in kernels]
+  assert len(joins) == 1 and not sums, listed
+  assert sum(1 for k in kernels if k.kind == "matmul triton gemm fusion") == 2, listed
