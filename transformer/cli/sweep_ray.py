@@ -17,8 +17,9 @@ an arm waits or runs, it checks every _POLL_SECONDS that some alive node could s
 it: when none can (the nodes with enough CPUs or GPUs all died), or after the last
 retry, the task is cancelled and the arm recorded as failed with the reason; rerunning
 the sweep resumes it. (Ray's own retries would leave such a task pending for ever.)
-Ctrl-C cancels each running task, which passes SIGINT to its run (it stops after its
-step and saves).
+Ctrl-C (or SIGTERM): each signal the sweep gets is appended to a file beside the arm's
+workdir in the shared sweep folder, and the task passes it to its run (the first: it
+stops after its step and saves; a second aborts it); an arm not started yet does not start.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from typing import Any
 
 from transformer.config.errors import ConfigError
@@ -77,27 +80,58 @@ def slots(address: str, devices_per_run: int, arms: int,
   return [sweep_devices.Slot(where, env, resources) for _ in range(arms)]
 
 
-def _arm(command: list[str], env: dict[str, str]) -> dict[str, Any]:
-  """The Ray task: runs the arm's command on this node; its exit status and last lines."""
+def _signals(path: str) -> list[int]:
+  """The signals the sweep has passed to an arm so far (one number a line in `path`)."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      return [int(line) for line in f if line.strip().isdigit()]
+  except OSError:
+    return []
+
+
+def _arm(command: list[str], env: dict[str, str], signals: str) -> dict[str, Any]:
+  """The Ray task: runs the arm's command on this node; its exit status and last lines.
+
+  `signals`: a file in the shared sweep folder where the sweep appends each signal it
+  passes on (Ctrl-C); each new one is sent to the run (the first: it stops after its step
+  with a checkpoint; a second aborts it). Not ray.cancel: its KeyboardInterrupt
+  (_thread.interrupt_main) never reached a task waiting for its run here.
+  """
   import ray  # pylint: disable=g-import-not-at-top
   node = ray.util.get_node_ip_address()
   if not os.path.exists(command[1]):
     return {"code": 2, "node": node, "stderr": f"ConfigError: node {node} does not see "
             f"{command[1]}: every node needs the project's checkout and the sweep folder at "
             "the same paths (a shared file system)"}
+  if _signals(signals):
+    return {"code": 130, "node": node,
+            "stderr": "KeyboardInterrupt: the sweep was stopped before this arm started"}
   stop_with_the_task = sweep_devices.stop_with_the_parent()
+
+  def prepare_the_run() -> None:
+    # Ray's worker blocks SIGINT, and a child inherits the mask: the run would never get
+    # the Ctrl-C passed on below (it stayed pending while the run trained on).
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    if stop_with_the_task is not None:
+      stop_with_the_task()
+
   # The node's own interpreter; the root of the checkout, as on the driver. The run dies
   # with its task's worker, so a retry never finds it still holding the workdir.
   process = subprocess.Popen([sys.executable] + command[1:], cwd=os.path.dirname(command[1]),
-                             preexec_fn=stop_with_the_task,
+                             preexec_fn=prepare_the_run,
                              env={**os.environ, **env}, stderr=subprocess.PIPE, text=True,
                              errors="replace")
-  try:
-    _, stderr = process.communicate()
-  except KeyboardInterrupt:  # ray.cancel: the run stops after its step and saves.
-    process.send_signal(signal.SIGINT)
-    _, stderr = process.communicate()
-  return {"code": process.returncode, "node": node, "stderr": stderr}
+  chunks: list[str] = []
+  reader = threading.Thread(target=lambda: chunks.append(process.stderr.read()), daemon=True)
+  reader.start()
+  passed = 0
+  while process.poll() is None:
+    time.sleep(_POLL_SECONDS / 10)
+    for signum in _signals(signals)[passed:]:
+      process.send_signal(signum)
+      passed += 1
+  reader.join()
+  return {"code": process.returncode, "node": node, "stderr": "".join(chunks)}
 
 
 def _no_node_can_take(resources: dict[str, int]) -> str:
@@ -125,7 +159,11 @@ class RayRun:
     # No Ray retries: wait() resubmits, so that it can say so and give up when no node can
     # take the arm.
     self._task = ray.remote(max_retries=0, retry_exceptions=False, **slot.ray)(_arm)
-    self._args = (command, dict(slot.env))
+    # Beside the arm's workdir in the sweep folder, which every node shares (checked).
+    self._signals = os.path.join(os.path.dirname(workdir), f".signals-{os.path.basename(workdir)}")
+    if os.path.exists(self._signals):  # An earlier sweep's.
+      os.remove(self._signals)
+    self._args = (command, dict(slot.env), self._signals)
     self._resources, self._label, self._workdir = dict(slot.ray), label, workdir
     self._ref = self._task.remote(*self._args)
     self._cancelled = False
@@ -136,9 +174,10 @@ class RayRun:
     return self.returncode
 
   def send_signal(self, signum: int) -> None:
-    del signum
+    """Passes `signum` to the arm's run through the signals file (see _arm)."""
     self._cancelled = True  # Not submitted again after this.
-    self._ray.cancel(self._ref, force=False)  # KeyboardInterrupt in the task.
+    with open(self._signals, "a", encoding="utf-8") as f:
+      f.write(f"{int(signum)}\n")
 
   def _failed(self, reason: str) -> dict[str, Any]:
     step = checkpointing.newest_complete_step(self._workdir)
@@ -153,7 +192,7 @@ class RayRun:
     while True:
       ready, _ = ray.wait([self._ref], timeout=_POLL_SECONDS)
       if not ready:
-        missing = "" if self._cancelled else _no_node_can_take(self._resources)
+        missing = _no_node_can_take(self._resources)
         if missing:
           ray.cancel(self._ref, force=True)
           answer = self._failed(f"the arm's Ray task cannot run: {missing}")
@@ -180,5 +219,7 @@ class RayRun:
               + (f"checkpoint {step}" if step is not None else "the start (no checkpoint)"),
               flush=True)
         self._ref = self._task.remote(*self._args)
+    if os.path.exists(self._signals):
+      os.remove(self._signals)
     self.returncode, self.node = answer["code"], answer["node"]
     return answer["code"], answer["stderr"]
