@@ -222,4 +222,5 @@ class RayRun:
     if os.path.exists(self._signals):
       os.remove(self._signals)
     self.returncode, self.node = answer["code"], answer["node"]
-    return answer["code"], answer["stderr"]
+    stderr = answer["stderr"]  # Relayed line by line: a message of ours ends its line too.
+    return answer["code"], stderr if not stderr or stderr.endswith("\n") else stderr + "\n"
