@@ -34,6 +34,7 @@ sys.argv = ["ray"] + sys.argv[1:]
 main()
 """
 _READY = "Ray runtime started"
+_SLOW_START = "timed out during startup"  # Ray's node.py: its raylet took over 30 s.
 
 
 def _free_port() -> int:
@@ -43,9 +44,11 @@ def _free_port() -> int:
 
 
 class LocalCluster:
-  """A head and `workers` more nodes, `cpus` CPUs each, bound to 127.0.0.1."""
+  """A head and `workers` more nodes, `cpus` CPUs each (the head `head_cpus` if given: 0
+  keeps tasks off it, so that a test can kill the node a task runs on), bound to 127.0.0.1."""
 
-  def __init__(self, workers: int = 1, cpus: int = 1, env: dict[str, str] | None = None):
+  def __init__(self, workers: int = 1, cpus: int = 1, env: dict[str, str] | None = None,
+               head_cpus: int | None = None):
     self.port = _free_port()
     self.address = f"127.0.0.1:{self.port}"
     # Short: Ray's unix sockets live under it (a socket path is at most 107 bytes).
@@ -53,19 +56,31 @@ class LocalCluster:
     self.env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
                 "RAY_USAGE_STATS_ENABLED": "0", **(env or {})}
     self._nodes: list[tuple[subprocess.Popen, str]] = []
-    common = ["--node-ip-address=127.0.0.1", f"--num-cpus={cpus}", "--disable-usage-stats",
-              "--block"]
+    common = ["--node-ip-address=127.0.0.1", "--disable-usage-stats", "--block"]
     try:
       self._start(["--head", f"--port={self.port}", f"--temp-dir={self.temp_dir}",
-                   "--include-dashboard=false", *common])
+                   "--include-dashboard=false",
+                   f"--num-cpus={cpus if head_cpus is None else head_cpus}", *common])
       for _ in range(workers):
-        self._start([f"--address={self.address}", *common])
+        self._start([f"--address={self.address}", f"--num-cpus={cpus}", *common])
     except BaseException:
       self.stop()
       raise
 
-  def _start(self, args: list[str], timeout: float = 120.0) -> None:
-    log = os.path.join(self.temp_dir, f"node{len(self._nodes)}.log")
+  def _start(self, args: list[str], timeout: float = 120.0, attempts: int = 3) -> None:
+    """Starts one node; again (up to `attempts` in all) when its raylet did not register
+    within Ray's fixed 30 s, as happens on a machine loaded far beyond its cores."""
+    for attempt in range(attempts):
+      try:
+        return self._start_once(args, timeout, attempt)
+      except RuntimeError as e:
+        if (_SLOW_START not in str(e) or attempt == attempts - 1
+            or self._nodes[-1][0].poll() is None):
+          raise
+        self._nodes.pop()  # Its `ray start` has exited, and so have the processes it started.
+
+  def _start_once(self, args: list[str], timeout: float, attempt: int) -> None:
+    log = os.path.join(self.temp_dir, f"node{len(self._nodes)}-{attempt}.log")
     with open(log, "w", encoding="utf-8") as out:
       process = subprocess.Popen([sys.executable, "-c", _LAUNCHER, "start", *args],
                                  stdout=out, stderr=subprocess.STDOUT, env=self.env)
@@ -81,16 +96,33 @@ class LocalCluster:
     with open(log, encoding="utf-8", errors="replace") as f:
       raise RuntimeError(f"ray start {' '.join(args)} did not start:\n{f.read()[-3000:]}")
 
-  def processes(self) -> list[psutil.Process]:
-    """Every process of the cluster (the `ray start`s and what they started)."""
+  def processes(self, node: int | None = None) -> list[psutil.Process]:
+    """Every process of the cluster (the `ray start`s and what they started), or of node
+    `node` only (0: the head, 1...: the workers in their order)."""
     found = []
-    for process, _ in self._nodes:
+    for index, (process, _) in enumerate(self._nodes):
+      if node is not None and index != node:
+        continue
       try:
         parent = psutil.Process(process.pid)
         found += [parent] + parent.children(recursive=True)
       except psutil.NoSuchProcess:
         pass
     return found
+
+  def kill_node(self, node: int) -> None:
+    """SIGKILLs every process of worker node `node` at once, as a machine lost: frozen
+    first (SIGSTOP), so none of them reacts to another's death (a run's SIGTERM from its
+    dead parent would save a checkpoint)."""
+    assert node > 0, "the head: its death ends the cluster"
+    processes = self.processes(node)
+    for signum in (signal.SIGSTOP, signal.SIGKILL):
+      for process in processes:
+        try:
+          process.send_signal(signum)
+        except psutil.NoSuchProcess:
+          pass
+    self._nodes[node][0].wait(timeout=30)
 
   def listening(self) -> list[str]:
     """The addresses the cluster's processes listen on ('127.0.0.1:6379', ...)."""

@@ -115,9 +115,10 @@ def _launcher_flags() -> list[str]:
           if flags.FLAGS[name].present]
 
 
-def _slots(arms: int) -> list[sweep_devices.Slot] | None:
+def _slots(arms: int, sweep_dir: str = "") -> list[sweep_devices.Slot] | None:
   """The slots --devices_per_run cuts this host's devices into (with --ray_address, one
-  per arm of `arms`: Ray places them); None: one run at a time.
+  per arm of `arms`: Ray places them, once every node is checked against `sweep_dir`
+  when given); None: one run at a time.
 
   Raises:
     ConfigError: --ray_address without --devices_per_run, --devices_per_run with the
@@ -136,7 +137,7 @@ def _slots(arms: int) -> list[sweep_devices.Slot] | None:
                       "(or leave it out: every run takes all devices, one run at a time)")
   if address:
     from transformer.cli import sweep_ray  # pylint: disable=g-import-not-at-top  (imports Ray)
-    return sweep_ray.slots(address, per_run, arms)
+    return sweep_ray.slots(address, per_run, arms, sweep_dir, LAUNCH)
   return sweep_devices.slots(per_run) if per_run else None
 
 
@@ -146,7 +147,8 @@ def main(config: ml_collections.ConfigDict, workdir: str) -> int:
   return run_sweep(config, config_flag.config_filename, workdir, SWEEP.value,
                    fixed=config_flag.override_values, launcher_flags=_launcher_flags(),
                    log_steps=common.LOG_STEPS.value,
-                   slots=_slots(len(build_runs(config, SWEEP.value, config_flag.override_values))))
+                   slots=_slots(len(build_runs(config, SWEEP.value, config_flag.override_values)),
+                                workdir))
 
 LAUNCH = os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "launch.py")
@@ -440,7 +442,7 @@ def _train_run(label: str, workdir: str, run: SweepArm, step: int | None, comman
   prefix = f"[{run.name}] " if slot else ""
   if slot and slot.ray:
     from transformer.cli import sweep_ray  # pylint: disable=g-import-not-at-top  (imports Ray)
-    process = sweep_ray.RayRun(command, slot)
+    process = sweep_ray.RayRun(command, slot, label, workdir)
   else:
     process = subprocess.Popen(command, start_new_session=True, preexec_fn=stop_with_the_sweep,
                                env={**os.environ, **slot.env} if slot else None,

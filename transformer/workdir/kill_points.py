@@ -17,7 +17,8 @@ from absl import logging
 
 class KillPoints:
   """Test-only crash injection: TRANSFORMER_TEST_KILL_AT="<point>:<step>[:<signal>]", read
-  once per run (the signal: SIGKILL by default; SIGINT or SIGTERM as Ctrl-C or a kill).
+  once per run (the signal: SIGKILL by default; SIGINT or SIGTERM as Ctrl-C or a kill;
+  SIGSTOP frozen there).
 
   The process SIGKILLs itself (no cleanup, no flush: as a power cut or an OOM kill) at
   `point` of step `step`: after_step (the step's iteration is over: the hooks'
@@ -39,7 +40,9 @@ class KillPoints:
             "prepare_written")
   VARIABLE = "TRANSFORMER_TEST_KILL_AT"
   ONCE = "TRANSFORMER_TEST_KILL_ONCE"
-  SIGNALS = ("SIGKILL", "SIGINT", "SIGTERM")  # An optional third field: Ctrl-C, a kill.
+  # An optional third field: Ctrl-C, a kill; SIGSTOP freezes the process there (a machine
+  # that hangs or is lost) until a test kills it or its node.
+  SIGNALS = ("SIGKILL", "SIGINT", "SIGTERM", "SIGSTOP")
 
   def __init__(self, value: str):
     self.point, self.step, self.signum = None, None, signal.SIGKILL

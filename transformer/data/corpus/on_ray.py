@@ -125,7 +125,13 @@ def connect(address: str) -> None:
                       f"{_START_HINT}") from None
 
 
-def _probe(modules: tuple[str, ...], root: str, first: str, output: str, token: str) -> dict:
+# What the node check calls the file it looks for, the folder it writes, and what every
+# node needs at the same path: --mode=prepare's (the sweep passes its own).
+PREPARE_NAMES = ("the source file", "the corpus folder", "the sources and data.data_dir")
+
+
+def _probe(modules: tuple[str, ...], root: str, first: str, output: str, token: str,
+           names: tuple[str, ...] = PREPARE_NAMES) -> dict:
   """On one node: what it lacks of `modules`, and whether it sees the folders."""
   import ray  # pylint: disable=g-import-not-at-top
   node = ray.util.get_node_ip_address()
@@ -134,7 +140,7 @@ def _probe(modules: tuple[str, ...], root: str, first: str, output: str, token: 
   if importlib.util.find_spec("transformer") is None:  # Shipped by runtime_env py_modules.
     missing.append("transformer (the project's code)")
   if not os.path.exists(os.path.join(root, first)):
-    problem = f"does not see the source file {os.path.join(root, first)}"
+    problem = f"does not see {names[0]} {os.path.join(root, first)}"
   else:
     try:
       with open(os.path.join(output, _PROBE), encoding="utf-8") as f:
@@ -147,12 +153,19 @@ def _probe(modules: tuple[str, ...], root: str, first: str, output: str, token: 
           f.write(token)
         return {"node": node, "missing": missing, "problem": "", "marker": mine}
     except OSError as e:
-      problem = f"cannot read or write the corpus folder {output} ({e.strerror or e})"
+      problem = f"cannot read or write {names[1]} {output} ({e.strerror or e})"
   return {"node": node, "missing": missing, "problem": problem, "marker": ""}
 
 
-def check_nodes(root: str, first: str, output: str) -> int:
+def check_nodes(root: str, first: str, output: str, modules: tuple[str, ...] = REQUIRED_MODULES,
+                names: tuple[str, ...] = PREPARE_NAMES) -> int:
   """Runs `_probe` pinned to every alive node; one line for the first that fails.
+
+  Args:
+    root, first: a file every node must see at the same path, os.path.join(root, first).
+    output: the folder every node must share (written here, read there, and back).
+    modules: what every node must have installed.
+    names: the file's, the folder's and both's names in the messages (PREPARE_NAMES).
 
   Returns:
     The number of nodes.
@@ -167,7 +180,7 @@ def check_nodes(root: str, first: str, output: str) -> int:
   nodes = [n for n in ray.nodes() if n["Alive"]]
   try:
     refs = [probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
-        n["NodeID"], soft=False)).remote(REQUIRED_MODULES, root, first, output, token)
+        n["NodeID"], soft=False)).remote(modules, root, first, output, token, names)
             for n in nodes]
     try:
       answers = ray.get(refs)
@@ -181,12 +194,12 @@ def check_nodes(root: str, first: str, output: str) -> int:
                           "on every node of the cluster")
       if answer["problem"]:
         raise ConfigError(f"--ray_address: node {answer['node']} {answer['problem']}: every node "
-                          "needs the sources and data.data_dir at the same path (a shared file "
-                          "system or a mounted bucket; docs/corpus.md)")
+                          f"needs {names[2]} at the same path (a shared file system or a "
+                          "mounted bucket; docs/corpus.md)")
       if not os.path.exists(answer["marker"]):
         raise ConfigError(f"--ray_address: node {answer['node']} writes {output} but this "
-                          "machine does not see what it wrote: every node needs the same "
-                          "data.data_dir (a shared file system or a mounted bucket)")
+                          f"machine does not see what it wrote: every node needs {names[2]} "
+                          "at the same path (a shared file system or a mounted bucket)")
   finally:
     for name in os.listdir(output):
       if name.startswith(_PROBE):
