@@ -37,20 +37,39 @@ from tiny import make_tiny_config  # pylint: disable=g-import-not-at-top,wrong-i
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
 
+def _session_folder(tmp_path_factory, name: str) -> str:
+  """`name` in a folder this test session's pytest-xdist workers share (the session's
+  base temporary folder; with -n 0, the one process's)."""
+  base = tmp_path_factory.getbasetemp()
+  if os.environ.get("PYTEST_XDIST_WORKER"):  # Workers' base folders: <session>/popen-gwN.
+    base = base.parent
+  return str(base / name)
+
+
 @pytest.fixture(scope="session")
 def tfds_data_dir(tmp_path_factory) -> str:
-  """A TFDS data dir private to this test session (the stdlib dataset builds in ~2 s)."""
-  return str(tmp_path_factory.mktemp("tensorflow_datasets"))
+  """A TFDS data dir private to this test session, shared by its workers (the stdlib
+  dataset builds once, ~2 s; two builders take the product's build lock in turn:
+  data/datasets/catalog.py)."""
+  folder = _session_folder(tmp_path_factory, "tensorflow_datasets")
+  os.makedirs(folder, exist_ok=True)
+  return folder
 
 
 @pytest.fixture(scope="session")
 def finished_tiny_run(tfds_data_dir, tmp_path_factory) -> str:
-  """The tiny config trained to its end once per worker (6 steps, checkpoints 3 and 6):
-  a pristine run that tests copy before they change it (shared by test_bad_inputs and
-  test_crash_safety, which each trained their own)."""
+  """The tiny config trained to its end once per session (6 steps, checkpoints 3 and 6):
+  a pristine run that tests copy before they change it (test_bad_inputs, test_crash_safety,
+  test_api, test_console). The first worker to ask trains it under a build lock; the other
+  waits for it and reuses it."""
   from transformer.training import loop  # pylint: disable=g-import-not-at-top
-  workdir = str(tmp_path_factory.mktemp("finished_tiny") / "run")
-  loop.train_and_evaluate(make_tiny_config(tfds_data_dir), workdir)
+  from transformer.workdir import checkpointing  # pylint: disable=g-import-not-at-top
+  from transformer.workdir import lock  # pylint: disable=g-import-not-at-top
+  config = make_tiny_config(tfds_data_dir)
+  workdir = _session_folder(tmp_path_factory, "finished_tiny_run")
+  with lock.building(workdir + ".lock", "the tests' finished tiny run"):
+    if checkpointing.newest_complete_step(workdir) != config.train.num_steps:
+      loop.train_and_evaluate(config, workdir)
   return workdir
 
 

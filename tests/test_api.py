@@ -2,6 +2,7 @@
 evaluate, build_model, train; and a quiet JAX start on import."""
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -17,14 +18,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
+def model(finished_tiny_run, tfds_data_dir, tmp_path_factory):
+  """The session's finished tiny run (copied: evaluate writes its JSON there), through
+  api.train (already complete: its logged metrics, nothing compiled) and api.load."""
   from tiny import make_tiny_config  # pylint: disable=g-import-not-at-top
-  root = tmp_path_factory.mktemp("api")
-  config = make_tiny_config(str(root / "tfds"))
-  config.train.update(num_steps=2, eval_every=2, eval_at_start=False)
-  config.checkpoint.every = 2
-  api.train(config, str(root / "run"))
-  return api.load(str(root / "run"))
+  run = str(tmp_path_factory.mktemp("api") / "run")
+  shutil.copytree(finished_tiny_run, run)
+  metrics = api.train(make_tiny_config(tfds_data_dir), run)
+  assert np.isfinite(metrics["eval_loss"]) and np.isfinite(metrics["loss"]), metrics
+  return api.load(run)
 
 
 def test_score_is_the_sum_of_the_forward_log_probabilities(model):

@@ -146,6 +146,13 @@ def test_ctrl_c_stops_within_the_compiled_call_and_says_how_many_steps(
   with caplog.at_level("INFO"), pytest.raises(signals.Interrupted) as stopped:
     loop.train_and_evaluate(tiny_config, workdir)
   assert (stopped.value.step, stopped.value.exit_status) == (6, 130)
+  # What --mode=train then prints (cli/train.py; the launch.py run of this is slow:
+  # test_sigint_saves_and_the_same_command_resumes).
+  assert str(stopped.value) == ("Stopped by SIGINT at step 6 after saving a checkpoint; "
+                                "rerun the same command to resume")
+  from transformer.cli import train as train_mode  # pylint: disable=g-import-not-at-top
+  assert train_mode.summary(workdir, 12, 1.0, stopped.value).startswith(
+      "Run summary: step 6/12 (stopped by SIGINT); this session ")
   said = [r.getMessage() for r in caplog.records]
   assert ("Signal 2: stopping at step 6, where the compiled call running now ends (steps "
           "4-6: 3 steps; train.steps_per_call=3 steps a call), and saving a checkpoint "
@@ -266,6 +273,10 @@ def test_other_topologies_train_end_to_end(preset, tiny_config, tmp_path):
   assert np.isfinite(result["eval_loss"])
 
 
+@pytest.mark.slow  # Three launch.py trainings (45 s of CPU); in process by default:
+# test_ctrl_c_stops_within_the_compiled_call_and_says_how_many_steps (the stop, its lines),
+# test_resume_is_exact (the resume), test_crash_safety (already complete) and
+# test_races_and_interrupts (a real process's Ctrl-C: one line and 130).
 def test_sigint_saves_and_the_same_command_resumes(tfds_data_dir, tmp_path):
   """Ctrl-C (or a preemption's SIGTERM) finishes the step, saves it, and exits cleanly."""
   import re  # pylint: disable=g-import-not-at-top
