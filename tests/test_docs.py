@@ -117,6 +117,9 @@ NOT_RUN = {
     "python benchmarks/gpu_calibration.py": ("a benchmark: the rates' grid search (minutes); "
                                              "tests/test_kernels.py checks its data"),
     "python benchmarks/decoding_speed.py": "a benchmark: timed decoding at several lengths",
+    "PYTEST_CPU_OUT=": "the whole default suite, with a measurement plugin: tens of minutes",
+    "python benchmarks/pytest_cpu.py": ("a measurement: reads the per-test records of two "
+                                        "whole test runs (tens of minutes each)"),
     "python launch.py --mode=sweep --config=configs/shakespeare_char.py:cpu_2024 --config.data."
     "path=../shared/data/tiny_shakespeare/input.txt --workdir=runs/sweep2024": _SAME_SWEEP,
     "python launch.py --mode=sweep --config=configs/shakespeare_char.py:cpu_moe --config.data."
@@ -375,7 +378,7 @@ def test_pytest_commands_name_tests_and_markers():
     for k, arg in enumerate(args):
       if arg == "-m":
         assert args[k + 1] in markers, f"{command.where}: no marker {args[k + 1]!r}"
-      elif not arg.startswith("-") and args[k - 1] not in ("-m", "-n"):
+      elif not arg.startswith("-") and args[k - 1] not in ("-m", "-n", "-p"):  # -p: a plugin
         assert os.path.exists(os.path.join(ROOT, arg)), f"{command.where}: no {arg}"
 
 
