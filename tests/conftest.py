@@ -16,18 +16,27 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # 105 to 65 s and the suite from 598 to 512 s on a 2-core AMD EPYC; every test passes
 # with it, the golden steps' recorded losses (rtol 2e-4) included. launch.py's own
 # runs keep XLA's default.
+# XLA's older elemental emitters for CPU fusions instead of its fusion emitters: the
+# tiny run's programs compiled in 0.71x the backend time (10.3 vs 14.6 s, three runs
+# each, AMD EPYC 2 cores; /tmp scripts in docs/performance.md "Test-suite run times"),
+# the same numbers to the golden tests' tolerance.
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_force_host_platform_device_count=8"
-                           " --xla_backend_optimization_level=0").strip()
+                           " --xla_backend_optimization_level=0"
+                           " --xla_cpu_use_fusion_emitters=false").strip()
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Many tests compile the same tiny model (in this process, in pytest-xdist's other
 # worker, in launch.py subprocesses): JAX's persistent compilation cache, one per test
 # session (the environment carries it to workers and subprocesses), compiles each once.
+# A folder given in JAX_COMPILATION_CACHE_DIR is used and kept: .ci/run gives its two
+# passes (default, then slow) one, so the slow pass's launch.py subprocesses load the
+# programs the default pass compiled (a key is the program, its compile options and
+# jax/XLA's versions, so a stale entry cannot be loaded for another program).
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="transformer_tests_jax_cache_")
-  os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-  os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
   atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -44,6 +53,13 @@ def _session_folder(tmp_path_factory, name: str) -> str:
   if os.environ.get("PYTEST_XDIST_WORKER"):  # Workers' base folders: <session>/popen-gwN.
     base = base.parent
   return str(base / name)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+  """Tests marked `long` first, the rest in their order (pytest.ini: with worksteal, the
+  worker that starts on a long test gives its other tests away as the other runs out)."""
+  del config
+  items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 
 @pytest.fixture(scope="session")

@@ -300,6 +300,7 @@ def _stopped_while_decoding(argv, signum, delay):
 
 
 @pytest.mark.slow
+@pytest.mark.long  # Six decoding subprocesses each, 2-3 min.
 @pytest.mark.parametrize("mode", ["translate", "generate"])
 def test_a_signal_while_decoding_ends_in_one_line_every_time(mode, translation_run, lm_run,
                                                              tmp_path):

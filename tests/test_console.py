@@ -151,6 +151,7 @@ def test_no_start_up_noise_with_the_optional_wheels_installed(command):
 
 
 @pytest.mark.slow  # Ten launch.py processes, each starting JAX: a few minutes.
+@pytest.mark.long
 def test_every_mode_starts_quietly_with_the_optional_wheels_installed(finished_tiny_run,
                                                                       tfds_data_dir, tmp_path):
   """Each mode of launch.py as a user's shell runs it (no JAX_PLATFORMS), with libtpu and

@@ -24,10 +24,11 @@ import numpy as np
 import pytest
 
 import doc_commands
+from tiny import subprocess_env
 from test_docs import COMMANDS, not_run_reason, runnable
 
 ROOT = doc_commands.ROOT
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]  # long: 13-20 min, one test.
 
 # Pages whose runs other pages read go first (README.md trains runs/gpt_small_local, which
 # modes.md plots and python.md loads; results.md trains runs/transformer_base_multi30k
@@ -243,7 +244,10 @@ def run_command(command: doc_commands.Command, repo: str, again: bool = False) -
     if again and _flag(argv, "mode") in ("evaluate", "translate", "generate", "classify",
                                          "passkey", "benchmark"):  # Those with --overwrite.
       argv.append("--overwrite")
-  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")  # launch.py's own settings.
+  # The tests' XLA settings (LLVM at -O0, no fusion emitters: tests/conftest.py), as every
+  # launch.py the tests start has them (tiny.subprocess_env): the same commands, compiled
+  # in less time, on one CPU device.
+  env = subprocess_env()
   env.update(command.env)
   redirect = _moved(command.stdout, repo) if command.stdout else None
   stdout = open(os.path.join(repo, redirect), "w", encoding="utf-8") if redirect \

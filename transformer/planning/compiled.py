@@ -185,7 +185,9 @@ def _collect(name: str, lowered, start: float, arguments_bytes: int = 0,
                    f"{progress.seconds_text(time.perf_counter() - compiling)}")
       return _out_of_memory(name, e, start, arguments_bytes, **extra)
     seconds = time.perf_counter() - start
-    dumped = sorted(glob.glob(os.path.join(dump, "*.after_optimizations.txt")))
+    # TPU and CPU name it <module>.after_optimizations.txt, the GPU compiler
+    # <module>.sm_9.0a_gpu_after_optimizations.txt.
+    dumped = sorted(glob.glob(os.path.join(dump, "*after_optimizations.txt")))
     hlo_text = None
     if len(dumped) == 1:
       with open(dumped[0], encoding="utf-8") as f:

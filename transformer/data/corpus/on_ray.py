@@ -157,14 +157,15 @@ def _probe(modules: tuple[str, ...], root: str, first: str, output: str, token: 
   return {"node": node, "missing": missing, "problem": problem, "marker": ""}
 
 
-def check_nodes(root: str, first: str, output: str, modules: tuple[str, ...] = REQUIRED_MODULES,
+def check_nodes(root: str, first: str, output: str, modules: tuple[str, ...] | None = None,
                 names: tuple[str, ...] = PREPARE_NAMES) -> int:
   """Runs `_probe` pinned to every alive node; one line for the first that fails.
 
   Args:
     root, first: a file every node must see at the same path, os.path.join(root, first).
     output: the folder every node must share (written here, read there, and back).
-    modules: what every node must have installed.
+    modules: what every node must have installed (None: REQUIRED_MODULES, read at call time
+      so that the list stays one place to extend).
     names: the file's, the folder's and both's names in the messages (PREPARE_NAMES).
 
   Returns:
@@ -172,6 +173,7 @@ def check_nodes(root: str, first: str, output: str, modules: tuple[str, ...] = R
   """
   import ray  # pylint: disable=g-import-not-at-top
   from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # pylint: disable=g-import-not-at-top
+  modules = REQUIRED_MODULES if modules is None else modules
   token = uuid.uuid4().hex
   marker = os.path.join(output, _PROBE)
   with open(marker, "w", encoding="utf-8") as f:
