@@ -16,10 +16,11 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # 105 to 65 s and the suite from 598 to 512 s on a 2-core AMD EPYC; every test passes
 # with it, the golden steps' recorded losses (rtol 2e-4) included. launch.py's own
 # runs keep XLA's default.
-# XLA's older elemental emitters for CPU fusions instead of its fusion emitters: the
-# tiny run's programs compiled in 0.71x the backend time (10.3 vs 14.6 s, three runs
-# each, AMD EPYC 2 cores; /tmp scripts in docs/performance.md "Test-suite run times"),
-# the same numbers to the golden tests' tolerance.
+# XLA's elemental emitters for CPU fusions instead of its newer fusion emitters: the
+# tiny training's process took 0.77x the CPU seconds (16.0 vs 20.8, three interleaved
+# runs each, AMD EPYC 2 cores, another run beside it), the backend compile 0.71x;
+# `python benchmarks/cpu_compile_flags.py` measures it (docs/performance.md,
+# "Test-suite run times"). Every test, the golden steps included, passes with it.
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_force_host_platform_device_count=8"
                            " --xla_backend_optimization_level=0"

@@ -383,3 +383,19 @@ def test_a_lora_config_shows_full_fine_tuning_beside_it(tmp_path, capsys):
   assert "LoRA against full fine-tuning" in out
   assert re.search(r"full fine-tuning \(model.lora_rank=0\)\s+[\d.]+ [MG]iB \(\+[\d.]+ GiB\)",
                    out), out
+
+
+def test_libtpu_is_not_handed_the_cpu_compilers_flags(monkeypatch):
+  """libtpu aborts on an XLA flag it does not register (exit 1, the reason only in
+  /tmp/tpu_logs); the tests' own XLA_FLAGS carry --xla_cpu_use_fusion_emitters, so every
+  TPU compile test above also runs this path."""
+  from transformer.planning import topology  # pylint: disable=g-import-not-at-top
+  monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
+                     "--xla_cpu_use_fusion_emitters=false --xla_backend_optimization_level=0 "
+                     "--xla_gpu_enable_triton_gemm=false --xla_cpu_enable_fast_math=true")
+  assert topology.drop_cpu_compiler_flags() == ["--xla_cpu_use_fusion_emitters=false",
+                                                "--xla_cpu_enable_fast_math=true"]
+  assert os.environ["XLA_FLAGS"] == ("--xla_force_host_platform_device_count=8 "
+                                     "--xla_backend_optimization_level=0 "
+                                     "--xla_gpu_enable_triton_gemm=false")
+  assert topology.drop_cpu_compiler_flags() == []

@@ -122,6 +122,8 @@ NOT_RUN = {
                                             "a time and two at a time (minutes)"),
     "python benchmarks/pytest_cpu.py": ("a measurement: reads the per-test records of two "
                                         "whole test runs (tens of minutes each)"),
+    "python benchmarks/cpu_compile_flags.py": ("a benchmark: the tiny training compiled "
+                                               "under four XLA flag sets, timed, in rounds"),
     "python launch.py --mode=sweep --config=configs/shakespeare_char.py:cpu_2024 --config.data."
     "path=../shared/data/tiny_shakespeare/input.txt --workdir=runs/sweep2024": _SAME_SWEEP,
     "python launch.py --mode=sweep --config=configs/shakespeare_char.py:cpu_moe --config.data."

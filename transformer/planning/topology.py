@@ -175,11 +175,31 @@ def quiet_libtpu() -> None:
     os.environ.setdefault(key, value)
 
 
+def drop_cpu_compiler_flags() -> list[str]:
+  """Takes the CPU compiler's `--xla_cpu_*` flags out of XLA_FLAGS before libtpu reads it.
+
+  libtpu parses XLA_FLAGS at its first compile and aborts on a flag its XLA build does
+  not register (`--xla_cpu_use_fusion_emitters`, say): exit 1, the reason only in
+  /tmp/tpu_logs, nothing on the console. The CPU backend's flags configure a compiler
+  a TPU compile does not use; they stay out for the rest of this process (a CPU backend
+  that started before keeps what it read). Returns the flags taken out (logged).
+  """
+  flags = os.environ.get("XLA_FLAGS", "").split()
+  dropped = [f for f in flags if f.startswith("--xla_cpu_")]
+  if dropped:
+    os.environ["XLA_FLAGS"] = " ".join(f for f in flags if f not in dropped)
+    from absl import logging  # pylint: disable=g-import-not-at-top
+    logging.info("XLA_FLAGS without %s for libtpu (flags of the CPU compiler, which libtpu "
+                 "refuses)", " ".join(dropped))
+  return dropped
+
+
 def topology_devices(topology: Topology | gpu.GpuTopology) -> list:
   """The slice's abstract devices, slice by slice (device.slice_index for several)."""
   if isinstance(topology, gpu.GpuTopology):
     return gpu.devices(topology)
   quiet_libtpu()
+  drop_cpu_compiler_flags()
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
   try:
     with gpu.plugin_noise_filtered():  # jax loads every installed plugin here, CUDA's too.
