@@ -17,10 +17,12 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # with it, the golden steps' recorded losses (rtol 2e-4) included. launch.py's own
 # runs keep XLA's default.
 # XLA's elemental emitters for CPU fusions instead of its newer fusion emitters: the
-# tiny training's process took 0.77x the CPU seconds (16.0 vs 20.8, three interleaved
-# runs each, AMD EPYC 2 cores, another run beside it), the backend compile 0.71x;
-# `python benchmarks/cpu_compile_flags.py` measures it (docs/performance.md,
-# "Test-suite run times"). Every test, the golden steps included, passes with it.
+# tiny training's process took 0.80x the CPU seconds of -O0 alone (13.7 vs 17.2, medians
+# of three interleaved runs, AMD EPYC 2 cores, quiet; XLA's defaults: 26.5), backend
+# compile 4.9 vs 7.0 s: `python benchmarks/cpu_compile_flags.py --repeats=3`
+# (docs/performance.md, "Test-suite run times"). Every test, the golden steps included,
+# passes with it. libtpu does not register the flag: planning/topology.py takes the
+# --xla_cpu_* flags out before it loads.
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_force_host_platform_device_count=8"
                            " --xla_backend_optimization_level=0"
