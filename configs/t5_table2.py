@@ -59,8 +59,9 @@ Hardware: an AMD EPYC with 2 cores, 2026-11-29, shared with four other engineers
 fine-tune about 11-12 minutes, an SST-2 one (500 steps) 17m28s.
 Result (Multi30k test_2016_flickr loss per German byte after 200 fine-tuning steps,
 lower is better): encoder-decoder 2.286 (denoising; 2.272 +- 0.020 over three seeds)
-and 2.183 (LM); language model 2.271 and 2.245; prefix LM 2.276 (2.274 +- 0.005) and
-2.244. The LM objective is ahead for every architecture, the paper's denoising lead is
+and 2.183 (LM; 2.177 +- 0.007); language model 2.271 and 2.245; prefix LM 2.276 (2.274
++- 0.005) and 2.244 (2.245 +- 0.008). Seeds: configs/t5_table2_lm_seeds*.json for the
+two LM arms, the list's last runs and t5_table2_finetune_seeds.json for the others. The LM objective is ahead for every architecture, the paper's denoising lead is
 not reproduced at this budget, BLEU is 0.03-0.14 for every arm, and SST-2 stays at
 chance (every arm answers "1" for every dev sentence: 50.9%, the share of label 1; the
 four decoder arms' fine-tunes finished that afternoon, quiet, 2m52s-3m17s a session).

@@ -88,7 +88,36 @@ def test_an_unknown_argument_names_the_valid_ones():
 
 
 def test_the_sweep_files_are_lists_of_runs():
-  for name in ("t5_table2.json",) + FINE_TUNE_LISTS:
+  for name in ("t5_table2.json", "t5_table2_lm_seeds.json", "t5_table2_lm_seeds_finetune.json"
+               ) + FINE_TUNE_LISTS:
     with open(os.path.join(ROOT, "configs", name), encoding="utf-8") as f:
       runs = json.load(f)
     assert isinstance(runs, list) and all(isinstance(run, dict) for run in runs)
+
+
+def test_the_lm_seeds_repeat_the_two_best_lm_arms_and_their_fine_tunes_name_them(tmp_path,
+                                                                                 monkeypatch):
+  """configs/t5_table2_lm_seeds.json (its own sweep folder, runs/t5_table2_lm_seeds): seeds
+  1 and 2 of the encoder-decoder and the prefix LM with the LM objective; the fine-tuning
+  list names exactly those runs, each with its seed and its arm's topology."""
+  config = t5_table2.get_config()
+  config.data.path = "input.txt"
+  seeds = sweep_spec.build_runs(config, os.path.join(ROOT, "configs", "t5_table2_lm_seeds.json"))
+  assert sorted((_shape(arm), arm.config.seed) for arm in seeds) == sorted(
+      (arm, seed) for arm in (ARMS[1], ARMS[5]) for seed in (1, 2))
+  for arm in seeds:
+    folder = tmp_path / "runs" / "t5_table2_lm_seeds" / arm.name
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(arm.config.to_json_best_effort())
+  monkeypatch.chdir(tmp_path)
+  fine_tune = t5_table2.get_config("multi30k")
+  fine_tune.data.path = "/some/files"
+  runs = sweep_spec.build_runs(
+      fine_tune, os.path.join(ROOT, "configs", "t5_table2_lm_seeds_finetune.json"))
+  sources = {os.path.join("runs", "t5_table2_lm_seeds", arm.name): arm for arm in seeds}
+  assert sorted(run.config.init_from for run in runs) == sorted(sources)
+  for run in runs:
+    source = sources[run.config.init_from]
+    assert run.config.seed == source.config.seed
+    assert run.config.model.arch == source.config.model.arch
+    assert objective_lib.resolve(run.config.model).sides * run.config.data.seq_len == 256
