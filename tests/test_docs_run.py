@@ -28,7 +28,7 @@ from tiny import subprocess_env
 from test_docs import COMMANDS, not_run_reason, runnable
 
 ROOT = doc_commands.ROOT
-pytestmark = [pytest.mark.slow, pytest.mark.long]  # long: 13-20 min, one test.
+pytestmark = [pytest.mark.slow, pytest.mark.long]  # long: one test, 34 min on 2 cores.
 
 # Pages whose runs other pages read go first (README.md trains runs/gpt_small_local, which
 # modes.md plots and python.md loads; results.md trains runs/transformer_base_multi30k
