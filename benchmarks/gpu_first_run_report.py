@@ -179,7 +179,9 @@ def targets(results: list, torch_results: list, estimates: dict) -> None:
     lines.append("llama:1b: not measured")
   for label, name in (("gpt_small_cublas_32", "XLA_FLAGS=--xla_gpu_enable_triton_gemm=false"),
                       ("gpt_small_maxtext_flags_32", "MaxText's XLA flag set"),
-                      ("gpt_small_fp8_32", "fp8 (model.quantization=fp8)")):
+                      ("gpt_small_fp8_32", "fp8 (model.quantization=fp8)"),
+                      ("gpt_small_xla_kernels_32", "XLA's MLP and loss head (model.mlp_impl="
+                       "xla, model.loss_head_impl=xla) instead of the Pallas kernels")):
     other = by_label.get(label)
     if gs and other:
       lines.append(f"{name}: {other['step_ms_median']:.1f} vs {gs['step_ms_median']:.1f} "

@@ -5,11 +5,13 @@
 # (gpu_common.sh). Every figure is a `RESULT {json}` line. In priority order (budgets in s):
 #
 #   0_env.log      10  nvidia-smi; versions; devices; RESULT chip (h100 | h200 | other)
-#   2_train.log   170  gpt_small 32 x 1024, bf16, cuDNN: ms/step, tokens/s, MFU, memory, the
+#   2_train.log   200  gpt_small 32 x 1024, bf16, cuDNN: ms/step, tokens/s, MFU, memory, the
 #                      kernels; 2 steps profiled into the compile mode's parts (PROFILE);
-#                      then, in the same process, fp8 (--config.model.quantization=fp8,
-#                      MaxText's name): a RESULT with `skipped` where this tree's config
-#                      has no model.quantization key (the fp8 change not merged)
+#                      then, in the same process, XLA's MLP and loss head
+#                      (model.mlp_impl=xla, loss_head_impl=xla) against the default's
+#                      Pallas kernels (the A/B of their time: no device has timed them),
+#                      then fp8 (--config.model.quantization=fp8, MaxText's name): a RESULT
+#                      with `skipped` where this tree's config has no such key
 #   3_torch.log    70  PyTorch GPT-2 small at the same shape on the same card: eager, then
 #                      torch.compile (bounded at 45 s), bf16 autocast, SDPA flash, fused AdamW
 #   2_train.log   100  llama:1b 16 x 2048 (scanned, packed rows declared by its pipeline)
@@ -29,7 +31,7 @@
 # Budgets: the first H100 run needed ~100 s for a gpt_small step (40 s of XLA compile, ~50 s
 # of start-up and initialisation on that host), so the fp8 variant shares the bf16 step's
 # process. A budget is a cap: a step that runs out is stopped and the next one runs. The caps
-# add up to 510 s against the 460 s before the report's reserve, so the decoding steps run
+# add up to 540 s against the 460 s before the report's reserve, so the decoding steps run
 # only on what the earlier ones leave (the first H100 run's decoding needed more than 25 s
 # each for start-up and compilation); a step with under 10 s left is skipped, and says so.
 #
@@ -92,9 +94,11 @@ echo "RESULT {\"label\": \"device\", \"chip\": \"$CHIP\", \"nvidia_smi_name\": \
     | tee -a "$OUT/0_env.log"
 
 step 0_env.log 10 bash -c "nvidia-smi || echo no nvidia-smi; \"$PY\" benchmarks/gpu_first_run_report.py --env"
-step 2_train.log 170 "$PY" benchmarks/gpu_train_step.py --config=configs/gpt_small.py \
+step 2_train.log 200 "$PY" benchmarks/gpu_train_step.py --config=configs/gpt_small.py \
     --batch=$GS "${TRAIN[@]}" --profile=2 --set model.attention_impl=auto \
-    --label=gpt_small_auto_32 --variant=gpt_small_fp8_32:model.quantization=fp8
+    --label=gpt_small_auto_32 \
+    --variant=gpt_small_xla_kernels_32:model.mlp_impl=xla,model.loss_head_impl=xla \
+    --variant=gpt_small_fp8_32:model.quantization=fp8
 if "${TORCH_PY:-$PY}" -c "import torch" > /dev/null 2>&1; then
   step 3_torch.log 70 "${TORCH_PY:-$PY}" benchmarks/torch_gpt2.py "${TORCH[@]}"
 else

@@ -66,7 +66,7 @@ RUN_VALUES = {"attention_impl": "einsum", "attention_max_segments": 8, "scan_lay
               "remat": "full", "dtype": "bfloat16", "param_dtype": "bfloat16", "quantization": "fp8",
               "embed_dropout": 0.1, "residual_dropout": 0.1, "attention_dropout": 0.1,
               "mlp_dropout": 0.1, "moe_aux_loss": 0.02, "moe_z_loss": 0.002,
-              "moe_router_jitter": 0.01}
+              "moe_router_jitter": 0.01, "mlp_impl": "xla", "loss_head_impl": "xla"}
 
 
 def test_which_model_keys_come_from_the_source(tmp_path):

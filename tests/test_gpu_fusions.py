@@ -15,12 +15,16 @@ import tempfile
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from transformer import accelerator
 from transformer.model import attention
+from transformer.model import mlp_pallas
+from transformer.model.lm_head import LogitsHead
 from transformer.planning import gpu
 from transformer.planning import hlo
+from transformer.training import metrics
 
 needs_plugin = pytest.mark.skipif(
     gpu.wheels_missing() is not None,
@@ -29,13 +33,19 @@ needs_plugin = pytest.mark.skipif(
 B, L, E, H, D = 8, 512, 256, 4, 64  # Activations far larger than the weights.
 
 
-def _kernels(fn, *shapes) -> list[hlo.Launch]:
+def _kernels(fn, *shapes, mesh: bool = False) -> list[hlo.Launch]:
   """The kernels of `fn` compiled for one H100 on abstract inputs of `shapes`
-  ((shape, dtype) pairs), as the compile mode compiles a step (its GPU flags)."""
+  ((shape, dtype) pairs), as the compile mode compiles a step (its GPU flags); `mesh`:
+  traced under a mesh of that H100, as the compile mode traces (code that asks which
+  platform it is traced for gets the GPU, not JAX's default backend, this CPU)."""
   device = gpu.devices(gpu.parse("h100:1"))[0]
   sharding = jax.sharding.SingleDeviceSharding(device)
   args = [jax.ShapeDtypeStruct(shape, dtype, sharding=sharding) for shape, dtype in shapes]
-  lowered = jax.jit(fn).lower(*args)
+  if mesh:
+    with jax.set_mesh(jax.sharding.Mesh(np.array([device]), ("data",))):
+      lowered = jax.jit(fn).lower(*args)
+  else:
+    lowered = jax.jit(fn).lower(*args)
   with tempfile.TemporaryDirectory() as dump:
     options = {"xla_dump_to": dump, "xla_dump_hlo_as_text": True}
     options.update(accelerator.gpu_compiler_options())
@@ -90,3 +100,54 @@ def test_joined_qkv_backward_sums_the_bias_gradients_in_its_one_pass_over_the_pi
   listed = [(k.kind or k.instruction.name, k.bytes) for k in kernels]
   assert len(joins) == 1 and not sums, listed
   assert sum(1 for k in kernels if k.kind == "matmul triton gemm fusion") == 2, listed
+
+
+@needs_plugin
+def test_the_pallas_mlp_makes_no_pass_of_its_own_over_a_hidden_activation():
+  """model.mlp_impl='pallas' forward and backward: two [N, F] arrays are written, h (by
+  wi's matmul) and dh (by the kernel that makes it from wo's gradient): no GELU pass,
+  no gradient written between a matmul and the GELU's derivative. The three kernels'
+  FLOPs are read from their names."""
+  N, F = B * L, 4 * E
+  act = "gelu_tanh"
+
+  def step(x, wi, bi, wo, dy):
+    y, vjp = jax.vjp(lambda *a: mlp_pallas.mlp(act, *a, jnp.bfloat16, False), x, wi, bi, wo)
+    return y, vjp(dy)
+
+  kernels = _kernels(step, ((N, E), jnp.bfloat16), ((E, F), jnp.float32),
+                     ((F,), jnp.float32), ((F, E), jnp.float32), ((N, E), jnp.bfloat16))
+  listed = [(k.kind or k.instruction.name, k.bytes) for k in kernels]
+  writers = [k.kind for k in kernels if f"[{N},{F}]" in k.instruction.shape]
+  assert writers == ["matmul triton gemm fusion", f"matmul pallas mlp_matmul_d{act}_k{E}"], (
+      listed)  # h by wi's matmul, dh by the kernel; no act(h), no dg.
+  pallas = {k.kind: k.flops for k in kernels if "pallas" in (k.kind or "")}
+  assert pallas == {f"matmul pallas mlp_{act}_matmul_k{F}": 2 * N * E * F,
+                    f"matmul pallas mlp_{act}_matmul_t_k{N}": 2 * N * E * F,
+                    f"matmul pallas mlp_matmul_d{act}_k{E}": 2 * N * E * F}, listed
+
+
+@needs_plugin
+def test_the_pallas_loss_head_never_writes_the_logit_gradient():
+  """model.loss_head_impl='auto' on a GPU (Pallas), one chunk differentiated: the [N, V] logits are
+  written by XLA's matmul and read by the statistics' reduction and the two Pallas
+  kernels; no kernel writes an [N, V] array but the logits' matmul."""
+  V = 2048
+  head = lambda w: LogitsHead(weight=w, bias_V=None, tied=True, dtype=jnp.bfloat16,
+                              softcap=0.0, impl="auto")  # Pallas on a GPU.
+
+  def step(w, x, targets):
+    loss = lambda w, x: metrics.head_loss_sums(
+        head(w), x, targets, jnp.ones(targets.shape, jnp.float32),
+        chunk=L)["objective_sum"]
+    return jax.grad(loss, argnums=(0, 1))(w, x)
+
+  kernels = _kernels(step, ((V, E), jnp.float32), ((B, L, E), jnp.bfloat16),
+                     ((B, L), jnp.int32), mesh=True)  # "auto" and interpret read it.
+  logits = B * L * V * 2
+  listed = [(k.kind or k.instruction.name, k.bytes) for k in kernels]
+  writers = [k for k in kernels if max(hlo.text.array_bytes(k.instruction.shape)) >= logits]
+  assert [k.kind for k in writers] == ["matmul triton gemm fusion"], listed
+  readers = sorted(k.kind or "" for k in _big(kernels, logits) if k not in writers)
+  assert [k for k in readers if k.startswith("matmul")] == [
+      f"matmul pallas loss_head_dw_k{B * L}", f"matmul pallas loss_head_dx_k{V}"], listed

@@ -69,9 +69,10 @@ def _grads(fn, weight, bias_V, x):
   return sums, grads
 
 
-def _fused(tied, cap, dtype, chunks, options):
+def _fused(tied, cap, dtype, chunks, options, impl="xla"):
   def fn(weight, bias_V, x, targets, weights):
-    head = LogitsHead(weight=weight, bias_V=bias_V, tied=tied, dtype=dtype, softcap=cap)
+    head = LogitsHead(weight=weight, bias_V=bias_V, tied=tied, dtype=dtype, softcap=cap,
+                      impl=impl)
     return metrics.head_loss_sums(head, x, targets, weights, chunk=LENGTH // chunks,
                                   logits_dtype="auto", **options)
   return fn
@@ -98,6 +99,41 @@ def test_float32_matches_the_reference_at_1_and_64_chunks(tied, bias, cap):
         continue
       assert a.dtype == b.dtype and a.shape == b.shape
       np.testing.assert_allclose(a, b, atol=2e-6, rtol=2e-5, err_msg=f"{name}, {chunks}")
+
+
+@pytest.mark.parametrize("tied,cap,options,chunks,dtype", [
+    (True, 0.0, {}, 1, jnp.float32),
+    (False, 0.0, {}, 4, jnp.float32),
+    (True, 5.0, OPTIONS, 4, jnp.float32),  # Label smoothing, z-loss, never_predict, cap.
+    (False, 30.0, OPTIONS, 2, jnp.float32),
+    (True, 0.0, {}, 4, jnp.bfloat16),
+], ids=str)
+def test_pallas_kernels_give_xlas_sums_and_gradients(tied, cap, options, chunks, dtype):
+  """model.loss_head_impl='pallas' (head_pallas.py, Pallas's interpreter here): the logit
+  gradient made inside the two matmuls, the weight's summed in place across chunks."""
+  weight, _, x, targets, weights = _inputs(tied, False)
+  runs = {impl: _grads(lambda w, b, h, impl=impl: _fused(tied, cap, dtype, chunks, options,
+                                                          impl)(w, b, h, targets, weights),
+                       weight, None, x) for impl in ("xla", "pallas")}
+  (xla_sums, xla_grads), (sums, grads) = runs["xla"], runs["pallas"]
+  for key, value in xla_sums.items():
+    np.testing.assert_array_equal(sums[key], value, err_msg=key)  # The same forward.
+  tolerance = 2e-6 if dtype == jnp.float32 else 1e-2
+  for name, a, b in zip(("weight", "bias", "x"), grads, xla_grads):
+    if b is None:
+      assert a is None
+      continue
+    assert a.dtype == b.dtype and a.shape == b.shape, name
+    assert float(jnp.max(jnp.abs(a - b))) <= tolerance * float(jnp.max(jnp.abs(b))), name
+
+
+def test_pallas_head_refuses_a_logits_bias_by_name():
+  weight, bias_V, x, targets, weights = _inputs(False, True)
+  with pytest.raises(ValueError, match="model.loss_head_impl='pallas': a logits bias"):
+    _fused(False, 0.0, jnp.float32, 1, {}, "pallas")(weight, bias_V, x, targets, weights)
+  auto = _fused(False, 0.0, jnp.float32, 1, {}, "auto")(weight, bias_V, x, targets, weights)
+  xla = _fused(False, 0.0, jnp.float32, 1, {}, "xla")(weight, bias_V, x, targets, weights)
+  np.testing.assert_array_equal(auto["objective_sum"], xla["objective_sum"])
 
 
 def _relative_error(a, b):

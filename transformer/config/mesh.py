@@ -96,3 +96,23 @@ def validate_context(config: ml_collections.ConfigDict) -> None:
          f"(mesh.shape context={shards}); use one of {CONTEXT_ATTENTION_IMPLS}, or "
          "(\"context\", 1)")
   attention.validate_lengths(config, shards)  # Splash's blocks, per shard.
+  if config.model.mlp_impl == "pallas":
+    _validate_pallas_mlp(config, shards)
+
+
+def _validate_pallas_mlp(config: ml_collections.ConfigDict, shards: int) -> None:
+  """model.mlp_impl='pallas' takes the MLP's weights whole and the tokens merged
+  (model/mlp_pallas.py): no mesh axis of size > 1 under the "embed" or "mlp" rules, no
+  context shards."""
+  sizes = dict(config.mesh.shape)
+  for logical, mesh_axes in config.mesh.rules:
+    targets = mesh_axes if isinstance(mesh_axes, (tuple, list)) else (mesh_axes,)
+    split = [t for t in targets if logical in ("embed", "mlp") and sizes.get(t, 1) > 1]
+    if split:
+      fail("model.mlp_impl", "pallas", f"its kernels take the MLP's weights whole, but "
+           f"mesh.rules shard {logical!r} over {split} (mesh.shape {tuple(config.mesh.shape)}"
+           "); use model.mlp_impl='auto' (XLA's MLP there) or 'xla'")
+  if shards > 1:
+    fail("model.mlp_impl", "pallas", f"its kernels need a layer's tokens on one axis, but "
+         f"the sequence is cut into {shards} context shards; use model.mlp_impl='auto' "
+         "or 'xla'")

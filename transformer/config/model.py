@@ -75,6 +75,15 @@ GATED_ACTIVATIONS = ("swiglu", "geglu", "geglu_tanh")  # silu/gelu(x W) * (x V) 
 ATTENTION_IMPLS = attention.ATTENTION_IMPLS
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("", "fp8")  # model.quantization (model/fp8.py).
+# model.mlp_impl: the dense MLP's kernels. "pallas": the activation inside the matmuls
+# (model/mlp_pallas.py); "auto" takes it on GPUs wherever `pallas_mlp_refusal` is None
+# and the mesh keeps the MLP's weights whole, else XLA's; "xla" always XLA's.
+MLP_IMPLS = ("auto", "xla", "pallas")
+# model.loss_head_impl: the loss head's backward matmuls. "pallas": the logit gradient made
+# in their prologue (training/head_pallas.py); "auto": that on GPUs where it applies.
+LOSS_HEAD_IMPLS = ("auto", "xla", "pallas")
+PALLAS_MLP_ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")  # mlp_pallas.ACTIVATIONS.
+PALLAS_MLP_ALIGN = 16  # mlp_pallas.ALIGN: d_model and mlp_dim multiples of it.
 
 # model.* fields that say how a run computes or regularises the model, not what the model
 # is: none moves a parameter or changes what evaluation computes. A run started with
@@ -92,6 +101,9 @@ RUN_FIELDS = {
     "remat": ("compute", "memory against recomputation in this run's backward pass"),
     "dtype": ("compute", "the compute precision of this run's hardware"),
     "param_dtype": ("compute", "the storage precision; float widths convert on load"),
+    "mlp_impl": ("compute", "the MLP's kernels for this run's hardware; the same function"),
+    "loss_head_impl": ("compute", "the loss head's kernels for this run's hardware; the "
+                       "same function"),
     "quantization": ("compute", "the matmuls' precision on this run's hardware; its fp8 "
                      "scaling state starts fresh where the source has none"),
     "embed_dropout": ("training", "regularisation of this run's training; evaluation "
@@ -146,6 +158,12 @@ def validate_model(config: ml_collections.ConfigDict) -> None:
   check_choice(config, m + "dtype", DTYPES)
   check_choice(config, m + "param_dtype", DTYPES[1:])
   check_choice(config, m + "quantization", QUANTIZATIONS)
+  check_choice(config, m + "mlp_impl", MLP_IMPLS)
+  check_choice(config, m + "loss_head_impl", LOSS_HEAD_IMPLS)
+  if config.model.logits_bias and config.model.loss_head_impl == "pallas":
+    fail(m + "loss_head_impl", "pallas", "its kernels do not make a logits bias's "
+         "gradient (model.logits_bias=True); use 'auto' (XLA's head for this model) or "
+         "'xla'")
   for key in ("embed_dropout", "residual_dropout", "attention_dropout", "mlp_dropout"):
     check_rate(config, m + key)
   model = config.model
@@ -162,6 +180,10 @@ def validate_model(config: ml_collections.ConfigDict) -> None:
   if model.num_heads % kv_heads:
     fail(m + "num_kv_heads", model.num_kv_heads,
           f"must divide model.num_heads={model.num_heads} (0 means num_heads)")
+  refusal = pallas_mlp_refusal(model) if model.mlp_impl == "pallas" else None
+  if refusal:
+    fail(m + "mlp_impl", "pallas", f"{refusal}; or set model.mlp_impl='auto' (XLA's MLP "
+         "for this model) or 'xla'")
   kernel = attention.KERNELS.get(model.attention_impl)
   if kernel and not kernel.prefix and "prefix" in objective_lib.resolve(model).model_inputs:
     fail(m + "attention_impl", model.attention_impl,
@@ -177,6 +199,28 @@ def validate_model(config: ml_collections.ConfigDict) -> None:
           f"probabilities; set model.attention_dropout=0.0 or model.attention_impl="
           f"{[n for n, k in attention.KERNELS.items() if k.dropout]} (or 'auto', which "
           "uses one for this)")
+
+
+def pallas_mlp_refusal(model, training: bool = True) -> str | None:
+  """Why the Pallas MLP (model/mlp_pallas.py) cannot compute `model`'s dense MLP, as the
+  fix a user makes; None when it can. `training` False: dropout is off (evaluation,
+  decoding), so model.mlp_dropout does not stand in the way."""
+  from transformer.config import lora as lora_config  # pylint: disable=g-import-not-at-top
+  if model.activation not in PALLAS_MLP_ACTIVATIONS:
+    return (f"its kernels take the ungated activations {PALLAS_MLP_ACTIVATIONS}, not "
+            f"model.activation={model.activation!r}")
+  if model.quantization:
+    return f"it multiplies in model.dtype, not model.quantization={model.quantization!r}"
+  if model.lora_rank and set(model.lora_targets) & set(lora_config.MLP_TARGETS):
+    return (f"LoRA adapters on {lora_config.MLP_TARGETS} (model.lora_targets="
+            f"{tuple(model.lora_targets)}) need XLA's MLP; target the attention only")
+  if training and model.mlp_dropout > 0:
+    return (f"model.mlp_dropout={model.mlp_dropout} drops act(h) between its two matmuls, "
+            "which its kernels never write; set it to 0.0")
+  for key in ("d_model", "mlp_dim"):
+    if getattr(model, key) % PALLAS_MLP_ALIGN:
+      return f"model.{key}={getattr(model, key)} is not a multiple of {PALLAS_MLP_ALIGN}"
+  return None
 
 
 def objective_of(arch: str, head: str) -> str:

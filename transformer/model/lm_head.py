@@ -83,6 +83,8 @@ class LogitsHead:
   tied: bool = struct.field(pytree_node=False)
   dtype: Any = struct.field(pytree_node=False)
   softcap: float = struct.field(pytree_node=False)
+  # model.loss_head_impl: "auto" | "xla" | "pallas" (training/metrics.py's head_spec).
+  impl: str = struct.field(pytree_node=False, default="xla")
 
   def __call__(self, x_BLE: jax.Array) -> jax.Array:
     """Float32 [B, L, V] logits of hidden states [B, L, E]."""
@@ -118,4 +120,5 @@ def make_head(config: ModelConfig, weight: jax.Array, bias_V: jax.Array | None,
               *, tied: bool) -> LogitsHead:
   """The model's head: its compute dtype and softcap, the arrays given."""
   return LogitsHead(weight=weight, bias_V=bias_V, tied=tied, dtype=config.dtype,
-                    softcap=float(config.final_logit_softcap or 0.0))
+                    softcap=float(config.final_logit_softcap or 0.0),
+                    impl=config.loss_head_impl)

@@ -10,11 +10,13 @@ import math
 import jax
 from flax import linen as nn
 
-from transformer.config.model import GATED_ACTIVATIONS, ModelConfig
+from transformer import accelerator
+from transformer.config.model import GATED_ACTIVATIONS, ModelConfig, pallas_mlp_refusal
 from transformer.model import context
 from transformer.model import fp8
 from transformer.model import initializers
 from transformer.model import lora
+from transformer.model import mlp_pallas
 from transformer.model.dropout import Dropout
 
 
@@ -101,8 +103,53 @@ def _dense(config: ModelConfig, features: int, axes: tuple[str, str], name: str,
       bias_init=nn.with_logical_partitioning(nn.initializers.zeros, axes[1:]))
 
 
+GPU_PLATFORMS = ("gpu", "cuda")
+
+
+def pallas_chosen(config: ModelConfig) -> bool:
+  """Whether model.mlp_impl takes the Pallas MLP (mlp_pallas.py) for the layer being
+  traced: "pallas" always (validation refused what it cannot run; a mesh it cannot run
+  on is refused here), "auto" on a GPU where it can run, with dropout off or 0."""
+  if config.mlp_impl == "xla":
+    return False
+  refusal = pallas_mlp_refusal(config, training=not config.deterministic)
+  sharded = mlp_pallas.weights_sharded()
+  if sharded:
+    refusal = refusal or (f"the mesh shards the MLP's weights over {sharded}, and its "
+                          "kernels take them whole")
+  if mlp_pallas.uses_context():
+    refusal = refusal or "the sequence is cut over context shards"
+  if config.mlp_impl == "pallas":
+    if refusal:
+      raise ValueError(f"model.mlp_impl='pallas': {refusal}; use 'auto' or 'xla'")
+    return True
+  return refusal is None and accelerator.platform_of_mesh() in GPU_PLATFORMS
+
+
+class _Weights(nn.Module):
+  """A Dense layer's parameters alone (the same names, shapes, initialisers and logical
+  axes as _dense's), for the Pallas MLP, which multiplies them itself."""
+
+  config: ModelConfig
+  features: int
+  axes: tuple[str, str]
+  residual_adds: int = 0
+
+  @nn.compact
+  def __call__(self, in_features: int) -> tuple[jax.Array, jax.Array | None]:
+    cfg = self.config
+    init = nn.with_logical_partitioning(
+        initializers.dense_kernel(cfg, residual_adds=self.residual_adds), self.axes)
+    kernel = self.param("kernel", init, (in_features, self.features), cfg.param_dtype)
+    bias = (self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros,
+                                                            self.axes[1:]),
+                       (self.features,), cfg.param_dtype) if cfg.use_bias else None)
+    return kernel, bias
+
+
 class MLP(nn.Module):
-  """Position-wise feed-forward: wo(act(wi x)), or wo(act(wi x) * wi_gate x) when gated."""
+  """Position-wise feed-forward: wo(act(wi x)), or wo(act(wi x) * wi_gate x) when gated;
+  model.mlp_impl picks XLA's matmuls or the Pallas kernels (pallas_chosen)."""
 
   config: ModelConfig
   residual_adds: int = 0  # Of this block's stack, for the init of `wo` (initializers.py).
@@ -116,6 +163,8 @@ class MLP(nn.Module):
     # Not with the length sharded over context (context.tokens_mergeable): flax's Dense
     # contracts the last axis of any rank, so the same weights serve [B, L, E].
     x_NE = x_BLE.reshape(-1, x_BLE.shape[-1]) if context.tokens_mergeable() else x_BLE
+    if pallas_chosen(cfg):
+      return self._pallas(x_NE, width).reshape(x_BLE.shape)
     h_NF, h_bias = _dense(cfg, width, ("embed", "mlp"), "wi", bias_outside=True)(x_NE)
     gate_NF, gate_bias = (
         _dense(cfg, width, ("embed", "mlp"), "wi_gate", bias_outside=True)(x_NE)
@@ -126,3 +175,14 @@ class MLP(nn.Module):
     return y_NE.reshape(x_BLE.shape)
 
 
+
+  def _pallas(self, x_NE: jax.Array, width: int) -> jax.Array:
+    """The same MLP by mlp_pallas.mlp: the parameters _dense would make, under its names."""
+    cfg = self.config
+    wi, bi = _Weights(cfg, width, ("embed", "mlp"), name="wi")(x_NE.shape[-1])
+    wo, bo = _Weights(cfg, cfg.d_model, ("mlp", "embed"), self.residual_adds,
+                      name="wo")(width)
+    x_NE = x_NE.astype(cfg.dtype)
+    y_NE = mlp_pallas.mlp(cfg.activation, x_NE, wi, bi, wo, cfg.dtype,
+                          interpret=accelerator.platform_of_mesh() == "cpu")
+    return y_NE if bo is None else y_NE + bo.astype(y_NE.dtype)[None, :]

@@ -239,6 +239,34 @@ def _gemm_call_flops(instruction: text.Instruction, computation: text.Computatio
   return 2.0 * out * contracting
 
 
+# A Pallas kernel for XLA's GPU backend: a custom call holding Triton IR, named by its
+# pallas_call. The project's Pallas matmuls (model/mlp_pallas.py) end their names in their
+# contraction length, "_k<K>": the IR is opaque here, so their FLOPs are 2 x the first
+# output's elements x K.
+PALLAS_GPU_TARGET = "__gpu$xla.gpu.triton"
+_PALLAS_NAME = re.compile(r'\bname = "([^"]+)"')
+_PALLAS_MATMUL = re.compile(r"_k(\d+)$")
+
+
+def pallas_gpu_name(instruction: text.Instruction) -> str | None:
+  """The pallas_call name of a Pallas GPU kernel (None for any other instruction)."""
+  if instruction.opcode != "custom-call" or PALLAS_GPU_TARGET not in instruction.rest:
+    return None
+  match = _PALLAS_NAME.search(instruction.rest)
+  return match.group(1) if match else "pallas_call"
+
+
+def _pallas_matmul_flops(instruction: text.Instruction) -> float:
+  name = pallas_gpu_name(instruction) or ""
+  match = _PALLAS_MATMUL.search(name)
+  if not match:
+    return 0.0
+  out = 1
+  for d in text.dims(instruction.shape):  # The first output array.
+    out *= d
+  return 2.0 * out * int(match.group(1))
+
+
 def kernel_kind(instruction: text.Instruction) -> str | None:
   """The kernels the report lists: fused attention by kind, matmul calls, collectives.
 
@@ -251,6 +279,10 @@ def kernel_kind(instruction: text.Instruction) -> str | None:
     pallas = attention_cost.SPLASH.match(instruction.name) if name == "tpu_custom_call" else None
     if pallas:  # A Pallas kernel is named by its pallas_call, not by its target.
       return f"attention {pallas.group(0)}"
+    gpu_kernel = pallas_gpu_name(instruction)
+    if gpu_kernel:
+      matmul = "matmul " if _PALLAS_MATMUL.search(gpu_kernel) else ""
+      return f"{matmul}pallas {gpu_kernel}"
     if "fmha" in name.lower() or "attention" in name.lower() or "flash" in name.lower():
       return f"attention {name}"
     if "gemm" in name.lower() or "matmul" in name.lower():
@@ -386,6 +418,11 @@ def _launch(instruction: text.Instruction, computation: text.Computation,
     workspace = attention_cost.unsized_cudnn_workspace(instruction)
     opaque = attention_cost.attention_flops(kind, instruction, computation)
     flops += opaque
+  elif kind and kind.startswith("matmul pallas"):
+    flops += _pallas_matmul_flops(instruction)
+    match = _DOT_OPERAND.match(computation.shape_of(instruction.operands[0])
+                               if instruction.operands else "")
+    dtype = match.group(1) if match else ""
   elif kind and kind.startswith("matmul __"):
     flops += _gemm_call_flops(instruction, computation)
     match = _DOT_OPERAND.match(computation.shape_of(instruction.operands[0])

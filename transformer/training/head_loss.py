@@ -73,6 +73,8 @@ class HeadSpec:
   dtype: Any  # The matmuls' operands (the model's compute dtype).
   logits_dtype: Any  # A chunk's logits between the matmul and the reductions.
   softcap: float
+  pallas: bool = False  # The backward's matmuls by head_pallas.py's kernels.
+  interpret: bool = False  # Those kernels through Pallas's interpreter (a CPU).
 
 
 def _allowed_V(vocab: int, never_predict: tuple[int, ...]) -> jax.Array:
@@ -181,20 +183,31 @@ def logits_gradient(logits: jax.Array, targets: jax.Array, weights: jax.Array,
   0 on never_predict's; times 1 - (l / cap)^2 under a softcap.
   """
   l = logits.astype(jnp.float32)
-  lse = stats["lse"][..., None]
+  index = lax.broadcasted_iota(jnp.int32, l.shape, l.ndim - 1)
+  allowed = None if allowed_V is None else _along_vocab(allowed_V, l.ndim)
+  return gradient_formula(l, index, targets[..., None], weights.astype(jnp.float32)[..., None],
+                          stats["lse"][..., None], allowed,
+                          None if allowed_V is None else jnp.sum(allowed_V), options, softcap)
+
+
+def gradient_formula(l, index, targets, weights, lse, allowed, allowed_count,
+                     options: LossOptions, softcap: float) -> jax.Array:
+  """logits_gradient's formula on float32 logits `l` and their vocabulary ids `index`,
+  the rest broadcast against them (per row: targets, weights, lse; per vocabulary id:
+  allowed, None where the options do not read it). One formula for XLA's path and the
+  Pallas kernels' blocks (head_pallas.py)."""
   p = jnp.exp(l - lse)
   if options.z_loss > 0:
     p = p * (1.0 + 2.0 * options.z_loss * lse)
-  index = lax.broadcasted_iota(jnp.int32, l.shape, l.ndim - 1)
-  hit = (1.0 - options.label_smoothing) * (index == targets[..., None])
+  hit = jnp.where(index == targets, 1.0 - options.label_smoothing, 0.0)
   d = p - hit
   if options.label_smoothing > 0:
-    d = d - options.label_smoothing * _along_vocab(allowed_V / jnp.sum(allowed_V), d.ndim)
+    d = d - options.label_smoothing * (allowed / allowed_count)
   if options.never_predict:
-    d = d * _along_vocab(allowed_V, d.ndim)
+    d = d * allowed
   if softcap:
     d = d * (1.0 - jnp.square(l / softcap))
-  return d * weights.astype(jnp.float32)[..., None]
+  return d * weights
 
 
 def project(weight: jax.Array, bias_V: jax.Array | None, x: jax.Array, spec: HeadSpec,
@@ -213,14 +226,22 @@ def project(weight: jax.Array, bias_V: jax.Array | None, x: jax.Array, spec: Hea
   return logits.astype(spec.logits_dtype)
 
 
-def _chunk(weight, bias_V, x, targets, weights, groups, *, spec: HeadSpec,
+def _chunk(weight, bias_V, x, targets, weights, groups, dw_total=None, *, spec: HeadSpec,
            options: LossOptions, allowed_V, grad: bool):
-  """One chunk's sums; with `grad` also d/dx (x's dtype), d/dweight and d/dbias (f32)."""
+  """One chunk's sums; with `grad` also d/dx (x's dtype), d/dweight and d/dbias (f32).
+  With spec.pallas, d/dweight is `dw_total` plus this chunk's (the kernel adds it)."""
   logits = project(weight, bias_V, x, spec, allowed_V if options.never_predict else None)
   stats = row_statistics(logits, targets, allowed_V if options.label_smoothing else None)
   sums = sums_of(stats, weights, groups, options)
   if not grad:
     return sums
+  if spec.pallas:  # d is made inside the two matmuls, never written (head_pallas.py).
+    from transformer.training import head_pallas  # pylint: disable=g-import-not-at-top
+    dx, dw = head_pallas.gradients(logits, x.astype(spec.dtype), weight, stats["lse"],
+                                   targets, weights, dw_total, tied=spec.tied,
+                                   dtype=spec.dtype, options=options, softcap=spec.softcap,
+                                   interpret=spec.interpret, dx_dtype=x.dtype)
+    return sums, dx, dw, None
   d = logits_gradient(logits, targets, weights, stats, allowed_V, options, spec.softcap)
   d_bias = jnp.sum(d, axis=tuple(range(d.ndim - 1))) if bias_V is not None else None
   d = d.astype(spec.dtype)
@@ -241,7 +262,8 @@ def _scan(weight, bias_V, chunks, *, spec, options, allowed_V, grad):
   first = jax.tree.map(lambda a: a[0], chunks)
   run = functools.partial(_chunk, weight, bias_V, spec=spec, options=options,
                           allowed_V=allowed_V, grad=grad)
-  shapes = jax.eval_shape(run, *first)
+  shapes = jax.eval_shape(functools.partial(run, dw_total=_weight_zeros(weight))
+                          if spec.pallas else run, *first)
   if not grad:
     zero = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
@@ -252,10 +274,18 @@ def _scan(weight, bias_V, chunks, *, spec, options, allowed_V, grad):
   zero = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (sums_shape, dw_shape, db_shape))
 
   def body(total, xs):
+    if spec.pallas:  # The kernel adds the chunk's weight gradient to the running sum.
+      sums, dx, dw, db = run(*xs, total[1])
+      return (jax.tree.map(jnp.add, total[0], sums), dw, db), dx
     sums, dx, dw, db = run(*xs)
     return jax.tree.map(jnp.add, total, (sums, dw, db)), dx
   (sums, dw, db), dx = lax.scan(body, zero, chunks)
   return sums, dx, dw, db
+
+
+def _weight_zeros(weight: jax.Array) -> jax.Array:
+  """A float32 zero sum of the weight's gradient, the Pallas kernels' first total."""
+  return jnp.zeros(weight.shape, jnp.float32)
 
 
 @functools.lru_cache(maxsize=None)
@@ -285,8 +315,9 @@ def _loss_fn(spec: HeadSpec, options: LossOptions, layout: tuple):
   def run(weight, bias_V, x, targets, weights, groups, grad):
     w = weight.astype(spec.dtype)  # Once, not once per chunk.
     if n == 1:
-      return _chunk(w, bias_V, x, targets, weights, groups, spec=spec, options=options,
-                    allowed_V=allowed(weight), grad=grad)
+      return _chunk(w, bias_V, x, targets, weights, groups,
+                    _weight_zeros(weight) if spec.pallas else None, spec=spec,
+                    options=options, allowed_V=allowed(weight), grad=grad)
     # Every chunk reads the weight whole: gathered over the embed axis once (an
     # fsdp-sharded table would otherwise be all-gathered in every chunk: 504 GiB a step
     # for llama 1B at 32k tokens on v5p:2x2x1).

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
+from transformer import accelerator
 from transformer.config.model import ModelConfig
 from transformer.model import context
 from transformer.model import moe
@@ -138,6 +139,29 @@ def by_position_rows(sums: Mapping[str, Any], bucket: int) -> list[dict[str, flo
   return rows
 
 
+def head_spec(head: LogitsHead, d_model: int, logits_dtype: str = "auto",
+              context_shards: int = 1) -> head_loss.HeadSpec:
+  """The loss head's static half, with model.loss_head_impl decided for the platform being
+  traced: "pallas" always (what its kernels cannot take is refused here, by name),
+  "auto" on a GPU where they can (head_pallas.refusal, the weight whole on the mesh, no
+  context shards), "xla" never."""
+  from transformer.training import head_pallas  # pylint: disable=g-import-not-at-top
+  pallas = False
+  if head.impl != "xla":
+    why = head_pallas.refusal(head.vocab_size, d_model, head.bias_V is not None)
+    sharded = head_pallas.weight_sharded()
+    why = why or (f"the mesh shards the head's weight over {sharded}" if sharded else None)
+    why = why or ("the sequence is cut over context shards" if context_shards > 1 else None)
+    if head.impl == "pallas" and why:
+      raise ValueError(f"model.loss_head_impl='pallas': {why}; use 'auto' or 'xla'")
+    pallas = why is None and (head.impl == "pallas" or
+                              accelerator.platform_of_mesh() in ("gpu", "cuda"))
+  return head_loss.HeadSpec(
+      tied=head.tied, dtype=jnp.dtype(head.dtype),
+      logits_dtype=jnp.dtype(head.dtype if logits_dtype == "auto" else logits_dtype),
+      softcap=head.softcap, pallas=pallas, interpret=accelerator.platform_of_mesh() == "cpu")
+
+
 def head_loss_sums(head: LogitsHead, x_BLE: jax.Array,
                    targets_BL: jax.Array, weights_BL: jax.Array, *, chunk: int = 0,
                    label_smoothing: float = 0.0, z_loss: float = 0.0,
@@ -166,9 +190,7 @@ def head_loss_sums(head: LogitsHead, x_BLE: jax.Array,
   # (slicing it all-gathered the whole row's hidden states every chunk: 264 GiB a step
   # for llama 1B at 131k tokens on v5p:2x2x2).
   p = context.size()
-  spec = head_loss.HeadSpec(tied=head.tied, dtype=jnp.dtype(head.dtype),
-                            logits_dtype=jnp.dtype(head.dtype if logits_dtype == "auto"
-                                                   else logits_dtype), softcap=head.softcap)
+  spec = head_spec(head, x_BLE.shape[-1], logits_dtype, context_shards=p)
   c = logits_chunk_length(max(chunk // p, 1) if chunk else 0, L // p, head.vocab_size,
                           rows_per_device(B), x_BLE.shape[-1],
                           spec.logits_dtype.itemsize + spec.dtype.itemsize)

@@ -1,0 +1,161 @@
+"""model.mlp_impl="pallas": the dense MLP's activation inside Pallas matmul kernels
+(model/mlp_pallas.py), held to XLA's MLP through Pallas's interpreter on the CPU; when
+"auto" takes it; what it refuses, by name. The loss head's kernels (head_pallas.py) are
+held to XLA's head in tests/test_head_loss.py and trained beside the MLP's here. tests/test_gpu_fusions.py compiles it for an
+H100 and counts its kernels."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import traverse_util
+
+from transformer import accelerator
+from transformer import sharding
+from transformer.config.errors import ConfigError
+from transformer.config.model import ModelConfig
+from transformer.config.validation import validate
+from transformer.model import mlp as mlp_lib
+from transformer.model import mlp_pallas
+from transformer.training import head_pallas
+from transformer.training.trainer import Trainer
+from test_golden import _batch
+
+
+def _reference(act_name, x, wi, bi, wo, dtype):
+  """act(x @ wi + bi) @ wo by plain autodiff: the float32 product, one rounding each."""
+  h = jnp.einsum("NE,EF->NF", x, wi.astype(dtype), preferred_element_type=jnp.float32)
+  h = (h if bi is None else h + bi[None, :]).astype(dtype)
+  a = mlp_lib.ACTIVATION_FNS[act_name](h.astype(jnp.float32)).astype(dtype)
+  return jnp.einsum("NF,FE->NE", a, wo.astype(dtype), preferred_element_type=jnp.float32
+                    ).astype(dtype)
+
+
+def _value_and_grads(fn, x, wi, bi, wo, dy):
+  y, vjp = jax.vjp(fn, x, wi, bi, wo)
+  return [np.asarray(t, np.float32) for t in (y,) + vjp(dy.astype(y.dtype)) if t is not None]
+
+
+@pytest.mark.parametrize("act_name,dtype,tokens,bias,tolerance", [
+    ("relu", jnp.float32, 96, True, 2e-6),
+    ("gelu", jnp.float32, 96, True, 2e-6),
+    ("gelu_tanh", jnp.float32, 40, False, 2e-6),  # 40 tokens: padded to 48.
+    ("silu", jnp.float32, 96, True, 2e-6),
+    ("gelu_tanh", jnp.bfloat16, 96, True, 2e-2),
+])
+def test_kernels_give_xlas_mlp_and_its_gradients(act_name, dtype, tokens, bias, tolerance):
+  keys = jax.random.split(jax.random.key(0), 5)
+  E, F = 32, 128
+  x = jax.random.normal(keys[0], (tokens, E)).astype(dtype)
+  wi = jax.random.normal(keys[1], (E, F)) * 0.3
+  bi = jax.random.normal(keys[2], (F,)) * 0.3 if bias else None
+  wo = jax.random.normal(keys[3], (F, E)) * 0.1
+  dy = jax.random.normal(keys[4], (tokens, E))
+  got = _value_and_grads(
+      lambda *a: mlp_pallas.mlp(act_name, *a, dtype=dtype, interpret=True), x, wi, bi, wo, dy)
+  want = _value_and_grads(lambda *a: _reference(act_name, *a, dtype), x, wi, bi, wo, dy)
+  assert len(got) == len(want) == (5 if bias else 4)
+  for name, g, w in zip(("y", "dx", "dwi", "dbi", "dwo"), got, want):
+    assert g.shape == w.shape and g.dtype == w.dtype, name
+    scale = float(np.max(np.abs(w)))
+    assert scale > 0 and float(np.max(np.abs(g - w))) <= tolerance * scale, name
+
+
+def test_the_rational_erf_is_xlas():
+  x = jnp.linspace(-8.0, 8.0, 20001, dtype=jnp.float32)
+  assert float(jnp.max(jnp.abs(mlp_pallas._erf(x) - jax.lax.erf(x)))) < 1e-6  # pylint: disable=protected-access
+
+
+def _train(config, impl: str, devices: int, steps: int = 3):
+  config.model.mlp_impl = config.model.loss_head_impl = impl
+  config.optimizer.label_smoothing = 0.0
+  trainer = Trainer.create(config, sharding.make_mesh(config.mesh, jax.devices()[:devices]))
+  batch = _batch("causal_lm", 8, 32)
+  losses = []
+  with trainer.context():
+    state = trainer.init(jax.random.PRNGKey(0))
+    first = traverse_util.flatten_dict(jax.device_get(state.params))
+    for _ in range(steps):
+      state, metrics = trainer.train_step(state, trainer.global_batch(batch))
+      metrics = jax.device_get(metrics)
+      losses.append(float(metrics["loss_sum"] / metrics["weight_sum"]))
+  return first, losses, traverse_util.flatten_dict(jax.device_get(state.params))
+
+
+def test_a_model_trains_with_the_pallas_kernels_as_with_xlas_over_four_data_shards(
+    tfds_data_dir, monkeypatch):
+  """The Pallas MLP and loss head (model.mlp_impl, model.loss_head_impl): the same
+  parameter tree and initial values; three steps over 4 data-parallel devices (the
+  kernels in a shard_map, the weights' gradients summed over the shards) land within
+  float32 rounding of XLA's (Adam's first steps move every weight by about the learning
+  rate whatever its gradient's size, so a last-bit difference in a tiny gradient shows
+  at 1e-5)."""
+  from tiny import make_tiny_config  # pylint: disable=g-import-not-at-top
+  calls = []
+  kernel, head = mlp_pallas.act_matmul, head_pallas.gradients
+  monkeypatch.setattr(mlp_pallas, "act_matmul",
+                      lambda *a: (calls.append(a[1].shape), kernel(*a))[1])
+  monkeypatch.setattr(head_pallas, "gradients",
+                      lambda *a, **k: (calls.append("head"), head(*a, **k))[1])
+  xla = _train(make_tiny_config(tfds_data_dir), "xla", devices=4)
+  assert not calls
+  pallas = _train(make_tiny_config(tfds_data_dir), "pallas", devices=4)
+  assert (64, 64) in calls and "head" in calls, calls  # 256 tokens over 4 shards.
+  assert sorted(xla[0]) == sorted(pallas[0])
+  for path, value in xla[0].items():
+    np.testing.assert_array_equal(value, pallas[0][path], err_msg=str(path))
+  np.testing.assert_allclose(pallas[1], xla[1], rtol=1e-6)
+  for path, value in xla[2].items():
+    np.testing.assert_allclose(pallas[2][path], value, atol=1e-4, err_msg=str(path))
+
+
+def _model(**fields) -> ModelConfig:
+  from tiny import make_tiny_config  # pylint: disable=g-import-not-at-top
+  config = make_tiny_config("")
+  config.model.update(fields)
+  return ModelConfig.from_config(config.model)
+
+
+def test_auto_takes_the_pallas_mlp_on_gpus_where_it_applies(monkeypatch):
+  assert not mlp_lib.pallas_chosen(_model())  # The CPU: XLA's.
+  assert mlp_lib.pallas_chosen(_model(mlp_impl="pallas"))  # Asked for: interpreted.
+  monkeypatch.setattr(accelerator, "platform_of_mesh", lambda: "gpu")
+  assert mlp_lib.pallas_chosen(_model())
+  assert not mlp_lib.pallas_chosen(_model(mlp_impl="xla"))
+  assert not mlp_lib.pallas_chosen(_model(activation="swiglu"))
+  assert not mlp_lib.pallas_chosen(_model(mlp_dropout=0.1))  # Training: dropout between.
+  assert mlp_lib.pallas_chosen(
+      dataclasses.replace(_model(mlp_dropout=0.1), deterministic=True))
+
+
+@pytest.mark.parametrize("fields,says", [
+    ({"activation": "swiglu"}, "model.activation='swiglu'"),
+    ({"mlp_dropout": 0.1}, "model.mlp_dropout=0.1"),
+    ({"quantization": "fp8"}, "model.quantization='fp8'"),
+    ({"lora_rank": 4, "lora_targets": ("query", "wo")}, "model.lora_targets"),
+    ({"d_model": 40, "num_heads": 2}, "model.d_model=40"),
+])
+def test_pallas_mlp_refuses_what_its_kernels_cannot_compute_by_name(fields, says):
+  from tiny import make_tiny_config  # pylint: disable=g-import-not-at-top
+  config = make_tiny_config("")
+  config.model.update(dict(fields, mlp_impl="pallas"))
+  with pytest.raises(ConfigError, match="model.mlp_impl") as raised:
+    validate(config)
+  assert says in str(raised.value) and "'xla'" in str(raised.value)
+  config.model.mlp_impl = "auto"
+  validate(config)  # auto keeps XLA's MLP there instead.
+
+
+def test_pallas_mlp_refuses_a_mesh_that_shards_its_weights():
+  from tiny import make_tiny_config  # pylint: disable=g-import-not-at-top
+  config = make_tiny_config("")
+  config.model.mlp_impl = "pallas"
+  config.mesh.shape = (("data", -1), ("fsdp", 1), ("tensor", 2))
+  rules = dict(config.mesh.rules)
+  assert rules["mlp"] == "tensor", rules  # The default rules: tensor parallelism.
+  with pytest.raises(ConfigError, match=r"model.mlp_impl.*shard 'mlp' over \['tensor'\]"):
+    validate(config)
