@@ -91,7 +91,7 @@ def get_config() -> ml_collections.ConfigDict:
   model.attention_dropout = 0.0  # Dropout on attention probabilities (attention_impl "einsum", or "auto" which then uses it).
   model.mlp_dropout = 0.0  # Dropout on the MLP hidden activations.
   model.loss_head_impl = "auto"  # The loss head's backward matmuls: "auto" (Pallas on GPUs where it applies, else XLA) | "xla" | "pallas" (the logit gradient made inside both matmuls, never written: training/head_pallas.py; no model.logits_bias, vocabulary and d_model multiples of 16, the head's weight unsharded).
-  model.mlp_impl = "auto"  # The dense MLP's kernels: "auto" (Pallas on GPUs where it applies, else XLA) | "xla" | "pallas" (the activation inside the matmuls, model/mlp_pallas.py: fewer HBM bytes; relu/gelu/gelu_tanh/silu, no mlp_dropout in training, no LoRA or fp8 on the MLP, its weights unsharded).
+  model.mlp_impl = "auto"  # The dense MLP's kernels: "auto" (Pallas on GPUs where it applies, else XLA) | "xla" | "pallas" (the activation inside the matmuls, model/mlp_pallas.py: fewer HBM bytes; every activation, gated too; no mlp_dropout in training, no LoRA or fp8 on the MLP, its weights unsharded).
   model.dtype = "auto"  # Compute dtype: "auto" (bfloat16 on GPU/TPU, float32 on CPU) | float32 | bfloat16.
   model.param_dtype = "float32"  # Storage dtype of parameters and optimizer state.
   model.quantization = ""  # Matmul precision of q/k/v, the attention output and the MLP: "" (model.dtype) | "fp8" (MaxText's name: float8 with delayed scaling, flax's fp8_ops; cuBLASLt fp8 GEMMs on H100/H200, emulated elsewhere; the LM head stays in model.dtype; the weights and optimizer are unchanged; model/fp8.py).

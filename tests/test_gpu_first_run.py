@@ -143,10 +143,18 @@ def test_the_speed_script_parses_and_its_report_gives_each_target_a_verdict(caps
   estimates = {"gpt_small_auto_32": dict(batch=32, seq_len=1024, estimated_seconds=0.0545,
                                          estimated_seconds_range=[0.053, 0.064]),
                "llama_1b": dict(batch=8, seq_len=2048, estimated_seconds=0.53)}
-  report.targets([gs, llama], [torch_run], estimates)
+  xla_kernels = [dict(label="gpt_small_xla_kernels_32", batch=32, seq_len=1024,
+                     step_ms_median=56.32), dict(label="llama_1b_xla_kernels", batch=16,
+                                                 seq_len=2048, step_ms_median=600.0)]
+  report.targets([gs, llama] + xla_kernels, [torch_run], estimates)
   out = capsys.readouterr().out
   assert "640,000 vs 504,900 tokens/s = 1.27x (target >= 1.2x: met)" in out
   assert "MFU 41.0% (target >= 45%: NOT met)" in out
+  # The Pallas kernels' A/B: XLA's arms against the defaults.
+  assert ("instead of the Pallas kernels: 56.3 vs 51.2 ms/step bf16 default (0.91x the "
+          "default's speed)") in out
+  assert ("llama:1b with XLA's MLP and loss head instead of the Pallas kernels: 600.0 vs "
+          "655.0 ms/step (1.09x the default's speed)") in out
   assert ("54.5 ms vs 51.2 ms measured = 1.06x (target within 1.25x: met); its range "
           "53.0-64.0 ms MISSES the measurement") in out
   assert "made for 8 x 2048, measured at 16 x 2048: not compared" in out
@@ -180,6 +188,8 @@ def test_the_speed_script_names_the_card_from_nvidia_smi(tmp_path):
                "--xla_gpu_enable_pipelined_all_gather=true"):
     assert flag in script, flag
   assert "--variant=gpt_small_fp8_32:model.quantization=fp8" in script
+  for label in ("gpt_small_xla_kernels_32", "llama_1b_xla_kernels"):
+    assert f"--variant={label}:model.mlp_impl=xla,model.loss_head_impl=xla" in script
   assert '"skipped": "torch is not importable' in script
 
 

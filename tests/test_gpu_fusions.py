@@ -103,28 +103,37 @@ def test_joined_qkv_backward_sums_the_bias_gradients_in_its_one_pass_over_the_pi
 
 
 @needs_plugin
-def test_the_pallas_mlp_makes_no_pass_of_its_own_over_a_hidden_activation():
-  """model.mlp_impl='pallas' forward and backward: two [N, F] arrays are written, h (by
-  wi's matmul) and dh (by the kernel that makes it from wo's gradient): no GELU pass,
-  no gradient written between a matmul and the GELU's derivative. The three kernels'
-  FLOPs are read from their names."""
+@pytest.mark.parametrize("act", ["gelu_tanh", "swiglu"])
+def test_the_pallas_mlp_makes_no_pass_of_its_own_over_a_hidden_activation(act):
+  """model.mlp_impl='pallas' forward and backward: the [N, F] arrays written are h (with
+  the gate, one joined product), by XLA's matmul, and their gradients, by the kernel that
+  makes them from wo's output gradient: no activation pass, no gradient written between
+  a matmul and the activation's derivative, no copy of h and the gate out of a merged
+  product. The three kernels' FLOPs are read from their names."""
   N, F = B * L, 4 * E
-  act = "gelu_tanh"
+  gated = act == "swiglu"
 
-  def step(x, wi, bi, wo, dy):
-    y, vjp = jax.vjp(lambda *a: mlp_pallas.mlp(act, *a, jnp.bfloat16, False), x, wi, bi, wo)
+  def step(x, wi, bi, wo, wg, dy):
+    def mlp(x, wi, bi, wo, wg):  # Gated as llama's: no biases.
+      return mlp_pallas.mlp(act, x, wi, None if gated else bi, wo, jnp.bfloat16, False,
+                            gate=(wg, None) if gated else None)
+    y, vjp = jax.vjp(mlp, x, wi, bi, wo, wg)
     return y, vjp(dy)
 
   kernels = _kernels(step, ((N, E), jnp.bfloat16), ((E, F), jnp.float32),
-                     ((F,), jnp.float32), ((F, E), jnp.float32), ((N, E), jnp.bfloat16))
+                     ((F,), jnp.float32), ((F, E), jnp.float32), ((E, F), jnp.float32),
+                     ((N, E), jnp.bfloat16))
   listed = [(k.kind or k.instruction.name, k.bytes) for k in kernels]
-  writers = [k.kind for k in kernels if f"[{N},{F}]" in k.instruction.shape]
-  assert writers == ["matmul triton gemm fusion", f"matmul pallas mlp_matmul_d{act}_k{E}"], (
-      listed)  # h by wi's matmul, dh by the kernel; no act(h), no dg.
+  # Gated, h and the gate are one [N, 2F] product, and their gradients [N, 2, F].
+  shapes = [f"[{N},{F}]"] if not gated else [f"[{N},{2 * F}]", f"[{N},2,{F}]"]
+  writers = sorted(k.kind or k.instruction.name for k in kernels
+                   if any(shape in k.instruction.shape for shape in shapes))
+  assert writers == sorted(["matmul triton gemm fusion",
+                           f"matmul pallas mlp_matmul_d{act}_{N}x{F}x{E}"]), listed
   pallas = {k.kind: k.flops for k in kernels if "pallas" in (k.kind or "")}
-  assert pallas == {f"matmul pallas mlp_{act}_matmul_k{F}": 2 * N * E * F,
-                    f"matmul pallas mlp_{act}_matmul_t_k{N}": 2 * N * E * F,
-                    f"matmul pallas mlp_matmul_d{act}_k{E}": 2 * N * E * F}, listed
+  assert pallas == {f"matmul pallas mlp_{act}_matmul_{N}x{E}x{F}": 2 * N * E * F,
+                    f"matmul pallas mlp_{act}_matmul_t_{F}x{E}x{N}": 2 * N * E * F,
+                    f"matmul pallas mlp_matmul_d{act}_{N}x{F}x{E}": 2 * N * E * F}, listed
 
 
 @needs_plugin
@@ -150,4 +159,4 @@ def test_the_pallas_loss_head_never_writes_the_logit_gradient():
   assert [k.kind for k in writers] == ["matmul triton gemm fusion"], listed
   readers = sorted(k.kind or "" for k in _big(kernels, logits) if k not in writers)
   assert [k for k in readers if k.startswith("matmul")] == [
-      f"matmul pallas loss_head_dw_k{B * L}", f"matmul pallas loss_head_dx_k{V}"], listed
+      f"matmul pallas loss_head_dw_{V}x{E}x{B * L}", f"matmul pallas loss_head_dx_{B * L}x{E}x{V}"], listed

@@ -26,17 +26,22 @@ from transformer.training.trainer import Trainer
 from test_golden import _batch
 
 
-def _reference(act_name, x, wi, bi, wo, dtype):
-  """act(x @ wi + bi) @ wo by plain autodiff: the float32 product, one rounding each."""
-  h = jnp.einsum("NE,EF->NF", x, wi.astype(dtype), preferred_element_type=jnp.float32)
-  h = (h if bi is None else h + bi[None, :]).astype(dtype)
-  a = mlp_lib.ACTIVATION_FNS[act_name](h.astype(jnp.float32)).astype(dtype)
+def _reference(act_name, x, wi, bi, wo, dtype, gate=None):
+  """act(x @ wi + bi) @ wo (gated: times x @ wg + bg) by plain autodiff: the float32
+  product, one rounding each."""
+  def hidden(w, b):
+    h = jnp.einsum("NE,EF->NF", x, w.astype(dtype), preferred_element_type=jnp.float32)
+    return (h if b is None else h + b[None, :]).astype(dtype)
+  a = mlp_lib.ACTIVATION_FNS[act_name](hidden(wi, bi).astype(jnp.float32))
+  if gate is not None:
+    a = a * hidden(*gate).astype(jnp.float32)
+  a = a.astype(dtype)
   return jnp.einsum("NF,FE->NE", a, wo.astype(dtype), preferred_element_type=jnp.float32
                     ).astype(dtype)
 
 
-def _value_and_grads(fn, x, wi, bi, wo, dy):
-  y, vjp = jax.vjp(fn, x, wi, bi, wo)
+def _value_and_grads(fn, *args, dy):
+  y, vjp = jax.vjp(fn, *args)
   return [np.asarray(t, np.float32) for t in (y,) + vjp(dy.astype(y.dtype)) if t is not None]
 
 
@@ -46,20 +51,31 @@ def _value_and_grads(fn, x, wi, bi, wo, dy):
     ("gelu_tanh", jnp.float32, 40, False, 2e-6),  # 40 tokens: padded to 48.
     ("silu", jnp.float32, 96, True, 2e-6),
     ("gelu_tanh", jnp.bfloat16, 96, True, 2e-2),
+    ("swiglu", jnp.float32, 96, False, 2e-6),  # Gated: llama's.
+    ("geglu", jnp.float32, 96, True, 2e-6),
+    ("geglu_tanh", jnp.bfloat16, 96, True, 2e-2),
 ])
 def test_kernels_give_xlas_mlp_and_its_gradients(act_name, dtype, tokens, bias, tolerance):
-  keys = jax.random.split(jax.random.key(0), 5)
+  keys = jax.random.split(jax.random.key(0), 7)
   E, F = 32, 128
   x = jax.random.normal(keys[0], (tokens, E)).astype(dtype)
   wi = jax.random.normal(keys[1], (E, F)) * 0.3
   bi = jax.random.normal(keys[2], (F,)) * 0.3 if bias else None
   wo = jax.random.normal(keys[3], (F, E)) * 0.1
   dy = jax.random.normal(keys[4], (tokens, E))
-  got = _value_and_grads(
-      lambda *a: mlp_pallas.mlp(act_name, *a, dtype=dtype, interpret=True), x, wi, bi, wo, dy)
-  want = _value_and_grads(lambda *a: _reference(act_name, *a, dtype), x, wi, bi, wo, dy)
-  assert len(got) == len(want) == (5 if bias else 4)
-  for name, g, w in zip(("y", "dx", "dwi", "dbi", "dwo"), got, want):
+  gated = act_name in mlp_pallas.GATED
+  wg = jax.random.normal(keys[5], (E, F)) * 0.3 if gated else None
+  bg = jax.random.normal(keys[6], (F,)) * 0.3 if gated and bias else None
+  kernels = lambda x, wi, bi, wo, wg, bg: mlp_pallas.mlp(
+      act_name, x, wi, bi, wo, dtype=dtype, interpret=True, gate=(wg, bg) if gated else None)
+  plain = lambda x, wi, bi, wo, wg, bg: _reference(act_name, x, wi, bi, wo, dtype,
+                                                    (wg, bg) if gated else None)
+  got = _value_and_grads(kernels, x, wi, bi, wo, wg, bg, dy=dy)
+  want = _value_and_grads(plain, x, wi, bi, wo, wg, bg, dy=dy)
+  names = [n for n, there in (("y", 1), ("dx", 1), ("dwi", 1), ("dbi", bias), ("dwo", 1),
+                              ("dwg", gated), ("dbg", gated and bias)) if there]
+  assert len(got) == len(want) == len(names)
+  for name, g, w in zip(names, got, want):
     assert g.shape == w.shape and g.dtype == w.dtype, name
     scale = float(np.max(np.abs(w)))
     assert scale > 0 and float(np.max(np.abs(g - w))) <= tolerance * scale, name
@@ -113,6 +129,25 @@ def test_a_model_trains_with_the_pallas_kernels_as_with_xlas_over_four_data_shar
     np.testing.assert_allclose(pallas[2][path], value, atol=1e-4, err_msg=str(path))
 
 
+def test_a_gated_model_has_xlas_parameters_and_outputs_under_the_pallas_mlp(tfds_data_dir):
+  """swiglu (llama's MLP): wi, wi_gate and wo under their names, the same initial values,
+  and the first step's loss and parameters within float32 rounding of XLA's."""
+  from tiny import make_tiny_config  # pylint: disable=g-import-not-at-top
+  runs = {}
+  for impl in ("xla", "pallas"):
+    config = make_tiny_config(tfds_data_dir)
+    config.model.update(activation="swiglu", use_bias=False)
+    runs[impl] = _train(config, impl, devices=1, steps=1)
+  (first, losses, after), (p_first, p_losses, p_after) = runs["xla"], runs["pallas"]
+  assert any("wi_gate" in "/".join(path) for path in first)
+  assert sorted(first) == sorted(p_first)
+  for path, value in first.items():
+    np.testing.assert_array_equal(value, p_first[path], err_msg=str(path))
+  np.testing.assert_allclose(p_losses, losses, rtol=1e-6)
+  for path, value in after.items():
+    np.testing.assert_allclose(p_after[path], value, atol=1e-4, err_msg=str(path))
+
+
 def _model(**fields) -> ModelConfig:
   from tiny import make_tiny_config  # pylint: disable=g-import-not-at-top
   config = make_tiny_config("")
@@ -126,14 +161,15 @@ def test_auto_takes_the_pallas_mlp_on_gpus_where_it_applies(monkeypatch):
   monkeypatch.setattr(accelerator, "platform_of_mesh", lambda: "gpu")
   assert mlp_lib.pallas_chosen(_model())
   assert not mlp_lib.pallas_chosen(_model(mlp_impl="xla"))
-  assert not mlp_lib.pallas_chosen(_model(activation="swiglu"))
+  assert mlp_lib.pallas_chosen(_model(activation="swiglu"))  # Gated too.
+  assert not mlp_lib.pallas_chosen(_model(lora_rank=4, lora_targets=("wi",)))
   assert not mlp_lib.pallas_chosen(_model(mlp_dropout=0.1))  # Training: dropout between.
   assert mlp_lib.pallas_chosen(
       dataclasses.replace(_model(mlp_dropout=0.1), deterministic=True))
+  assert not mlp_lib.pallas_chosen(dataclasses.replace(_model(), decode=True))
 
 
 @pytest.mark.parametrize("fields,says", [
-    ({"activation": "swiglu"}, "model.activation='swiglu'"),
     ({"mlp_dropout": 0.1}, "model.mlp_dropout=0.1"),
     ({"quantization": "fp8"}, "model.quantization='fp8'"),
     ({"lora_rank": 4, "lora_targets": ("query", "wo")}, "model.lora_targets"),
@@ -159,3 +195,14 @@ def test_pallas_mlp_refuses_a_mesh_that_shards_its_weights():
   assert rules["mlp"] == "tensor", rules  # The default rules: tensor parallelism.
   with pytest.raises(ConfigError, match=r"model.mlp_impl.*shard 'mlp' over \['tensor'\]"):
     validate(config)
+
+
+def test_every_activation_has_its_kernel_function_or_is_refused_by_name(monkeypatch):
+  """Each model.activation is one of mlp_pallas's (an activation added to mlp.py alone
+  would be refused by name on a GPU, not fail with a KeyError at trace time)."""
+  from transformer.config import model as model_config  # pylint: disable=g-import-not-at-top
+  for name in model_config.ACTIVATIONS:
+    assert name in mlp_pallas.ACTIVATIONS or name in mlp_pallas.GATED, name
+  monkeypatch.setattr(mlp_pallas, "GATED", {})
+  with pytest.raises(ValueError, match="no kernel computes model.activation='swiglu'"):
+    mlp_lib.pallas_chosen(_model(activation="swiglu", mlp_impl="pallas"))

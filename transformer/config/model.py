@@ -82,7 +82,6 @@ MLP_IMPLS = ("auto", "xla", "pallas")
 # model.loss_head_impl: the loss head's backward matmuls. "pallas": the logit gradient made
 # in their prologue (training/head_pallas.py); "auto": that on GPUs where it applies.
 LOSS_HEAD_IMPLS = ("auto", "xla", "pallas")
-PALLAS_MLP_ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")  # mlp_pallas.ACTIVATIONS.
 PALLAS_MLP_ALIGN = 16  # mlp_pallas.ALIGN: d_model and mlp_dim multiples of it.
 
 # model.* fields that say how a run computes or regularises the model, not what the model
@@ -206,9 +205,6 @@ def pallas_mlp_refusal(model, training: bool = True) -> str | None:
   fix a user makes; None when it can. `training` False: dropout is off (evaluation,
   decoding), so model.mlp_dropout does not stand in the way."""
   from transformer.config import lora as lora_config  # pylint: disable=g-import-not-at-top
-  if model.activation not in PALLAS_MLP_ACTIVATIONS:
-    return (f"its kernels take the ungated activations {PALLAS_MLP_ACTIVATIONS}, not "
-            f"model.activation={model.activation!r}")
   if model.quantization:
     return f"it multiplies in model.dtype, not model.quantization={model.quantization!r}"
   if model.lora_rank and set(model.lora_targets) & set(lora_config.MLP_TARGETS):

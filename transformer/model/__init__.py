@@ -15,7 +15,8 @@
   norms.py         LayerNorm / RMSNorm / Gemma's (1 + scale) RMSNorm, one make_norm;
                    NORM_PLACEMENTS, where a block puts them (pre, post, sandwich)
   fp8.py           model.quantization="fp8": flax's fp8 matmul, its scaling state in params
-  mlp.py           the dense MLP and the activation table
+  mlp.py           the dense MLP and the activation table; model.mlp_impl's choice
+  mlp_pallas.py    the MLP's Pallas GPU kernels: the activation inside the matmuls
   lora.py          LoRA: a low-rank adapter beside a projection (model.lora_*), its merge
   moe.py           mixture of experts: router, dropless / capacity dispatch, aux losses
   layers.py        StackInputs (what every block of a stack reads), the shared Block

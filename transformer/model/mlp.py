@@ -10,7 +10,6 @@ import math
 import jax
 from flax import linen as nn
 
-from transformer import accelerator
 from transformer.config.model import GATED_ACTIVATIONS, ModelConfig, pallas_mlp_refusal
 from transformer.model import context
 from transformer.model import fp8
@@ -103,16 +102,17 @@ def _dense(config: ModelConfig, features: int, axes: tuple[str, str], name: str,
       bias_init=nn.with_logical_partitioning(nn.initializers.zeros, axes[1:]))
 
 
-GPU_PLATFORMS = ("gpu", "cuda")
-
-
 def pallas_chosen(config: ModelConfig) -> bool:
   """Whether model.mlp_impl takes the Pallas MLP (mlp_pallas.py) for the layer being
   traced: "pallas" always (validation refused what it cannot run; a mesh it cannot run
-  on is refused here), "auto" on a GPU where it can run, with dropout off or 0."""
+  on is refused here), "auto" on a GPU where it can run, with dropout off or 0, outside
+  cached decoding."""
   if config.mlp_impl == "xla":
     return False
   refusal = pallas_mlp_refusal(config, training=not config.deterministic)
+  if config.activation not in mlp_pallas.ACTIVATIONS and config.activation not in (
+      mlp_pallas.GATED):
+    refusal = refusal or f"no kernel computes model.activation={config.activation!r}"
   sharded = mlp_pallas.weights_sharded()
   if sharded:
     refusal = refusal or (f"the mesh shards the MLP's weights over {sharded}, and its "
@@ -123,7 +123,10 @@ def pallas_chosen(config: ModelConfig) -> bool:
     if refusal:
       raise ValueError(f"model.mlp_impl='pallas': {refusal}; use 'auto' or 'xla'")
     return True
-  return refusal is None and accelerator.platform_of_mesh() in GPU_PLATFORMS
+  # Not for a cached decoding step: a few tokens a call, where the weights' reads are the
+  # step and XLA's autotuned GEMMs have nothing to lose to an activation pass.
+  return (refusal is None and not config.decode
+          and mlp_pallas.platform() in mlp_pallas.GPU_PLATFORMS)
 
 
 class _Weights(nn.Module):
@@ -180,9 +183,11 @@ class MLP(nn.Module):
     """The same MLP by mlp_pallas.mlp: the parameters _dense would make, under its names."""
     cfg = self.config
     wi, bi = _Weights(cfg, width, ("embed", "mlp"), name="wi")(x_NE.shape[-1])
+    gate = (_Weights(cfg, width, ("embed", "mlp"), name="wi_gate")(x_NE.shape[-1])
+            if cfg.activation in GATED_ACTIVATIONS else None)
     wo, bo = _Weights(cfg, cfg.d_model, ("mlp", "embed"), self.residual_adds,
                       name="wo")(width)
     x_NE = x_NE.astype(cfg.dtype)
     y_NE = mlp_pallas.mlp(cfg.activation, x_NE, wi, bi, wo, cfg.dtype,
-                          interpret=accelerator.platform_of_mesh() == "cpu")
+                          interpret=mlp_pallas.platform() == "cpu", gate=gate)
     return y_NE if bo is None else y_NE + bo.astype(y_NE.dtype)[None, :]

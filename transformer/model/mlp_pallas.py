@@ -15,7 +15,10 @@ product nor a product times a function of another array after it (docs/performan
 
 h = x @ wi + bi stays XLA's (the bias added in its epilogue, attention.biased_product),
 as do wi's two backward matmuls. Per [N, F] activation, the forward and backward move
-7 arrays of that size instead of 11 (gpt_small 32 x 1024: 201 MB each a layer).
+7 arrays of that size instead of 11 (gpt_small 32 x 1024: 201 MB each a layer). Gated
+(swiglu, geglu: act(h) * gate, gate = x @ wi_gate + bg), the prologue reads both, and the
+third kernel writes dh = dA * gate * act'(h) and dgate = dA * act(h): 14 arrays of [N, F]
+instead of 17.
 
 Each kernel accumulates in float32, reads the activation's input in float32 and rounds
 once to the compute dtype. On a CPU the kernels run through Pallas's interpreter, which
@@ -37,6 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
+from transformer import accelerator
 from transformer.model import context
 
 # Block sizes, largest first: a tile of 128 x 128 with 64 along the contraction is what
@@ -74,83 +78,118 @@ def gpu_params():
 
 
 def pallas_call(kernel, name: str, out_shape, grid, in_specs, out_specs, interpret: bool):
-  """pl.pallas_call with this module's launch settings. The kernel's name ends in its
-  contraction length (`_k3072`): planning/hlo.py counts a Pallas matmul's FLOPs from it,
-  since the HLO holds the kernel only as Triton IR."""
+  """pl.pallas_call with this module's launch settings. A matmul kernel's name ends in
+  its product's M x N x K (`_32768x768x3072`): planning/hlo.py counts a Pallas matmul's
+  FLOPs from it, since the HLO holds the kernel only as Triton IR."""
   from jax.experimental import pallas as pl  # pylint: disable=g-import-not-at-top
   return pl.pallas_call(
       kernel, out_shape=out_shape, grid=grid, in_specs=in_specs, out_specs=out_specs,
       name=name, interpret=interpret, compiler_params=None if interpret else gpu_params())
 
 
-def act_matmul(act_name: str, h_NF: jax.Array, w_FE: jax.Array, interpret: bool) -> jax.Array:
-  """act(h) @ w in h's dtype, act applied to each [bm, bk] block of h as it is loaded."""
+def _load(ref, rows, cols, gated: bool) -> tuple[jax.Array, jax.Array | None]:
+  """A block of h (and of the gate) as float32: gated, the ref holds [..., 2, F], h at 0
+  and the gate at 1 of its middle axis (the joined projection's layout)."""
+  if not gated:
+    return ref[rows, cols].astype(_F32), None
+  return ref[rows, 0, cols].astype(_F32), ref[rows, 1, cols].astype(_F32)
+
+
+def _prologue(act, h, gate):
+  """act(h), times the gate for a gated MLP; float32 blocks in, float32 out."""
+  a = act(h)
+  return a if gate is None else a * gate
+
+
+def act_matmul(act_name: str, h_NF: jax.Array, w_FE: jax.Array, interpret: bool
+               ) -> jax.Array:
+  """act(h) @ w in h's dtype, the prologue applied to each [bm, bk] block of h as it is
+  loaded. Gated, h is [N, 2, F] (h, gate) and the product is (act(h) * gate) @ w."""
   from jax.experimental import pallas as pl  # pylint: disable=g-import-not-at-top
-  act = ACTIVATIONS[act_name]
-  (N, F), E = h_NF.shape, w_FE.shape[1]
+  act, gated = activation_of(act_name), h_NF.ndim == 3
+  (N, F), E = (h_NF.shape[0], h_NF.shape[-1]), w_FE.shape[1]
   bm, bn, bk = tile(N), tile(E), tile(F, DEPTHS)
 
   def kernel(h_ref, w_ref, y_ref):
     def step(k, acc):
-      a = act(h_ref[:, pl.ds(k * bk, bk)].astype(_F32)).astype(w_ref.dtype)
-      return acc + dot_f32(a, w_ref[pl.ds(k * bk, bk), :], (1, 0))
+      cols = pl.ds(k * bk, bk)
+      a = _prologue(act, *_load(h_ref, slice(None), cols, gated)).astype(w_ref.dtype)
+      return acc + dot_f32(a, w_ref[cols, :], (1, 0))
     acc = jax.lax.fori_loop(0, F // bk, step, jnp.zeros((bm, bn), _F32))
     y_ref[...] = acc.astype(y_ref.dtype)
 
-  return pallas_call(kernel, f"mlp_{act_name}_matmul_k{F}",
-               jax.ShapeDtypeStruct((N, E), h_NF.dtype), (N // bm, E // bn),
-               [pl.BlockSpec((bm, F), lambda i, j: (i, 0)),
-                pl.BlockSpec((F, bn), lambda i, j: (0, j))],
-               pl.BlockSpec((bm, bn), lambda i, j: (i, j)), interpret)(h_NF, w_FE)
+  h_spec = (pl.BlockSpec((bm, 2, F), lambda i, j: (i, 0, 0)) if gated
+            else pl.BlockSpec((bm, F), lambda i, j: (i, 0)))
+  return pallas_call(kernel, f"mlp_{act_name}_matmul_{N}x{E}x{F}",
+                     jax.ShapeDtypeStruct((N, E), h_NF.dtype), (N // bm, E // bn),
+                     [h_spec, pl.BlockSpec((F, bn), lambda i, j: (0, j))],
+                     pl.BlockSpec((bm, bn), lambda i, j: (i, j)), interpret)(h_NF, w_FE)
 
 
 def act_t_matmul(act_name: str, h_NF: jax.Array, dy_NE: jax.Array, interpret: bool
                  ) -> jax.Array:
   """act(h)^T @ dy in float32 ([F, E]: wo's gradient), the same prologue as act_matmul."""
   from jax.experimental import pallas as pl  # pylint: disable=g-import-not-at-top
-  act = ACTIVATIONS[act_name]
-  (N, F), E = h_NF.shape, dy_NE.shape[1]
+  act, gated = activation_of(act_name), h_NF.ndim == 3
+  (N, F), E = (h_NF.shape[0], h_NF.shape[-1]), dy_NE.shape[1]
   bm, bn, bk = tile(F), tile(E), tile(N, DEPTHS)
 
   def kernel(h_ref, dy_ref, dw_ref):
     def step(k, acc):
-      a = act(h_ref[pl.ds(k * bk, bk), :].astype(_F32)).astype(dy_ref.dtype)
-      return acc + dot_f32(a, dy_ref[pl.ds(k * bk, bk), :], (0, 0))
+      rows = pl.ds(k * bk, bk)
+      a = _prologue(act, *_load(h_ref, rows, slice(None), gated)).astype(dy_ref.dtype)
+      return acc + dot_f32(a, dy_ref[rows, :], (0, 0))
     dw_ref[...] = jax.lax.fori_loop(0, N // bk, step, jnp.zeros((bm, bn), _F32))
 
-  return pallas_call(kernel, f"mlp_{act_name}_matmul_t_k{N}", jax.ShapeDtypeStruct((F, E), _F32),
-               (F // bm, E // bn),
-               [pl.BlockSpec((N, bm), lambda i, j: (0, i)),
-                pl.BlockSpec((N, bn), lambda i, j: (0, j))],
-               pl.BlockSpec((bm, bn), lambda i, j: (i, j)), interpret)(h_NF, dy_NE)
+  h_spec = (pl.BlockSpec((N, 2, bm), lambda i, j: (0, 0, i)) if gated
+            else pl.BlockSpec((N, bm), lambda i, j: (0, i)))
+  return pallas_call(kernel, f"mlp_{act_name}_matmul_t_{F}x{E}x{N}",
+                     jax.ShapeDtypeStruct((F, E), _F32), (F // bm, E // bn),
+                     [h_spec, pl.BlockSpec((N, bn), lambda i, j: (0, j))],
+                     pl.BlockSpec((bm, bn), lambda i, j: (i, j)), interpret)(h_NF, dy_NE)
 
 
 def matmul_dact(act_name: str, dy_NE: jax.Array, w_FE: jax.Array, h_NF: jax.Array,
                 interpret: bool) -> tuple[jax.Array, jax.Array]:
-  """(dy @ w^T) * act'(h) in h's dtype, and the float32 column sums of that rounded dh
-  per block of rows ([N / bm, F]: their sum is wi's bias gradient)."""
+  """dh = (dy @ w^T) * act'(h) in h's dtype, and the float32 column sums of that rounded
+  dh per block of rows ([N / bm, F]: their sum is wi's bias gradient). Gated (h
+  [N, 2, F]), with dA = dy @ w^T: dh = dA * gate * act'(h) and dgate = dA * act(h),
+  written as h is laid out ([N, 2, F]), their sums [N / bm, 2, F]."""
   from jax.experimental import pallas as pl  # pylint: disable=g-import-not-at-top
-  act = ACTIVATIONS[act_name]
+  act, gated = activation_of(act_name), h_NF.ndim == 3
   (N, E), F = dy_NE.shape, w_FE.shape[0]
   bm, bn, bk = tile(N), tile(F), tile(E, DEPTHS)
 
   def kernel(dy_ref, w_ref, h_ref, dh_ref, sums_ref):
     def step(k, acc):
-      return acc + dot_f32(dy_ref[:, pl.ds(k * bk, bk)], w_ref[:, pl.ds(k * bk, bk)], (1, 1))
-    dg = jax.lax.fori_loop(0, E // bk, step, jnp.zeros((bm, bn), _F32))
-    dh = (dg * _derivative(act, h_ref[...].astype(_F32))).astype(dh_ref.dtype)
-    dh_ref[...] = dh
-    sums_ref[...] = jnp.sum(dh.astype(_F32), axis=0, keepdims=True)
+      cols = pl.ds(k * bk, bk)
+      return acc + dot_f32(dy_ref[:, cols], w_ref[:, cols], (1, 1))
+    da = jax.lax.fori_loop(0, E // bk, step, jnp.zeros((bm, bn), _F32))
+    h, gate = _load(h_ref, slice(None), slice(None), gated)
+    if not gated:
+      dh = (da * _derivative(act, h)).astype(dh_ref.dtype)
+      dh_ref[...] = dh
+      sums_ref[...] = jnp.sum(dh.astype(_F32), axis=0, keepdims=True)
+      return
+    a, slope = jax.jvp(act, (h,), (jnp.ones_like(h),))
+    for half, grad in enumerate((da * gate * slope, da * a)):
+      rounded = grad.astype(dh_ref.dtype)
+      dh_ref[:, half, :] = rounded
+      sums_ref[:, half, :] = jnp.sum(rounded.astype(_F32), axis=0, keepdims=True)
 
-  return pallas_call(kernel, f"mlp_matmul_d{act_name}_k{E}",
-               (jax.ShapeDtypeStruct((N, F), h_NF.dtype),
-                jax.ShapeDtypeStruct((N // bm, F), _F32)),
-               (N // bm, F // bn),
-               [pl.BlockSpec((bm, E), lambda i, j: (i, 0)),
-                pl.BlockSpec((bn, E), lambda i, j: (j, 0)),
-                pl.BlockSpec((bm, bn), lambda i, j: (i, j))],
-               (pl.BlockSpec((bm, bn), lambda i, j: (i, j)),
-                pl.BlockSpec((1, bn), lambda i, j: (i, j))), interpret)(dy_NE, w_FE, h_NF)
+  if gated:
+    block = pl.BlockSpec((bm, 2, bn), lambda i, j: (i, 0, j))
+    sums = (jax.ShapeDtypeStruct((N // bm, 2, F), _F32),
+            pl.BlockSpec((1, 2, bn), lambda i, j: (i, 0, j)))
+  else:
+    block = pl.BlockSpec((bm, bn), lambda i, j: (i, j))
+    sums = (jax.ShapeDtypeStruct((N // bm, F), _F32),
+            pl.BlockSpec((1, bn), lambda i, j: (i, j)))
+  return pallas_call(
+      kernel, f"mlp_matmul_d{act_name}_{N}x{F}x{E}",
+      (jax.ShapeDtypeStruct(h_NF.shape, h_NF.dtype), sums[0]), (N // bm, F // bn),
+      [pl.BlockSpec((bm, E), lambda i, j: (i, 0)), pl.BlockSpec((bn, E), lambda i, j: (j, 0)),
+       block], (block, sums[1]), interpret)(dy_NE, w_FE, h_NF)
 
 
 def _gelu_tanh(x: jax.Array) -> jax.Array:
@@ -181,17 +220,24 @@ def _gelu_exact(x: jax.Array) -> jax.Array:
   return 0.5 * x * (1.0 + _erf(x * np.float32(1 / np.sqrt(2))))
 
 
-# The activations the kernels compute (float32 in, float32 out): mlp.py's ungated ones,
-# the same functions. Gated MLPs (act(x W) * x V) keep XLA's path.
+# The activations the kernels compute (float32 in, float32 out): mlp.py's, the same
+# functions; a gated one (act(x W) * x V) by the activation of its GATED entry.
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "relu": jax.nn.relu, "gelu": _gelu_exact, "gelu_tanh": _gelu_tanh, "silu": jax.nn.silu,
 }
+GATED = {"swiglu": "silu", "geglu": "gelu", "geglu_tanh": "gelu_tanh"}
+
+
+def activation_of(act_name: str) -> Callable[[jax.Array], jax.Array]:
+  """The float32 function of model.activation `act_name` (a gated one's activation)."""
+  return ACTIVATIONS[GATED.get(act_name, act_name)]
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
 def _mlp(act_name: str, dtype: jnp.dtype, interpret: bool, x_NE: jax.Array,
-         wi_EF: jax.Array, bi_F: jax.Array | None, wo_FE: jax.Array) -> jax.Array:
-  return _mlp_fwd(act_name, dtype, interpret, x_NE, wi_EF, bi_F, wo_FE)[0]
+         wi_EF: jax.Array, bi_F: jax.Array | None, wg_EF: jax.Array | None,
+         bg_F: jax.Array | None, wo_FE: jax.Array) -> jax.Array:
+  return _mlp_fwd(act_name, dtype, interpret, x_NE, wi_EF, bi_F, wg_EF, bg_F, wo_FE)[0]
 
 
 def _hidden(x_NE, wi_EF, bi_F, dtype):
@@ -201,21 +247,46 @@ def _hidden(x_NE, wi_EF, bi_F, dtype):
   return (h_NF if bi_F is None else h_NF + bi_F.astype(_F32)[None, :]).astype(dtype)
 
 
-def _mlp_fwd(act_name, dtype, interpret, x_NE, wi_EF, bi_F, wo_FE):
-  h_NF = _hidden(x_NE, wi_EF, bi_F, dtype)
+def _joined(wi_EF, bi_F, wg_EF, bg_F):
+  """The projection's kernel [E, F] and bias, gated: wi and wi_gate side by side [E, 2F]
+  (one matmul writes h and the gate as one [N, 2, F] array: with two, XLA's GPU compiler
+  merges them into one and copies the halves out, two passes more)."""
+  if wg_EF is None:
+    return wi_EF, bi_F
+  if bi_F is None and bg_F is None:
+    return jnp.concatenate([wi_EF, wg_EF], axis=1), None
+  zeros = jnp.zeros((wi_EF.shape[1],), _F32)  # One of the two without a bias.
+  bias = jnp.concatenate([zeros if b is None else b.astype(_F32) for b in (bi_F, bg_F)])
+  return jnp.concatenate([wi_EF, wg_EF], axis=1), bias
+
+
+def _mlp_fwd(act_name, dtype, interpret, x_NE, wi_EF, bi_F, wg_EF, bg_F, wo_FE):
+  w_EF, b_F = _joined(wi_EF, bi_F, wg_EF, bg_F)
+  h_NF = _hidden(x_NE, w_EF, b_F, dtype)
+  if wg_EF is not None:
+    h_NF = h_NF.reshape(h_NF.shape[0], 2, -1)  # [N, 2, F]: h, gate.
   y_NE = act_matmul(act_name, h_NF, wo_FE.astype(dtype), interpret)
-  return y_NE, (x_NE, wi_EF, bi_F, wo_FE, h_NF)
+  return y_NE, (x_NE, wi_EF, bi_F, wg_EF, bg_F, wo_FE, h_NF)
 
 
 def _mlp_bwd(act_name, dtype, interpret, residuals, dy_NE):
-  x_NE, wi_EF, bi_F, wo_FE, h_NF = residuals
+  x_NE, wi_EF, bi_F, wg_EF, bg_F, wo_FE, h_NF = residuals
   dy_NE = dy_NE.astype(dtype)
   dwo_FE = act_t_matmul(act_name, h_NF, dy_NE, interpret)
   dh_NF, sums = matmul_dact(act_name, dy_NE, wo_FE.astype(dtype), h_NF, interpret)
-  dwi_EF = jnp.einsum("NE,NF->EF", x_NE, dh_NF, preferred_element_type=_F32)
-  dx_NE = jnp.einsum("NF,EF->NE", dh_NF, wi_EF.astype(dtype))
-  dbi = None if bi_F is None else jnp.sum(sums, axis=0).astype(bi_F.dtype)
-  return (dx_NE.astype(x_NE.dtype), dwi_EF.astype(wi_EF.dtype), dbi,
+  dh_NF = dh_NF.reshape(dh_NF.shape[0], -1)  # Gated: [N, 2F], the joined kernel's columns.
+  w_EF, _ = _joined(wi_EF, bi_F, wg_EF, bg_F)
+  dw_EF = jnp.einsum("NE,NF->EF", x_NE, dh_NF, preferred_element_type=_F32)
+  dx_NE = jnp.einsum("NF,EF->NE", dh_NF, w_EF.astype(dtype))
+  db_F = jnp.sum(sums.reshape(sums.shape[0], -1), axis=0)
+  F = wi_EF.shape[1]
+  grads = []
+  for w, b, part in ((wi_EF, bi_F, slice(0, F)), (wg_EF, bg_F, slice(F, 2 * F))):
+    if w is None:
+      grads += [None, None]
+      continue
+    grads += [dw_EF[:, part].astype(w.dtype), None if b is None else db_F[part].astype(b.dtype)]
+  return (dx_NE.astype(x_NE.dtype), grads[0], grads[1], grads[2], grads[3],
           dwo_FE.astype(wo_FE.dtype))
 
 
@@ -223,22 +294,29 @@ _mlp.defvjp(_mlp_fwd, _mlp_bwd)
 
 
 def mlp(act_name: str, x_NE: jax.Array, wi_EF: jax.Array, bi_F: jax.Array | None,
-        wo_FE: jax.Array, dtype: jnp.dtype, interpret: bool) -> jax.Array:
-  """act(x @ wi + bi) @ wo in `dtype` ([N, E]; wo's bias is the caller's), by the kernels
-  above, differentiable (a custom VJP: wi's, bi's and wo's gradients in their own dtypes).
+        wo_FE: jax.Array, dtype: jnp.dtype, interpret: bool,
+        gate: tuple[jax.Array, jax.Array | None] | None = None) -> jax.Array:
+  """act(x @ wi + bi) @ wo in `dtype` ([N, E]; wo's bias is the caller's), gated:
+  (act(x @ wi + bi) * (x @ wg + bg)) @ wo, by the kernels above, differentiable (a
+  custom VJP: every weight's gradient in its own dtype).
 
   Args:
-    act_name: a key of ACTIVATIONS.
+    act_name: a key of ACTIVATIONS or GATED (model.activation).
     x_NE: the tokens, in `dtype`.
     wi_EF, bi_F, wo_FE: the MLP's weights as stored (bi_F None without biases).
     dtype: the compute dtype.
     interpret: run the kernels through Pallas's interpreter (a CPU).
+    gate: (wg_EF, bg_F), wi_gate's weights, for a GATED activation.
   """
+  if (gate is None) == (act_name in GATED):
+    raise ValueError(f"model.activation={act_name!r} {'needs' if gate is None else 'takes no'}"
+                     " gate weights")
   N, E = x_NE.shape
   F = wi_EF.shape[1]
   if E % ALIGN or F % ALIGN:
     raise ValueError(f"the Pallas MLP needs d_model ({E}) and mlp_dim ({F}) to be multiples "
                      f"of {ALIGN}; set model.mlp_impl='xla'")
+  wg_EF, bg_F = gate or (None, None)
   run = functools.partial(_mlp, act_name, jnp.dtype(dtype), interpret)
   rows, shards, spread = token_shards(N)
   pad = -(N // shards) % ALIGN * shards  # Each shard's tokens a multiple of ALIGN.
@@ -248,9 +326,9 @@ def mlp(act_name: str, x_NE: jax.Array, wi_EF: jax.Array, bi_F: jax.Array | None
     from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
     # check_vma off, as splash.py's: pallas_call's outputs carry no varying-axes type.
     # The weights' cotangents are then summed over `rows` by shard_map's transpose.
-    run = jax.shard_map(run, in_specs=(P(rows, None), P(), P(), P()),
+    run = jax.shard_map(run, in_specs=(P(rows, None), P(), P(), P(), P(), P()),
                         out_specs=P(rows, None), check_vma=False)
-  y_NE = run(x_NE, wi_EF, bi_F, wo_FE)
+  y_NE = run(x_NE, wi_EF, bi_F, wg_EF, bg_F, wo_FE)
   return y_NE[:N] if pad else y_NE
 
 
@@ -293,6 +371,15 @@ def weights_sharded() -> tuple[str, ...]:
   """The mesh axes the MLP's weights are sharded over: the kernels take them whole, so
   model.mlp_impl="pallas" is refused there and "auto" keeps XLA's MLP (mlp.py)."""
   return sharded_over(("embed", "mlp"))
+
+
+GPU_PLATFORMS = ("gpu", "cuda")
+
+
+def platform() -> str:
+  """The platform being traced for (accelerator.platform_of_mesh: a compile-only GPU's
+  too): "auto" takes the kernels on GPU_PLATFORMS, a CPU interprets them."""
+  return accelerator.platform_of_mesh()
 
 
 def uses_context() -> bool:

@@ -240,12 +240,12 @@ def _gemm_call_flops(instruction: text.Instruction, computation: text.Computatio
 
 
 # A Pallas kernel for XLA's GPU backend: a custom call holding Triton IR, named by its
-# pallas_call. The project's Pallas matmuls (model/mlp_pallas.py) end their names in their
-# contraction length, "_k<K>": the IR is opaque here, so their FLOPs are 2 x the first
-# output's elements x K.
+# pallas_call. The project's Pallas matmuls (model/mlp_pallas.py, training/head_pallas.py)
+# end their names in their product's shape, "_<M>x<N>x<K>": the IR is opaque here, so
+# their FLOPs are 2 x M x N x K.
 PALLAS_GPU_TARGET = "__gpu$xla.gpu.triton"
 _PALLAS_NAME = re.compile(r'\bname = "([^"]+)"')
-_PALLAS_MATMUL = re.compile(r"_k(\d+)$")
+_PALLAS_MATMUL = re.compile(r"_(\d+)x(\d+)x(\d+)$")
 
 
 def pallas_gpu_name(instruction: text.Instruction) -> str | None:
@@ -257,14 +257,11 @@ def pallas_gpu_name(instruction: text.Instruction) -> str | None:
 
 
 def _pallas_matmul_flops(instruction: text.Instruction) -> float:
-  name = pallas_gpu_name(instruction) or ""
-  match = _PALLAS_MATMUL.search(name)
+  match = _PALLAS_MATMUL.search(pallas_gpu_name(instruction) or "")
   if not match:
     return 0.0
-  out = 1
-  for d in text.dims(instruction.shape):  # The first output array.
-    out *= d
-  return 2.0 * out * int(match.group(1))
+  m, n, k = (int(g) for g in match.groups())
+  return 2.0 * m * n * k
 
 
 def kernel_kind(instruction: text.Instruction) -> str | None:

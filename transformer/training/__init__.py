@@ -27,6 +27,9 @@
   metrics.py          metric sums and the progress line (rows go to workdir/metrics_file.py)
   head_loss.py        the loss head: vocabulary projection + cross-entropy a chunk at a
                       time, statistics in one pass, its gradient made in the forward
+  logit_gradient.py   the logit gradient's formula, one for both heads below and above
+  head_pallas.py      the loss head's backward matmuls as Pallas GPU kernels that make
+                      the logit gradient inside them (model.loss_head_impl)
   flops.py            model FLOPs per step, device peaks, MFU's denominator
 
 May import: config, distributed, hardware, sharding, model, data, inference,

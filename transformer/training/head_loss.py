@@ -36,6 +36,9 @@ import jax.numpy as jnp
 from flax import linen as nn
 from jax import lax
 
+from transformer.training import head_pallas
+from transformer.training import logit_gradient
+
 # What an excluded row's logit becomes: finite (a pad target there, weighted 0, must
 # give 0, not inf * 0 = nan) yet far enough below any real logit that exp() is 0.
 EXCLUDED_LOGIT = -1e9
@@ -77,18 +80,10 @@ class HeadSpec:
   interpret: bool = False  # Those kernels through Pallas's interpreter (a CPU).
 
 
-def _allowed_V(vocab: int, never_predict: tuple[int, ...]) -> jax.Array:
-  """1.0 for the vocabulary rows the softmax may predict, 0.0 for never_predict's."""
-  allowed = jnp.ones((vocab,), jnp.float32)
-  if never_predict:
-    allowed = allowed.at[jnp.asarray(never_predict, jnp.int32)].set(0.0)
-  return allowed
-
-
 def _allowed(vocab: int, options: "LossOptions") -> jax.Array | None:
-  """_allowed_V where the loss reads it (never_predict, label smoothing), else None."""
+  """logit_gradient.allowed_V where the loss reads it (never_predict, label smoothing), else None."""
   if options.never_predict or options.label_smoothing:
-    return _allowed_V(vocab, options.never_predict)
+    return logit_gradient.allowed_V(vocab, options.never_predict)
   return None
 
 
@@ -185,29 +180,9 @@ def logits_gradient(logits: jax.Array, targets: jax.Array, weights: jax.Array,
   l = logits.astype(jnp.float32)
   index = lax.broadcasted_iota(jnp.int32, l.shape, l.ndim - 1)
   allowed = None if allowed_V is None else _along_vocab(allowed_V, l.ndim)
-  return gradient_formula(l, index, targets[..., None], weights.astype(jnp.float32)[..., None],
+  return logit_gradient.formula(l, index, targets[..., None], weights.astype(jnp.float32)[..., None],
                           stats["lse"][..., None], allowed,
                           None if allowed_V is None else jnp.sum(allowed_V), options, softcap)
-
-
-def gradient_formula(l, index, targets, weights, lse, allowed, allowed_count,
-                     options: LossOptions, softcap: float) -> jax.Array:
-  """logits_gradient's formula on float32 logits `l` and their vocabulary ids `index`,
-  the rest broadcast against them (per row: targets, weights, lse; per vocabulary id:
-  allowed, None where the options do not read it). One formula for XLA's path and the
-  Pallas kernels' blocks (head_pallas.py)."""
-  p = jnp.exp(l - lse)
-  if options.z_loss > 0:
-    p = p * (1.0 + 2.0 * options.z_loss * lse)
-  hit = jnp.where(index == targets, 1.0 - options.label_smoothing, 0.0)
-  d = p - hit
-  if options.label_smoothing > 0:
-    d = d - options.label_smoothing * (allowed / allowed_count)
-  if options.never_predict:
-    d = d * allowed
-  if softcap:
-    d = d * (1.0 - jnp.square(l / softcap))
-  return d * weights
 
 
 def project(weight: jax.Array, bias_V: jax.Array | None, x: jax.Array, spec: HeadSpec,
@@ -236,7 +211,6 @@ def _chunk(weight, bias_V, x, targets, weights, groups, dw_total=None, *, spec: 
   if not grad:
     return sums
   if spec.pallas:  # d is made inside the two matmuls, never written (head_pallas.py).
-    from transformer.training import head_pallas  # pylint: disable=g-import-not-at-top
     dx, dw = head_pallas.gradients(logits, x.astype(spec.dtype), weight, stats["lse"],
                                    targets, weights, dw_total, tied=spec.tied,
                                    dtype=spec.dtype, options=options, softcap=spec.softcap,

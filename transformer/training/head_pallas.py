@@ -7,7 +7,7 @@ dx = d @ W and dW = d^T @ x. On a GPU XLA writes d as a pass of its own (the log
 d written, [tokens, V] each) before the matmuls read it: its GEMM fusions take the
 float32 exp(l - lse) of a stored operand in no prologue (docs/performance.md, "Fewer
 bytes"). These kernels read the logits themselves and compute d block by block with
-head_loss.gradient_formula, the same formula XLA's path uses, in float32, rounded once
+logit_gradient.formula, the same formula XLA's path uses, in float32, rounded once
 to the compute dtype for the product: d is never written (gpt_small 32 x 1024: 537 MB
 read and 537 MB written less per chunk of 8,192 tokens).
 
@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from transformer.model import mlp_pallas
-from transformer.training import head_loss
+from transformer.training import logit_gradient
 
 _F32 = jnp.float32
 ALIGN = mlp_pallas.ALIGN
@@ -68,7 +68,7 @@ def _dx(logits_NV, weight, lse_N, targets_N, weights_N, allowed_V, *, tied, dtyp
       cols = pl.ds(k * bk, bk)
       l = l_ref[:, cols].astype(_F32)
       index = k * bk + lax.broadcasted_iota(jnp.int32, (bm, bk), 1)
-      d = head_loss.gradient_formula(l, index, t, wt, lse, al_ref[cols][None, :], count,
+      d = logit_gradient.formula(l, index, t, wt, lse, al_ref[cols][None, :], count,
                                      options, softcap).astype(dtype)
       if tied:  # W [V, E]: rows k.
         return acc + mlp_pallas.dot_f32(d, w_ref[cols, :], (1, 0))
@@ -80,7 +80,7 @@ def _dx(logits_NV, weight, lse_N, targets_N, weights_N, allowed_V, *, tied, dtyp
             else pl.BlockSpec((bn, V), lambda i, j: (j, 0)))
   row = pl.BlockSpec((bm,), lambda i, j: (i,))
   return mlp_pallas.pallas_call(
-      kernel, f"loss_head_dx_k{V}", jax.ShapeDtypeStruct((N, E), dx_dtype),
+      kernel, f"loss_head_dx_{N}x{E}x{V}", jax.ShapeDtypeStruct((N, E), dx_dtype),
       (N // bm, E // bn),
       [pl.BlockSpec((bm, V), lambda i, j: (i, 0)), w_spec, row, row, row,
        pl.BlockSpec((V,), lambda i, j: (0,))],
@@ -108,7 +108,7 @@ def _dw(logits_NV, x_NE, lse_N, targets_N, weights_N, allowed_V, total, *, tied,
       rows = pl.ds(k * bk, bk)
       l = l_ref[rows, :].astype(_F32)
       index = v0 + lax.broadcasted_iota(jnp.int32, (bk, bv), 1)
-      d = head_loss.gradient_formula(
+      d = logit_gradient.formula(
           l, index, t_ref[rows][:, None], wt_ref[rows][:, None], lse_ref[rows][:, None],
           al_ref[...][None, :], count, options, softcap).astype(dtype)
       x = x_ref[rows, :]
@@ -127,13 +127,13 @@ def _dw(logits_NV, x_NE, lse_N, targets_N, weights_N, allowed_V, total, *, tied,
                 pl.BlockSpec((bv,), (lambda i, j: (i,)) if tied else (lambda i, j: (j,))),
                 pl.BlockSpec((ba, bb), lambda i, j: (i, j))],
       out_specs=pl.BlockSpec((ba, bb), lambda i, j: (i, j)),
-      input_output_aliases={6: 0}, name=f"loss_head_dw_k{N}", interpret=interpret,
+      input_output_aliases={6: 0}, name=f"loss_head_dw_{A}x{B}x{N}", interpret=interpret,
       compiler_params=None if interpret else mlp_pallas.gpu_params())
   return call(logits_NV, x_NE, lse_N, targets_N, weights_N, allowed_V, total)
 
 
 def gradients(logits, x, weight, lse, targets, weights, dw_total, *, tied: bool, dtype,
-              options: head_loss.LossOptions, softcap: float, interpret: bool,
+              options, softcap: float, interpret: bool,
               dx_dtype) -> tuple[jax.Array, jax.Array]:
   """(dx in `dx_dtype` shaped as x, dw_total + this chunk's weight gradient in float32) of
   one chunk: logits [..., V], x [..., E], per token lse, targets and weights [...].
@@ -142,7 +142,7 @@ def gradients(logits, x, weight, lse, targets, weights, dw_total, *, tied: bool,
   multiple of 16 with weight-0 rows (their d is 0)."""
   V = logits.shape[-1]
   E = x.shape[-1]
-  allowed_V = head_loss._allowed_V(V, options.never_predict)  # pylint: disable=protected-access
+  allowed_V = logit_gradient.allowed_V(V, options.never_predict)
   count = float(V - len(set(options.never_predict)))  # Static: the kernels' constant.
   flat = [a.reshape((-1,) + a.shape[len(targets.shape):])
           for a in (logits, x, lse, targets, weights.astype(_F32))]

@@ -16,9 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from transformer import accelerator
 from transformer.config.model import ModelConfig
 from transformer.model import context
+from transformer.model import mlp_pallas
 from transformer.model import moe
 from transformer.model.lm_head import logits_chunk_length, rows_per_device
 from transformer.model.lm_head import LogitsHead
@@ -155,11 +155,11 @@ def head_spec(head: LogitsHead, d_model: int, logits_dtype: str = "auto",
     if head.impl == "pallas" and why:
       raise ValueError(f"model.loss_head_impl='pallas': {why}; use 'auto' or 'xla'")
     pallas = why is None and (head.impl == "pallas" or
-                              accelerator.platform_of_mesh() in ("gpu", "cuda"))
+                              mlp_pallas.platform() in mlp_pallas.GPU_PLATFORMS)
   return head_loss.HeadSpec(
       tied=head.tied, dtype=jnp.dtype(head.dtype),
       logits_dtype=jnp.dtype(head.dtype if logits_dtype == "auto" else logits_dtype),
-      softcap=head.softcap, pallas=pallas, interpret=accelerator.platform_of_mesh() == "cpu")
+      softcap=head.softcap, pallas=pallas, interpret=mlp_pallas.platform() == "cpu")
 
 
 def head_loss_sums(head: LogitsHead, x_BLE: jax.Array,
