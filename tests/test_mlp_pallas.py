@@ -186,15 +186,33 @@ def test_pallas_mlp_refuses_what_its_kernels_cannot_compute_by_name(fields, says
   validate(config)  # auto keeps XLA's MLP there instead.
 
 
-def test_pallas_mlp_refuses_a_mesh_that_shards_its_weights():
+@pytest.mark.parametrize("key,logical", [("mlp_impl", "mlp"), ("loss_head_impl", "vocab")])
+def test_pallas_kernels_refuse_a_mesh_that_shards_their_weights(key, logical):
   from tiny import make_tiny_config  # pylint: disable=g-import-not-at-top
   config = make_tiny_config("")
-  config.model.mlp_impl = "pallas"
+  config.model[key] = "pallas"
   config.mesh.shape = (("data", -1), ("fsdp", 1), ("tensor", 2))
   rules = dict(config.mesh.rules)
-  assert rules["mlp"] == "tensor", rules  # The default rules: tensor parallelism.
-  with pytest.raises(ConfigError, match=r"model.mlp_impl.*shard 'mlp' over \['tensor'\]"):
+  assert rules[logical] == "tensor", rules  # The default rules: tensor parallelism.
+  with pytest.raises(ConfigError, match=rf"model.{key}.*shard '{logical}' over \['tensor'\]"):
     validate(config)
+  config.model[key] = "auto"
+  validate(config)  # auto keeps XLA's there.
+
+
+def test_the_configs_alignment_is_the_kernels():
+  from transformer.config import model as model_config  # pylint: disable=g-import-not-at-top
+  assert model_config.PALLAS_MLP_ALIGN == mlp_pallas.ALIGN == head_pallas.ALIGN
+
+
+def test_a_layer_whose_own_width_the_kernels_cannot_tile_keeps_xlas_mlp(monkeypatch):
+  """MoE's shared expert has its own width, which validation does not see: "auto" keeps
+  XLA's MLP for it; "pallas" says why."""
+  monkeypatch.setattr(accelerator, "platform_of_mesh", lambda: "gpu")
+  assert mlp_lib.pallas_chosen(_model(), width=64)
+  assert not mlp_lib.pallas_chosen(_model(), width=72)
+  with pytest.raises(ValueError, match="this MLP's width 72 is not a multiple of 16"):
+    mlp_lib.pallas_chosen(_model(mlp_impl="pallas"), width=72)
 
 
 def test_every_activation_has_its_kernel_function_or_is_refused_by_name(monkeypatch):

@@ -96,23 +96,26 @@ def validate_context(config: ml_collections.ConfigDict) -> None:
          f"(mesh.shape context={shards}); use one of {CONTEXT_ATTENTION_IMPLS}, or "
          "(\"context\", 1)")
   attention.validate_lengths(config, shards)  # Splash's blocks, per shard.
-  if config.model.mlp_impl == "pallas":
-    _validate_pallas_mlp(config, shards)
+  for key, weights, logical in (("mlp_impl", "the MLP's weights", ("embed", "mlp")),
+                                ("loss_head_impl", "the head's weight", ("vocab", "embed"))):
+    if config.model[key] == "pallas":
+      _validate_pallas(config, shards, key, weights, logical)
 
 
-def _validate_pallas_mlp(config: ml_collections.ConfigDict, shards: int) -> None:
-  """model.mlp_impl='pallas' takes the MLP's weights whole and the tokens merged
-  (model/mlp_pallas.py): no mesh axis of size > 1 under the "embed" or "mlp" rules, no
-  context shards."""
+def _validate_pallas(config: ml_collections.ConfigDict, shards: int, key: str,
+                     weights: str, logical: tuple[str, ...]) -> None:
+  """model.<key>='pallas' (model/mlp_pallas.py, training/head_pallas.py) takes `weights`
+  whole and the tokens merged: no mesh axis of size > 1 under the `logical` axes' rules,
+  no context shards."""
   sizes = dict(config.mesh.shape)
-  for logical, mesh_axes in config.mesh.rules:
+  for name, mesh_axes in config.mesh.rules:
     targets = mesh_axes if isinstance(mesh_axes, (tuple, list)) else (mesh_axes,)
-    split = [t for t in targets if logical in ("embed", "mlp") and sizes.get(t, 1) > 1]
+    split = [t for t in targets if name in logical and sizes.get(t, 1) > 1]
     if split:
-      fail("model.mlp_impl", "pallas", f"its kernels take the MLP's weights whole, but "
-           f"mesh.rules shard {logical!r} over {split} (mesh.shape {tuple(config.mesh.shape)}"
-           "); use model.mlp_impl='auto' (XLA's MLP there) or 'xla'")
+      fail(f"model.{key}", "pallas", f"its kernels take {weights} whole, but mesh.rules "
+           f"shard {name!r} over {split} (mesh.shape {tuple(config.mesh.shape)}); use "
+           f"model.{key}='auto' (XLA's there) or 'xla'")
   if shards > 1:
-    fail("model.mlp_impl", "pallas", f"its kernels need a layer's tokens on one axis, but "
-         f"the sequence is cut into {shards} context shards; use model.mlp_impl='auto' "
+    fail(f"model.{key}", "pallas", f"its kernels need a layer's tokens on one axis, but "
+         f"the sequence is cut into {shards} context shards; use model.{key}='auto' "
          "or 'xla'")

@@ -102,11 +102,12 @@ def _dense(config: ModelConfig, features: int, axes: tuple[str, str], name: str,
       bias_init=nn.with_logical_partitioning(nn.initializers.zeros, axes[1:]))
 
 
-def pallas_chosen(config: ModelConfig) -> bool:
+def pallas_chosen(config: ModelConfig, width: int = 0) -> bool:
   """Whether model.mlp_impl takes the Pallas MLP (mlp_pallas.py) for the layer being
   traced: "pallas" always (validation refused what it cannot run; a mesh it cannot run
   on is refused here), "auto" on a GPU where it can run, with dropout off or 0, outside
-  cached decoding."""
+  cached decoding. `width`: this layer's hidden size (0: model.mlp_dim; MoE's shared
+  expert has its own, which validation does not see)."""
   if config.mlp_impl == "xla":
     return False
   refusal = pallas_mlp_refusal(config, training=not config.deterministic)
@@ -117,6 +118,8 @@ def pallas_chosen(config: ModelConfig) -> bool:
   if sharded:
     refusal = refusal or (f"the mesh shards the MLP's weights over {sharded}, and its "
                           "kernels take them whole")
+  if width and width % mlp_pallas.ALIGN:
+    refusal = refusal or f"this MLP's width {width} is not a multiple of {mlp_pallas.ALIGN}"
   if mlp_pallas.uses_context():
     refusal = refusal or "the sequence is cut over context shards"
   if config.mlp_impl == "pallas":
@@ -166,7 +169,7 @@ class MLP(nn.Module):
     # Not with the length sharded over context (context.tokens_mergeable): flax's Dense
     # contracts the last axis of any rank, so the same weights serve [B, L, E].
     x_NE = x_BLE.reshape(-1, x_BLE.shape[-1]) if context.tokens_mergeable() else x_BLE
-    if pallas_chosen(cfg):
+    if pallas_chosen(cfg, width):
       return self._pallas(x_NE, width).reshape(x_BLE.shape)
     h_NF, h_bias = _dense(cfg, width, ("embed", "mlp"), "wi", bias_outside=True)(x_NE)
     gate_NF, gate_bias = (

@@ -77,14 +77,17 @@ def gpu_params():
   return plgpu.CompilerParams(num_warps=_WARPS, num_stages=_STAGES)
 
 
-def pallas_call(kernel, name: str, out_shape, grid, in_specs, out_specs, interpret: bool):
+def pallas_call(kernel, name: str, out_shape, grid, in_specs, out_specs, interpret: bool,
+                aliases: dict[int, int] | None = None):
   """pl.pallas_call with this module's launch settings. A matmul kernel's name ends in
   its product's M x N x K (`_32768x768x3072`): planning/hlo.py counts a Pallas matmul's
-  FLOPs from it, since the HLO holds the kernel only as Triton IR."""
+  FLOPs from it, since the HLO holds the kernel only as Triton IR. `aliases`: inputs
+  whose buffers the outputs take (pallas_call's input_output_aliases)."""
   from jax.experimental import pallas as pl  # pylint: disable=g-import-not-at-top
   return pl.pallas_call(
       kernel, out_shape=out_shape, grid=grid, in_specs=in_specs, out_specs=out_specs,
-      name=name, interpret=interpret, compiler_params=None if interpret else gpu_params())
+      input_output_aliases=aliases or {}, name=name, interpret=interpret,
+      compiler_params=None if interpret else gpu_params())
 
 
 def _load(ref, rows, cols, gated: bool) -> tuple[jax.Array, jax.Array | None]:

@@ -119,17 +119,15 @@ def _dw(logits_NV, x_NE, lse_N, targets_N, weights_N, allowed_V, total, *, tied,
   v_index = (lambda i, j: (0, i)) if tied else (lambda i, j: (0, j))
   x_index = (lambda i, j: (0, j)) if tied else (lambda i, j: (0, i))
   x_block = bb if tied else ba
-  call = pl.pallas_call(
-      kernel, out_shape=jax.ShapeDtypeStruct((A, B), _F32), grid=(A // ba, B // bb),
-      in_specs=[pl.BlockSpec((N, bv), v_index), pl.BlockSpec((N, x_block), x_index),
-                pl.BlockSpec((N,), lambda i, j: (0,)), pl.BlockSpec((N,), lambda i, j: (0,)),
-                pl.BlockSpec((N,), lambda i, j: (0,)),
-                pl.BlockSpec((bv,), (lambda i, j: (i,)) if tied else (lambda i, j: (j,))),
-                pl.BlockSpec((ba, bb), lambda i, j: (i, j))],
-      out_specs=pl.BlockSpec((ba, bb), lambda i, j: (i, j)),
-      input_output_aliases={6: 0}, name=f"loss_head_dw_{A}x{B}x{N}", interpret=interpret,
-      compiler_params=None if interpret else mlp_pallas.gpu_params())
-  return call(logits_NV, x_NE, lse_N, targets_N, weights_N, allowed_V, total)
+  row = pl.BlockSpec((N,), lambda i, j: (0,))
+  return mlp_pallas.pallas_call(
+      kernel, f"loss_head_dw_{A}x{B}x{N}", jax.ShapeDtypeStruct((A, B), _F32),
+      (A // ba, B // bb),
+      [pl.BlockSpec((N, bv), v_index), pl.BlockSpec((N, x_block), x_index), row, row, row,
+       pl.BlockSpec((bv,), (lambda i, j: (i,)) if tied else (lambda i, j: (j,))),
+       pl.BlockSpec((ba, bb), lambda i, j: (i, j))],
+      pl.BlockSpec((ba, bb), lambda i, j: (i, j)), interpret, aliases={6: 0})(
+          logits_NV, x_NE, lse_N, targets_N, weights_N, allowed_V, total)
 
 
 def gradients(logits, x, weight, lse, targets, weights, dw_total, *, tied: bool, dtype,
