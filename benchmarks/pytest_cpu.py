@@ -3,7 +3,8 @@
 One JSON line a test into $PYTEST_CPU_OUT: its wall seconds, the CPU seconds of the
 process running it (user + sys) and of the child processes it reaped (launch.py
 subprocesses), the xdist worker, and JAX's persistent-cache hits and misses with the
-compile seconds. CPU seconds compare two trees fairly even on a busy machine, where wall
+compile seconds, and by function name the count and seconds of JAX's tracing, lowering
+and compiling (a program built again and again across tests shows there). CPU seconds compare two trees fairly even on a busy machine, where wall
 times do not. Used for docs/performance.md's "Test-suite run times":
 
   PYTEST_CPU_OUT=/tmp/new.jsonl PYTHONPATH=benchmarks python -m pytest tests -q -p pytest_cpu
@@ -23,6 +24,11 @@ import time
 import pytest
 
 _counts: dict[str, float] = {}
+# Per traced / lowered / compiled function name: [count, seconds] of each stage, so that a
+# program traced or compiled again and again across tests can be found.
+_by_function: dict[str, dict[str, list[float]]] = {}
+_STAGES = {"jaxpr_trace_duration": "trace", "jaxpr_to_mlir_module_duration": "lower",
+           "backend_compile_duration": "compile"}
 
 
 def _event(event: str, **kwargs) -> None:
@@ -33,9 +39,13 @@ def _event(event: str, **kwargs) -> None:
 
 
 def _duration(event: str, seconds: float, **kwargs) -> None:
-  del kwargs
   key = event.rsplit("/", 1)[-1]
   _counts[key] = _counts.get(key, 0.0) + seconds
+  if key in _STAGES:
+    stages = _by_function.setdefault(str(kwargs.get("fun_name", "?")), {})
+    entry = stages.setdefault(_STAGES[key], [0, 0.0])
+    entry[0] += 1
+    entry[1] += seconds
 
 
 def pytest_configure(config) -> None:
@@ -55,13 +65,16 @@ def _cpu() -> tuple[float, float]:
 def pytest_runtest_protocol(item, nextitem):
   del nextitem
   _counts.clear()
+  _by_function.clear()
   own, children, start = *_cpu(), time.time()
   yield
   own2, children2 = _cpu()
   row = dict(id=item.nodeid, wall=round(time.time() - start, 2), cpu=round(own2 - own, 2),
              child_cpu=round(children2 - children, 2),
              worker=os.environ.get("PYTEST_XDIST_WORKER", "-"),
-             **{k: round(v, 2) if isinstance(v, float) else v for k, v in _counts.items()})
+             **{k: round(v, 2) if isinstance(v, float) else v for k, v in _counts.items()},
+             functions={name: {stage: [n, round(t, 3)] for stage, (n, t) in stages.items()}
+                        for name, stages in _by_function.items()})
   with open(os.environ.get("PYTEST_CPU_OUT", "pytest_cpu.jsonl"), "a",
             encoding="utf-8") as f:
     f.write(json.dumps(row) + "\n")

@@ -3,6 +3,7 @@
 import atexit
 import os
 import shutil
+import signal
 import sys
 import tempfile
 
@@ -38,6 +39,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="transformer_tests_jax_cache_")
   atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
+# A shell starts a command run in the background (`pytest ... &`, a CI step in a
+# non-interactive shell, nohup) with SIGINT ignored, and the tests' `launch.py`
+# subprocesses would inherit that: a test that Ctrl-C's one (it must exit 130) saw it
+# ignored and the command run to its end (exit 0). Python's own handler here: a
+# subprocess then starts with SIGINT at its default, as from a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+  signal.signal(signal.SIGINT, signal.default_int_handler)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
