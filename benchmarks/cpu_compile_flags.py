@@ -35,11 +35,14 @@ _DEVICES = flags.DEFINE_integer("devices", 8, "Simulated CPU devices of each arm
 ARMS = {
     "XLA's defaults": "",
     "-O0": "--xla_backend_optimization_level=0",
-    "-O0, no fusion emitters (the tests')": ("--xla_backend_optimization_level=0 "
-                                             "--xla_cpu_use_fusion_emitters=false"),
+    "-O0, no fusion emitters": ("--xla_backend_optimization_level=0 "
+                                "--xla_cpu_use_fusion_emitters=false"),
     "-O0, no fusion emitters, no expensive LLVM passes": (
         "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false "
         "--xla_llvm_disable_expensive_passes=true"),
+    "-O0, no fusion emitters, one LLVM module (the tests')": (
+        "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false "
+        "--xla_cpu_parallel_codegen_split_count=1"),
 }
 
 _CHILD = r"""

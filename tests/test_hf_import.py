@@ -11,6 +11,7 @@ allows 1e-5 in float32 (Gemma 3: 3e-5, see TOLERANCES).
 """
 
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -83,6 +84,18 @@ def _positions(ids):
   return np.broadcast_to(np.arange(ids.shape[1]), ids.shape)
 
 
+def _jitted(model: nn.Module, method: str | None = None, mutable=False):
+  """`model.apply` compiled whole, as the product runs it: called eagerly, each of the
+  forward's ops was compiled and dispatched alone (a cached-decoding test compiled 157
+  programs; its parity is the same)."""
+  return jax.jit(functools.partial(model.apply, method=method, mutable=mutable))
+
+
+def _apply(model: nn.Module, variables, *args):
+  """One jitted forward of `model` (`_jitted`)."""
+  return _jitted(model)(variables, *args)
+
+
 def _max_error(internal_logits, expected_logits, hf_to_internal, real):
   """Largest |difference| over the real (unpadded) positions, in the source's id order."""
   ours = np.asarray(internal_logits)[..., hf_to_internal]
@@ -95,8 +108,8 @@ def _max_error(internal_logits, expected_logits, hf_to_internal, real):
 def test_gpt2_logits_match_transformers_including_padding():
   converted, model_config, expected, to_internal = _converted("gpt2")
   ids, real = to_internal[expected["input_ids"]], expected["attention_mask"]
-  logits = make_model(model_config).apply({"params": converted.params}, ids, real,
-                                          _positions(ids))
+  logits = _apply(make_model(model_config), {"params": converted.params}, ids, real,
+                  _positions(ids))
   assert _max_error(logits, expected["logits"], to_internal, real) <= TOLERANCE
   assert not real.all()  # The fixture has padded rows.
 
@@ -177,8 +190,8 @@ def test_decoder_family_logits_match_transformers(family):
     assert real[0].sum() > model_config.sliding_window
   else:
     assert finite_rows.all()
-  logits = make_model(model_config).apply({"params": converted.params}, ids, real,
-                                          _positions(ids))
+  logits = _apply(make_model(model_config), {"params": converted.params}, ids, real,
+                  _positions(ids))
   error = _max_error(np.asarray(logits)[finite_rows], reference[finite_rows], to_internal,
                      real[finite_rows])
   assert error <= TOLERANCES.get(family, TOLERANCE), error
@@ -189,8 +202,8 @@ def test_a_scanned_gemma3_matches_transformers():
   converted, model_config, expected, to_internal = _converted("gemma3")
   scanned = dataclasses.replace(model_config, scan_layers=True)
   ids, real = to_internal[expected["input_ids"][:1]], expected["attention_mask"][:1]
-  logits = make_model(scanned).apply(
-      {"params": layers.unrolled_to_scanned(converted.params)}, ids, real, _positions(ids))
+  logits = _apply(
+      make_model(scanned), {"params": layers.unrolled_to_scanned(converted.params)}, ids, real, _positions(ids))
   error = _max_error(logits, expected["logits"][:1], to_internal, real)
   assert error <= TOLERANCES["gemma3"], error
 
@@ -216,8 +229,8 @@ def test_gemma_query_pre_attn_scalar_other_than_head_dim(tmp_path, family):
   reference = np.load(os.path.join(folder, "expected_query_scalar_12.npz"))["logits"][:1]
   ids, real = to_internal[expected["input_ids"][:1]], expected["attention_mask"][:1]
   assert real.all()  # Row 0: unpadded, finite.
-  logits = make_model(model_config).apply({"params": converted.params}, ids, real,
-                                          _positions(ids))
+  logits = _apply(make_model(model_config), {"params": converted.params}, ids, real,
+                  _positions(ids))
   error = _max_error(logits, reference, to_internal, real)
   assert error <= TOLERANCES.get(family, TOLERANCE), error
 
@@ -263,8 +276,8 @@ def test_yarn_with_its_other_parameters_matches_transformers(tmp_path):
   expected = np.load(os.path.join(folder, "expected.npz"))
   reference = np.load(os.path.join(folder, "expected_yarn_variant.npz"))["logits"]
   ids, real = to_internal[expected["input_ids"]], expected["attention_mask"]
-  logits = make_model(model_config).apply({"params": converted.params}, ids, real,
-                                          _positions(ids))
+  logits = _apply(make_model(model_config), {"params": converted.params}, ids, real,
+                  _positions(ids))
   assert _max_error(logits, reference, to_internal, real) <= TOLERANCE
 
 
@@ -300,8 +313,8 @@ def test_bert_mlm_logits_and_pooler_match_transformers():
   converted, model_config, expected, to_internal = _converted("bert")
   ids, real = to_internal[expected["input_ids"]], expected["attention_mask"]
   assert not expected["token_type_ids"].any()  # Single-segment inputs add row 0.
-  logits = make_model(model_config).apply({"params": converted.params}, ids, real,
-                                          _positions(ids))
+  logits = _apply(make_model(model_config), {"params": converted.params}, ids, real,
+                  _positions(ids))
   assert _max_error(logits, expected["logits"], to_internal, real) <= TOLERANCE
 
   # The pooler, through a classification head whose classifier is the identity.
@@ -311,7 +324,7 @@ def test_bert_mlm_logits_and_pooler_match_transformers():
   params = {k: v for k, v in converted.params.items() if not k.startswith("mlm_")}
   params["classification_head"] = {"classifier": {
       "kernel": np.eye(d_model, dtype=np.float32), "bias": np.zeros(d_model, np.float32)}}
-  pooled = make_model(classifier).apply({"params": params}, ids, real, _positions(ids))
+  pooled = _apply(make_model(classifier), {"params": params}, ids, real, _positions(ids))
   assert np.abs(np.asarray(pooled) - expected["pooled"]).max() <= TOLERANCE
 
 
@@ -328,8 +341,8 @@ def test_encoder_decoder_logits_match_transformers_including_padding(family):
   inputs, real = to_internal[expected["input_ids"]], expected["attention_mask"]
   targets = _decoder_inputs(expected, to_internal)
   target_real = expected["decoder_attention_mask"]
-  logits = make_model(model_config).apply(
-      {"params": converted.params}, inputs, real, _positions(inputs), targets, target_real,
+  logits = _apply(
+      make_model(model_config), {"params": converted.params}, inputs, real, _positions(inputs), targets, target_real,
       _positions(targets))
   assert _max_error(logits, expected["logits"], to_internal, target_real) <= TOLERANCE
   assert not real.all() and not target_real.all()
@@ -345,11 +358,11 @@ def test_cached_decoding_matches_transformers_step_by_step(family):
   sequences = to_internal[expected["generate_sequences"]]
   sequences[:, 0] = 2
   step_logits = expected["generate_logits"]  # [steps, B, V], raw (before any processor).
-  encoded = model.apply({"params": params}, inputs, real, _positions(inputs), method="encode")
+  encoded = _jitted(model, "encode")({"params": params}, inputs, real, _positions(inputs))
   cache = decoding.init_cache(model, inputs.shape[0])
   empty = np.zeros((inputs.shape[0], 0), np.int32)
-  _, variables = model.apply({"params": params, "cache": cache}, empty, empty, empty, encoded,
-                             real, method="decode", mutable=["cache"])
+  decode = _jitted(model, "decode", mutable=["cache"])
+  _, variables = decode({"params": params, "cache": cache}, empty, empty, empty, encoded, real)
   cache = variables["cache"]
   # Columns decoding never predicts (the added bos row) are -inf in decode mode.
   predicted = [h for h in range(len(to_internal))
@@ -357,9 +370,8 @@ def test_cached_decoding_matches_transformers_step_by_step(family):
   finished = np.zeros(inputs.shape[0], bool)
   for step in range(step_logits.shape[0]):
     tokens = sequences[:, step:step + 1]
-    logits, variables = model.apply(
-        {"params": params, "cache": cache}, tokens, np.ones_like(tokens),
-        np.full_like(tokens, step), None, real, method="decode", mutable=["cache"])
+    logits, variables = decode({"params": params, "cache": cache}, tokens,
+                               np.ones_like(tokens), np.full_like(tokens, step), None, real)
     cache = variables["cache"]
     ours = np.asarray(logits)[:, 0][:, to_internal]
     rows = ~finished  # After eos HF keeps feeding pad; those rows are not compared.
