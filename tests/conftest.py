@@ -26,10 +26,9 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # --xla_cpu_* flags out before it loads.
 # One LLVM module a program instead of XLA's split into parts compiled on threads: the
 # split and the module clones it makes were a third of the LLVM share of a profile
-# (perf, the tiny train step), and with two workers on two cores there is no idle
-# core for the parts. The tiny training: 12.76 vs 13.71 CPU s (0.93x), backend
-# compile 4.22 vs 4.78 s, medians of four interleaved runs, AMD EPYC 2 cores, quiet
-# (the same benchmark's last arm).
+# (perf, the tiny train step), and with two workers on two cores no core is idle for
+# the parts. A small gain at best: the tiny training 0.93x the CPU seconds in one
+# comparison, 0.96x in benchmarks/cpu_compile_flags.py's (docs/performance.md).
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_force_host_platform_device_count=8"
                            " --xla_backend_optimization_level=0"
