@@ -4,8 +4,9 @@ One JSON line a test into $PYTEST_CPU_OUT: its wall seconds, the CPU seconds of 
 process running it (user + sys) and of the child processes it reaped (launch.py
 subprocesses), the xdist worker, and JAX's persistent-cache hits and misses with the
 compile seconds, and by function name the count and seconds of JAX's tracing, lowering
-and compiling (a program built again and again across tests shows there). CPU seconds compare two trees fairly even on a busy machine, where wall
-times do not. Used for docs/performance.md's "Test-suite run times":
+and compiling (a program built again and again across tests shows there). CPU seconds
+compare two trees fairly even on a busy machine, where wall times do not. Used for
+docs/performance.md's "Test-suite run times":
 
   PYTEST_CPU_OUT=/tmp/new.jsonl PYTHONPATH=benchmarks python -m pytest tests -q -p pytest_cpu
   (the same in an older checkout into /tmp/old.jsonl, at the same time), then

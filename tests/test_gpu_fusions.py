@@ -159,4 +159,5 @@ def test_the_pallas_loss_head_never_writes_the_logit_gradient():
   assert [k.kind for k in writers] == ["matmul triton gemm fusion"], listed
   readers = sorted(k.kind or "" for k in _big(kernels, logits) if k not in writers)
   assert [k for k in readers if k.startswith("matmul")] == [
-      f"matmul pallas loss_head_dw_{V}x{E}x{B * L}", f"matmul pallas loss_head_dx_{B * L}x{E}x{V}"], listed
+      f"matmul pallas loss_head_dw_{V}x{E}x{B * L}",
+      f"matmul pallas loss_head_dx_{B * L}x{E}x{V}"], listed

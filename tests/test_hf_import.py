@@ -202,8 +202,8 @@ def test_a_scanned_gemma3_matches_transformers():
   converted, model_config, expected, to_internal = _converted("gemma3")
   scanned = dataclasses.replace(model_config, scan_layers=True)
   ids, real = to_internal[expected["input_ids"][:1]], expected["attention_mask"][:1]
-  logits = _apply(
-      make_model(scanned), {"params": layers.unrolled_to_scanned(converted.params)}, ids, real, _positions(ids))
+  logits = _apply(make_model(scanned), {"params": layers.unrolled_to_scanned(converted.params)},
+                  ids, real, _positions(ids))
   error = _max_error(logits, expected["logits"][:1], to_internal, real)
   assert error <= TOLERANCES["gemma3"], error
 
@@ -341,9 +341,8 @@ def test_encoder_decoder_logits_match_transformers_including_padding(family):
   inputs, real = to_internal[expected["input_ids"]], expected["attention_mask"]
   targets = _decoder_inputs(expected, to_internal)
   target_real = expected["decoder_attention_mask"]
-  logits = _apply(
-      make_model(model_config), {"params": converted.params}, inputs, real, _positions(inputs), targets, target_real,
-      _positions(targets))
+  logits = _apply(make_model(model_config), {"params": converted.params}, inputs, real,
+                  _positions(inputs), targets, target_real, _positions(targets))
   assert _max_error(logits, expected["logits"], to_internal, target_real) <= TOLERANCE
   assert not real.all() and not target_real.all()
 

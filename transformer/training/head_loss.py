@@ -81,7 +81,8 @@ class HeadSpec:
 
 
 def _allowed(vocab: int, options: "LossOptions") -> jax.Array | None:
-  """logit_gradient.allowed_V where the loss reads it (never_predict, label smoothing), else None."""
+  """logit_gradient.allowed_V where the loss reads it (never_predict, label smoothing),
+  else None."""
   if options.never_predict or options.label_smoothing:
     return logit_gradient.allowed_V(vocab, options.never_predict)
   return None
@@ -180,9 +181,10 @@ def logits_gradient(logits: jax.Array, targets: jax.Array, weights: jax.Array,
   l = logits.astype(jnp.float32)
   index = lax.broadcasted_iota(jnp.int32, l.shape, l.ndim - 1)
   allowed = None if allowed_V is None else _along_vocab(allowed_V, l.ndim)
-  return logit_gradient.formula(l, index, targets[..., None], weights.astype(jnp.float32)[..., None],
-                          stats["lse"][..., None], allowed,
-                          None if allowed_V is None else jnp.sum(allowed_V), options, softcap)
+  return logit_gradient.formula(l, index, targets[..., None],
+                                weights.astype(jnp.float32)[..., None], stats["lse"][..., None],
+                                allowed, None if allowed_V is None else jnp.sum(allowed_V),
+                                options, softcap)
 
 
 def project(weight: jax.Array, bias_V: jax.Array | None, x: jax.Array, spec: HeadSpec,

@@ -69,7 +69,7 @@ def _dx(logits_NV, weight, lse_N, targets_N, weights_N, allowed_V, *, tied, dtyp
       l = l_ref[:, cols].astype(_F32)
       index = k * bk + lax.broadcasted_iota(jnp.int32, (bm, bk), 1)
       d = logit_gradient.formula(l, index, t, wt, lse, al_ref[cols][None, :], count,
-                                     options, softcap).astype(dtype)
+                                 options, softcap).astype(dtype)
       if tied:  # W [V, E]: rows k.
         return acc + mlp_pallas.dot_f32(d, w_ref[cols, :], (1, 0))
       return acc + mlp_pallas.dot_f32(d, w_ref[:, cols], (1, 1))

@@ -19,7 +19,7 @@ def allowed_V(vocab: int, never_predict: tuple[int, ...]) -> jax.Array:
 def formula(l: jax.Array, index: jax.Array, targets: jax.Array, weights: jax.Array,
             lse: jax.Array, allowed: jax.Array | None, allowed_count, options,
             softcap: float) -> jax.Array:
-  """d objective_sum / d logits: head_loss.logits_gradient's formula on float32 logits `l` and their vocabulary ids `index`,
+  """d objective_sum / d logits on float32 logits `l` and their vocabulary ids `index`,
   the rest broadcast against them (per row: targets, weights, lse; per vocabulary id:
   allowed, None where the options do not read it). One formula for XLA's path
   (head_loss.logits_gradient) and the Pallas kernels' blocks (head_pallas.py); `options`
