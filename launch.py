@@ -63,6 +63,7 @@ from absl import logging
 from ml_collections import config_flags
 
 from transformer import accelerator
+from transformer import gc_tuning
 from transformer.workdir import console
 
 # Before anything loads JAX: a host without a TPU or GPU starts JAX's CPU backend only,
@@ -479,6 +480,9 @@ def console_main() -> None:
   if main_module is not sys.modules.get(__name__):  # The installed command's wrapper:
     main_module.__doc__ = __doc__  # absl's --help prints __main__'s docstring.
   _AS_SCRIPT["running"] = True
+  # Every mode module is imported: out of the collector's sight from here, and its
+  # passes rarer while tracing (transformer/gc_tuning.py says what it saves).
+  gc_tuning.tune()
   try:
     run()
   except SystemExit as exit_:

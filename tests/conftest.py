@@ -72,6 +72,16 @@ def _session_folder(tmp_path_factory, name: str) -> str:
   return str(base / name)
 
 
+def pytest_collection_finish(session) -> None:
+  """The collector set as launch.py sets it (transformer/gc_tuning.py), once every test
+  module is imported: the tests trace thousands of programs, and at CPython's default
+  thresholds collections walking jax's, flax's and the test modules' objects were a
+  tenth of a worker's CPU."""
+  del session
+  from transformer import gc_tuning  # pylint: disable=g-import-not-at-top
+  gc_tuning.tune()
+
+
 def pytest_collection_modifyitems(config, items) -> None:
   """Tests marked `long` first, the rest in their order (pytest.ini: with worksteal, the
   worker that starts on a long test gives its other tests away as the other runs out)."""

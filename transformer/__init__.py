@@ -11,6 +11,7 @@ tests/test_layout.py holds the table and enforces it):
   accelerator.py    what a GPU/TPU run needs before JAX starts (XLA flags, memory
                     fraction) and checks after (the backend that started, its platform)
   plugin_noise.py   jax's CUDA plugin on a host with no driver: its console lines dropped
+  gc_tuning.py      Python's garbage collector set for a process that traces programs
   sharding.py       the device mesh, logical-axis rules, the sharding report, the rows
                     each process reads (input_shard)
   workdir/          the one place that knows a workdir's files: names, atomic writes,
