@@ -75,8 +75,8 @@ def _session_folder(tmp_path_factory, name: str) -> str:
 def pytest_collection_finish(session) -> None:
   """The collector set as launch.py sets it (transformer/gc_tuning.py), once every test
   module is imported: the tests trace thousands of programs, and at CPython's default
-  thresholds collections walking jax's, flax's and the test modules' objects were a
-  tenth of a worker's CPU."""
+  thresholds the collections that walk jax's, flax's and the test modules' objects were
+  about an eighth of a tracing process's samples (perf; what that saves: gc_tuning.py)."""
   del session
   from transformer import gc_tuning  # pylint: disable=g-import-not-at-top
   gc_tuning.tune()

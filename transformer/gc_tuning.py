@@ -10,11 +10,14 @@ the collector was about an eighth of the process's CPU time.
 `tune` moves what exists now (the imported modules, the command's flags) out of the
 collector's sight (`gc.freeze`: never garbage, never walked again) and collects the
 youngest generation every 10,000 allocations instead of 700. Garbage cycles are still
-collected, a little later; nothing else changes. The tiny training of
-benchmarks/cpu_compile_flags.py's child took 0.88x the wall time (7.72 vs 8.80 s,
-medians of five interleaved fresh processes, AMD EPYC 2 cores; switching the collector
-off entirely: 7.97 s). launch.py calls it once its modules are imported; tests/conftest.py
-once the tests are collected.
+collected, a little later; nothing else changes. What it saves is tracing time: the tiny
+training's tracing took 1.46-1.72 s against 1.8-2.0 s in four interleaved comparisons
+(`python benchmarks/cpu_compile_flags.py --collector --repeats=5`, fresh processes, AMD
+EPYC 2 cores), while the whole process's time moved within its noise (0.88x to 1.04x).
+The default test run, whose two workers live long on large heaps, took 20m26s and 20m35s
+against 21m49s the session before: not an A/B in one session (docs/performance.md).
+launch.py calls it once its modules are imported; tests/conftest.py once the tests are
+collected.
 """
 
 from __future__ import annotations
