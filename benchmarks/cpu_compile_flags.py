@@ -57,7 +57,7 @@ TESTS_FLAGS = ARMS["-O0, no fusion emitters, one LLVM module (the tests')"]
 COLLECTOR_ARMS = {"CPython's defaults": "", "gc_tuning.tune()": "tune", "switched off": "off"}
 
 _CHILD = r"""
-import gc, json, os, resource, sys, tempfile
+import gc, json, os, resource, sys, tempfile, time
 sys.path[:0] = [sys.argv[1], os.path.join(sys.argv[1], "tests")]
 from jax import monitoring
 seconds = {}
@@ -76,7 +76,6 @@ elif os.environ.get("COLLECTOR") == "off":
 config = make_tiny_config(sys.argv[2])
 config.train.update(num_steps=3, eval_every=3)
 config.checkpoint.update(every=3)
-import time
 start = time.perf_counter()
 loop.train_and_evaluate(config, tempfile.mkdtemp())
 wall = time.perf_counter() - start
