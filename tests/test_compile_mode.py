@@ -10,6 +10,7 @@ import json
 import os
 import re
 
+import numpy as np
 import pytest
 from absl import flags
 
@@ -78,13 +79,19 @@ def test_decoder_arguments_are_the_hand_count(devices):
 
 
 @pytest.mark.parametrize("arch", ["encoder", "encoder_decoder"])
-def test_encoder_and_encoder_decoder_compile(devices, arch):
+def test_encoder_and_encoder_decoder_compile(devices, arch, monkeypatch):
   """Arguments = the shardings' own count (plus scalar tiles); decode only for seq2seq."""
   from transformer.planning import plan as plan_lib  # pylint: disable=g-import-not-at-top
+  from transformer.planning import compiled  # pylint: disable=g-import-not-at-top
   topo, devs = devices
   steps = ("train", "decode")
+  given = []  # The devices each compile declares to the persistent cache's guard.
+  guard = compiled.cache_writes_for
+  monkeypatch.setattr(compiled, "cache_writes_for",
+                      lambda d: given.append(list(np.asarray(d).flat)) or guard(d))
   plan = plan_lib.make_plan(tiny(arch), topo, devs, steps)
   assert set(plan.costs) == ({"train", "decode"} if arch == "encoder_decoder" else {"train"})
+  assert len(given) == len(plan.costs) and all(set(d) == set(devs) for d in given), given
   counted = sum(plan.breakdown.values())
   assert counted <= plan.costs["train"].arguments_bytes <= counted + SCALAR_TILES
   assert plan.all_fit
@@ -399,3 +406,38 @@ def test_libtpu_is_not_handed_the_cpu_compilers_flags(monkeypatch):
                                      "--xla_backend_optimization_level=0 "
                                      "--xla_gpu_enable_triton_gemm=false")
   assert topology.drop_cpu_compiler_flags() == []
+
+
+def test_programs_for_devices_this_host_lacks_stay_out_of_jax_persistent_cache(devices):
+  """JAX serialises a program compiled for a TPU topology like any other, but cannot load
+  it back without that TPU (the next run's read warns "PjRtCompiler must be constructed
+  with a Client" and compiles again): compile mode's compiles write none; a program for
+  this host's own devices is written as before, and JAX's threshold is restored."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from transformer.planning import compiled  # pylint: disable=g-import-not-at-top
+  folder = os.environ["JAX_COMPILATION_CACHE_DIR"]  # tests/conftest.py sets one.
+  threshold = jax.config.jax_persistent_cache_min_compile_time_secs
+
+  def written(name):
+    return [f for f in os.listdir(folder) if f.startswith(f"jit_{name}-")]
+
+  def topology_probe(x):
+    return jnp.sin(x) @ x.T
+
+  def local_probe(x):
+    return jnp.cos(x) @ x.T
+
+  _, devs = devices
+  mesh = jax.sharding.Mesh(np.asarray(devs).reshape(2, 2), ("a", "b"))
+  placed = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("a", "b"))
+  lowered = jax.jit(topology_probe, in_shardings=placed).lower(
+      jax.ShapeDtypeStruct((256, 256), jnp.float32, sharding=placed))
+  with compiled.cache_writes_for(mesh.devices):
+    assert lowered.compile().memory_analysis() is not None
+  assert written("topology_probe") == []
+  assert jax.config.jax_persistent_cache_min_compile_time_secs == threshold
+  cpu = np.asarray(jax.devices()[:1])
+  with compiled.cache_writes_for(cpu):
+    jax.jit(local_probe).lower(jnp.ones((8, 8))).compile()
+  assert len(written("local_probe")) == 1

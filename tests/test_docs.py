@@ -118,6 +118,10 @@ NOT_RUN = {
                                              "tests/test_kernels.py checks its data"),
     "python benchmarks/decoding_speed.py": "a benchmark: timed decoding at several lengths",
     "PYTEST_CPU_OUT=": "the whole default suite, with a measurement plugin: tens of minutes",
+    "JAX_COMPILATION_CACHE_DIR=/tmp/kept PYTEST_CPU_OUT=": ("the whole default suite twice "
+                                                           "on one kept compilation cache, "
+                                                           "with a measurement plugin: "
+                                                           "tens of minutes"),
     "python benchmarks/sweep_parallel.py": ("a benchmark: four small trainings swept one at "
                                             "a time and two at a time (minutes)"),
     "python benchmarks/pytest_cpu.py": ("a measurement: reads the per-test records of two "

@@ -11,6 +11,7 @@ analysis, hlo.py's count itself), the kernels and the collectives of its HLO tex
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import glob
@@ -18,7 +19,7 @@ import os
 import re
 import tempfile
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -153,9 +154,36 @@ def rejected(name: str, error: Exception) -> ConfigError:
   return ConfigError(f"jax/XLA rejected {what} for this target: {first[:300]}; {hint}")
 
 
+@contextlib.contextmanager
+def cache_writes_for(devices) -> Iterator[None]:
+  """JAX's persistent compilation cache kept from programs for `devices` it cannot load.
+
+  A program compiled for devices this process does not have (a TPU or GPU topology on
+  a CPU host) is serialised into JAX_COMPILATION_CACHE_DIR like any other, but loading
+  it needs a client for those devices: jax 0.10.2's next read of the entry fails
+  ("PjRtCompiler must be constructed with a Client to call
+  DeserializeLoadedExecutable"), warns and compiles again, on every rerun. Within this
+  context such programs are not written (JAX's own threshold, a minimum compile time,
+  set out of reach and restored after); programs for this process's devices are
+  cached as before.
+  """
+  local = set(jax.devices())
+  if all(device in local for device in np.asarray(devices).flat):
+    yield
+    return
+  key = "jax_persistent_cache_min_compile_time_secs"
+  before = getattr(jax.config, key)
+  jax.config.update(key, float("inf"))
+  try:
+    yield
+  finally:
+    jax.config.update(key, before)
+
+
 def _collect(name: str, lowered, start: float, arguments_bytes: int = 0,
-             platform: str = "", **extra) -> StepCost:
-  """Compiles `lowered` and reads XLA's memory and cost analyses of the result."""
+             platform: str = "", devices: Any = (), **extra) -> StepCost:
+  """Compiles `lowered` for `devices` (the mesh's) and reads XLA's memory and cost
+  analyses of the result."""
   with tempfile.TemporaryDirectory() as dump:
     try:
       # XLA writes the optimised HLO as text itself: `compiled.as_text()` rebuilds it
@@ -167,7 +195,8 @@ def _collect(name: str, lowered, start: float, arguments_bytes: int = 0,
         options.update(accelerator.gpu_compiler_options())
       compiling = time.perf_counter()
       try:
-        with gpu.plugin_noise_filtered(), progress.stage(f"compile: XLA compiling the {name} step"):
+        with (gpu.plugin_noise_filtered(), cache_writes_for(devices),
+              progress.stage(f"compile: XLA compiling the {name} step")):
           compiled = lowered.compile(compiler_options=options)
       except jax.errors.JaxRuntimeError as e:
         if _NO_TRITON_TILES not in str(e):
@@ -176,8 +205,9 @@ def _collect(name: str, lowered, start: float, arguments_bytes: int = 0,
         # tiles fail for some matmul shapes (the decode's [rows x beams x prompt, d]
         # projections); a run would autotune to another kernel. cuBLAS's, as here,
         # is always among the candidates.
-        compiled = lowered.compile(compiler_options=dict(
-            options, xla_gpu_enable_triton_gemm=False))
+        with cache_writes_for(devices):
+          compiled = lowered.compile(compiler_options=dict(
+              options, xla_gpu_enable_triton_gemm=False))
     except jax.errors.JaxRuntimeError as e:
       if "RESOURCE_EXHAUSTED" not in str(e):
         raise rejected(name, e) from e
@@ -283,7 +313,7 @@ def compile_train(trainer: trainer_lib.Trainer) -> StepCost:
   step_flops = flops.train_flops_per_step(trainer.model_config, config.data.batch_size,
                                           config.data.seq_len)
   return _collect("train", lowered, start, model_flops=step_flops / chips,
-                  platform=_platform(trainer),
+                  platform=_platform(trainer), devices=trainer.mesh.devices,
                   arguments_bytes=sum(argument_breakdown(trainer).values()),
                   tokens=objective.sides * config.data.batch_size * config.data.seq_len)
 
@@ -299,7 +329,7 @@ def compile_eval(trainer: trainer_lib.Trainer) -> StepCost:
   forward = config.data.batch_size * flops.forward_flops_per_sequence(
       trainer.model_config, config.data.seq_len)
   return _collect("eval", lowered, start, model_flops=forward / chips,
-                  platform=_platform(trainer),
+                  platform=_platform(trainer), devices=trainer.mesh.devices,
                   tokens=objective.sides * config.data.batch_size * config.data.seq_len)
 
 
@@ -342,7 +372,7 @@ def compile_decode(trainer: trainer_lib.Trainer) -> StepCost:
           model_config, params, ints(rows, width), ints(rows, width), ints(rows), rng,
           num_steps=steps, **search)
       tokens = rows * (width + steps)
-  return _collect("decode", lowered, start, tokens=tokens, platform=_platform(trainer))
+  return _collect("decode", lowered, start, tokens=tokens, platform=_platform(trainer), devices=trainer.mesh.devices)
 
 
 def build_trainer(config: ml_collections.ConfigDict, mesh) -> trainer_lib.Trainer:
