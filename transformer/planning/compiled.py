@@ -155,7 +155,7 @@ def rejected(name: str, error: Exception) -> ConfigError:
 
 
 @contextlib.contextmanager
-def cache_writes_for(devices) -> Iterator[None]:
+def cache_writes_for(devices: Any) -> Iterator[None]:
   """JAX's persistent compilation cache kept from programs for `devices` it cannot load.
 
   A program compiled for devices this process does not have (a TPU or GPU topology on
@@ -165,12 +165,14 @@ def cache_writes_for(devices) -> Iterator[None]:
   DeserializeLoadedExecutable"), warns and compiles again, on every rerun. Within this
   context such programs are not written (JAX's own threshold, a minimum compile time,
   set out of reach and restored after); programs for this process's devices are
-  cached as before.
+  cached as before. `devices`: the mesh's devices (an array or a sequence).
   """
   local = set(jax.devices())
   if all(device in local for device in np.asarray(devices).flat):
     yield
     return
+  # A process-wide setting: a compile on another thread meanwhile is not written either,
+  # which costs that program a compile on the next run, nothing more.
   key = "jax_persistent_cache_min_compile_time_secs"
   before = getattr(jax.config, key)
   jax.config.update(key, float("inf"))
