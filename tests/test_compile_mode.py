@@ -437,6 +437,10 @@ def test_programs_for_devices_this_host_lacks_stay_out_of_jax_persistent_cache(d
     assert lowered.compile().memory_analysis() is not None
   assert written("topology_probe") == []
   assert jax.config.jax_persistent_cache_min_compile_time_secs == threshold
+  with pytest.raises(RuntimeError, match="probe"):  # Restored when the compile fails too.
+    with compiled.cache_writes_for(mesh.devices):
+      raise RuntimeError("probe")
+  assert jax.config.jax_persistent_cache_min_compile_time_secs == threshold
   cpu = np.asarray(jax.devices()[:1])
   with compiled.cache_writes_for(cpu):
     jax.jit(local_probe).lower(jnp.ones((8, 8))).compile()

@@ -182,10 +182,11 @@ def cache_writes_for(devices: Any) -> Iterator[None]:
     jax.config.update(key, before)
 
 
-def _collect(name: str, lowered, start: float, arguments_bytes: int = 0,
-             platform: str = "", devices: Any = (), **extra) -> StepCost:
+def _collect(name: str, lowered, start: float, devices: np.ndarray,
+             arguments_bytes: int = 0, **extra) -> StepCost:
   """Compiles `lowered` for `devices` (the mesh's) and reads XLA's memory and cost
   analyses of the result."""
+  platform = devices.flat[0].platform  # "gpu", "tpu" or "cpu".
   with tempfile.TemporaryDirectory() as dump:
     try:
       # XLA writes the optimised HLO as text itself: `compiled.as_text()` rebuilds it
@@ -299,11 +300,6 @@ def _loop_corrected(cost: dict | None, counts: tuple[hlo.Counts, hlo.Counts] | N
   return flops, nbytes, optimal, factors
 
 
-def _platform(trainer: trainer_lib.Trainer) -> str:
-  """The platform the trainer's mesh compiles for ("gpu", "tpu", "cpu")."""
-  return trainer.mesh.devices.flat[0].platform
-
-
 def compile_train(trainer: trainer_lib.Trainer) -> StepCost:
   """The train step on the abstract state and batch."""
   config, chips = trainer.config, trainer.mesh.size
@@ -314,8 +310,8 @@ def compile_train(trainer: trainer_lib.Trainer) -> StepCost:
     lowered = trainer.train_step.lower(trainer.abstract_state, batch)
   step_flops = flops.train_flops_per_step(trainer.model_config, config.data.batch_size,
                                           config.data.seq_len)
-  return _collect("train", lowered, start, model_flops=step_flops / chips,
-                  platform=_platform(trainer), devices=trainer.mesh.devices,
+  return _collect("train", lowered, start, trainer.mesh.devices,
+                  model_flops=step_flops / chips,
                   arguments_bytes=sum(argument_breakdown(trainer).values()),
                   tokens=objective.sides * config.data.batch_size * config.data.seq_len)
 
@@ -330,8 +326,8 @@ def compile_eval(trainer: trainer_lib.Trainer) -> StepCost:
     lowered = trainer.eval_step.lower(trainer.abstract_state.params, batch)
   forward = config.data.batch_size * flops.forward_flops_per_sequence(
       trainer.model_config, config.data.seq_len)
-  return _collect("eval", lowered, start, model_flops=forward / chips,
-                  platform=_platform(trainer), devices=trainer.mesh.devices,
+  return _collect("eval", lowered, start, trainer.mesh.devices,
+                  model_flops=forward / chips,
                   tokens=objective.sides * config.data.batch_size * config.data.seq_len)
 
 
@@ -374,7 +370,7 @@ def compile_decode(trainer: trainer_lib.Trainer) -> StepCost:
           model_config, params, ints(rows, width), ints(rows, width), ints(rows), rng,
           num_steps=steps, **search)
       tokens = rows * (width + steps)
-  return _collect("decode", lowered, start, tokens=tokens, platform=_platform(trainer), devices=trainer.mesh.devices)
+  return _collect("decode", lowered, start, trainer.mesh.devices, tokens=tokens)
 
 
 def build_trainer(config: ml_collections.ConfigDict, mesh) -> trainer_lib.Trainer:
